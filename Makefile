@@ -1,0 +1,90 @@
+# egress-proxies: the controller, the prober fleet and the lease broker.
+# `make help` lists the targets. Every tool runs through `go tool` from
+# hack/tools/go.mod; nothing is assumed installed beyond Go, make and apt.
+
+SHELL := /usr/bin/env bash
+.SHELLFLAGS := -euo pipefail -c
+.DEFAULT_GOAL := help
+
+MODULES := pkg services/controller services/prober services/broker
+GO_PKGS := $(addsuffix /...,$(addprefix ./,$(MODULES)))
+# Tools live in a module of their own, outside go.work.
+TOOL := GOWORK=$(CURDIR)/hack/tools/go.work go tool
+# controller-gen loads our packages, so it must run in our workspace: `go
+# tool -n` builds it from the tools module and prints its path.
+CONTROLLER_GEN = GOWORK= $$($(TOOL) -n controller-gen)
+BIN ?= $(CURDIR)/bin
+IMG ?= egress-proxies
+GIT_COMMIT ?= $(shell git rev-parse --short=12 HEAD 2>/dev/null || echo unknown)
+LDFLAGS := -s -w -X github.com/egress-proxies/egress-proxies/pkg/version.Commit=$(GIT_COMMIT)
+# Debian packages the tests run for real.
+APT_PACKAGES := redis-server squid openssh-server
+TEST_FLAGS ?= -race -count=1 -timeout 20m
+
+##@ General
+
+.PHONY: help
+help: ## Show this help.
+	@awk 'BEGIN {FS = ":.*##"; printf "Usage: make <target>\n"} /^[a-zA-Z_0-9-]+:.*?##/ { printf "  \033[36m%-16s\033[0m %s\n", $$1, $$2 } /^##@/ { printf "\n\033[1m%s\033[0m\n", substr($$0, 5) }' $(MAKEFILE_LIST)
+
+##@ Development
+
+.PHONY: generate
+generate: manifests ## Regenerate protobuf/gRPC/gateway code, the OpenAPI document, deepcopy and CRDs.
+	$(TOOL) buf generate
+	cd pkg && $(CONTROLLER_GEN) object paths=./api/...
+
+.PHONY: manifests
+manifests: ## Regenerate the CRD YAML in deploy/crds from pkg/api.
+	cd pkg && $(CONTROLLER_GEN) crd paths=./api/... output:crd:artifacts:config=../deploy/crds
+
+GENERATED := pkg/gen pkg/openapi/gen deploy/crds pkg/api/v1alpha1/zz_generated.deepcopy.go
+
+.PHONY: verify-generated
+verify-generated: ## Fail if generated files differ from what `make generate` writes.
+	@snap=$$(mktemp -d); trap 'rm -rf "$$snap"' EXIT; \
+	cp -r --parents $(GENERATED) "$$snap" 2>/dev/null || true; \
+	$(MAKE) --no-print-directory generate >/dev/null; \
+	for g in $(GENERATED); do \
+	  if ! diff -r "$$snap/$$g" "$$g" >/dev/null 2>&1; then \
+	    echo "$$g was stale and has been regenerated: review and commit it"; exit 1; fi; done; \
+	echo "generated files are in sync"
+
+.PHONY: lint
+lint: ## go vet in every module, gofmt, buf lint.
+	go vet $(GO_PKGS)
+	@out=$$(gofmt -l pkg services); if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi
+	$(TOOL) buf lint
+
+.PHONY: breaking
+breaking: ## buf breaking against main.
+	$(TOOL) buf breaking --against '.git#branch=main'
+
+.PHONY: build
+build: ## Build the three static binaries into bin/.
+	@mkdir -p $(BIN)
+	for s in controller prober broker; do \
+	  CGO_ENABLED=0 go build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN)/$$s ./services/$$s/cmd/$$s; done
+
+##@ Test
+
+.PHONY: deps
+deps: ## Install the Debian packages the tests use (as root), or say which to install.
+	@missing=""; for c in redis-server:redis-server squid:squid sshd:openssh-server; do \
+	  bin=$${c%%:*}; pkg=$${c#*:}; command -v $$bin >/dev/null || [ -x /usr/sbin/$$bin ] || missing="$$missing $$pkg"; done; \
+	if [ -n "$$missing" ]; then \
+	  if [ "$$(id -u)" = 0 ]; then \
+	    echo "installing:$$missing"; apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing >/dev/null; \
+	  else echo "the tests need:$$missing. Run: sudo apt-get install -y$$missing"; exit 1; fi; fi
+
+.PHONY: envtest
+envtest: ## Build (once, cached) kube-apiserver and etcd for envtest.
+	@bash hack/envtest-bins.sh >/dev/null
+
+.PHONY: test
+test: deps envtest verify-generated lint ## Everything: set-up, generated-code drift, lint, unit + envtest + process suites with -race.
+	KUBEBUILDER_ASSETS=$$(bash hack/envtest-bins.sh) go test $(TEST_FLAGS) $(GO_PKGS)
+
+.PHONY: test-short
+test-short: ## Unit tests only (no API server, no outside processes).
+	go test -short $(GO_PKGS)

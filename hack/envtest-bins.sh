@@ -1,0 +1,83 @@
+#!/usr/bin/env bash
+# Builds the envtest control plane (kube-apiserver and etcd) from module
+# source, because the envtest download hosts are unreachable here. The result
+# is cached outside the repository, keyed by version, so only the first run on
+# a machine pays for the build (about 4 minutes on 2 cores).
+#
+# Prints the directory holding the binaries (for KUBEBUILDER_ASSETS) on stdout;
+# progress goes to stderr.
+set -euo pipefail
+
+K8S_VERSION=${K8S_VERSION:-1.36.3}
+ETCD_VERSION=${ETCD_VERSION:-3.6.16}
+CACHE=${EGRESS_PROXIES_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/egress-proxies}
+OUT="$CACHE/envtest/k8s-$K8S_VERSION-etcd-$ETCD_VERSION"
+
+if [[ -x "$OUT/kube-apiserver" && -x "$OUT/etcd" ]]; then
+  echo "$OUT"
+  exit 0
+fi
+
+# Building inside the repository's go.work would mix kubernetes' dependency
+# graph into ours; each scratch module stands alone.
+export GOWORK=off GOFLAGS=-mod=mod
+mkdir -p "$OUT"
+work=$(mktemp -d "$CACHE/envtest-build.XXXXXX")
+trap 'rm -rf "$work"' EXIT
+
+build_apiserver() {
+  local dir="$work/apiserver"
+  mkdir -p "$dir"
+  cd "$dir"
+  # k8s.io/kubernetes points every staging module at ./staging/src/...; a
+  # module built outside that tree must point them at the published versions.
+  local kgomod
+  kgomod=$(go mod download -json "k8s.io/kubernetes@v$K8S_VERSION" | sed -n 's/.*"GoMod": "\(.*\)".*/\1/p')
+  {
+    echo "module envtestbuild/apiserver"
+    echo "go 1.26"
+    echo "require k8s.io/kubernetes v$K8S_VERSION"
+    grep -E '^\s*k8s\.io/[a-z0-9-]+ => \./staging/src/' "$kgomod" |
+      sed -E "s#^\s*(k8s\.io/[a-z0-9-]+) => .*#replace \1 => \1 v0.${K8S_VERSION#1.}#"
+  } >go.mod
+  echo 'package main' >tools.go
+  echo 'import _ "k8s.io/kubernetes/cmd/kube-apiserver"' >>tools.go
+  go mod tidy >&2 2>&1 || go mod tidy
+  go build -trimpath -o "$OUT/kube-apiserver.tmp" k8s.io/kubernetes/cmd/kube-apiserver
+  mv "$OUT/kube-apiserver.tmp" "$OUT/kube-apiserver"
+}
+
+build_etcd() {
+  local dir="$work/etcd"
+  mkdir -p "$dir"
+  cd "$dir"
+  cat >go.mod <<MOD
+module envtestbuild/etcd
+go 1.26
+require go.etcd.io/etcd/server/v3 v$ETCD_VERSION
+MOD
+  cat >main.go <<'GO'
+package main
+
+import (
+	"os"
+
+	"go.etcd.io/etcd/server/v3/etcdmain"
+)
+
+func main() { etcdmain.Main(os.Args) }
+GO
+  go mod tidy >&2
+  go build -trimpath -o "$OUT/etcd.tmp" .
+  mv "$OUT/etcd.tmp" "$OUT/etcd"
+}
+
+if [[ ! -x "$OUT/etcd" ]]; then
+  echo "envtest: building etcd v$ETCD_VERSION from source (about 35 s)..." >&2
+  (build_etcd) >&2
+fi
+if [[ ! -x "$OUT/kube-apiserver" ]]; then
+  echo "envtest: building kube-apiserver v$K8S_VERSION from source (about 4 min on 2 cores)..." >&2
+  (build_apiserver) >&2
+fi
+echo "$OUT"

@@ -1,0 +1,93 @@
+package service
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/egress-proxies/egress-proxies/pkg/telemetry"
+)
+
+// Common are the flags every service has.
+type Common struct {
+	LogLevel string
+}
+
+// Register adds the common flags to fs.
+func (c *Common) Register(fs *flag.FlagSet) {
+	fs.StringVar(&c.LogLevel, "log-level", "info", "log level: debug, info, warn or error")
+}
+
+// Env is what Run hands a service's body.
+type Env struct {
+	Log *slog.Logger
+}
+
+// Run is the body of every main: it parses flags (exit 2 with a message
+// saying what to fix), sets up logging and tracing, cancels the context on
+// SIGTERM or SIGINT, and runs body. It returns the process exit code:
+// 0 after a clean shutdown, 1 when body fails.
+func Run(name, envPrefix string, args []string, stderr io.Writer, fs *flag.FlagSet, common *Common, body func(ctx context.Context, env Env) error) int {
+	fs.SetOutput(stderr)
+	if err := ParseFlags(fs, envPrefix, args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return 0
+		}
+		_, _ = fmt.Fprintf(stderr, "%s: %v\nrun %s --help for the flags\n", name, err, name)
+		return 2
+	}
+	level, err := telemetry.ParseLevel(common.LogLevel)
+	if err != nil {
+		_, _ = fmt.Fprintf(stderr, "%s: --log-level: %v\n", name, err)
+		return 2
+	}
+	log := telemetry.NewLogger(os.Stderr, level, name)
+	slog.SetDefault(log)
+
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+
+	shutdown, err := telemetry.SetupTracing(ctx, name, telemetry.TracingConfigFromEnv())
+	if err != nil {
+		log.Error("tracing setup failed", "err", err)
+		return 2
+	}
+	defer func() {
+		sctx, cancel := context.WithTimeout(context.Background(), 5e9)
+		defer cancel()
+		if err := shutdown(sctx); err != nil {
+			log.Warn("flushing traces", "err", err)
+		}
+	}()
+
+	if err := body(ctx, Env{Log: log}); err != nil {
+		var ue UsageError
+		if errors.As(err, &ue) {
+			log.Error("bad configuration", "err", err)
+			_, _ = fmt.Fprintf(stderr, "%s: %v\n", name, err)
+			return 2
+		}
+		log.Error("exiting", "err", err)
+		return 1
+	}
+	log.Info("shut down cleanly")
+	return 0
+}
+
+// UsageError marks an error in flags or config found by the body: Run
+// exits 2 and prints it.
+type UsageError struct{ Err error }
+
+func (e UsageError) Error() string { return e.Err.Error() }
+func (e UsageError) Unwrap() error { return e.Err }
+
+// Usagef returns a UsageError.
+func Usagef(format string, args ...any) error {
+	return UsageError{fmt.Errorf(format, args...)}
+}
