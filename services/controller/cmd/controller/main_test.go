@@ -48,3 +48,29 @@ func TestEnvFallbackIsValidated(t *testing.T) {
 	require.Equal(t, 2, code)
 	require.Contains(t, p.Log(), "CONTROLLER_LEADER_ELECT")
 }
+
+func TestBadProvidersConfigFailsStartup(t *testing.T) {
+	proc.RequireProcesses(t)
+	bin := proc.Build(t, pkgPath)
+	cases := map[string]struct{ yaml, want string }{
+		"unknown type":   {"providers:\n- {name: x, type: azure}\n", `unknown type "azure"`},
+		"duplicate name": {"providers:\n- {name: k, type: kubernetes}\n- {name: k, type: kubernetes}\n", `duplicate name "k"`},
+		"missing type":   {"providers:\n- {name: k}\n", "type is required"},
+		"stray block":    {"providers:\n- {name: k, type: kubernetes, gcp: {project: p}}\n", `unknown field "gcp"`},
+		"bad block":      {"providers:\n- {name: k, type: kubernetes, kubernetes: {namespce: x}}\n", `unknown field "namespce"`},
+	}
+	for name, tc := range cases {
+		t.Run(name, func(t *testing.T) {
+			path := t.TempDir() + "/providers.yaml"
+			require.NoError(t, os.WriteFile(path, []byte(tc.yaml), 0o600))
+			kubeconfig := "/nonexistent"
+			if env != nil {
+				kc, err := env.WriteKubeconfig(t.TempDir())
+				require.NoError(t, err)
+				kubeconfig = kc
+			}
+			proc.BadFlag(t, "controller-config", bin, []string{"--providers-config", path, "--kubeconfig", kubeconfig,
+				"--metrics-bind-address", "0", "--health-probe-bind-address", "0"}, "--providers-config", tc.want)
+		})
+	}
+}

@@ -16,11 +16,17 @@ import (
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	"github.com/egress-proxies/egress-proxies/pkg/kube"
 	"github.com/egress-proxies/egress-proxies/pkg/service"
+	"github.com/egress-proxies/egress-proxies/pkg/version"
+	"github.com/egress-proxies/egress-proxies/services/controller/pkg/controllers/proxy/garbagecollection"
+	"github.com/egress-proxies/egress-proxies/services/controller/pkg/controllers/proxy/lifecycle"
+	"github.com/egress-proxies/egress-proxies/services/controller/pkg/providers"
+	"github.com/egress-proxies/egress-proxies/services/controller/pkg/providers/kubernetes"
 )
 
 // Options are the controller's flags.
@@ -33,6 +39,13 @@ type Options struct {
 	LeaderElectionID string
 	LeaderElectionNS string
 	LeaseDuration    time.Duration
+	ProvidersConfig  string
+	Namespace        string
+	PollInterval     time.Duration
+	ResyncInterval   time.Duration
+	BackoffBase      time.Duration
+	GCInterval       time.Duration
+	GCGrace          time.Duration
 }
 
 // Register adds the flags to fs.
@@ -45,6 +58,32 @@ func (o *Options) Register(fs *flag.FlagSet) {
 	fs.StringVar(&o.LeaderElectionID, "leader-election-id", "egress-proxies-controller", "name of the leader-election Lease")
 	fs.StringVar(&o.LeaderElectionNS, "leader-election-namespace", "", "namespace of the leader-election Lease; empty means the pod's own")
 	fs.DurationVar(&o.LeaseDuration, "leader-election-lease-duration", 15*time.Second, "how long a lost leader's lease blocks a new one")
+	fs.StringVar(&o.ProvidersConfig, "providers-config", "", "providers config YAML (named provider entries); empty means one entry named kubernetes of type kubernetes")
+	fs.StringVar(&o.Namespace, "namespace", "", "the controller's namespace (default pods namespace of the kubernetes provider); empty means the pod's own, else default")
+	fs.DurationVar(&o.PollInterval, "poll-interval", 2*time.Second, "how often a booting or deleting instance is re-read")
+	fs.DurationVar(&o.ResyncInterval, "resync-interval", 5*time.Minute, "how often a Ready instance is re-read to notice it vanished")
+	fs.DurationVar(&o.BackoffBase, "backoff-base", 5*time.Second, "first delay of the per-Proxy backoff for quota waits and failing cleanups (doubles up to 5m)")
+	fs.DurationVar(&o.GCInterval, "gc-interval", 5*time.Minute, "how often orphan GC sweeps every provider")
+	fs.DurationVar(&o.GCGrace, "gc-grace-period", 10*time.Minute, "instances younger than this are never collected")
+}
+
+// defaultProvidersConfig is used without --providers-config.
+const defaultProvidersConfig = "providers:\n  - name: kubernetes\n    type: kubernetes\n"
+
+// factories maps every provider type to its constructor.
+var factories = map[string]providers.Factory{
+	kubernetes.Type: kubernetes.New,
+}
+
+func loadEntries(path string) ([]providers.Entry, error) {
+	types := make([]string, 0, len(factories))
+	for t := range factories {
+		types = append(types, t)
+	}
+	if path == "" {
+		return providers.ParseConfig([]byte(defaultProvidersConfig), types)
+	}
+	return providers.LoadConfig(path, types)
 }
 
 func restConfig(path string) (*rest.Config, error) {
@@ -57,17 +96,26 @@ func restConfig(path string) (*rest.Config, error) {
 // Run runs the manager until ctx ends.
 func Run(ctx context.Context, log *slog.Logger, o Options) error {
 	ctrl.SetLogger(logr.FromSlogHandler(log.Handler()))
+	if o.PollInterval <= 0 || o.ResyncInterval <= 0 || o.GCInterval <= 0 || o.GCGrace < 0 || o.BackoffBase <= 0 {
+		return service.Usagef("--poll-interval, --resync-interval, --backoff-base and --gc-interval must be positive and --gc-grace-period not negative")
+	}
+	entries, err := loadEntries(o.ProvidersConfig)
+	if err != nil {
+		return service.Usagef("--providers-config: %v", err)
+	}
 	cfg, err := restConfig(o.Kubeconfig)
 	if err != nil {
 		return service.Usagef("--kubeconfig: %v", err)
 	}
+	namespace := podNamespace(log, o.Namespace)
 	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
 		Scheme:                  kube.NewScheme(),
 		Metrics:                 metricsserver.Options{BindAddress: o.MetricsAddr},
 		HealthProbeBindAddress:  o.HealthAddr,
 		LeaderElection:          o.LeaderElect,
 		LeaderElectionID:        o.LeaderElectionID,
-		LeaderElectionNamespace: leaderElectionNamespace(log, o.LeaderElectionNS),
+		LeaderElectionNamespace: firstNonEmpty(o.LeaderElectionNS, namespace),
+		Cache:                   cache.Options{ByObject: lifecycle.CacheByObject()},
 		LeaseDuration:           &o.LeaseDuration,
 		// A replica that loses its lease exits rather than keep acting
 		// on a stale view; Kubernetes restarts it as a follower.
@@ -82,18 +130,43 @@ func Run(ctx context.Context, log *slog.Logger, o Options) error {
 	if err := mgr.AddReadyzCheck("ping", healthz.Ping); err != nil {
 		return err
 	}
+	registry, err := providers.NewRegistry(ctx, entries, factories, providers.Deps{
+		Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(), Namespace: namespace, Log: log,
+	})
+	if err != nil {
+		return service.Usagef("--providers-config: %v", err)
+	}
+	rec := lifecycle.New(mgr.GetClient(), registry, mgr.GetEventRecorder("proxy-controller"), lifecycle.Options{
+		PollInterval: o.PollInterval, ResyncInterval: o.ResyncInterval, BackoffBase: o.BackoffBase,
+	})
+	if err := rec.SetupWithManager(ctx, mgr); err != nil {
+		return fmt.Errorf("setting up the Proxy controller: %w", err)
+	}
+	if err := mgr.Add(&garbagecollection.Collector{
+		Registry: registry, Reader: mgr.GetAPIReader(), Interval: o.GCInterval, Grace: o.GCGrace, Log: log.With("controller", "gc"),
+	}); err != nil {
+		return err
+	}
+	log.Info("starting", "providers", registry.Names(), "namespace", namespace, "commit", version.Commit)
 	return mgr.Start(ctx)
 }
 
-// leaderElectionNamespace is the flag's value, else the pod's namespace,
-// else "default" for a controller run outside a cluster (make run-dev).
-func leaderElectionNamespace(log *slog.Logger, flagValue string) string {
+func firstNonEmpty(a, b string) string {
+	if a != "" {
+		return a
+	}
+	return b
+}
+
+// podNamespace is the flag's value, else the pod's namespace, else
+// "default" for a controller run outside a cluster (make run-dev).
+func podNamespace(log *slog.Logger, flagValue string) string {
 	if flagValue != "" {
 		return flagValue
 	}
 	if b, err := os.ReadFile("/var/run/secrets/kubernetes.io/serviceaccount/namespace"); err == nil {
 		return strings.TrimSpace(string(b))
 	}
-	log.Info("not in a cluster and --leader-election-namespace unset: using namespace default for the leader-election Lease")
+	log.Info("not in a cluster and --namespace unset: using namespace default")
 	return "default"
 }

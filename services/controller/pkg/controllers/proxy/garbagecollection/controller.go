@@ -1,0 +1,177 @@
+// Package garbagecollection sweeps every provider for instances carrying
+// our tags whose owning Proxy is gone, or that belong to an older
+// generation of a Proxy that has moved on: the safety net for a
+// controller that crashed mid-create and for any step the reconciler's
+// crash-safety leaves behind.
+package garbagecollection
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/utils/clock"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
+
+	v1 "github.com/egress-proxies/egress-proxies/pkg/api/v1alpha1"
+	"github.com/egress-proxies/egress-proxies/services/controller/pkg/providers"
+)
+
+var (
+	found = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "proxy_operator_gc_orphans_found_total",
+		Help: "Orphaned instances found by GC sweeps, by provider entry (counted once per sweep that sees them past the grace period).",
+	}, []string{"provider"})
+	deleted = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "proxy_operator_gc_orphans_deleted_total",
+		Help: "Orphaned instances GC deleted, by provider entry.",
+	}, []string{"provider"})
+	sweepErrors = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "proxy_operator_gc_sweep_errors_total",
+		Help: "Errors during GC sweeps (listing, reading owners, deleting), by provider entry.",
+	}, []string{"provider"})
+)
+
+func init() { ctrlmetrics.Registry.MustRegister(found, deleted, sweepErrors) }
+
+// Collector is a manager Runnable; it needs leader election, since only
+// the leader may delete.
+type Collector struct {
+	// Registry supplies the usable providers.
+	Registry *providers.Registry
+	// Reader reads Proxies live from the API server: a cache that has
+	// not yet seen a new Proxy must never make its instance look orphaned.
+	Reader   client.Reader
+	Interval time.Duration
+	// Grace protects instances younger than this (their Proxy's status
+	// write may still be on its way).
+	Grace time.Duration
+	Log   *slog.Logger
+	Clock clock.PassiveClock
+}
+
+// NeedLeaderElection: only the leader sweeps.
+func (c *Collector) NeedLeaderElection() bool { return true }
+
+// Start sweeps at once, then every Interval, until ctx ends.
+func (c *Collector) Start(ctx context.Context) error {
+	if c.Clock == nil {
+		c.Clock = clock.RealClock{}
+	}
+	t := time.NewTicker(c.Interval)
+	defer t.Stop()
+	for {
+		c.Sweep(ctx)
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+		}
+	}
+}
+
+var tracer = otel.Tracer("egress-proxies/controller/gc")
+
+// Sweep runs one pass over every usable provider and returns how many
+// instances it deleted.
+func (c *Collector) Sweep(ctx context.Context) int {
+	ctx, span := tracer.Start(ctx, "gc.Sweep")
+	defer span.End()
+	if c.Clock == nil {
+		c.Clock = clock.RealClock{}
+	}
+	total := 0
+	for name, p := range c.Registry.Available() {
+		n, err := c.sweepProvider(ctx, name, p)
+		total += n
+		if err != nil {
+			sweepErrors.WithLabelValues(name).Inc()
+			span.RecordError(err)
+			span.SetStatus(codes.Error, err.Error())
+			c.Log.ErrorContext(ctx, "gc sweep incomplete", "provider", name, "err", err)
+		}
+	}
+	span.SetAttributes(attribute.Int("gc.deleted", total))
+	return total
+}
+
+func (c *Collector) sweepProvider(ctx context.Context, name string, p providers.Provider) (int, error) {
+	// A partial List still returns what it read; what it could not read
+	// is simply not considered, never taken as gone.
+	insts, listErr := p.List(ctx)
+	n := 0
+	var errs []error
+	if listErr != nil {
+		errs = append(errs, fmt.Errorf("listing: %w", listErr))
+	}
+	for _, inst := range insts {
+		if c.Clock.Since(inst.CreatedAt) < c.Grace {
+			continue
+		}
+		orphan, why, err := c.isOrphan(ctx, inst)
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		if !orphan {
+			continue
+		}
+		found.WithLabelValues(name).Inc()
+		c.Log.InfoContext(ctx, "deleting orphaned instance", "provider", name, "instance", inst.ProviderID,
+			"owner", inst.Owner.Namespace+"/"+inst.Owner.Name, "ownerUID", inst.Owner.UID, "why", why)
+		if err := p.Delete(ctx, inst.ProviderID); err != nil {
+			errs = append(errs, fmt.Errorf("deleting %s: %w", inst.ProviderID, err))
+			continue
+		}
+		deleted.WithLabelValues(name).Inc()
+		n++
+	}
+	if len(errs) > 0 {
+		return n, fmt.Errorf("%d errors, first: %w", len(errs), errs[0])
+	}
+	return n, nil
+}
+
+// isOrphan: the owner (matched by UID, not name) is gone, or has moved on
+// to a later instance generation. Instances of the owner's current or a
+// later generation belong to the reconciler (a later one is a create whose
+// status write has not landed).
+func (c *Collector) isOrphan(ctx context.Context, inst *providers.Instance) (bool, string, error) {
+	if inst.Owner.Namespace == "" || inst.Owner.Name == "" {
+		// Tagged with a UID but no name: the UID alone must decide.
+		return c.uidGone(ctx, inst)
+	}
+	px := &v1.Proxy{}
+	err := c.Reader.Get(ctx, client.ObjectKey{Namespace: inst.Owner.Namespace, Name: inst.Owner.Name}, px)
+	switch {
+	case apierrors.IsNotFound(err):
+		return true, "owner Proxy deleted", nil
+	case err != nil:
+		return false, "", fmt.Errorf("reading owner of %s: %w", inst.ProviderID, err)
+	case px.UID != inst.Owner.UID:
+		return true, "owner Proxy deleted (a new Proxy has its name)", nil
+	case inst.Owner.Generation < px.Status.InstanceGeneration:
+		return true, fmt.Sprintf("generation %d superseded by %d", inst.Owner.Generation, px.Status.InstanceGeneration), nil
+	}
+	return false, "", nil
+}
+
+func (c *Collector) uidGone(ctx context.Context, inst *providers.Instance) (bool, string, error) {
+	list := &v1.ProxyList{}
+	if err := c.Reader.List(ctx, list); err != nil {
+		return false, "", err
+	}
+	for _, px := range list.Items {
+		if px.UID == inst.Owner.UID {
+			return false, "", nil
+		}
+	}
+	return true, "no Proxy has the owner UID", nil
+}

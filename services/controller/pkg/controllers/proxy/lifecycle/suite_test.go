@@ -1,0 +1,220 @@
+package lifecycle_test
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"os"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	corev1 "k8s.io/api/core/v1"
+	eventsv1 "k8s.io/api/events/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/config"
+	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
+
+	v1 "github.com/egress-proxies/egress-proxies/pkg/api/v1alpha1"
+	"github.com/egress-proxies/egress-proxies/pkg/testenv"
+	"github.com/egress-proxies/egress-proxies/services/controller/pkg/controllers/proxy/lifecycle"
+	"github.com/egress-proxies/egress-proxies/services/controller/pkg/providers"
+	"github.com/egress-proxies/egress-proxies/services/controller/pkg/providers/fake"
+	"github.com/egress-proxies/egress-proxies/services/controller/pkg/providers/kubernetes"
+)
+
+var env *testenv.Env
+
+func TestMain(m *testing.M) { os.Exit(testenv.Main(m, &env)) }
+
+var nsSeq atomic.Int32
+
+// harness is one manager running the lifecycle reconciler against the
+// shared API server, confined to a namespace of its own. Entries:
+// "kubernetes" (the real provider, pods in the same namespace) and "fake".
+type harness struct {
+	t    *testing.T
+	ns   string
+	fake *fake.Provider
+	// wrap, when set before start, wraps the kubernetes provider.
+	wrap func(providers.Provider) providers.Provider
+	stop func()
+	ips  atomic.Int32
+}
+
+func newHarness(t *testing.T) *harness {
+	testenv.Require(t)
+	ns := fmt.Sprintf("lc-%d", nsSeq.Add(1))
+	require.NoError(t, env.Client.Create(context.Background(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}))
+	return &harness{t: t, ns: ns, fake: fake.New("fake")}
+}
+
+func (h *harness) start() *harness {
+	t := h.t
+	ctx, cancel := context.WithCancel(context.Background())
+	mgr, err := ctrl.NewManager(env.Config, ctrl.Options{
+		Scheme:                 env.Scheme,
+		Metrics:                metricsserver.Options{BindAddress: "0"},
+		HealthProbeBindAddress: "0",
+		Controller:             config.Controller{SkipNameValidation: ptr.To(true)},
+		Cache:                  cache.Options{ByObject: lifecycle.CacheByObject(), DefaultNamespaces: map[string]cache.Config{h.ns: {}}},
+	})
+	require.NoError(t, err)
+	factories := map[string]providers.Factory{
+		kubernetes.Type: func(ctx context.Context, e providers.Entry, d providers.Deps) (providers.Provider, error) {
+			p, err := kubernetes.New(ctx, e, d)
+			if err == nil && h.wrap != nil {
+				p = h.wrap(p)
+			}
+			return p, err
+		},
+		"fake": h.fake.Factory(),
+	}
+	entries, err := providers.ParseConfig([]byte(fmt.Sprintf(
+		"providers:\n- {name: kubernetes, type: kubernetes, kubernetes: {namespace: %s}}\n- {name: fake, type: fake}\n", h.ns)), []string{"kubernetes", "fake"})
+	require.NoError(t, err)
+	reg, err := providers.NewRegistry(ctx, entries, factories, providers.Deps{
+		Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(), Log: slog.Default(),
+	})
+	require.NoError(t, err)
+	rec := lifecycle.New(mgr.GetClient(), reg, mgr.GetEventRecorder("proxy-controller"), lifecycle.Options{
+		PollInterval: 100 * time.Millisecond, ResyncInterval: time.Hour, BackoffBase: 100 * time.Millisecond, BackoffMax: time.Second,
+	})
+	require.NoError(t, rec.SetupWithManager(ctx, mgr))
+	done := make(chan error, 1)
+	go func() { done <- mgr.Start(ctx) }()
+	var once sync.Once
+	h.stop = func() {
+		once.Do(func() {
+			cancel()
+			require.NoError(t, <-done)
+		})
+	}
+	t.Cleanup(h.stop)
+	return h
+}
+
+// restart stops the manager and starts a new one, as a crash and a new
+// pod would.
+
+func (h *harness) managed(name, provider string) *v1.Proxy {
+	return &v1.Proxy{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: h.ns},
+		Spec: v1.ProxySpec{Mode: v1.ModeManaged, Provider: provider, Port: 3128,
+			Attributes: map[string]string{"geo": "eu"}},
+	}
+}
+
+func (h *harness) create(px *v1.Proxy) *v1.Proxy {
+	require.NoError(h.t, env.Client.Create(context.Background(), px))
+	return px
+}
+
+func (h *harness) get(name string) *v1.Proxy {
+	px := &v1.Proxy{}
+	require.NoError(h.t, env.Client.Get(context.Background(), client.ObjectKey{Namespace: h.ns, Name: name}, px))
+	return px
+}
+
+// waitFor polls the Proxy until ok, failing with the last status seen.
+func (h *harness) waitFor(name, what string, ok func(*v1.Proxy) bool) *v1.Proxy {
+	h.t.Helper()
+	var last *v1.Proxy
+	deadline := time.Now().Add(30 * time.Second)
+	for time.Now().Before(deadline) {
+		px := &v1.Proxy{}
+		err := env.Client.Get(context.Background(), client.ObjectKey{Namespace: h.ns, Name: name}, px)
+		if err == nil {
+			last = px
+			if ok(px) {
+				return px
+			}
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	h.t.Fatalf("proxy %s never became %s; last status: %+v", name, what, last)
+	return nil
+}
+
+func (h *harness) waitGone(name string) {
+	h.t.Helper()
+	require.Eventually(h.t, func() bool {
+		err := env.Client.Get(context.Background(), client.ObjectKey{Namespace: h.ns, Name: name}, &v1.Proxy{})
+		return apierrors.IsNotFound(err)
+	}, 30*time.Second, 50*time.Millisecond, "proxy %s was never released", name)
+}
+
+func (h *harness) pods() []corev1.Pod {
+	list := &corev1.PodList{}
+	require.NoError(h.t, env.Client.List(context.Background(), list, client.InNamespace(h.ns)))
+	return list.Items
+}
+
+// kubelet plays the kubelet for the provider's pods, which never run on
+// envtest: every pod without an IP gets Running and a fresh loopback IP.
+// It returns once no pod is waiting.
+func (h *harness) kubelet() {
+	h.t.Helper()
+	for _, pod := range h.pods() {
+		if pod.Status.PodIP != "" || pod.DeletionTimestamp != nil {
+			continue
+		}
+		ip := fmt.Sprintf("127.0.3.%d", h.ips.Add(1))
+		pod.Status.Phase = corev1.PodRunning
+		pod.Status.PodIP = ip
+		pod.Status.PodIPs = []corev1.PodIP{{IP: ip}}
+		require.NoError(h.t, env.Client.Status().Update(context.Background(), &pod))
+	}
+}
+
+// waitReady runs the kubelet stand-in until the Proxy is Ready.
+func (h *harness) waitReady(name string) *v1.Proxy {
+	h.t.Helper()
+	return h.waitFor(name, "Ready", func(px *v1.Proxy) bool {
+		h.kubelet()
+		return px.Status.Phase == v1.PhaseReady && px.Status.IP != ""
+	})
+}
+
+func (h *harness) events(name string) []eventsv1.Event {
+	list := &eventsv1.EventList{}
+	require.NoError(h.t, env.Client.List(context.Background(), list, client.InNamespace(h.ns)))
+	var out []eventsv1.Event
+	for _, e := range list.Items {
+		if e.Regarding.Name == name {
+			out = append(out, e)
+		}
+	}
+	return out
+}
+
+func (h *harness) waitEvent(name, reason string) eventsv1.Event {
+	h.t.Helper()
+	var found eventsv1.Event
+	require.Eventually(h.t, func() bool {
+		for _, e := range h.events(name) {
+			if e.Reason == reason {
+				found = e
+				return true
+			}
+		}
+		return false
+	}, 30*time.Second, 50*time.Millisecond, "no %s event for %s", reason, name)
+	return found
+}
+
+func (h *harness) update(name string, mutate func(*v1.Proxy)) {
+	h.t.Helper()
+	require.Eventually(h.t, func() bool {
+		px := h.get(name)
+		mutate(px)
+		return env.Client.Update(context.Background(), px) == nil
+	}, 10*time.Second, 50*time.Millisecond)
+}

@@ -1,0 +1,206 @@
+// Package kubernetes is the provider whose instances are Squid pods in the
+// cluster the controller runs in. It needs no cloud account (local
+// development, CI, the kind quickstart); its pods share the cluster's
+// egress IP, so it exercises the whole lifecycle but not distinct egress
+// paths.
+package kubernetes
+
+import (
+	"context"
+	"fmt"
+	"strings"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/egress-proxies/egress-proxies/services/controller/pkg/providers"
+)
+
+// Type is the providers-config type name.
+const Type = "kubernetes"
+
+// DefaultImage is the seed's Squid image.
+const DefaultImage = "ubuntu/squid:6.6-24.04_edge"
+
+// Config is the `kubernetes:` block of a providers-config entry.
+type Config struct {
+	// Namespace the pods run in; default: the controller's namespace.
+	Namespace string `json:"namespace,omitempty"`
+	// Image of the Squid container; placement.image overrides it per Proxy.
+	Image string `json:"image,omitempty"`
+}
+
+// Provider creates one pod per instance.
+type Provider struct {
+	entry     string
+	cfg       Config
+	client    client.Client
+	apiReader client.Reader
+}
+
+// New is the Factory of this type.
+func New(_ context.Context, e providers.Entry, deps providers.Deps) (providers.Provider, error) {
+	var cfg Config
+	if err := e.DecodeBlock(&cfg); err != nil {
+		return nil, err
+	}
+	if cfg.Namespace == "" {
+		cfg.Namespace = deps.Namespace
+	}
+	if cfg.Namespace == "" {
+		return nil, fmt.Errorf("provider %s: kubernetes.namespace is required when the controller's namespace is unknown", e.Name)
+	}
+	if cfg.Image == "" {
+		cfg.Image = DefaultImage
+	}
+	return &Provider{entry: e.Name, cfg: cfg, client: deps.Client, apiReader: deps.APIReader}, nil
+}
+
+const idPrefix = "kubernetes://"
+
+// ProviderID is "kubernetes://<namespace>/<pod name>".
+func ProviderID(namespace, name string) string { return idPrefix + namespace + "/" + name }
+
+func parseID(id string) (client.ObjectKey, error) {
+	rest, ok := strings.CutPrefix(id, idPrefix)
+	ns, name, ok2 := strings.Cut(rest, "/")
+	if !ok || !ok2 || ns == "" || name == "" {
+		return client.ObjectKey{}, providers.NewInvalidConfig("providerID %q is not kubernetes://<namespace>/<name>", id)
+	}
+	return client.ObjectKey{Namespace: ns, Name: name}, nil
+}
+
+// Create creates the pod; an existing pod of ours with that name is returned.
+func (p *Provider) Create(ctx context.Context, req *providers.CreateRequest) (*providers.Instance, error) {
+	pod := p.pod(req)
+	err := p.client.Create(ctx, pod)
+	switch {
+	case err == nil:
+		return p.instance(pod), nil
+	case apierrors.IsAlreadyExists(err):
+		existing := &corev1.Pod{}
+		if err := p.apiReader.Get(ctx, client.ObjectKeyFromObject(pod), existing); err != nil {
+			return nil, fmt.Errorf("reading existing pod %s: %w", pod.Name, err)
+		}
+		if existing.Labels[providers.TagOwnerUID] != string(req.Owner.UID) {
+			return nil, providers.NewInvalidConfig("pod %s/%s exists and belongs to another owner (uid %q)", existing.Namespace, existing.Name, existing.Labels[providers.TagOwnerUID])
+		}
+		return p.instance(existing), nil
+	case apierrors.IsForbidden(err) && strings.Contains(err.Error(), "exceeded quota"):
+		return nil, providers.NewQuota(err)
+	case apierrors.IsInvalid(err):
+		return nil, providers.NewInvalidConfig("pod for %s is invalid: %v", req.Name, err)
+	default:
+		return nil, err
+	}
+}
+
+func (p *Provider) pod(req *providers.CreateRequest) *corev1.Pod {
+	image := p.cfg.Image
+	if req.Placement.Image != "" {
+		image = req.Placement.Image
+	}
+	nodeSelector := map[string]string{}
+	if req.Placement.Zone != "" {
+		nodeSelector[corev1.LabelTopologyZone] = req.Placement.Zone
+	}
+	if req.Placement.MachineType != "" {
+		nodeSelector[corev1.LabelInstanceTypeStable] = req.Placement.MachineType
+	}
+	port := intstr.FromInt32(req.Port)
+	return &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{
+			Name:        req.Name,
+			Namespace:   p.cfg.Namespace,
+			Labels:      providers.OwnerTags(p.entry, req.Owner),
+			Annotations: map[string]string{providers.TagOwner: req.Owner.Namespace + "/" + req.Owner.Name},
+		},
+		Spec: corev1.PodSpec{
+			AutomountServiceAccountToken: ptr.To(false),
+			NodeSelector:                 nodeSelector,
+			Containers: []corev1.Container{{
+				Name:  "squid",
+				Image: image,
+				// The image listens on 3128; a different spec.port is
+				// written into squid.conf before Squid starts.
+				Command: []string{"/bin/sh", "-c", `sed -i "s/^http_port .*/http_port ${PROXY_PORT}/" /etc/squid/squid.conf && exec /usr/local/bin/entrypoint.sh -f /etc/squid/squid.conf -NYC`},
+				Env:     []corev1.EnvVar{{Name: "PROXY_PORT", Value: port.String()}},
+				Ports:   []corev1.ContainerPort{{Name: "proxy", ContainerPort: req.Port, Protocol: corev1.ProtocolTCP}},
+				ReadinessProbe: &corev1.Probe{
+					ProbeHandler: corev1.ProbeHandler{TCPSocket: &corev1.TCPSocketAction{Port: port}},
+				},
+			}},
+		},
+	}
+}
+
+func (p *Provider) instance(pod *corev1.Pod) *providers.Instance {
+	owner, _ := providers.OwnerFromTags(pod.Labels, "", "")
+	owner.Namespace, owner.Name, _ = strings.Cut(pod.Annotations[providers.TagOwner], "/")
+	inst := &providers.Instance{
+		ProviderID: ProviderID(pod.Namespace, pod.Name),
+		Name:       pod.Name,
+		IP:         pod.Status.PodIP,
+		CreatedAt:  pod.CreationTimestamp.Time,
+		Owner:      owner,
+		State:      providers.StatePending,
+	}
+	switch {
+	case pod.DeletionTimestamp != nil:
+		inst.State = providers.StateTerminating
+	case pod.Status.Phase == corev1.PodRunning && pod.Status.PodIP != "":
+		inst.State = providers.StateRunning
+	case pod.Status.Phase == corev1.PodFailed || pod.Status.Phase == corev1.PodSucceeded:
+		inst.State = providers.StateFailed
+	}
+	return inst
+}
+
+// Get reads the pod from the API server, not a cache.
+func (p *Provider) Get(ctx context.Context, id string) (*providers.Instance, error) {
+	key, err := parseID(id)
+	if err != nil {
+		return nil, err
+	}
+	pod := &corev1.Pod{}
+	if err := p.apiReader.Get(ctx, key, pod); err != nil {
+		if apierrors.IsNotFound(err) {
+			return nil, providers.NewNotFound("pod %s", key)
+		}
+		return nil, err
+	}
+	return p.instance(pod), nil
+}
+
+// Delete deletes the pod; a missing pod is not an error.
+func (p *Provider) Delete(ctx context.Context, id string) error {
+	key, err := parseID(id)
+	if err != nil {
+		return err
+	}
+	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: key.Namespace, Name: key.Name}}
+	return client.IgnoreNotFound(p.client.Delete(ctx, pod))
+}
+
+// List returns the pods this entry created.
+func (p *Provider) List(ctx context.Context) ([]*providers.Instance, error) {
+	pods := &corev1.PodList{}
+	if err := p.apiReader.List(ctx, pods, client.InNamespace(p.cfg.Namespace), client.MatchingLabels{
+		providers.TagManagedBy: providers.ManagedByValue,
+		providers.TagProvider:  p.entry,
+	}); err != nil {
+		return nil, err
+	}
+	out := make([]*providers.Instance, 0, len(pods.Items))
+	for i := range pods.Items {
+		if pods.Items[i].Labels[providers.TagOwnerUID] == "" {
+			continue
+		}
+		out = append(out, p.instance(&pods.Items[i]))
+	}
+	return out, nil
+}

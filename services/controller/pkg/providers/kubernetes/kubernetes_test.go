@@ -1,0 +1,154 @@
+package kubernetes_test
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"strings"
+	"sync/atomic"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/uuid"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	v1 "github.com/egress-proxies/egress-proxies/pkg/api/v1alpha1"
+	"github.com/egress-proxies/egress-proxies/pkg/testenv"
+	"github.com/egress-proxies/egress-proxies/services/controller/pkg/providers"
+	"github.com/egress-proxies/egress-proxies/services/controller/pkg/providers/kubernetes"
+	"github.com/egress-proxies/egress-proxies/services/controller/pkg/providers/providertest"
+)
+
+var env *testenv.Env
+
+func TestMain(m *testing.M) { os.Exit(testenv.Main(m, &env)) }
+
+var nsCounter atomic.Int32
+
+func namespace(t *testing.T) string {
+	t.Helper()
+	ns := fmt.Sprintf("kp-%d", nsCounter.Add(1))
+	require.NoError(t, env.Client.Create(context.Background(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}))
+	return ns
+}
+
+func newProvider(t *testing.T, ns string) providers.Provider {
+	t.Helper()
+	p, err := kubernetes.New(context.Background(), providers.Entry{Name: "kubernetes", Type: kubernetes.Type,
+		Block: []byte(fmt.Sprintf(`{"namespace":%q}`, ns))}, providers.Deps{Client: env.Client, APIReader: env.Client})
+	require.NoError(t, err)
+	return p
+}
+
+func request(name string, o providers.Owner) *providers.CreateRequest {
+	return &providers.CreateRequest{Name: name, Owner: o, Port: 3128}
+}
+
+// markRunning plays kubelet: no kubelet runs on envtest, so the test
+// writes the status a kubelet would.
+func markRunning(t *testing.T, id, ip string) {
+	t.Helper()
+	ns, name := splitID(t, id)
+	pod := &corev1.Pod{}
+	require.NoError(t, env.Client.Get(context.Background(), client.ObjectKey{Namespace: ns, Name: name}, pod))
+	pod.Status.Phase = corev1.PodRunning
+	pod.Status.PodIP = ip
+	pod.Status.PodIPs = []corev1.PodIP{{IP: ip}}
+	require.NoError(t, env.Client.Status().Update(context.Background(), pod))
+}
+
+func splitID(t *testing.T, id string) (string, string) {
+	t.Helper()
+	ns, name, ok := strings.Cut(strings.TrimPrefix(id, "kubernetes://"), "/")
+	require.True(t, ok, "bad providerID %s", id)
+	return ns, name
+}
+
+func TestContract(t *testing.T) {
+	testenv.Require(t)
+	ns := namespace(t)
+	providertest.Run(t, &providertest.Harness{
+		Provider:  newProvider(t, ns),
+		Request:   request,
+		MakeReady: func(t *testing.T, inst *providers.Instance) { markRunning(t, inst.ProviderID, "127.0.0.9") },
+		CreateUntagged: func(t *testing.T) {
+			require.NoError(t, env.Client.Create(context.Background(), &corev1.Pod{
+				ObjectMeta: metav1.ObjectMeta{Name: "someone-elses", Namespace: ns, Labels: map[string]string{providers.TagManagedBy: providers.ManagedByValue, providers.TagProvider: "kubernetes"}},
+				Spec:       corev1.PodSpec{Containers: []corev1.Container{{Name: "c", Image: "busybox"}}},
+			}))
+		},
+	})
+}
+
+func TestPodShape(t *testing.T) {
+	testenv.Require(t)
+	ns := namespace(t)
+	p := newProvider(t, ns)
+	o := providers.Owner{UID: uuid.NewUUID(), Namespace: "crawl", Name: "eu-1", Generation: 3}
+	req := request("px-eu-1-abcdef01-3", o)
+	req.Port = 8080
+	req.Placement = v1.Placement{Zone: "zone-a", MachineType: "big", Image: "example/squid:1"}
+	inst, err := p.Create(context.Background(), req)
+	require.NoError(t, err)
+	assert.Equal(t, "kubernetes://"+ns+"/px-eu-1-abcdef01-3", inst.ProviderID)
+
+	pod := &corev1.Pod{}
+	require.NoError(t, env.Client.Get(context.Background(), client.ObjectKey{Namespace: ns, Name: req.Name}, pod))
+	assert.Equal(t, map[string]string{
+		providers.TagManagedBy:  "egress-proxies",
+		providers.TagProvider:   "kubernetes",
+		providers.TagOwnerUID:   string(o.UID),
+		providers.TagGeneration: "3",
+	}, pod.Labels)
+	assert.Equal(t, "crawl/eu-1", pod.Annotations[providers.TagOwner])
+	c := pod.Spec.Containers[0]
+	assert.Equal(t, "example/squid:1", c.Image, "placement.image overrides the configured image")
+	assert.Equal(t, int32(8080), c.Ports[0].ContainerPort)
+	assert.Equal(t, "8080", c.Env[0].Value)
+	assert.Equal(t, map[string]string{corev1.LabelTopologyZone: "zone-a", corev1.LabelInstanceTypeStable: "big"}, pod.Spec.NodeSelector)
+
+	got, err := p.Get(context.Background(), inst.ProviderID)
+	require.NoError(t, err)
+	assert.Equal(t, providers.StatePending, got.State, "no IP yet")
+	assert.Equal(t, "crawl", got.Owner.Namespace)
+	assert.Equal(t, "eu-1", got.Owner.Name)
+
+	markRunning(t, inst.ProviderID, "127.0.0.10")
+	got, err = p.Get(context.Background(), inst.ProviderID)
+	require.NoError(t, err)
+	assert.True(t, got.Ready())
+	assert.Equal(t, "127.0.0.10", got.IP)
+}
+
+// A ResourceQuota that admits no more pods is the real quota answer of
+// this backend; it must surface as the contract's quota kind.
+func TestResourceQuotaIsQuotaKind(t *testing.T) {
+	testenv.Require(t)
+	ns := namespace(t)
+	require.NoError(t, env.Client.Create(context.Background(), &corev1.ResourceQuota{
+		ObjectMeta: metav1.ObjectMeta{Name: "no-pods", Namespace: ns},
+		Spec:       corev1.ResourceQuotaSpec{Hard: corev1.ResourceList{corev1.ResourcePods: resource.MustParse("0")}},
+	}))
+	// The quota controller does not run on envtest: write its status.
+	q := &corev1.ResourceQuota{}
+	require.NoError(t, env.Client.Get(context.Background(), client.ObjectKey{Namespace: ns, Name: "no-pods"}, q))
+	q.Status.Hard = q.Spec.Hard
+	q.Status.Used = corev1.ResourceList{corev1.ResourcePods: resource.MustParse("0")}
+	require.NoError(t, env.Client.Status().Update(context.Background(), q))
+
+	p := newProvider(t, ns)
+	o := providers.Owner{UID: uuid.NewUUID(), Namespace: "crawl", Name: "q", Generation: 1}
+	_, err := p.Create(context.Background(), request(providers.InstanceName("q", o.UID, 1), o))
+	require.Error(t, err)
+	assert.True(t, providers.IsQuota(err), "want quota kind, got %v", err)
+}
+
+func TestConfigBlockIsStrict(t *testing.T) {
+	_, err := kubernetes.New(context.Background(), providers.Entry{Name: "k", Type: kubernetes.Type, Block: []byte(`{"namespace":"x","imgae":"typo"}`)}, providers.Deps{})
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), `unknown field "imgae"`)
+}
