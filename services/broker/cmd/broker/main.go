@@ -1,13 +1,30 @@
 // Command broker serves the lease API over gRPC and REST, keeping every
-// lease and cooldown in Redis.
+// lease and cooldown in Redis, and reads the proxy inventory from a
+// read-only watch of Proxy objects.
 package main
 
 import (
 	"context"
+	"errors"
 	"flag"
+	"fmt"
 	"os"
+	"strings"
+	"time"
 
+	"github.com/redis/go-redis/extra/redisotel/v9"
+	"github.com/redis/go-redis/v9"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+	ctrl "sigs.k8s.io/controller-runtime"
+
+	"github.com/egress-proxies/egress-proxies/pkg/auth"
 	"github.com/egress-proxies/egress-proxies/pkg/service"
+	"github.com/egress-proxies/egress-proxies/pkg/version"
+	"github.com/egress-proxies/egress-proxies/services/broker/pkg/inventory"
+	"github.com/egress-proxies/egress-proxies/services/broker/pkg/leases"
+	"github.com/egress-proxies/egress-proxies/services/broker/pkg/server"
+	"github.com/egress-proxies/egress-proxies/services/broker/pkg/store"
 )
 
 func main() {
@@ -15,21 +32,134 @@ func main() {
 }
 
 type options struct {
-	common  service.Common
-	opsAddr string
+	common            service.Common
+	opsAddr           string
+	grpcAddr          string
+	httpAddr          string
+	kubeconfig        string
+	namespace         string
+	redisAddrs        string
+	redisMaster       string
+	redisPasswordFile string
+	redisDB           int
+	tokenFile         string
+	leases            leases.Config
+	maxBody           int64
+}
+
+func (o *options) register(fs *flag.FlagSet) {
+	o.common.Register(fs)
+	d := leases.DefaultConfig
+	fs.StringVar(&o.opsAddr, "ops-addr", ":8081", "address of /healthz, /readyz and /metrics")
+	fs.StringVar(&o.grpcAddr, "grpc-addr", ":9090", "address of the gRPC LeaseService")
+	fs.StringVar(&o.httpAddr, "http-addr", ":8090", "address of the REST gateway")
+	fs.StringVar(&o.kubeconfig, "kubeconfig", "", "kubeconfig file; empty means in-cluster config or $KUBECONFIG")
+	fs.StringVar(&o.namespace, "namespace", "", "serve only Proxies of this namespace; empty means all")
+	fs.StringVar(&o.redisAddrs, "redis-addrs", "127.0.0.1:6379", "Redis address; several comma-separated for Cluster, or Sentinels with --redis-master-name")
+	fs.StringVar(&o.redisMaster, "redis-master-name", "", "Sentinel master name (makes --redis-addrs Sentinel addresses)")
+	fs.StringVar(&o.redisPasswordFile, "redis-password-file", "", "file holding the Redis password")
+	fs.IntVar(&o.redisDB, "redis-db", 0, "Redis database (not in Cluster mode)")
+	fs.StringVar(&o.tokenFile, "token-file", "", "file holding the bearer token clients must send; empty serves unauthenticated")
+	fs.DurationVar(&o.leases.DefaultTTL, "default-ttl", d.DefaultTTL, "lease TTL when a request gives ttlSeconds 0")
+	fs.DurationVar(&o.leases.MinTTL, "min-ttl", d.MinTTL, "shortest lease TTL a request may ask for")
+	fs.DurationVar(&o.leases.MaxTTL, "max-ttl", d.MaxTTL, "longest lease TTL a request may ask for")
+	fs.DurationVar(&o.leases.Cooldown, "cooldown", d.Cooldown, "how long a rate_limited report keeps a proxy away from that target")
+	fs.IntVar(&o.leases.LeaseCap, "lease-cap", d.LeaseCap, "most live leases per proxy (0: no cap)")
+	fs.Int64Var(&o.maxBody, "max-body-bytes", 64<<10, "largest REST request body")
+}
+
+func (o *options) validate() error {
+	l := o.leases
+	switch {
+	case l.MinTTL <= 0 || l.MaxTTL < l.MinTTL:
+		return fmt.Errorf("--min-ttl must be positive and not above --max-ttl")
+	case l.DefaultTTL < l.MinTTL || l.DefaultTTL > l.MaxTTL:
+		return fmt.Errorf("--default-ttl %s must be between --min-ttl %s and --max-ttl %s", l.DefaultTTL, l.MinTTL, l.MaxTTL)
+	case l.Cooldown <= 0:
+		return fmt.Errorf("--cooldown must be positive")
+	case l.LeaseCap < 0:
+		return fmt.Errorf("--lease-cap must not be negative")
+	case o.maxBody <= 0:
+		return fmt.Errorf("--max-body-bytes must be positive")
+	}
+	return nil
 }
 
 func run(args []string) int {
 	var o options
 	fs := flag.NewFlagSet("broker", flag.ContinueOnError)
-	o.common.Register(fs)
-	fs.StringVar(&o.opsAddr, "ops-addr", ":8081", "address of /healthz, /readyz and /metrics")
+	o.register(fs)
 	return service.Run("broker", "BROKER", args, os.Stderr, fs, &o.common, func(ctx context.Context, env service.Env) error {
-		ops := service.NewOps()
-		wait, err := service.Serve(ctx, env.Log, "ops", o.opsAddr, ops.Handler())
+		log := env.Log
+		if err := o.validate(); err != nil {
+			return service.UsageError{Err: err}
+		}
+		var tok *auth.Token
+		if o.tokenFile != "" {
+			var err error
+			if tok, err = auth.FromFile(ctx, log, o.tokenFile, 5*time.Second); err != nil {
+				return service.Usagef("--token-file: %v", err)
+			}
+		} else {
+			log.Warn("NO TOKEN CONFIGURED: the lease API serves every caller UNAUTHENTICATED; set --token-file (BROKER_TOKEN_FILE) to a mounted Secret")
+		}
+
+		cfg, err := restConfig(o.kubeconfig)
+		if err != nil {
+			return service.Usagef("--kubeconfig: %v", err)
+		}
+		ropts := &redis.UniversalOptions{
+			Addrs: strings.Split(o.redisAddrs, ","), MasterName: o.redisMaster, DB: o.redisDB,
+			// Short timeouts: a dead Redis must turn into a quick 503, not
+			// a hung crawler.
+			DialTimeout: time.Second, ReadTimeout: time.Second, WriteTimeout: time.Second, MaxRetries: 1,
+		}
+		if o.redisPasswordFile != "" {
+			b, err := os.ReadFile(o.redisPasswordFile)
+			if err != nil {
+				return service.Usagef("--redis-password-file: %v", err)
+			}
+			ropts.Password = strings.TrimSpace(string(b))
+		}
+		rdb := redis.NewUniversalClient(ropts)
+		defer func() { _ = rdb.Close() }()
+		if err := redisotel.InstrumentTracing(rdb); err != nil {
+			return err
+		}
+
+		inv := inventory.New()
+		if err := inv.Run(ctx, cfg, o.namespace); err != nil {
+			return err
+		}
+		st := store.New(rdb)
+		svc := leases.New(inv, st, o.leases)
+		srv, err := server.New(ctx, log, server.Options{GRPCAddr: o.grpcAddr, HTTPAddr: o.httpAddr, MaxBodyBytes: o.maxBody, MaxRecvBytes: 1 << 20}, svc, tok)
 		if err != nil {
 			return service.UsageError{Err: err}
 		}
-		return wait()
+
+		ops := service.NewOps()
+		ops.Registry.MustRegister(append(leases.Collectors(), server.Collectors()...)...)
+		ops.AddReadyCheck("redis", st.Ping)
+		ops.AddReadyCheck("inventory", func(context.Context) error {
+			if !inv.Synced() {
+				return errors.New("proxy inventory not synced with the API server yet")
+			}
+			return nil
+		})
+		waitOps, err := service.Serve(ctx, log, "ops", o.opsAddr, ops.Handler())
+		if err != nil {
+			return service.UsageError{Err: err}
+		}
+		log.Info("starting", "commit", version.Commit, "leaseCap", o.leases.LeaseCap, "cooldown", o.leases.Cooldown, "auth", tok.Enabled())
+		serveErr := srv.Serve(ctx)
+		return errors.Join(serveErr, waitOps())
 	})
+}
+
+func restConfig(path string) (*rest.Config, error) {
+	if path == "" {
+		return ctrl.GetConfig()
+	}
+	return clientcmd.BuildConfigFromFlags("", path)
 }

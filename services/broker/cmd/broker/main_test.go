@@ -1,20 +1,20 @@
 package main
 
 import (
-	"fmt"
 	"testing"
 
 	"github.com/egress-proxies/egress-proxies/pkg/testutil/proc"
 )
 
-const pkgPath = "github.com/egress-proxies/egress-proxies/services/broker/cmd/broker"
-
 func TestBinaryLifecycle(t *testing.T) {
-	proc.RequireProcesses(t)
-	bin := proc.Build(t, pkgPath)
+	f := newFleet(t)
+	r := proc.StartRedis(t, false)
+	b := startBroker(t, f, r)
+	b.p.Kill() // the harness already proved readiness; run the lifecycle check on a fresh one
 	ops := proc.FreePort(t)
-	proc.Lifecycle(t, "broker", bin, nil, []string{"--ops-addr", proc.Addr(ops)},
-		fmt.Sprintf("http://%s/healthz", proc.Addr(ops)), fmt.Sprintf("http://%s/metrics", proc.Addr(ops)))
+	proc.Lifecycle(t, "broker-lifecycle", proc.Build(t, pkgPath), nil,
+		append([]string{"--ops-addr", proc.Addr(ops), "--grpc-addr", proc.Addr(proc.FreePort(t)), "--http-addr", proc.Addr(proc.FreePort(t))}, b.args...),
+		"http://"+proc.Addr(ops)+"/healthz", "http://"+proc.Addr(ops)+"/metrics")
 }
 
 func TestBadFlagsExitNonZero(t *testing.T) {
@@ -23,4 +23,6 @@ func TestBadFlagsExitNonZero(t *testing.T) {
 	proc.BadFlag(t, "broker-unknown-flag", bin, []string{"--no-such-flag"}, "flag provided but not defined: -no-such-flag")
 	proc.BadFlag(t, "broker-bad-level", bin, []string{"--log-level", "loud"}, "--log-level", "want debug, info, warn or error")
 	proc.BadFlag(t, "broker-stray-arg", bin, []string{"stray"}, `unexpected argument "stray"`)
+	proc.BadFlag(t, "broker-bad-ttl", bin, []string{"--default-ttl", "2h"}, "--default-ttl 2h0m0s must be between")
+	proc.BadFlag(t, "broker-bad-token", bin, []string{"--token-file", "/nonexistent/token", "--kubeconfig", "/dev/null"}, "--token-file", "/nonexistent/token")
 }

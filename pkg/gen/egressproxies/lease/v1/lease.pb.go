@@ -22,68 +22,6 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
-// ReportResult is what happened at the target.
-type ReportResult int32
-
-const (
-	// REPORT_RESULT_UNSPECIFIED is rejected.
-	ReportResult_REPORT_RESULT_UNSPECIFIED ReportResult = 0
-	// REPORT_RESULT_OK: the request went through.
-	ReportResult_REPORT_RESULT_OK ReportResult = 1
-	// REPORT_RESULT_RATE_LIMITED: the target rate-limited the proxy; it
-	// cools down for that target.
-	ReportResult_REPORT_RESULT_RATE_LIMITED ReportResult = 2
-	// REPORT_RESULT_BLOCKED: the target blocked the proxy.
-	ReportResult_REPORT_RESULT_BLOCKED ReportResult = 3
-	// REPORT_RESULT_ERROR: the request failed for another reason.
-	ReportResult_REPORT_RESULT_ERROR ReportResult = 4
-)
-
-// Enum value maps for ReportResult.
-var (
-	ReportResult_name = map[int32]string{
-		0: "REPORT_RESULT_UNSPECIFIED",
-		1: "REPORT_RESULT_OK",
-		2: "REPORT_RESULT_RATE_LIMITED",
-		3: "REPORT_RESULT_BLOCKED",
-		4: "REPORT_RESULT_ERROR",
-	}
-	ReportResult_value = map[string]int32{
-		"REPORT_RESULT_UNSPECIFIED":  0,
-		"REPORT_RESULT_OK":           1,
-		"REPORT_RESULT_RATE_LIMITED": 2,
-		"REPORT_RESULT_BLOCKED":      3,
-		"REPORT_RESULT_ERROR":        4,
-	}
-)
-
-func (x ReportResult) Enum() *ReportResult {
-	p := new(ReportResult)
-	*p = x
-	return p
-}
-
-func (x ReportResult) String() string {
-	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
-}
-
-func (ReportResult) Descriptor() protoreflect.EnumDescriptor {
-	return file_egressproxies_lease_v1_lease_proto_enumTypes[0].Descriptor()
-}
-
-func (ReportResult) Type() protoreflect.EnumType {
-	return &file_egressproxies_lease_v1_lease_proto_enumTypes[0]
-}
-
-func (x ReportResult) Number() protoreflect.EnumNumber {
-	return protoreflect.EnumNumber(x)
-}
-
-// Deprecated: Use ReportResult.Descriptor instead.
-func (ReportResult) EnumDescriptor() ([]byte, []int) {
-	return file_egressproxies_lease_v1_lease_proto_rawDescGZIP(), []int{0}
-}
-
 // Proxy is one leasable proxy as clients see it.
 type Proxy struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -628,15 +566,16 @@ func (*ReleaseLeaseResponse) Descriptor() ([]byte, []int) {
 	return file_egressproxies_lease_v1_lease_proto_rawDescGZIP(), []int{8}
 }
 
-// ReportLeaseRequest reports an outcome on a live lease. Over REST the
-// result is written as the seed writes it: "ok", "rate_limited",
-// "blocked", "error".
+// ReportLeaseRequest reports an outcome on a live lease.
 type ReportLeaseRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// lease_id of a live lease.
 	LeaseId string `protobuf:"bytes,1,opt,name=lease_id,json=leaseID,proto3" json:"lease_id,omitempty"`
-	// result at the target.
-	Result ReportResult `protobuf:"varint,2,opt,name=result,proto3,enum=egressproxies.lease.v1.ReportResult" json:"result,omitempty"`
+	// result at the target, as the seed's clients write it: "ok",
+	// "rate_limited" (starts a cooldown for the target), "blocked" or
+	// "error". A string rather than an enum so REST clients send exactly
+	// these words.
+	Result string `protobuf:"bytes,2,opt,name=result,proto3" json:"result,omitempty"`
 	// target the result is about; required for rate_limited.
 	Target        string `protobuf:"bytes,3,opt,name=target,proto3" json:"target,omitempty"`
 	unknownFields protoimpl.UnknownFields
@@ -680,11 +619,11 @@ func (x *ReportLeaseRequest) GetLeaseId() string {
 	return ""
 }
 
-func (x *ReportLeaseRequest) GetResult() ReportResult {
+func (x *ReportLeaseRequest) GetResult() string {
 	if x != nil {
 		return x.Result
 	}
-	return ReportResult_REPORT_RESULT_UNSPECIFIED
+	return ""
 }
 
 func (x *ReportLeaseRequest) GetTarget() string {
@@ -794,19 +733,13 @@ const file_egressproxies_lease_v1_lease_proto_rawDesc = "" +
 	"expires_at\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\texpiresAt\"0\n" +
 	"\x13ReleaseLeaseRequest\x12\x19\n" +
 	"\blease_id\x18\x01 \x01(\tR\aleaseID\"\x16\n" +
-	"\x14ReleaseLeaseResponse\"\x85\x01\n" +
+	"\x14ReleaseLeaseResponse\"_\n" +
 	"\x12ReportLeaseRequest\x12\x19\n" +
-	"\blease_id\x18\x01 \x01(\tR\aleaseID\x12<\n" +
-	"\x06result\x18\x02 \x01(\x0e2$.egressproxies.lease.v1.ReportResultR\x06result\x12\x16\n" +
+	"\blease_id\x18\x01 \x01(\tR\aleaseID\x12\x16\n" +
+	"\x06result\x18\x02 \x01(\tR\x06result\x12\x16\n" +
 	"\x06target\x18\x03 \x01(\tR\x06target\"X\n" +
 	"\x13ReportLeaseResponse\x12A\n" +
-	"\x0ecooldown_until\x18\x01 \x01(\v2\x1a.google.protobuf.TimestampR\rcooldownUntil*\x97\x01\n" +
-	"\fReportResult\x12\x1d\n" +
-	"\x19REPORT_RESULT_UNSPECIFIED\x10\x00\x12\x14\n" +
-	"\x10REPORT_RESULT_OK\x10\x01\x12\x1e\n" +
-	"\x1aREPORT_RESULT_RATE_LIMITED\x10\x02\x12\x19\n" +
-	"\x15REPORT_RESULT_BLOCKED\x10\x03\x12\x17\n" +
-	"\x13REPORT_RESULT_ERROR\x10\x042\x96\x04\n" +
+	"\x0ecooldown_until\x18\x01 \x01(\v2\x1a.google.protobuf.TimestampR\rcooldownUntil2\x96\x04\n" +
 	"\fLeaseService\x12f\n" +
 	"\vListProxies\x12*.egressproxies.lease.v1.ListProxiesRequest\x1a+.egressproxies.lease.v1.ListProxiesResponse\x12f\n" +
 	"\vCreateLease\x12*.egressproxies.lease.v1.CreateLeaseRequest\x1a+.egressproxies.lease.v1.CreateLeaseResponse\x12c\n" +
@@ -827,51 +760,48 @@ func file_egressproxies_lease_v1_lease_proto_rawDescGZIP() []byte {
 	return file_egressproxies_lease_v1_lease_proto_rawDescData
 }
 
-var file_egressproxies_lease_v1_lease_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
 var file_egressproxies_lease_v1_lease_proto_msgTypes = make([]protoimpl.MessageInfo, 14)
 var file_egressproxies_lease_v1_lease_proto_goTypes = []any{
-	(ReportResult)(0),             // 0: egressproxies.lease.v1.ReportResult
-	(*Proxy)(nil),                 // 1: egressproxies.lease.v1.Proxy
-	(*ListProxiesRequest)(nil),    // 2: egressproxies.lease.v1.ListProxiesRequest
-	(*ListProxiesResponse)(nil),   // 3: egressproxies.lease.v1.ListProxiesResponse
-	(*CreateLeaseRequest)(nil),    // 4: egressproxies.lease.v1.CreateLeaseRequest
-	(*CreateLeaseResponse)(nil),   // 5: egressproxies.lease.v1.CreateLeaseResponse
-	(*RenewLeaseRequest)(nil),     // 6: egressproxies.lease.v1.RenewLeaseRequest
-	(*RenewLeaseResponse)(nil),    // 7: egressproxies.lease.v1.RenewLeaseResponse
-	(*ReleaseLeaseRequest)(nil),   // 8: egressproxies.lease.v1.ReleaseLeaseRequest
-	(*ReleaseLeaseResponse)(nil),  // 9: egressproxies.lease.v1.ReleaseLeaseResponse
-	(*ReportLeaseRequest)(nil),    // 10: egressproxies.lease.v1.ReportLeaseRequest
-	(*ReportLeaseResponse)(nil),   // 11: egressproxies.lease.v1.ReportLeaseResponse
-	nil,                           // 12: egressproxies.lease.v1.Proxy.AttributesEntry
-	nil,                           // 13: egressproxies.lease.v1.ListProxiesRequest.SelectorEntry
-	nil,                           // 14: egressproxies.lease.v1.CreateLeaseRequest.SelectorEntry
-	(*timestamppb.Timestamp)(nil), // 15: google.protobuf.Timestamp
+	(*Proxy)(nil),                 // 0: egressproxies.lease.v1.Proxy
+	(*ListProxiesRequest)(nil),    // 1: egressproxies.lease.v1.ListProxiesRequest
+	(*ListProxiesResponse)(nil),   // 2: egressproxies.lease.v1.ListProxiesResponse
+	(*CreateLeaseRequest)(nil),    // 3: egressproxies.lease.v1.CreateLeaseRequest
+	(*CreateLeaseResponse)(nil),   // 4: egressproxies.lease.v1.CreateLeaseResponse
+	(*RenewLeaseRequest)(nil),     // 5: egressproxies.lease.v1.RenewLeaseRequest
+	(*RenewLeaseResponse)(nil),    // 6: egressproxies.lease.v1.RenewLeaseResponse
+	(*ReleaseLeaseRequest)(nil),   // 7: egressproxies.lease.v1.ReleaseLeaseRequest
+	(*ReleaseLeaseResponse)(nil),  // 8: egressproxies.lease.v1.ReleaseLeaseResponse
+	(*ReportLeaseRequest)(nil),    // 9: egressproxies.lease.v1.ReportLeaseRequest
+	(*ReportLeaseResponse)(nil),   // 10: egressproxies.lease.v1.ReportLeaseResponse
+	nil,                           // 11: egressproxies.lease.v1.Proxy.AttributesEntry
+	nil,                           // 12: egressproxies.lease.v1.ListProxiesRequest.SelectorEntry
+	nil,                           // 13: egressproxies.lease.v1.CreateLeaseRequest.SelectorEntry
+	(*timestamppb.Timestamp)(nil), // 14: google.protobuf.Timestamp
 }
 var file_egressproxies_lease_v1_lease_proto_depIdxs = []int32{
-	12, // 0: egressproxies.lease.v1.Proxy.attributes:type_name -> egressproxies.lease.v1.Proxy.AttributesEntry
-	13, // 1: egressproxies.lease.v1.ListProxiesRequest.selector:type_name -> egressproxies.lease.v1.ListProxiesRequest.SelectorEntry
-	1,  // 2: egressproxies.lease.v1.ListProxiesResponse.proxies:type_name -> egressproxies.lease.v1.Proxy
-	14, // 3: egressproxies.lease.v1.CreateLeaseRequest.selector:type_name -> egressproxies.lease.v1.CreateLeaseRequest.SelectorEntry
-	1,  // 4: egressproxies.lease.v1.CreateLeaseResponse.proxy:type_name -> egressproxies.lease.v1.Proxy
-	15, // 5: egressproxies.lease.v1.CreateLeaseResponse.expires_at:type_name -> google.protobuf.Timestamp
-	15, // 6: egressproxies.lease.v1.RenewLeaseResponse.expires_at:type_name -> google.protobuf.Timestamp
-	0,  // 7: egressproxies.lease.v1.ReportLeaseRequest.result:type_name -> egressproxies.lease.v1.ReportResult
-	15, // 8: egressproxies.lease.v1.ReportLeaseResponse.cooldown_until:type_name -> google.protobuf.Timestamp
-	2,  // 9: egressproxies.lease.v1.LeaseService.ListProxies:input_type -> egressproxies.lease.v1.ListProxiesRequest
-	4,  // 10: egressproxies.lease.v1.LeaseService.CreateLease:input_type -> egressproxies.lease.v1.CreateLeaseRequest
-	6,  // 11: egressproxies.lease.v1.LeaseService.RenewLease:input_type -> egressproxies.lease.v1.RenewLeaseRequest
-	8,  // 12: egressproxies.lease.v1.LeaseService.ReleaseLease:input_type -> egressproxies.lease.v1.ReleaseLeaseRequest
-	10, // 13: egressproxies.lease.v1.LeaseService.ReportLease:input_type -> egressproxies.lease.v1.ReportLeaseRequest
-	3,  // 14: egressproxies.lease.v1.LeaseService.ListProxies:output_type -> egressproxies.lease.v1.ListProxiesResponse
-	5,  // 15: egressproxies.lease.v1.LeaseService.CreateLease:output_type -> egressproxies.lease.v1.CreateLeaseResponse
-	7,  // 16: egressproxies.lease.v1.LeaseService.RenewLease:output_type -> egressproxies.lease.v1.RenewLeaseResponse
-	9,  // 17: egressproxies.lease.v1.LeaseService.ReleaseLease:output_type -> egressproxies.lease.v1.ReleaseLeaseResponse
-	11, // 18: egressproxies.lease.v1.LeaseService.ReportLease:output_type -> egressproxies.lease.v1.ReportLeaseResponse
-	14, // [14:19] is the sub-list for method output_type
-	9,  // [9:14] is the sub-list for method input_type
-	9,  // [9:9] is the sub-list for extension type_name
-	9,  // [9:9] is the sub-list for extension extendee
-	0,  // [0:9] is the sub-list for field type_name
+	11, // 0: egressproxies.lease.v1.Proxy.attributes:type_name -> egressproxies.lease.v1.Proxy.AttributesEntry
+	12, // 1: egressproxies.lease.v1.ListProxiesRequest.selector:type_name -> egressproxies.lease.v1.ListProxiesRequest.SelectorEntry
+	0,  // 2: egressproxies.lease.v1.ListProxiesResponse.proxies:type_name -> egressproxies.lease.v1.Proxy
+	13, // 3: egressproxies.lease.v1.CreateLeaseRequest.selector:type_name -> egressproxies.lease.v1.CreateLeaseRequest.SelectorEntry
+	0,  // 4: egressproxies.lease.v1.CreateLeaseResponse.proxy:type_name -> egressproxies.lease.v1.Proxy
+	14, // 5: egressproxies.lease.v1.CreateLeaseResponse.expires_at:type_name -> google.protobuf.Timestamp
+	14, // 6: egressproxies.lease.v1.RenewLeaseResponse.expires_at:type_name -> google.protobuf.Timestamp
+	14, // 7: egressproxies.lease.v1.ReportLeaseResponse.cooldown_until:type_name -> google.protobuf.Timestamp
+	1,  // 8: egressproxies.lease.v1.LeaseService.ListProxies:input_type -> egressproxies.lease.v1.ListProxiesRequest
+	3,  // 9: egressproxies.lease.v1.LeaseService.CreateLease:input_type -> egressproxies.lease.v1.CreateLeaseRequest
+	5,  // 10: egressproxies.lease.v1.LeaseService.RenewLease:input_type -> egressproxies.lease.v1.RenewLeaseRequest
+	7,  // 11: egressproxies.lease.v1.LeaseService.ReleaseLease:input_type -> egressproxies.lease.v1.ReleaseLeaseRequest
+	9,  // 12: egressproxies.lease.v1.LeaseService.ReportLease:input_type -> egressproxies.lease.v1.ReportLeaseRequest
+	2,  // 13: egressproxies.lease.v1.LeaseService.ListProxies:output_type -> egressproxies.lease.v1.ListProxiesResponse
+	4,  // 14: egressproxies.lease.v1.LeaseService.CreateLease:output_type -> egressproxies.lease.v1.CreateLeaseResponse
+	6,  // 15: egressproxies.lease.v1.LeaseService.RenewLease:output_type -> egressproxies.lease.v1.RenewLeaseResponse
+	8,  // 16: egressproxies.lease.v1.LeaseService.ReleaseLease:output_type -> egressproxies.lease.v1.ReleaseLeaseResponse
+	10, // 17: egressproxies.lease.v1.LeaseService.ReportLease:output_type -> egressproxies.lease.v1.ReportLeaseResponse
+	13, // [13:18] is the sub-list for method output_type
+	8,  // [8:13] is the sub-list for method input_type
+	8,  // [8:8] is the sub-list for extension type_name
+	8,  // [8:8] is the sub-list for extension extendee
+	0,  // [0:8] is the sub-list for field type_name
 }
 
 func init() { file_egressproxies_lease_v1_lease_proto_init() }
@@ -885,14 +815,13 @@ func file_egressproxies_lease_v1_lease_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_egressproxies_lease_v1_lease_proto_rawDesc), len(file_egressproxies_lease_v1_lease_proto_rawDesc)),
-			NumEnums:      1,
+			NumEnums:      0,
 			NumMessages:   14,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
 		GoTypes:           file_egressproxies_lease_v1_lease_proto_goTypes,
 		DependencyIndexes: file_egressproxies_lease_v1_lease_proto_depIdxs,
-		EnumInfos:         file_egressproxies_lease_v1_lease_proto_enumTypes,
 		MessageInfos:      file_egressproxies_lease_v1_lease_proto_msgTypes,
 	}.Build()
 	File_egressproxies_lease_v1_lease_proto = out.File

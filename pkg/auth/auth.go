@@ -1,0 +1,187 @@
+// Package auth is the shared bearer-token authentication of the project's
+// gRPC servers (the broker's lease API, the controller's probe endpoint):
+// a token read from a file (a mounted Secret), re-read when the file
+// changes, compared in constant time.
+package auth
+
+import (
+	"bytes"
+	"context"
+	"crypto/subtle"
+	"fmt"
+	"log/slog"
+	"os"
+	"strings"
+	"sync"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+)
+
+// Token holds the current token. The zero value (and a nil *Token) allows
+// every call: no token configured.
+type Token struct {
+	path string
+	mu   sync.RWMutex
+	tok  []byte
+}
+
+// FromFile reads the token at path and re-reads it every interval until
+// ctx ends, so a rotated Secret takes effect without a restart. The file
+// must hold a non-empty token.
+func FromFile(ctx context.Context, log *slog.Logger, path string, interval time.Duration) (*Token, error) {
+	t := &Token{path: path}
+	if err := t.reload(); err != nil {
+		return nil, err
+	}
+	go func() {
+		tick := time.NewTicker(interval)
+		defer tick.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-tick.C:
+				changed, err := t.reloadIfChanged()
+				switch {
+				case err != nil:
+					log.Warn("token file unreadable; keeping the previous token", "path", path, "err", err)
+				case changed:
+					log.Info("token reloaded", "path", path)
+				}
+			}
+		}
+	}()
+	return t, nil
+}
+
+// Static returns a fixed token (tests, flags).
+func Static(tok string) *Token { return &Token{tok: []byte(tok)} }
+
+func (t *Token) read() ([]byte, error) {
+	b, err := os.ReadFile(t.path)
+	if err != nil {
+		return nil, fmt.Errorf("token file %s: %w", t.path, err)
+	}
+	b = bytes.TrimSpace(b)
+	if len(b) == 0 {
+		return nil, fmt.Errorf("token file %s is empty", t.path)
+	}
+	return b, nil
+}
+
+func (t *Token) reload() error {
+	b, err := t.read()
+	if err != nil {
+		return err
+	}
+	t.mu.Lock()
+	t.tok = b
+	t.mu.Unlock()
+	return nil
+}
+
+// reloadIfChanged compares content, not mtime: Kubernetes swaps a mounted
+// Secret through a symlink whose target's mtime says nothing reliable.
+func (t *Token) reloadIfChanged() (bool, error) {
+	b, err := t.read()
+	if err != nil {
+		return false, err
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if subtle.ConstantTimeCompare(b, t.tok) == 1 {
+		return false, nil
+	}
+	t.tok = b
+	return true, nil
+}
+
+// Enabled reports whether a token is configured.
+func (t *Token) Enabled() bool {
+	if t == nil {
+		return false
+	}
+	t.mu.RLock()
+	defer t.mu.RUnlock()
+	return len(t.tok) > 0
+}
+
+// Value returns the current token (for clients).
+func (t *Token) Value() string {
+	if t == nil {
+		return ""
+	}
+	t.mu.RLock()
+	defer t.mu.RUnlock()
+	return string(t.tok)
+}
+
+// Check verifies "Bearer <token>" from an Authorization value.
+func (t *Token) Check(authorization string) error {
+	if !t.Enabled() {
+		return nil
+	}
+	got, ok := strings.CutPrefix(authorization, "Bearer ")
+	if !ok || got == "" {
+		return status.Error(codes.Unauthenticated, "missing bearer token: send the header \"Authorization: Bearer <token>\"")
+	}
+	t.mu.RLock()
+	want := t.tok
+	t.mu.RUnlock()
+	if subtle.ConstantTimeCompare([]byte(got), want) != 1 {
+		return status.Error(codes.Unauthenticated, "invalid bearer token")
+	}
+	return nil
+}
+
+func (t *Token) checkContext(ctx context.Context) error {
+	md, _ := metadata.FromIncomingContext(ctx)
+	v := md.Get("authorization")
+	if len(v) == 0 {
+		return t.Check("")
+	}
+	return t.Check(v[0])
+}
+
+// UnaryInterceptor rejects unauthenticated unary calls.
+func (t *Token) UnaryInterceptor() grpc.UnaryServerInterceptor {
+	return func(ctx context.Context, req any, _ *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
+		if err := t.checkContext(ctx); err != nil {
+			return nil, err
+		}
+		return h(ctx, req)
+	}
+}
+
+// StreamInterceptor rejects unauthenticated streams.
+func (t *Token) StreamInterceptor() grpc.StreamServerInterceptor {
+	return func(srv any, ss grpc.ServerStream, _ *grpc.StreamServerInfo, h grpc.StreamHandler) error {
+		if err := t.checkContext(ss.Context()); err != nil {
+			return err
+		}
+		return h(srv, ss)
+	}
+}
+
+// PerRPC returns client credentials sending the token on every call.
+func (t *Token) PerRPC() grpc.CallOption { return grpc.PerRPCCredentials(bearer{t}) }
+
+type bearer struct{ t *Token }
+
+func (b bearer) GetRequestMetadata(context.Context, ...string) (map[string]string, error) {
+	if !b.t.Enabled() {
+		return nil, nil
+	}
+	return map[string]string{"authorization": "Bearer " + b.t.Value()}, nil
+}
+
+// RequireTransportSecurity is false: the token guards loopback and
+// in-cluster plain-text connections too; TLS is the deployment's choice.
+func (bearer) RequireTransportSecurity() bool { return false }
+
+// DialOption sends the token on every call of a client connection.
+func (t *Token) DialOption() grpc.DialOption { return grpc.WithPerRPCCredentials(bearer{t}) }

@@ -1,0 +1,55 @@
+package auth
+
+import (
+	"context"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+)
+
+func TestCheck(t *testing.T) {
+	tok := Static("s3cret")
+	cases := map[string]struct {
+		header string
+		code   codes.Code
+	}{
+		"right":        {"Bearer s3cret", codes.OK},
+		"wrong":        {"Bearer nope", codes.Unauthenticated},
+		"missing":      {"", codes.Unauthenticated},
+		"other scheme": {"Basic czNjcmV0", codes.Unauthenticated},
+		"prefix only":  {"Bearer s3cre", codes.Unauthenticated},
+	}
+	for name, tc := range cases {
+		t.Run(name, func(t *testing.T) { assert.Equal(t, tc.code, status.Code(tok.Check(tc.header))) })
+	}
+	var none *Token
+	assert.NoError(t, none.Check(""), "no token configured: everything passes")
+}
+
+func TestFileIsReloadedWhenItChanges(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "token")
+	require.NoError(t, os.WriteFile(path, []byte("one\n"), 0o600))
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	tok, err := FromFile(ctx, slog.Default(), path, 10*time.Millisecond)
+	require.NoError(t, err)
+	require.NoError(t, tok.Check("Bearer one"), "trailing newline trimmed")
+
+	require.NoError(t, os.WriteFile(path, []byte("two"), 0o600))
+	require.Eventually(t, func() bool { return tok.Check("Bearer two") == nil }, 5*time.Second, 10*time.Millisecond)
+	assert.Error(t, tok.Check("Bearer one"), "the old token stops working")
+
+	require.NoError(t, os.WriteFile(path, nil, 0o600))
+	time.Sleep(50 * time.Millisecond)
+	assert.NoError(t, tok.Check("Bearer two"), "an emptied file keeps the previous token")
+
+	_, err = FromFile(ctx, slog.Default(), filepath.Join(t.TempDir(), "absent"), time.Second)
+	assert.ErrorContains(t, err, "absent")
+}

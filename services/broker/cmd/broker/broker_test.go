@@ -1,0 +1,342 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+
+	leasev1 "github.com/egress-proxies/egress-proxies/pkg/gen/egressproxies/lease/v1"
+	"github.com/egress-proxies/egress-proxies/pkg/testutil/proc"
+)
+
+func keys(m map[string]any) []string {
+	out := make([]string, 0, len(m))
+	for k := range m {
+		out = append(out, k)
+	}
+	return out
+}
+
+// The seed's quickstart, request for request, with its JSON field names.
+func TestQuickstartOverREST(t *testing.T) {
+	f := newFleet(t)
+	f.add("proxy-kubernetes-sample", "127.0.0.21", map[string]string{"geo": "local"})
+	b := startBroker(t, f, proc.StartRedis(t, false))
+	b.waitListed(1)
+
+	list := b.do("GET", "/v1/proxies?healthy=true", "")
+	require.Equal(t, 200, list.Status, string(list.Body))
+	ps := list.JSON["proxies"].([]any)
+	require.Len(t, ps, 1)
+	p := ps[0].(map[string]any)
+	assert.ElementsMatch(t, []string{"id", "ip", "port", "attributes", "healthy", "leaseCount", "egressIP"}, keys(p))
+	assert.Equal(t, f.ns+"/proxy-kubernetes-sample", p["id"])
+	assert.Equal(t, "127.0.0.21", p["ip"])
+	assert.Equal(t, float64(3128), p["port"])
+	assert.Equal(t, true, p["healthy"])
+
+	lease := b.lease(`{"selector":{"geo":"local"},"ttlSeconds":300}`)
+	require.Equal(t, 200, lease.Status, string(lease.Body))
+	assert.ElementsMatch(t, []string{"leaseID", "proxy", "expiresAt"}, keys(lease.JSON))
+	id := lease.JSON["leaseID"].(string)
+	assert.Len(t, id, 32)
+	assert.Equal(t, f.ns+"/proxy-kubernetes-sample", lease.JSON["proxy"].(map[string]any)["id"])
+	assert.Equal(t, float64(1), lease.JSON["proxy"].(map[string]any)["leaseCount"])
+	exp, err := time.Parse(time.RFC3339Nano, lease.JSON["expiresAt"].(string))
+	require.NoError(t, err)
+	assert.WithinDuration(t, time.Now().Add(300*time.Second), exp, 10*time.Second)
+
+	rep := b.do("POST", "/v1/leases/"+id+"/report", `{"result":"rate_limited","target":"example.com"}`)
+	require.Equal(t, 200, rep.Status, string(rep.Body))
+	assert.Contains(t, rep.JSON, "cooldownUntil")
+
+	for i := range 2 {
+		rel := b.do("DELETE", "/v1/leases/"+id, "")
+		assert.Equal(t, http.StatusNoContent, rel.Status, "release #%d", i+1)
+		assert.Empty(t, rel.Body)
+	}
+	assert.Equal(t, 0, b.counts()[f.ns+"/proxy-kubernetes-sample"])
+
+	// The OpenAPI document is served.
+	doc := b.do("GET", "/openapi.json", "")
+	assert.Equal(t, 200, doc.Status)
+	assert.Contains(t, string(doc.Body), "/v1/leases/{leaseID}/report")
+}
+
+func TestLeastLoadedAndTargetCooldown(t *testing.T) {
+	f := newFleet(t)
+	for i := range 3 {
+		f.add(fmt.Sprintf("p%d", i), fmt.Sprintf("127.0.0.%d", 30+i), map[string]string{"geo": "eu"})
+	}
+	b := startBroker(t, f, proc.StartRedis(t, false), "--cooldown", "1500ms")
+	b.waitListed(3)
+
+	var ids []string
+	lease := func(body string) reply {
+		r := b.lease(body)
+		if r.Status == 200 {
+			ids = append(ids, r.JSON["leaseID"].(string))
+		}
+		return r
+	}
+	releaseAll := func() {
+		for _, id := range ids {
+			require.Equal(t, 204, b.do("DELETE", "/v1/leases/"+id, "").Status)
+		}
+		ids = nil
+	}
+	for range 6 {
+		r := lease(`{"selector":{"geo":"eu"}}`)
+		require.Equal(t, 200, r.Status, string(r.Body))
+	}
+	for id, n := range b.counts() {
+		assert.Equal(t, 2, n, "least-loaded spreads 6 leases as 2 each (%s)", id)
+	}
+	releaseAll()
+
+	// One proxy rate-limited on a.example: never leased for a.example
+	// while it cools down, still leased for b.example.
+	r := lease(`{"selector":{"geo":"eu"},"target":"a.example"}`)
+	require.Equal(t, 200, r.Status)
+	limited := r.JSON["proxy"].(map[string]any)["id"].(string)
+	rep := b.do("POST", "/v1/leases/"+r.JSON["leaseID"].(string)+"/report", `{"result":"rate_limited","target":"a.example"}`)
+	require.Equal(t, 200, rep.Status, string(rep.Body))
+	releaseAll()
+	seenForB := false
+	for range 6 {
+		ra := lease(`{"selector":{"geo":"eu"},"target":"a.example"}`)
+		require.Equal(t, 200, ra.Status, string(ra.Body))
+		assert.NotEqual(t, limited, ra.JSON["proxy"].(map[string]any)["id"], "cooling proxy leased for its target")
+		rb := lease(`{"selector":{"geo":"eu"},"target":"b.example"}`)
+		seenForB = seenForB || rb.JSON["proxy"].(map[string]any)["id"] == limited
+		releaseAll()
+	}
+	assert.True(t, seenForB, "the cooldown applies to that target only")
+
+	// The cooldown expires on its own: with every load at zero, ties are
+	// random, so the proxy comes back for a.example once it has expired.
+	require.Eventually(t, func() bool {
+		ra := lease(`{"selector":{"geo":"eu"},"target":"a.example"}`)
+		back := ra.Status == 200 && ra.JSON["proxy"].(map[string]any)["id"] == limited
+		releaseAll()
+		return back
+	}, 20*time.Second, 20*time.Millisecond, "the cooldown never expired")
+}
+
+func TestTwoReplicasNeverPassTheCap(t *testing.T) {
+	f := newFleet(t)
+	for i := range 3 {
+		f.add(fmt.Sprintf("c%d", i), fmt.Sprintf("127.0.0.%d", 40+i), nil)
+	}
+	r := proc.StartRedis(t, false)
+	b1 := startBroker(t, f, r, "--lease-cap", "10")
+	b2 := startBroker(t, f, r, "--lease-cap", "10")
+	b1.waitListed(3)
+	b2.waitListed(3)
+
+	var mu sync.Mutex
+	granted, exhausted := 0, 0
+	var wg sync.WaitGroup
+	for i := range 200 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			b := b1
+			if i%2 == 1 {
+				b = b2
+			}
+			resp := b.lease(`{"ttlSeconds":300}`)
+			mu.Lock()
+			defer mu.Unlock()
+			switch resp.Status {
+			case 200:
+				granted++
+			case http.StatusTooManyRequests:
+				exhausted++
+				assert.Contains(t, string(resp.Body), "ALL_AT_CAP")
+			default:
+				t.Errorf("unexpected %d: %s", resp.Status, resp.Body)
+			}
+		}()
+	}
+	wg.Wait()
+	assert.Equal(t, 30, granted, "3 proxies x cap 10")
+	assert.Equal(t, 170, exhausted)
+	for id, n := range b1.counts() {
+		assert.Equal(t, 10, n, "%s", id)
+	}
+	assert.Equal(t, b1.counts(), b2.counts(), "both replicas see the same state")
+}
+
+func TestBrokerKilledAndRestartedKeepsEverything(t *testing.T) {
+	f := newFleet(t)
+	f.add("k0", "127.0.0.50", nil)
+	f.add("k1", "127.0.0.51", nil)
+	b := startBroker(t, f, proc.StartRedis(t, false))
+	b.waitListed(2)
+	var ids []string
+	proxyOf := map[string]string{}
+	for range 3 {
+		r := b.lease(`{"target":"shop.example"}`)
+		require.Equal(t, 200, r.Status)
+		id := r.JSON["leaseID"].(string)
+		ids = append(ids, id)
+		proxyOf[id] = r.JSON["proxy"].(map[string]any)["id"].(string)
+	}
+	rep := b.do("POST", "/v1/leases/"+ids[0]+"/report", `{"result":"rate_limited","target":"shop.example"}`)
+	require.Equal(t, 200, rep.Status)
+	before := b.counts()
+
+	b.restart()
+	b.waitListed(2)
+	assert.Equal(t, before, b.counts(), "lease counts survive the restart")
+	for _, id := range ids {
+		r := b.do("POST", "/v1/leases/"+id+"/renew", `{"ttlSeconds":60}`)
+		assert.Equal(t, 200, r.Status, "lease %s still valid: %s", id, r.Body)
+	}
+	for range 4 {
+		r := b.lease(`{"target":"shop.example","ttlSeconds":10}`)
+		require.Equal(t, 200, r.Status, string(r.Body))
+		assert.NotEqual(t, proxyOf[ids[0]], r.JSON["proxy"].(map[string]any)["id"], "the cooldown survived the restart")
+	}
+}
+
+func TestRedisDownAnswers503ThenRecovers(t *testing.T) {
+	f := newFleet(t)
+	f.add("r0", "127.0.0.60", nil)
+	r := proc.StartRedis(t, true)
+	b := startBroker(t, f, r)
+	b.waitListed(1)
+	ok := b.lease(`{}`)
+	require.Equal(t, 200, ok.Status)
+	held := ok.JSON["leaseID"].(string)
+
+	r.Kill()
+	for _, call := range []func() reply{
+		func() reply { return b.lease(`{}`) },
+		func() reply { return b.do("GET", "/v1/proxies", "") },
+		func() reply { return b.do("DELETE", "/v1/leases/"+held, "") },
+		func() reply { return b.do("POST", "/v1/leases/"+held+"/report", `{"result":"ok"}`) },
+	} {
+		resp := call()
+		assert.Equal(t, http.StatusServiceUnavailable, resp.Status, string(resp.Body))
+		assert.Contains(t, string(resp.Body), "nothing was changed")
+	}
+	rz, err := http.Get(b.opsURL + "/readyz")
+	require.NoError(t, err)
+	_ = rz.Body.Close()
+	assert.Equal(t, http.StatusServiceUnavailable, rz.StatusCode, "not ready while Redis is down")
+
+	r.Start()
+	require.Eventually(t, func() bool { return b.lease(`{}`).Status == 200 }, 30*time.Second, 100*time.Millisecond, "never recovered")
+	assert.Equal(t, 2, b.counts()[f.ns+"/r0"], "the lease held before the outage survived (AOF)")
+	assert.Equal(t, 204, b.do("DELETE", "/v1/leases/"+held, "").Status)
+	assert.False(t, b.p.Exited(), "the broker was never restarted")
+}
+
+func TestBadInputIsRejectedAndChangesNothing(t *testing.T) {
+	f := newFleet(t)
+	f.add("v0", "127.0.0.70", map[string]string{"geo": "eu"})
+	b := startBroker(t, f, proc.StartRedis(t, false))
+	b.waitListed(1)
+	good := b.lease(`{"target":"x.example"}`)
+	require.Equal(t, 200, good.Status)
+	id := good.JSON["leaseID"].(string)
+	before := b.counts()
+
+	cases := []struct {
+		name, method, path, body string
+		status                   int
+		want                     string
+	}{
+		{"malformed JSON", "POST", "/v1/leases", `{"selector":`, 400, "unexpected EOF"},
+		{"unknown field", "POST", "/v1/leases", `{"selektor":{}}`, 400, `unknown field "selektor"`},
+		{"oversize body", "POST", "/v1/leases", `{"target":"` + strings.Repeat("a", 10<<20) + `"}`, 400, "too large"},
+		{"negative ttl", "POST", "/v1/leases", `{"ttlSeconds":-5}`, 400, "ttlSeconds"},
+		{"huge ttl", "POST", "/v1/leases", `{"ttlSeconds":2000000000}`, 400, "ttlSeconds: must be between 10 and 3600"},
+		{"empty selector value", "POST", "/v1/leases", `{"selector":{"geo":""}}`, 400, "selector.geo: must not be empty"},
+		{"bad target", "POST", "/v1/leases", `{"target":"a b"}`, 400, "target"},
+		{"unknown lease report", "POST", "/v1/leases/" + strings.Repeat("0", 32) + "/report", `{"result":"ok"}`, 404, "lease not found"},
+		{"unknown result", "POST", "/v1/leases/" + id + "/report", `{"result":"great"}`, 400, "result: must be one of ok, rate_limited, blocked, error"},
+		{"path traversal id", "DELETE", "/v1/leases/..%2F..%2Fetc", "", 404, "Not Found"},
+		{"dot-dot id", "DELETE", "/v1/leases/%2e%2e", "", 400, "leaseID"},
+		{"short id", "POST", "/v1/leases/abc/renew", `{}`, 400, "leaseID"},
+		{"renew unknown", "POST", "/v1/leases/" + strings.Repeat("f", 32) + "/renew", `{}`, 404, "lease not found"},
+		{"no candidate", "POST", "/v1/leases", `{"selector":{"geo":"mars"}}`, 429, "NO_MATCHING_PROXY"},
+		{"list repeated attribute", "GET", "/v1/proxies?geo=eu&geo=us", "", 400, "give one value"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			r := b.do(tc.method, tc.path, tc.body)
+			assert.Equal(t, tc.status, r.Status, string(r.Body))
+			require.Contains(t, r.JSON, "message", "JSON error body: %s", r.Body)
+			assert.Contains(t, fmt.Sprint(r.JSON["message"], r.JSON["details"]), tc.want)
+		})
+	}
+	assert.Equal(t, before, b.counts(), "lease counts unchanged")
+	assert.Equal(t, 200, b.do("POST", "/v1/leases/"+id+"/renew", `{}`).Status, "the good lease is untouched")
+	// Attribute filters on list work as plain query parameters.
+	eu := b.do("GET", "/v1/proxies?geo=eu", "")
+	assert.Len(t, eu.JSON["proxies"], 1)
+	us := b.do("GET", "/v1/proxies?geo=us", "")
+	assert.Len(t, us.JSON["proxies"], 0)
+}
+
+func TestAuthOnRESTAndGRPC(t *testing.T) {
+	f := newFleet(t)
+	f.add("a0", "127.0.0.80", nil)
+	tokenFile := filepath.Join(t.TempDir(), "token")
+	require.NoError(t, os.WriteFile(tokenFile, []byte("first-token\n"), 0o600))
+	b := startBroker(t, f, proc.StartRedis(t, false), "--token-file", tokenFile)
+
+	assert.Equal(t, 401, b.do("GET", "/v1/proxies", "").Status)
+	assert.Equal(t, 401, b.do("GET", "/v1/proxies", "", "Authorization", "Bearer wrong").Status)
+	require.Eventually(t, func() bool {
+		r := b.do("GET", "/v1/proxies", "", "Authorization", "Bearer first-token")
+		return r.Status == 200 && len(r.JSON["proxies"].([]any)) == 1
+	}, 30*time.Second, 50*time.Millisecond)
+
+	conn, err := grpc.NewClient(b.grpc, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	require.NoError(t, err)
+	defer func() { _ = conn.Close() }()
+	c := leasev1.NewLeaseServiceClient(conn)
+	_, err = c.CreateLease(context.Background(), &leasev1.CreateLeaseRequest{})
+	assert.Equal(t, codes.Unauthenticated, status.Code(err))
+	ctx := metadata.AppendToOutgoingContext(context.Background(), "authorization", "Bearer first-token")
+	l, err := c.CreateLease(ctx, &leasev1.CreateLeaseRequest{TtlSeconds: 60})
+	require.NoError(t, err)
+	_, err = c.ReleaseLease(ctx, &leasev1.ReleaseLeaseRequest{LeaseId: l.GetLeaseId()})
+	require.NoError(t, err)
+	_, err = c.ReleaseLease(ctx, &leasev1.ReleaseLeaseRequest{LeaseId: l.GetLeaseId()})
+	require.NoError(t, err, "release is idempotent over gRPC too")
+	_, err = c.CreateLease(ctx, &leasev1.CreateLeaseRequest{Selector: map[string]string{"geo": strings.Repeat("x", 2<<20)}})
+	assert.Equal(t, codes.ResourceExhausted, status.Code(err), "an oversized message is refused before it is read")
+
+	// Rotating the file switches tokens without a restart.
+	require.NoError(t, os.WriteFile(tokenFile, []byte("second-token"), 0o600))
+	require.Eventually(t, func() bool {
+		return b.do("GET", "/v1/proxies", "", "Authorization", "Bearer second-token").Status == 200
+	}, 20*time.Second, 100*time.Millisecond)
+	assert.Equal(t, 401, b.do("GET", "/v1/proxies", "", "Authorization", "Bearer first-token").Status)
+}
+
+func TestNoTokenServesUnauthenticatedAndWarns(t *testing.T) {
+	f := newFleet(t)
+	b := startBroker(t, f, proc.StartRedis(t, false))
+	assert.Equal(t, 200, b.do("GET", "/v1/proxies", "").Status)
+	assert.Contains(t, b.p.Log(), "NO TOKEN CONFIGURED")
+}

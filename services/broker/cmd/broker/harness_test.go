@@ -1,0 +1,148 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	v1 "github.com/egress-proxies/egress-proxies/pkg/api/v1alpha1"
+	"github.com/egress-proxies/egress-proxies/pkg/testenv"
+	"github.com/egress-proxies/egress-proxies/pkg/testutil/proc"
+)
+
+const pkgPath = "github.com/egress-proxies/egress-proxies/services/broker/cmd/broker"
+
+var env *testenv.Env
+
+func TestMain(m *testing.M) { os.Exit(testenv.Main(m, &env)) }
+
+var nsSeq atomic.Int32
+
+// fleet is a namespace of Proxy objects whose status the test writes, as
+// the controller would.
+type fleet struct {
+	t  *testing.T
+	ns string
+}
+
+func newFleet(t *testing.T) *fleet {
+	testenv.Require(t)
+	ns := fmt.Sprintf("br-%d", nsSeq.Add(1))
+	require.NoError(t, env.Client.Create(context.Background(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}))
+	return &fleet{t: t, ns: ns}
+}
+
+// add creates a Ready, healthy External proxy with attributes.
+func (f *fleet) add(name, ip string, attrs map[string]string) {
+	f.t.Helper()
+	ctx := context.Background()
+	px := &v1.Proxy{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: f.ns},
+		Spec:       v1.ProxySpec{Mode: v1.ModeExternal, Address: ip, Port: 3128, Attributes: attrs},
+	}
+	require.NoError(f.t, env.Client.Create(ctx, px))
+	px.Status.Phase = v1.PhaseReady
+	px.Status.IP, px.Status.Port, px.Status.Healthy = ip, 3128, true
+	meta.SetStatusCondition(&px.Status.Conditions, metav1.Condition{Type: v1.ConditionReady, Status: metav1.ConditionTrue, Reason: v1.ReasonTracking, Message: "test"})
+	meta.SetStatusCondition(&px.Status.Conditions, metav1.Condition{Type: v1.ConditionHealthy, Status: metav1.ConditionTrue, Reason: v1.ReasonProbeSucceeded, Message: "test"})
+	require.NoError(f.t, env.Client.Status().Update(ctx, px))
+}
+
+// broker is one broker process.
+type broker struct {
+	t                  *testing.T
+	p                  *proc.Process
+	rest, grpc, opsURL string
+	args               []string
+}
+
+func startBroker(t *testing.T, f *fleet, r *proc.Redis, extra ...string) *broker {
+	t.Helper()
+	kc, err := env.WriteKubeconfig(t.TempDir())
+	require.NoError(t, err)
+	b := &broker{t: t}
+	b.args = append([]string{"--kubeconfig", kc, "--namespace", f.ns, "--redis-addrs", r.Addr}, extra...)
+	b.start()
+	return b
+}
+
+func (b *broker) start() {
+	b.t.Helper()
+	ops, g, h := proc.FreePort(b.t), proc.FreePort(b.t), proc.FreePort(b.t)
+	b.rest, b.grpc, b.opsURL = "http://"+proc.Addr(h), proc.Addr(g), "http://"+proc.Addr(ops)
+	args := append([]string{"--ops-addr", proc.Addr(ops), "--grpc-addr", proc.Addr(g), "--http-addr", proc.Addr(h)}, b.args...)
+	b.p = proc.Start(b.t, "broker", proc.Build(b.t, pkgPath), args...)
+	proc.WaitHTTP(b.t, b.p, b.opsURL+"/readyz", 60*time.Second)
+}
+
+// restart kills the process with SIGKILL and starts a new one on new ports.
+func (b *broker) restart() {
+	b.p.Kill()
+	b.start()
+}
+
+type reply struct {
+	Status int
+	Body   []byte
+	JSON   map[string]any
+}
+
+func (b *broker) do(method, path, body string, header ...string) reply {
+	b.t.Helper()
+	var rd io.Reader
+	if body != "" {
+		rd = strings.NewReader(body)
+	}
+	req, err := http.NewRequest(method, b.rest+path, rd)
+	require.NoError(b.t, err)
+	for i := 0; i+1 < len(header); i += 2 {
+		req.Header.Set(header[i], header[i+1])
+	}
+	resp, err := http.DefaultClient.Do(req)
+	require.NoError(b.t, err)
+	defer func() { _ = resp.Body.Close() }()
+	r := reply{Status: resp.StatusCode}
+	r.Body, _ = io.ReadAll(resp.Body)
+	if len(bytes.TrimSpace(r.Body)) > 0 {
+		_ = json.Unmarshal(r.Body, &r.JSON)
+	}
+	return r
+}
+
+// waitListed waits until the broker's inventory shows n proxies.
+func (b *broker) waitListed(n int) {
+	b.t.Helper()
+	require.Eventually(b.t, func() bool {
+		r := b.do("GET", "/v1/proxies", "")
+		ps, _ := r.JSON["proxies"].([]any)
+		return r.Status == 200 && len(ps) == n
+	}, 30*time.Second, 50*time.Millisecond, "the broker never listed %d proxies", n)
+}
+
+func (b *broker) lease(body string) reply { return b.do("POST", "/v1/leases", body) }
+
+// counts maps proxy id to leaseCount from the list endpoint.
+func (b *broker) counts() map[string]int {
+	b.t.Helper()
+	r := b.do("GET", "/v1/proxies", "")
+	require.Equal(b.t, 200, r.Status, string(r.Body))
+	out := map[string]int{}
+	for _, p := range r.JSON["proxies"].([]any) {
+		m := p.(map[string]any)
+		out[m["id"].(string)] = int(m["leaseCount"].(float64))
+	}
+	return out
+}

@@ -1,0 +1,158 @@
+// Package inventory is the broker's read-only view of the Proxy fleet: an
+// informer on Proxy objects feeding an in-memory snapshot. The broker
+// writes nothing to Kubernetes.
+package inventory
+
+import (
+	"context"
+	"fmt"
+	"sort"
+	"sync"
+	"sync/atomic"
+
+	"k8s.io/apimachinery/pkg/api/meta"
+	"k8s.io/client-go/rest"
+	toolscache "k8s.io/client-go/tools/cache"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
+
+	v1 "github.com/egress-proxies/egress-proxies/pkg/api/v1alpha1"
+	"github.com/egress-proxies/egress-proxies/pkg/kube"
+)
+
+// Proxy is what the broker needs of one Proxy object.
+type Proxy struct {
+	ID         string // namespace/name
+	Namespace  string
+	IP         string
+	Port       int32
+	EgressIP   string
+	Attributes map[string]string
+	Healthy    bool
+	// Leasable: Ready, healthy, not deleting, with an address.
+	Leasable bool
+}
+
+// Matches reports whether p's attributes contain every selector pair.
+func (p *Proxy) Matches(namespace string, selector map[string]string) bool {
+	if namespace != "" && p.Namespace != namespace {
+		return false
+	}
+	for k, v := range selector {
+		if p.Attributes[k] != v {
+			return false
+		}
+	}
+	return true
+}
+
+func fromObject(px *v1.Proxy) Proxy {
+	ready := meta.IsStatusConditionTrue(px.Status.Conditions, v1.ConditionReady)
+	return Proxy{
+		ID: px.Namespace + "/" + px.Name, Namespace: px.Namespace,
+		IP: px.Status.IP, Port: px.Status.Port, EgressIP: px.Status.EgressIP,
+		Attributes: px.Spec.Attributes, Healthy: px.Status.Healthy,
+		Leasable: ready && px.Status.Phase == v1.PhaseReady && px.Status.Healthy &&
+			px.DeletionTimestamp.IsZero() && px.Status.IP != "",
+	}
+}
+
+// Inventory is the snapshot.
+type Inventory struct {
+	mu      sync.RWMutex
+	proxies map[string]Proxy
+	synced  atomic.Bool
+}
+
+// New returns an empty inventory; Set and Delete fill it (Run does so from
+// an informer).
+func New() *Inventory { return &Inventory{proxies: map[string]Proxy{}} }
+
+// Run watches Proxies (in namespace, or all when empty) until ctx ends.
+// It returns once the informer is running; Synced turns true after the
+// first full list.
+func (i *Inventory) Run(ctx context.Context, cfg *rest.Config, namespace string) error {
+	opts := cache.Options{Scheme: kube.NewScheme()}
+	if namespace != "" {
+		opts.DefaultNamespaces = map[string]cache.Config{namespace: {}}
+	}
+	c, err := cache.New(cfg, opts)
+	if err != nil {
+		return fmt.Errorf("creating the Proxy informer: %w", err)
+	}
+	inf, err := c.GetInformer(ctx, &v1.Proxy{})
+	if err != nil {
+		return fmt.Errorf("getting the Proxy informer: %w", err)
+	}
+	if _, err := inf.AddEventHandler(toolscache.ResourceEventHandlerFuncs{
+		AddFunc:    func(o any) { i.upsert(o) },
+		UpdateFunc: func(_, o any) { i.upsert(o) },
+		DeleteFunc: func(o any) {
+			if d, ok := o.(toolscache.DeletedFinalStateUnknown); ok {
+				o = d.Obj
+			}
+			if px, ok := o.(*v1.Proxy); ok {
+				i.Delete(px.Namespace + "/" + px.Name)
+			}
+		},
+	}); err != nil {
+		return err
+	}
+	go func() { _ = c.Start(ctx) }()
+	go func() {
+		if c.WaitForCacheSync(ctx) {
+			i.synced.Store(true)
+		}
+	}()
+	return nil
+}
+
+func (i *Inventory) upsert(o any) {
+	if px, ok := o.(*v1.Proxy); ok {
+		i.Set(fromObject(px))
+	}
+}
+
+// Set adds or replaces a proxy.
+func (i *Inventory) Set(p Proxy) {
+	i.mu.Lock()
+	i.proxies[p.ID] = p
+	i.mu.Unlock()
+}
+
+// Delete removes a proxy.
+func (i *Inventory) Delete(id string) {
+	i.mu.Lock()
+	delete(i.proxies, id)
+	i.mu.Unlock()
+}
+
+// Synced reports whether the first full list has arrived.
+func (i *Inventory) Synced() bool { return i.synced.Load() }
+
+// MarkSynced is for inventories filled by hand.
+func (i *Inventory) MarkSynced() { i.synced.Store(true) }
+
+// Select returns the proxies matching namespace and selector (and health,
+// when healthy is set), sorted by id.
+func (i *Inventory) Select(namespace string, selector map[string]string, healthy *bool, leasableOnly bool) []Proxy {
+	i.mu.RLock()
+	out := make([]Proxy, 0, len(i.proxies))
+	for _, p := range i.proxies {
+		if !p.Matches(namespace, selector) || (healthy != nil && p.Healthy != *healthy) || (leasableOnly && !p.Leasable) {
+			continue
+		}
+		out = append(out, p)
+	}
+	i.mu.RUnlock()
+	sort.Slice(out, func(a, b int) bool { return out[a].ID < out[b].ID })
+	return out
+}
+
+// Get returns one proxy.
+func (i *Inventory) Get(id string) (Proxy, bool) {
+	i.mu.RLock()
+	defer i.mu.RUnlock()
+	p, ok := i.proxies[id]
+	return p, ok
+}
+
