@@ -155,4 +155,3 @@ func (i *Inventory) Get(id string) (Proxy, bool) {
 	p, ok := i.proxies[id]
 	return p, ok
 }
-
