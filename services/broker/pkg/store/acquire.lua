@@ -10,9 +10,12 @@ local cap = tonumber(ARGV[4])
 local target = ARGV[6]
 local best, best_load = {}, nil
 local cooling, full = 0, 0
+-- One ZCOUNT per candidate (live leases only); expired members are pruned
+-- from the chosen set alone, which keeps every set bounded by its live
+-- leases plus those expired since it was last chosen.
+local live = '(' .. now
 for i = 1, n do
-  redis.call('ZREMRANGEBYSCORE', KEYS[i], '-inf', now)
-  local load = redis.call('ZCARD', KEYS[i])
+  local load = redis.call('ZCOUNT', KEYS[i], live, '+inf')
   if target ~= '' and redis.call('EXISTS', KEYS[n + i]) == 1 then
     cooling = cooling + 1
   elseif cap > 0 and load >= cap then
@@ -28,6 +31,7 @@ if #best == 0 then
 end
 local pick = best[(tonumber(ARGV[7]) % #best) + 1]
 local expires = now + ttl
+redis.call('ZREMRANGEBYSCORE', KEYS[pick], '-inf', now)
 redis.call('ZADD', KEYS[pick], expires, ARGV[5])
 local lease = KEYS[2 * n + 1]
 redis.call('HSET', lease, 'proxy', ARGV[7 + pick], 'target', target, 'expires', expires)

@@ -1,0 +1,215 @@
+// Package leaseclient is the Go client crawler code uses to take proxies
+// from the broker: lease one, keep it alive while crawling, report how the
+// target treated it, release it.
+//
+//	c, _ := leaseclient.Dial("broker:9090", leaseclient.WithToken(token))
+//	l, _ := c.Lease(ctx, leaseclient.Request{Selector: map[string]string{"geo": "eu"}, Target: "example.com"})
+//	defer l.Release(context.Background())
+//	stop := l.AutoRenew(ctx, time.Minute)
+//	defer stop()
+//	httpClient := &http.Client{Transport: &http.Transport{Proxy: http.ProxyURL(l.ProxyURL())}}
+package leaseclient
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/url"
+	"strconv"
+	"sync"
+	"time"
+
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+
+	"github.com/egress-proxies/egress-proxies/pkg/auth"
+	leasev1 "github.com/egress-proxies/egress-proxies/pkg/gen/egressproxies/lease/v1"
+)
+
+// Client talks to the broker's gRPC LeaseService.
+type Client struct {
+	conn *grpc.ClientConn
+	api  leasev1.LeaseServiceClient
+}
+
+type options struct {
+	token *auth.Token
+	tls   credentials.TransportCredentials
+}
+
+// Option configures Dial.
+type Option func(*options)
+
+// WithToken sends a bearer token on every call.
+func WithToken(token string) Option { return func(o *options) { o.token = auth.Static(token) } }
+
+// WithTLS uses TLS instead of a plain-text connection.
+func WithTLS(c credentials.TransportCredentials) Option { return func(o *options) { o.tls = c } }
+
+// Dial connects lazily to target ("host:port").
+func Dial(target string, opts ...Option) (*Client, error) {
+	o := options{tls: insecure.NewCredentials()}
+	for _, f := range opts {
+		f(&o)
+	}
+	dial := []grpc.DialOption{grpc.WithTransportCredentials(o.tls)}
+	if o.token != nil {
+		dial = append(dial, o.token.DialOption())
+	}
+	conn, err := grpc.NewClient(target, dial...)
+	if err != nil {
+		return nil, err
+	}
+	return &Client{conn: conn, api: leasev1.NewLeaseServiceClient(conn)}, nil
+}
+
+// Close closes the connection.
+func (c *Client) Close() error { return c.conn.Close() }
+
+// API is the raw generated client, for calls this package does not wrap.
+func (c *Client) API() leasev1.LeaseServiceClient { return c.api }
+
+// Request asks for a lease.
+type Request struct {
+	Selector  map[string]string
+	Target    string
+	Namespace string
+	// TTL is rounded down to seconds; 0 means the broker's default.
+	TTL time.Duration
+}
+
+// ErrNoProxy is returned (wrapped in a *NoProxyError) when no proxy is
+// available; retry later or widen the selector.
+var ErrNoProxy = errors.New("no proxy available")
+
+// NoProxyError says why no proxy could be leased.
+type NoProxyError struct {
+	// Reason is NO_MATCHING_PROXY, ALL_COOLING_DOWN, ALL_AT_CAP or
+	// ALL_COOLING_DOWN_OR_AT_CAP.
+	Reason  string
+	Message string
+}
+
+func (e *NoProxyError) Error() string { return e.Message }
+func (e *NoProxyError) Unwrap() error { return ErrNoProxy }
+
+// Lease is a live lease.
+type Lease struct {
+	ID       string
+	Proxy    *leasev1.Proxy
+	Target   string
+	c        *Client
+	mu       sync.Mutex
+	expires  time.Time
+	released bool
+}
+
+// Lease takes a proxy.
+func (c *Client) Lease(ctx context.Context, r Request) (*Lease, error) {
+	resp, err := c.api.CreateLease(ctx, &leasev1.CreateLeaseRequest{
+		Selector: r.Selector, Target: r.Target, Namespace: r.Namespace, TtlSeconds: int32(r.TTL / time.Second),
+	})
+	if err != nil {
+		if st, ok := status.FromError(err); ok && st.Code() == codes.ResourceExhausted {
+			ne := &NoProxyError{Message: st.Message()}
+			for _, d := range st.Details() {
+				if info, ok := d.(*errdetails.ErrorInfo); ok {
+					ne.Reason = info.GetReason()
+				}
+			}
+			return nil, ne
+		}
+		return nil, err
+	}
+	return &Lease{ID: resp.GetLeaseId(), Proxy: resp.GetProxy(), Target: r.Target, c: c, expires: resp.GetExpiresAt().AsTime()}, nil
+}
+
+// Expires is the lease's current expiry.
+func (l *Lease) Expires() time.Time {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.expires
+}
+
+// ProxyURL is the proxy as an http:// URL, for http.ProxyURL.
+func (l *Lease) ProxyURL() *url.URL {
+	return &url.URL{Scheme: "http", Host: net.JoinHostPort(l.Proxy.GetIp(), strconv.Itoa(int(l.Proxy.GetPort())))}
+}
+
+// Renew extends the lease by ttl from now (0: the broker's default).
+func (l *Lease) Renew(ctx context.Context, ttl time.Duration) error {
+	resp, err := l.c.api.RenewLease(ctx, &leasev1.RenewLeaseRequest{LeaseId: l.ID, TtlSeconds: int32(ttl / time.Second)})
+	if err != nil {
+		return err
+	}
+	l.mu.Lock()
+	l.expires = resp.GetExpiresAt().AsTime()
+	l.mu.Unlock()
+	return nil
+}
+
+// AutoRenew renews the lease every interval, each time for ttl, until the
+// returned stop is called, ctx ends, or a renewal finds the lease gone
+// (onLost, if given, hears why). Transient errors are retried at the next
+// tick; pick interval well below the TTL.
+func (l *Lease) AutoRenew(ctx context.Context, interval, ttl time.Duration, onLost func(error)) (stop func()) {
+	ctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		t := time.NewTicker(interval)
+		defer t.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+			}
+			err := l.Renew(ctx, ttl)
+			if status.Code(err) == codes.NotFound {
+				if onLost != nil {
+					onLost(fmt.Errorf("lease %s lost: %w", l.ID, err))
+				}
+				return
+			}
+		}
+	}()
+	return func() { cancel(); <-done }
+}
+
+// Report results.
+const (
+	ResultOK          = "ok"
+	ResultRateLimited = "rate_limited"
+	ResultBlocked     = "blocked"
+	ResultError       = "error"
+)
+
+// Report tells the broker how the target treated the proxy; rate_limited
+// cools the proxy down for target (the lease's target when empty).
+func (l *Lease) Report(ctx context.Context, result, target string) error {
+	_, err := l.c.api.ReportLease(ctx, &leasev1.ReportLeaseRequest{LeaseId: l.ID, Result: result, Target: target})
+	return err
+}
+
+// Release ends the lease; calling it again is harmless.
+func (l *Lease) Release(ctx context.Context) error {
+	l.mu.Lock()
+	if l.released {
+		l.mu.Unlock()
+		return nil
+	}
+	l.mu.Unlock()
+	if _, err := l.c.api.ReleaseLease(ctx, &leasev1.ReleaseLeaseRequest{LeaseId: l.ID}); err != nil {
+		return err
+	}
+	l.mu.Lock()
+	l.released = true
+	l.mu.Unlock()
+	return nil
+}

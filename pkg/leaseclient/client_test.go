@@ -1,0 +1,73 @@
+package leaseclient_test
+
+import (
+	"context"
+	"errors"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	v1 "github.com/egress-proxies/egress-proxies/pkg/api/v1alpha1"
+	"github.com/egress-proxies/egress-proxies/pkg/leaseclient"
+	"github.com/egress-proxies/egress-proxies/pkg/testenv"
+	"github.com/egress-proxies/egress-proxies/pkg/testutil/proc"
+)
+
+var env *testenv.Env
+
+func TestMain(m *testing.M) { os.Exit(testenv.Main(m, &env)) }
+
+// The client against a real broker process, real Redis and a real API server.
+func TestLeaseRenewReportRelease(t *testing.T) {
+	testenv.Require(t)
+	ctx := context.Background()
+	px := &v1.Proxy{ObjectMeta: metav1.ObjectMeta{Name: "client-p", Namespace: "default"},
+		Spec: v1.ProxySpec{Mode: v1.ModeExternal, Address: "127.0.0.90", Port: 3128, Attributes: map[string]string{"geo": "eu"}}}
+	require.NoError(t, env.Client.Create(ctx, px))
+	px.Status = v1.ProxyStatus{Phase: v1.PhaseReady, IP: "127.0.0.90", Port: 3128, Healthy: true}
+	meta.SetStatusCondition(&px.Status.Conditions, metav1.Condition{Type: v1.ConditionReady, Status: metav1.ConditionTrue, Reason: v1.ReasonTracking, Message: "t"})
+	require.NoError(t, env.Client.Status().Update(ctx, px))
+
+	r := proc.StartRedis(t, false)
+	kc, err := env.WriteKubeconfig(t.TempDir())
+	require.NoError(t, err)
+	tokenFile := t.TempDir() + "/token"
+	require.NoError(t, os.WriteFile(tokenFile, []byte("tok"), 0o600))
+	grpcPort, ops := proc.FreePort(t), proc.FreePort(t)
+	b := proc.Start(t, "broker", proc.Build(t, "github.com/egress-proxies/egress-proxies/services/broker/cmd/broker"),
+		"--kubeconfig", kc, "--namespace", "default", "--redis-addrs", r.Addr, "--token-file", tokenFile, "--min-ttl", "1s",
+		"--grpc-addr", proc.Addr(grpcPort), "--http-addr", proc.Addr(proc.FreePort(t)), "--ops-addr", proc.Addr(ops))
+	proc.WaitHTTP(t, b, "http://"+proc.Addr(ops)+"/readyz", 60*time.Second)
+
+	c, err := leaseclient.Dial(proc.Addr(grpcPort), leaseclient.WithToken("tok"))
+	require.NoError(t, err)
+	defer func() { _ = c.Close() }()
+
+	var l *leaseclient.Lease
+	require.Eventually(t, func() bool {
+		l, err = c.Lease(ctx, leaseclient.Request{Selector: map[string]string{"geo": "eu"}, Target: "example.com", TTL: 2 * time.Second})
+		return err == nil
+	}, 30*time.Second, 100*time.Millisecond)
+	assert.Equal(t, "http://127.0.0.90:3128", l.ProxyURL().String())
+
+	first := l.Expires()
+	stop := l.AutoRenew(ctx, 300*time.Millisecond, 2*time.Second, nil)
+	time.Sleep(2500 * time.Millisecond) // past the original TTL: only renewals keep it alive
+	stop()
+	assert.True(t, l.Expires().After(first), "auto-renew extended the lease")
+	require.NoError(t, l.Report(ctx, leaseclient.ResultRateLimited, ""), "the lease is alive past its first TTL")
+
+	_, err = c.Lease(ctx, leaseclient.Request{Selector: map[string]string{"geo": "eu"}, Target: "example.com"})
+	var none *leaseclient.NoProxyError
+	require.True(t, errors.As(err, &none), "the only proxy cools down for example.com: %v", err)
+	assert.Equal(t, "ALL_COOLING_DOWN", none.Reason)
+	assert.ErrorIs(t, err, leaseclient.ErrNoProxy)
+
+	require.NoError(t, l.Release(ctx))
+	require.NoError(t, l.Release(ctx))
+}

@@ -1,0 +1,41 @@
+package leaseclient_test
+
+import (
+	"context"
+	"errors"
+	"log"
+	"net/http"
+	"time"
+
+	"github.com/egress-proxies/egress-proxies/pkg/leaseclient"
+)
+
+// A crawler leases a proxy in the EU for one target, keeps the lease alive
+// while it works, reports a rate limit, and releases the lease.
+func Example() {
+	ctx := context.Background()
+	c, err := leaseclient.Dial("egress-proxies-broker:9090", leaseclient.WithToken("token-from-a-secret"))
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer func() { _ = c.Close() }()
+
+	l, err := c.Lease(ctx, leaseclient.Request{Selector: map[string]string{"geo": "eu"}, Target: "example.com", TTL: 5 * time.Minute})
+	var none *leaseclient.NoProxyError
+	if errors.As(err, &none) {
+		log.Printf("no proxy (%s); backing off", none.Reason)
+		return
+	}
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer func() { _ = l.Release(context.Background()) }()
+	stop := l.AutoRenew(ctx, time.Minute, 5*time.Minute, func(err error) { log.Print(err) })
+	defer stop()
+
+	hc := &http.Client{Transport: &http.Transport{Proxy: http.ProxyURL(l.ProxyURL())}}
+	resp, err := hc.Get("https://example.com/")
+	if err == nil && resp.StatusCode == http.StatusTooManyRequests {
+		_ = l.Report(ctx, leaseclient.ResultRateLimited, "")
+	}
+}
