@@ -2,7 +2,10 @@ module github.com/egress-proxies/egress-proxies/services/prober
 
 go 1.26.0
 
-require github.com/egress-proxies/egress-proxies/pkg v0.0.0
+require (
+	github.com/egress-proxies/egress-proxies/pkg v0.0.0
+	github.com/stretchr/testify v1.12.1
+)
 
 require (
 	github.com/beorn7/perks v1.0.1 // indirect
@@ -17,7 +20,6 @@ require (
 	github.com/prometheus/client_model v0.6.3 // indirect
 	github.com/prometheus/common v0.72.0 // indirect
 	github.com/prometheus/procfs v0.22.0 // indirect
-	github.com/stretchr/testify v1.12.1 // indirect
 	go.opentelemetry.io/auto/sdk v1.2.1 // indirect
 	go.opentelemetry.io/otel v1.47.0 // indirect
 	go.opentelemetry.io/otel/exporters/otlp/otlptrace v1.47.0 // indirect

@@ -1,0 +1,78 @@
+package proc
+
+import (
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"testing"
+	"time"
+)
+
+// Squid is a real Squid on a loopback address with a generated config.
+type Squid struct {
+	Addr string
+	Host string
+	Port int
+	Dir  string
+	// DenyAll makes Squid refuse every request (403): a proxy that accepts
+	// connections but cannot egress.
+	DenyAll bool
+	Proc    *Process
+	t       testing.TB
+}
+
+// SquidBinary finds squid or fails saying how to get it.
+func SquidBinary(t testing.TB) string {
+	t.Helper()
+	for _, p := range []string{"squid", "/usr/sbin/squid"} {
+		if path, err := exec.LookPath(p); err == nil {
+			return path
+		}
+	}
+	t.Fatalf("squid not found: run `make deps` (apt-get install squid)")
+	return ""
+}
+
+// StartSquid starts Squid on host (a 127.0.0.0/8 address) and a free port.
+func StartSquid(t testing.TB, host string, denyAll bool) *Squid {
+	t.Helper()
+	RequireProcesses(t)
+	s := &Squid{Host: host, Port: FreePort(t), Dir: t.TempDir(), DenyAll: denyAll, t: t}
+	s.Addr = fmt.Sprintf("%s:%d", host, s.Port)
+	// Squid drops privileges to its own user when started as root.
+	if err := os.Chmod(s.Dir, 0o777); err != nil {
+		t.Fatal(err)
+	}
+	access := "http_access allow all"
+	if denyAll {
+		access = "http_access deny all"
+	}
+	conf := fmt.Sprintf(`http_port %s
+pid_filename %[2]s/squid.pid
+cache_log %[2]s/cache.log
+access_log none
+cache deny all
+coredump_dir %[2]s
+pinger_enable off
+shutdown_lifetime 0 seconds
+connect_timeout 5 seconds
+%s
+`, s.Addr, s.Dir, access)
+	if err := os.WriteFile(filepath.Join(s.Dir, "squid.conf"), []byte(conf), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	s.Start()
+	return s
+}
+
+// Start (re)starts Squid with the same config, address and port.
+func (s *Squid) Start() {
+	s.t.Helper()
+	_ = os.Remove(filepath.Join(s.Dir, "squid.pid"))
+	s.Proc = Start(s.t, "squid-"+s.Addr, SquidBinary(s.t), "-N", "-f", filepath.Join(s.Dir, "squid.conf"))
+	WaitTCP(s.t, s.Addr, 20*time.Second)
+}
+
+// Kill stops Squid with SIGKILL.
+func (s *Squid) Kill() { s.Proc.Kill() }

@@ -1,0 +1,189 @@
+// Package probe fetches a URL through an HTTP proxy and says whether, and
+// where, it failed. For https targets it opens a real CONNECT tunnel,
+// verifies the target's certificate through it, and sends the request
+// inside; for http targets it sends an absolute-form request to the proxy.
+// A proxy that accepts TCP but cannot egress fails at CONNECT (or, for
+// http targets, at STATUS with the proxy's own answer).
+package probe
+
+import (
+	"bufio"
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/url"
+	"strings"
+	"time"
+
+	probev1 "github.com/egress-proxies/egress-proxies/pkg/gen/egressproxies/probe/v1"
+)
+
+// Settings of one probe.
+type Settings struct {
+	URL            string
+	ExpectedStatus int
+	Timeout        time.Duration
+	// EchoFormat: "" (no echo), "text" (the body is the caller's IP) or
+	// "json:<field>" (a JSON object whose field is the caller's IP).
+	EchoFormat string
+}
+
+// Result of one probe.
+type Result struct {
+	Success  bool
+	Latency  time.Duration
+	Phase    probev1.ProbePhase
+	Reason   string
+	EgressIP string
+}
+
+// Prober runs probes; it is safe for concurrent use.
+type Prober struct {
+	// RootCAs verifies targets; nil means the system roots.
+	RootCAs *x509.CertPool
+	// MaxBody bounds how much of the answer is read.
+	MaxBody int64
+}
+
+func fail(phase probev1.ProbePhase, start time.Time, format string, args ...any) Result {
+	return Result{Phase: phase, Latency: time.Since(start), Reason: fmt.Sprintf(format, args...)}
+}
+
+// Do probes target through the proxy at proxyAddr ("host:port").
+func (p *Prober) Do(ctx context.Context, proxyAddr string, s Settings) Result {
+	start := time.Now()
+	ctx, cancel := context.WithTimeout(ctx, s.Timeout)
+	defer cancel()
+	u, err := url.Parse(s.URL)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return fail(probev1.ProbePhase_PROBE_PHASE_HTTP, start, "probe URL %q is not an absolute http(s) URL", s.URL)
+	}
+	var d net.Dialer
+	conn, err := d.DialContext(ctx, "tcp", proxyAddr)
+	if err != nil {
+		return fail(probev1.ProbePhase_PROBE_PHASE_DIAL, start, "dial %s: %s", proxyAddr, short(err))
+	}
+	defer func() { _ = conn.Close() }()
+	// One deadline for the whole exchange: a tunnel that never answers
+	// ends at the timeout, whatever phase it hangs in.
+	deadline, _ := ctx.Deadline()
+	_ = conn.SetDeadline(deadline)
+	br := bufio.NewReader(conn)
+
+	var resp *http.Response
+	if u.Scheme == "https" {
+		host := u.Host
+		if u.Port() == "" {
+			host = net.JoinHostPort(u.Hostname(), "443")
+		}
+		connect := &http.Request{Method: http.MethodConnect, URL: &url.URL{Opaque: host}, Host: host, Header: http.Header{}}
+		if err := connect.Write(conn); err != nil {
+			return fail(probev1.ProbePhase_PROBE_PHASE_CONNECT, start, "sending CONNECT: %s", short(err))
+		}
+		cr, err := http.ReadResponse(br, connect)
+		if err != nil {
+			return fail(probev1.ProbePhase_PROBE_PHASE_CONNECT, start, "no answer to CONNECT %s: %s", host, short(err))
+		}
+		_ = cr.Body.Close()
+		if cr.StatusCode != http.StatusOK {
+			return fail(probev1.ProbePhase_PROBE_PHASE_CONNECT, start, "proxy refused CONNECT %s: %s", host, cr.Status)
+		}
+		if br.Buffered() > 0 {
+			return fail(probev1.ProbePhase_PROBE_PHASE_CONNECT, start, "proxy sent data before the tunnel opened")
+		}
+		tc := tls.Client(conn, &tls.Config{ServerName: u.Hostname(), RootCAs: p.RootCAs, MinVersion: tls.VersionTLS12})
+		if err := tc.HandshakeContext(ctx); err != nil {
+			return fail(probev1.ProbePhase_PROBE_PHASE_TLS, start, "TLS with %s: %s", u.Hostname(), short(err))
+		}
+		req := p.request(ctx, u)
+		if err := req.Write(tc); err != nil {
+			return fail(probev1.ProbePhase_PROBE_PHASE_HTTP, start, "sending request: %s", short(err))
+		}
+		if resp, err = http.ReadResponse(bufio.NewReader(tc), req); err != nil {
+			return fail(probev1.ProbePhase_PROBE_PHASE_HTTP, start, "reading answer: %s", short(err))
+		}
+	} else {
+		req := p.request(ctx, u)
+		if err := req.WriteProxy(conn); err != nil {
+			return fail(probev1.ProbePhase_PROBE_PHASE_HTTP, start, "sending request: %s", short(err))
+		}
+		if resp, err = http.ReadResponse(br, req); err != nil {
+			return fail(probev1.ProbePhase_PROBE_PHASE_HTTP, start, "reading answer: %s", short(err))
+		}
+	}
+	defer func() { _ = resp.Body.Close() }()
+	max := p.MaxBody
+	if max == 0 {
+		max = 64 << 10
+	}
+	body, err := io.ReadAll(io.LimitReader(resp.Body, max))
+	if err != nil {
+		return fail(probev1.ProbePhase_PROBE_PHASE_HTTP, start, "reading body: %s", short(err))
+	}
+	if resp.StatusCode != s.ExpectedStatus {
+		reason := fmt.Sprintf("target answered %s, want %d", resp.Status, s.ExpectedStatus)
+		if e := resp.Header.Get("X-Squid-Error"); e != "" {
+			reason = fmt.Sprintf("proxy answered %s (%s), want %d", resp.Status, e, s.ExpectedStatus)
+		}
+		return fail(probev1.ProbePhase_PROBE_PHASE_STATUS, start, "%s", reason)
+	}
+	r := Result{Success: true, Latency: time.Since(start)}
+	r.EgressIP = echoedIP(s.EchoFormat, body)
+	return r
+}
+
+func (p *Prober) request(ctx context.Context, u *url.URL) *http.Request {
+	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, u.String(), nil)
+	req.Header.Set("User-Agent", "egress-proxies-prober")
+	req.Close = true
+	return req
+}
+
+// echoedIP reads the caller's address from an echo answer; "" when the
+// format is unset or the answer holds no IP.
+func echoedIP(format string, body []byte) string {
+	var s string
+	switch {
+	case format == "":
+		return ""
+	case format == "text":
+		s = strings.TrimSpace(string(body))
+	case strings.HasPrefix(format, "json:"):
+		var m map[string]any
+		if json.Unmarshal(body, &m) != nil {
+			return ""
+		}
+		v, _ := m[strings.TrimPrefix(format, "json:")].(string)
+		s = v
+	default:
+		return ""
+	}
+	if ip := net.ParseIP(s); ip != nil {
+		return ip.String()
+	}
+	return ""
+}
+
+// short trims Go's wrapped network errors to their last part.
+func short(err error) string {
+	var ne net.Error
+	if errors.As(err, &ne) && ne.Timeout() {
+		return "timed out"
+	}
+	msg := err.Error()
+	if i := strings.LastIndex(msg, ": "); i >= 0 && i+2 < len(msg) {
+		return msg[i+2:]
+	}
+	return msg
+}
+
+// ValidEchoFormat reports whether f is "", "text" or "json:<field>".
+func ValidEchoFormat(f string) bool {
+	return f == "" || f == "text" || (strings.HasPrefix(f, "json:") && len(f) > len("json:"))
+}

@@ -1,0 +1,100 @@
+package probe_test
+
+import (
+	"context"
+	"crypto/x509"
+	"fmt"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	probev1 "github.com/egress-proxies/egress-proxies/pkg/gen/egressproxies/probe/v1"
+	"github.com/egress-proxies/egress-proxies/pkg/testutil/proc"
+	"github.com/egress-proxies/egress-proxies/services/prober/pkg/probe"
+)
+
+// target is a local HTTPS server with its own CA: /ok answers 204,
+// /ip echoes the caller's address as text, /json as {"ip": ...}.
+func target(t *testing.T) (*httptest.Server, *x509.CertPool) {
+	mux := http.NewServeMux()
+	mux.HandleFunc("/ok", func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusNoContent) })
+	mux.HandleFunc("/ip", func(w http.ResponseWriter, r *http.Request) {
+		host, _, _ := net.SplitHostPort(r.RemoteAddr)
+		_, _ = fmt.Fprintln(w, host)
+	})
+	mux.HandleFunc("/json", func(w http.ResponseWriter, r *http.Request) {
+		host, _, _ := net.SplitHostPort(r.RemoteAddr)
+		_, _ = fmt.Fprintf(w, `{"ip":%q}`, host)
+	})
+	srv := httptest.NewTLSServer(mux)
+	t.Cleanup(srv.Close)
+	pool := x509.NewCertPool()
+	pool.AddCert(srv.Certificate())
+	return srv, pool
+}
+
+func settings(url string, status int) probe.Settings {
+	return probe.Settings{URL: url, ExpectedStatus: status, Timeout: 3 * time.Second}
+}
+
+func TestProbesThroughRealSquid(t *testing.T) {
+	srv, pool := target(t)
+	squid := proc.StartSquid(t, "127.0.0.1", false)
+	denying := proc.StartSquid(t, "127.0.0.1", true)
+	plain := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusNoContent) }))
+	defer plain.Close()
+
+	// A listener that accepts and never answers: TCP up, no egress.
+	silent, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	defer func() { _ = silent.Close() }()
+	go func() {
+		for {
+			c, err := silent.Accept()
+			if err != nil {
+				return
+			}
+			defer func() { _ = c.Close() }()
+		}
+	}()
+	closedPort := proc.FreePort(t)
+
+	good := &probe.Prober{RootCAs: pool}
+	cases := []struct {
+		name   string
+		prober *probe.Prober
+		proxy  string
+		s      probe.Settings
+		ok     bool
+		phase  probev1.ProbePhase
+		reason string
+		egress string
+	}{
+		{"https through squid", good, squid.Addr, settings(srv.URL+"/ok", 204), true, 0, "", ""},
+		{"http through squid", good, squid.Addr, settings(plain.URL+"/", 204), true, 0, "", ""},
+		{"echo text", good, squid.Addr, probe.Settings{URL: srv.URL + "/ip", ExpectedStatus: 200, Timeout: 3 * time.Second, EchoFormat: "text"}, true, 0, "", "127.0.0.1"},
+		{"echo json", good, squid.Addr, probe.Settings{URL: srv.URL + "/json", ExpectedStatus: 200, Timeout: 3 * time.Second, EchoFormat: "json:ip"}, true, 0, "", "127.0.0.1"},
+		{"squid denies CONNECT", good, denying.Addr, settings(srv.URL+"/ok", 204), false, probev1.ProbePhase_PROBE_PHASE_CONNECT, "403 Forbidden", ""},
+		{"squid denies http", good, denying.Addr, settings(plain.URL+"/", 204), false, probev1.ProbePhase_PROBE_PHASE_STATUS, "ERR_ACCESS_DENIED", ""},
+		{"tunnel never answers", good, silent.Addr().String(), probe.Settings{URL: srv.URL + "/ok", ExpectedStatus: 204, Timeout: 500 * time.Millisecond}, false, probev1.ProbePhase_PROBE_PHASE_CONNECT, "timed out", ""},
+		{"proxy down", good, proc.Addr(closedPort), settings(srv.URL+"/ok", 204), false, probev1.ProbePhase_PROBE_PHASE_DIAL, "refused", ""},
+		{"unknown CA", &probe.Prober{}, squid.Addr, settings(srv.URL+"/ok", 204), false, probev1.ProbePhase_PROBE_PHASE_TLS, "certificate", ""},
+		{"wrong status", good, squid.Addr, settings(srv.URL+"/missing", 204), false, probev1.ProbePhase_PROBE_PHASE_STATUS, "404", ""},
+		{"target down behind squid", good, squid.Addr, settings(fmt.Sprintf("https://127.0.0.1:%d/", closedPort), 204), false, probev1.ProbePhase_PROBE_PHASE_CONNECT, "503", ""},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			r := tc.prober.Do(context.Background(), tc.proxy, tc.s)
+			assert.Equal(t, tc.ok, r.Success, "reason: %s", r.Reason)
+			assert.Equal(t, tc.phase, r.Phase)
+			assert.Contains(t, r.Reason, tc.reason)
+			assert.Equal(t, tc.egress, r.EgressIP)
+			assert.Positive(t, r.Latency)
+		})
+	}
+}
