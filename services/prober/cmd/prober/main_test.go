@@ -9,11 +9,13 @@ import (
 
 const pkgPath = "github.com/egress-proxies/egress-proxies/services/prober/cmd/prober"
 
+// The prober starts and serves its ops endpoint even while no controller
+// answers (it keeps reconnecting), and exits 0 on SIGTERM.
 func TestBinaryLifecycle(t *testing.T) {
 	proc.RequireProcesses(t)
 	bin := proc.Build(t, pkgPath)
 	ops := proc.FreePort(t)
-	proc.Lifecycle(t, "prober", bin, nil, []string{"--ops-addr", proc.Addr(ops)},
+	proc.Lifecycle(t, "prober", bin, nil, []string{"--ops-addr", proc.Addr(ops), "--controller-addr", proc.Addr(proc.FreePort(t))},
 		fmt.Sprintf("http://%s/healthz", proc.Addr(ops)), fmt.Sprintf("http://%s/metrics", proc.Addr(ops)))
 }
 
@@ -23,4 +25,6 @@ func TestBadFlagsExitNonZero(t *testing.T) {
 	proc.BadFlag(t, "prober-unknown-flag", bin, []string{"--no-such-flag"}, "flag provided but not defined: -no-such-flag")
 	proc.BadFlag(t, "prober-bad-level", bin, []string{"--log-level", "loud"}, "--log-level", "want debug, info, warn or error")
 	proc.BadFlag(t, "prober-stray-arg", bin, []string{"stray"}, `unexpected argument "stray"`)
+	proc.BadFlag(t, "prober-no-controller", bin, nil, "--controller-addr is required")
+	proc.BadFlag(t, "prober-bad-ca", bin, []string{"--controller-addr", "127.0.0.1:1", "--ca-file", "/nonexistent/ca.pem"}, "--ca-file", "/nonexistent/ca.pem")
 }
