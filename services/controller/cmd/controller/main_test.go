@@ -27,7 +27,7 @@ func TestBinaryLifecycle(t *testing.T) {
 		"--kubeconfig", kubeconfig,
 		"--metrics-bind-address", proc.Addr(metrics),
 		"--health-probe-bind-address", proc.Addr(health),
-		"--leader-election-namespace", "default",
+		"--leader-election-namespace", "default", "--probe-addr", proc.Addr(proc.FreePort(t)),
 	}, fmt.Sprintf("http://%s/healthz", proc.Addr(health)), fmt.Sprintf("http://%s/metrics", proc.Addr(metrics)))
 }
 
@@ -70,7 +70,7 @@ func TestBadProvidersConfigFailsStartup(t *testing.T) {
 				kubeconfig = kc
 			}
 			proc.BadFlag(t, "controller-config", bin, []string{"--providers-config", path, "--kubeconfig", kubeconfig,
-				"--metrics-bind-address", "0", "--health-probe-bind-address", "0"}, "--providers-config", tc.want)
+				"--metrics-bind-address", "0", "--health-probe-bind-address", "0", "--probe-addr", "127.0.0.1:0"}, "--providers-config", tc.want)
 		})
 	}
 }

@@ -20,10 +20,12 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
+	"github.com/egress-proxies/egress-proxies/pkg/auth"
 	"github.com/egress-proxies/egress-proxies/pkg/kube"
 	"github.com/egress-proxies/egress-proxies/pkg/service"
 	"github.com/egress-proxies/egress-proxies/pkg/version"
 	"github.com/egress-proxies/egress-proxies/services/controller/pkg/controllers/proxy/garbagecollection"
+	"github.com/egress-proxies/egress-proxies/services/controller/pkg/controllers/proxy/health"
 	"github.com/egress-proxies/egress-proxies/services/controller/pkg/controllers/proxy/lifecycle"
 	"github.com/egress-proxies/egress-proxies/services/controller/pkg/providers"
 	"github.com/egress-proxies/egress-proxies/services/controller/pkg/providers/kubernetes"
@@ -46,6 +48,9 @@ type Options struct {
 	BackoffBase      time.Duration
 	GCInterval       time.Duration
 	GCGrace          time.Duration
+	ProbeAddr        string
+	ProbeTokenFile   string
+	Health           health.Defaults
 }
 
 // Register adds the flags to fs.
@@ -65,6 +70,17 @@ func (o *Options) Register(fs *flag.FlagSet) {
 	fs.DurationVar(&o.BackoffBase, "backoff-base", 5*time.Second, "first delay of the per-Proxy backoff for quota waits and failing cleanups (doubles up to 5m)")
 	fs.DurationVar(&o.GCInterval, "gc-interval", 5*time.Minute, "how often orphan GC sweeps every provider")
 	fs.DurationVar(&o.GCGrace, "gc-grace-period", 10*time.Minute, "instances younger than this are never collected")
+	fs.StringVar(&o.ProbeAddr, "probe-addr", ":9443", "address of the gRPC probe endpoint probers connect to")
+	fs.StringVar(&o.ProbeTokenFile, "probe-token-file", "", "file holding the bearer token probers must send; empty accepts any prober")
+	d := health.DefaultDefaults
+	fs.StringVar(&o.Health.URL, "health-url", d.URL, "URL probed through every proxy (per-Proxy: spec.healthCheck.url)")
+	fs.IntVar(&o.Health.ExpectedStatus, "health-expected-status", d.ExpectedStatus, "HTTP status the probe target must answer")
+	fs.DurationVar(&o.Health.Interval, "health-interval", d.Interval, "time between probes of one proxy")
+	fs.DurationVar(&o.Health.Timeout, "health-timeout", d.Timeout, "bound of one probe")
+	fs.IntVar(&o.Health.FailureThreshold, "health-failure-threshold", d.FailureThreshold, "consecutive failures that make a proxy Unhealthy")
+	fs.IntVar(&o.Health.SuccessThreshold, "health-success-threshold", d.SuccessThreshold, "consecutive successes that make it Healthy")
+	fs.StringVar(&o.Health.EchoFormat, "health-echo-format", "", `how the target echoes the caller's IP: "" (it does not), "text", or "json:<field>"; fills status.egressIP`)
+	fs.BoolVar(&o.Health.Trace, "trace-health-probes", false, "trace every probe end to end (high volume)")
 }
 
 // defaultProvidersConfig is used without --providers-config.
@@ -98,6 +114,9 @@ func Run(ctx context.Context, log *slog.Logger, o Options) error {
 	ctrl.SetLogger(logr.FromSlogHandler(log.Handler()))
 	if o.PollInterval <= 0 || o.ResyncInterval <= 0 || o.GCInterval <= 0 || o.GCGrace < 0 || o.BackoffBase <= 0 {
 		return service.Usagef("--poll-interval, --resync-interval, --backoff-base and --gc-interval must be positive and --gc-grace-period not negative")
+	}
+	if err := o.Health.Validate(); err != nil {
+		return service.UsageError{Err: err}
 	}
 	entries, err := loadEntries(o.ProvidersConfig)
 	if err != nil {
@@ -147,7 +166,28 @@ func Run(ctx context.Context, log *slog.Logger, o Options) error {
 	}); err != nil {
 		return err
 	}
-	log.Info("starting", "providers", registry.Names(), "namespace", namespace, "commit", version.Commit)
+	var probeToken *auth.Token
+	if o.ProbeTokenFile != "" {
+		if probeToken, err = auth.FromFile(ctx, log, o.ProbeTokenFile, 5*time.Second); err != nil {
+			return service.Usagef("--probe-token-file: %v", err)
+		}
+	} else {
+		log.Warn("no --probe-token-file: the probe endpoint accepts any prober")
+	}
+	hub := &health.Hub{
+		Engine:   &health.Engine{Client: mgr.GetClient(), Log: log.With("controller", "health")},
+		Defaults: o.Health, Elected: mgr.Elected(), Addr: o.ProbeAddr, Token: probeToken, Log: log.With("controller", "probe-hub"),
+	}
+	if _, err := hub.Listen(); err != nil {
+		return service.UsageError{Err: err}
+	}
+	if err := hub.Watch(ctx, mgr.GetCache()); err != nil {
+		return err
+	}
+	if err := mgr.Add(hub); err != nil {
+		return err
+	}
+	log.Info("starting", "providers", registry.Names(), "namespace", namespace, "commit", version.Commit, "probeAuth", probeToken.Enabled())
 	return mgr.Start(ctx)
 }
 

@@ -1,0 +1,132 @@
+package health
+
+import (
+	"context"
+	"log/slog"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/timestamppb"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	v1 "github.com/egress-proxies/egress-proxies/pkg/api/v1alpha1"
+	probev1 "github.com/egress-proxies/egress-proxies/pkg/gen/egressproxies/probe/v1"
+	"github.com/egress-proxies/egress-proxies/pkg/testenv"
+	"github.com/egress-proxies/egress-proxies/services/controller/pkg/metrics"
+)
+
+var env *testenv.Env
+
+func TestMain(m *testing.M) { os.Exit(testenv.Main(m, &env)) }
+
+func readyProxy(t *testing.T, name, ip string) *v1.Proxy {
+	t.Helper()
+	ctx := context.Background()
+	px := &v1.Proxy{ObjectMeta: metav1.ObjectMeta{GenerateName: name + "-", Namespace: "default"}, Spec: v1.ProxySpec{Mode: v1.ModeExternal, Address: ip, Port: 3128}}
+	require.NoError(t, env.Client.Create(ctx, px))
+	px.Status = v1.ProxyStatus{Phase: v1.PhaseReady, IP: ip, Port: 3128}
+	meta.SetStatusCondition(&px.Status.Conditions, metav1.Condition{Type: v1.ConditionHealthy, Status: metav1.ConditionUnknown, Reason: v1.ReasonNotProbed, Message: "new"})
+	require.NoError(t, env.Client.Status().Update(ctx, px))
+	return px
+}
+
+func result(px *v1.Proxy, ok bool) *probev1.ProbeResult {
+	r := &probev1.ProbeResult{Id: px.Namespace + "/" + px.Name, Uid: string(px.UID), Success: ok,
+		Latency: durationpb.New(3 * time.Millisecond), FinishedAt: timestamppb.Now()}
+	if !ok {
+		r.Phase, r.Reason = probev1.ProbePhase_PROBE_PHASE_CONNECT, "proxy refused CONNECT 127.0.0.1:443: 403 Forbidden"
+	}
+	return r
+}
+
+func get(t *testing.T, px *v1.Proxy) *v1.Proxy {
+	out := &v1.Proxy{}
+	require.NoError(t, env.Client.Get(context.Background(), client.ObjectKeyFromObject(px), out))
+	return out
+}
+
+func healthCond(px *v1.Proxy) *metav1.Condition {
+	return meta.FindStatusCondition(px.Status.Conditions, v1.ConditionHealthy)
+}
+
+func TestThresholdsAreExactAndWritesTransitionOnly(t *testing.T) {
+	testenv.Require(t)
+	px := readyProxy(t, "thresholds", "127.0.0.5")
+	e := &Engine{Client: env.Client, Log: slog.Default()}
+	r := DefaultDefaults.resolve(&v1.HealthCheck{FailureThreshold: 3, SuccessThreshold: 2})
+	e.track(px.UID, "127.0.0.5:3128", r, nil, "")
+	writes := func() float64 { return testutil.ToFloat64(metrics.StatusWrites.WithLabelValues("health")) }
+	ctx := context.Background()
+
+	w0 := writes()
+	e.Handle(ctx, "p1", result(px, true))
+	assert.Equal(t, metav1.ConditionUnknown, healthCond(get(t, px)).Status, "one success is below the threshold of 2")
+	e.Handle(ctx, "p1", result(px, true))
+	got := get(t, px)
+	assert.Equal(t, metav1.ConditionTrue, healthCond(got).Status, "the second success crosses it")
+	assert.True(t, got.Status.Healthy)
+	require.NotNil(t, got.Status.LastHealthCheckTime)
+	assert.Equal(t, w0+1, writes())
+
+	for range 50 {
+		e.Handle(ctx, "p1", result(px, true))
+	}
+	assert.Equal(t, w0+1, writes(), "50 more successes of a steady proxy write nothing")
+	assert.Equal(t, got.ResourceVersion, get(t, px).ResourceVersion)
+
+	e.Handle(ctx, "p1", result(px, false))
+	e.Handle(ctx, "p1", result(px, false))
+	assert.True(t, get(t, px).Status.Healthy, "two failures are below the threshold of 3")
+	e.Handle(ctx, "p1", result(px, true)) // a success resets the run
+	e.Handle(ctx, "p1", result(px, false))
+	e.Handle(ctx, "p1", result(px, false))
+	assert.True(t, get(t, px).Status.Healthy, "the run of failures restarted")
+	e.Handle(ctx, "p1", result(px, false))
+	down := get(t, px)
+	assert.False(t, down.Status.Healthy, "the third consecutive failure crosses it")
+	c := healthCond(down)
+	assert.Equal(t, v1.ReasonProbeFailed, c.Reason)
+	assert.Contains(t, c.Message, "connect failed: proxy refused CONNECT")
+	assert.Equal(t, w0+2, writes())
+	for range 20 {
+		e.Handle(ctx, "p1", result(px, false))
+	}
+	assert.Equal(t, w0+2, writes(), "a steadily dead proxy writes nothing more")
+}
+
+func TestStaleResultsAreDroppedAndEgressIPRecorded(t *testing.T) {
+	testenv.Require(t)
+	px := readyProxy(t, "stale", "127.0.0.6")
+	e := &Engine{Client: env.Client, Log: slog.Default()}
+	r := DefaultDefaults.resolve(&v1.HealthCheck{SuccessThreshold: 1})
+	ctx := context.Background()
+
+	e.Handle(ctx, "p1", result(px, true))
+	assert.Equal(t, metav1.ConditionUnknown, healthCond(get(t, px)).Status, "results for an untracked proxy are dropped")
+
+	e.track(px.UID, "127.0.0.6:3128", r, nil, "")
+	ok := result(px, true)
+	ok.EgressIp = "198.51.100.23"
+	e.Handle(ctx, "p1", ok)
+	got := get(t, px)
+	assert.True(t, got.Status.Healthy)
+	assert.Equal(t, "198.51.100.23", got.Status.EgressIP, "the echoed exit IP lands in status")
+	assert.Equal(t, "127.0.0.6", got.Status.IP, "distinct from the proxy's own IP")
+
+	// The instance is replaced (new IP): a late result about the old one
+	// must not touch the new one's status.
+	got.Status.IP = "127.0.0.7"
+	meta.SetStatusCondition(&got.Status.Conditions, metav1.Condition{Type: v1.ConditionHealthy, Status: metav1.ConditionUnknown, Reason: v1.ReasonNotProbed, Message: "replacement"})
+	require.NoError(t, env.Client.Status().Update(ctx, got))
+	late := result(px, false)
+	e.track(px.UID, "127.0.0.6:3128", DefaultDefaults.resolve(&v1.HealthCheck{FailureThreshold: 1}), nil, "")
+	e.Handle(ctx, "p1", late)
+	assert.Equal(t, metav1.ConditionUnknown, healthCond(get(t, px)).Status)
+}

@@ -1,0 +1,366 @@
+package health
+
+import (
+	"context"
+	"fmt"
+	"hash/fnv"
+	"log/slog"
+	"net"
+	"sort"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"go.opentelemetry.io/contrib/instrumentation/google.golang.org/grpc/otelgrpc"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/keepalive"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+	"k8s.io/apimachinery/pkg/api/meta"
+	"k8s.io/apimachinery/pkg/types"
+	toolscache "k8s.io/client-go/tools/cache"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
+	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
+
+	v1 "github.com/egress-proxies/egress-proxies/pkg/api/v1alpha1"
+	"github.com/egress-proxies/egress-proxies/pkg/auth"
+	probev1 "github.com/egress-proxies/egress-proxies/pkg/gen/egressproxies/probe/v1"
+)
+
+var (
+	probersConnected = prometheus.NewGauge(prometheus.GaugeOpts{Name: "proxy_operator_probers_connected", Help: "Probers connected to this (leader) controller."})
+	assignments      = prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "proxy_operator_probe_assignments", Help: "Proxies assigned to each connected prober."}, []string{"prober"})
+	reassigned       = prometheus.NewCounter(prometheus.CounterOpts{Name: "proxy_operator_probe_reassignments_total", Help: "Proxies moved from one prober to another by rebalancing."})
+)
+
+func init() { ctrlmetrics.Registry.MustRegister(probersConnected, assignments, reassigned) }
+
+// Hub serves the probe stream and keeps the assignment.
+type Hub struct {
+	probev1.UnimplementedProbeServiceServer
+	Engine   *Engine
+	Defaults Defaults
+	// Elected is closed once this replica leads; followers refuse streams
+	// so probers find the leader.
+	Elected <-chan struct{}
+	Addr    string
+	Token   *auth.Token
+	Log     *slog.Logger
+
+	mu       sync.Mutex
+	targets  map[string]*probev1.ProbeTarget
+	sessions map[string]*session
+	owner    map[string]string // target id -> prober id, as last sent
+	kick     chan struct{}
+	listener net.Listener
+}
+
+type session struct {
+	id     string
+	stream probev1.ProbeService_ConnectServer
+	sent   map[string]*probev1.ProbeTarget
+	full   bool // the next send replaces everything
+	cancel context.CancelFunc
+}
+
+func (h *Hub) init() {
+	if h.targets == nil {
+		h.targets, h.sessions, h.owner = map[string]*probev1.ProbeTarget{}, map[string]*session{}, map[string]string{}
+		h.kick = make(chan struct{}, 1)
+	}
+}
+
+// NeedLeaderElection is false: followers must run to refuse streams.
+func (h *Hub) NeedLeaderElection() bool { return false }
+
+// Watch feeds the target set from the manager's Proxy informer.
+func (h *Hub) Watch(ctx context.Context, c cache.Cache) error {
+	h.mu.Lock()
+	h.init()
+	h.mu.Unlock()
+	inf, err := c.GetInformer(ctx, &v1.Proxy{})
+	if err != nil {
+		return err
+	}
+	_, err = inf.AddEventHandler(toolscache.ResourceEventHandlerFuncs{
+		AddFunc:    func(o any) { h.upsert(o) },
+		UpdateFunc: func(_, o any) { h.upsert(o) },
+		DeleteFunc: func(o any) {
+			if d, ok := o.(toolscache.DeletedFinalStateUnknown); ok {
+				o = d.Obj
+			}
+			if px, ok := o.(*v1.Proxy); ok {
+				h.remove(px.Namespace+"/"+px.Name, px.UID)
+			}
+		},
+	})
+	return err
+}
+
+// probeable: an address exists and the lifecycle says the instance runs.
+func probeable(px *v1.Proxy) bool {
+	return px.DeletionTimestamp.IsZero() && px.Status.IP != "" && px.Status.Port != 0 && px.Status.Phase == v1.PhaseReady
+}
+
+func (h *Hub) upsert(o any) {
+	px, ok := o.(*v1.Proxy)
+	if !ok {
+		return
+	}
+	id := px.Namespace + "/" + px.Name
+	if !probeable(px) {
+		h.remove(id, px.UID)
+		return
+	}
+	r := h.Defaults.resolve(px.Spec.HealthCheck)
+	addr := fmt.Sprintf("%s:%d", px.Status.IP, px.Status.Port)
+	var healthy *bool
+	if c := meta.FindStatusCondition(px.Status.Conditions, v1.ConditionHealthy); c != nil && c.Status != "Unknown" {
+		b := c.Status == "True"
+		healthy = &b
+	}
+	h.Engine.track(px.UID, addr, r, healthy, px.Status.EgressIP)
+	t := &probev1.ProbeTarget{Id: id, Uid: string(px.UID), Address: px.Status.IP, Port: px.Status.Port, Settings: r.proto()}
+	h.mu.Lock()
+	if old, ok := h.targets[id]; !ok || !proto.Equal(old, t) {
+		h.targets[id] = t
+		h.trigger()
+	}
+	h.mu.Unlock()
+}
+
+func (h *Hub) remove(id string, uid types.UID) {
+	h.Engine.forget(uid)
+	h.mu.Lock()
+	if _, ok := h.targets[id]; ok {
+		delete(h.targets, id)
+		h.trigger()
+	}
+	h.mu.Unlock()
+}
+
+// trigger asks the rebalancer to run; callers hold mu or not, it never blocks.
+func (h *Hub) trigger() {
+	select {
+	case h.kick <- struct{}{}:
+	default:
+	}
+}
+
+// rendezvous picks the prober with the highest hash for the target:
+// adding or removing a prober moves only the targets it wins or held.
+func rendezvous(probers []string, target string) string {
+	var best string
+	var bestScore uint64
+	for _, p := range probers {
+		f := fnv.New64a()
+		_, _ = f.Write([]byte(p))
+		_, _ = f.Write([]byte{0})
+		_, _ = f.Write([]byte(target))
+		if s := mix(f.Sum64()); best == "" || s > bestScore {
+			best, bestScore = p, s
+		}
+	}
+	return best
+}
+
+// mix is murmur3's 64-bit finalizer. FNV-1a alone leaves the high bits
+// ruled by the first bytes (the prober id), so one prober would win almost
+// every target; mixing spreads every input bit over the whole word.
+func mix(h uint64) uint64 {
+	h ^= h >> 33
+	h *= 0xff51afd7ed558ccd
+	h ^= h >> 33
+	h *= 0xc4ceb9fe1a85ec53
+	h ^= h >> 33
+	return h
+}
+
+type outgoing struct {
+	s *session
+	a *probev1.Assignment
+}
+
+// rebalance computes every session's delta; one goroutine runs it and
+// sends, so assignments to one prober are never reordered.
+func (h *Hub) rebalance() []outgoing {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	ids := make([]string, 0, len(h.sessions))
+	for id := range h.sessions {
+		ids = append(ids, id)
+	}
+	sort.Strings(ids)
+	desired := make(map[string]map[string]*probev1.ProbeTarget, len(ids))
+	for _, id := range ids {
+		desired[id] = map[string]*probev1.ProbeTarget{}
+	}
+	owner := make(map[string]string, len(h.targets))
+	if len(ids) > 0 {
+		for tid, t := range h.targets {
+			p := rendezvous(ids, tid)
+			desired[p][tid] = t
+			owner[tid] = p
+			if prev, ok := h.owner[tid]; ok && prev != p {
+				reassigned.Inc()
+			}
+		}
+	}
+	h.owner = owner
+	var out []outgoing
+	for _, id := range ids {
+		s := h.sessions[id]
+		a := &probev1.Assignment{Full: s.full}
+		for tid, t := range desired[id] {
+			if old, ok := s.sent[tid]; s.full || !ok || !proto.Equal(old, t) {
+				a.Upsert = append(a.Upsert, t)
+			}
+		}
+		if !s.full {
+			for tid := range s.sent {
+				if _, ok := desired[id][tid]; !ok {
+					a.Remove = append(a.Remove, tid)
+				}
+			}
+		}
+		s.sent, s.full = desired[id], false
+		assignments.WithLabelValues(id).Set(float64(len(desired[id])))
+		if a.Full || len(a.Upsert) > 0 || len(a.Remove) > 0 {
+			out = append(out, outgoing{s, a})
+		}
+	}
+	return out
+}
+
+func (h *Hub) rebalancer(ctx context.Context) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-h.kick:
+		}
+		for _, o := range h.rebalance() {
+			if err := o.s.stream.Send(&probev1.ConnectResponse{Message: &probev1.ConnectResponse_Assignment{Assignment: o.a}}); err != nil {
+				o.s.cancel()
+			}
+		}
+		// Coalesce bursts of informer events.
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
+
+// Connect implements ProbeService.
+func (h *Hub) Connect(stream probev1.ProbeService_ConnectServer) error {
+	select {
+	case <-h.Elected:
+	default:
+		return status.Error(codes.Unavailable, "this controller replica is not the leader; reconnect to reach the leader")
+	}
+	first, err := stream.Recv()
+	if err != nil {
+		return err
+	}
+	hello := first.GetHello()
+	if hello == nil || hello.GetProberId() == "" {
+		return status.Error(codes.InvalidArgument, "the first message must be hello with a prober_id")
+	}
+	if len(hello.GetProberId()) > 253 {
+		return status.Error(codes.InvalidArgument, "prober_id must be at most 253 characters")
+	}
+	ctx, cancel := context.WithCancel(stream.Context())
+	defer cancel()
+	s := &session{id: hello.GetProberId(), stream: stream, sent: map[string]*probev1.ProbeTarget{}, full: true, cancel: cancel}
+	h.mu.Lock()
+	if old, ok := h.sessions[s.id]; ok {
+		old.cancel() // a reconnect under the same id replaces the stale stream
+	}
+	h.sessions[s.id] = s
+	probersConnected.Set(float64(len(h.sessions)))
+	h.trigger()
+	h.mu.Unlock()
+	h.Log.Info("prober connected", "prober", s.id, "capacity", hello.GetCapacity())
+	defer func() {
+		h.mu.Lock()
+		if h.sessions[s.id] == s {
+			delete(h.sessions, s.id)
+			assignments.DeleteLabelValues(s.id)
+		}
+		probersConnected.Set(float64(len(h.sessions)))
+		h.trigger()
+		h.mu.Unlock()
+		h.Log.Info("prober disconnected", "prober", s.id)
+	}()
+
+	msgs := make(chan *probev1.ConnectRequest)
+	errc := make(chan error, 1)
+	go func() {
+		for {
+			m, err := stream.Recv()
+			if err != nil {
+				errc <- err
+				return
+			}
+			select {
+			case msgs <- m:
+			case <-ctx.Done():
+				return
+			}
+		}
+	}()
+	for {
+		select {
+		case <-ctx.Done():
+			return status.Error(codes.Aborted, "stream replaced or closed")
+		case err := <-errc:
+			return err
+		case m := <-msgs:
+			for _, r := range m.GetResults().GetResults() {
+				h.Engine.Handle(ctx, s.id, r)
+			}
+		}
+	}
+}
+
+// Start serves the probe endpoint until ctx ends (a manager Runnable).
+func (h *Hub) Start(ctx context.Context) error {
+	h.mu.Lock()
+	h.init()
+	h.mu.Unlock()
+	ln := h.listener
+	if ln == nil {
+		var err error
+		if ln, err = net.Listen("tcp", h.Addr); err != nil {
+			return fmt.Errorf("--probe-addr %s: %w", h.Addr, err)
+		}
+	}
+	srv := grpc.NewServer(
+		grpc.StatsHandler(otelgrpc.NewServerHandler()),
+		grpc.ChainStreamInterceptor(h.Token.StreamInterceptor()),
+		grpc.KeepaliveParams(keepalive.ServerParameters{Time: 10 * time.Second, Timeout: 5 * time.Second}),
+		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 5 * time.Second, PermitWithoutStream: true}),
+	)
+	probev1.RegisterProbeServiceServer(srv, h)
+	go h.rebalancer(ctx)
+	go func() { <-ctx.Done(); srv.Stop() }()
+	h.Log.Info("serving the probe endpoint", "addr", ln.Addr().String())
+	if err := srv.Serve(ln); err != nil && ctx.Err() == nil {
+		return err
+	}
+	return nil
+}
+
+// Listen binds the endpoint early, so a bad address fails start-up and
+// tests learn the port.
+func (h *Hub) Listen() (string, error) {
+	ln, err := net.Listen("tcp", h.Addr)
+	if err != nil {
+		return "", fmt.Errorf("--probe-addr %s: %w", h.Addr, err)
+	}
+	h.listener = ln
+	return ln.Addr().String(), nil
+}

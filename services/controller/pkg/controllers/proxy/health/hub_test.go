@@ -1,0 +1,230 @@
+package health
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+
+	v1 "github.com/egress-proxies/egress-proxies/pkg/api/v1alpha1"
+	"github.com/egress-proxies/egress-proxies/pkg/auth"
+	probev1 "github.com/egress-proxies/egress-proxies/pkg/gen/egressproxies/probe/v1"
+)
+
+// startHub serves a hub on loopback with n targets; leader says whether
+// this replica leads.
+func startHub(t *testing.T, n int, leader bool, tok *auth.Token) (*Hub, string) {
+	t.Helper()
+	elected := make(chan struct{})
+	if leader {
+		close(elected)
+	}
+	h := &Hub{Engine: &Engine{Log: slog.Default()}, Defaults: DefaultDefaults, Elected: elected, Addr: "127.0.0.1:0", Token: tok, Log: slog.Default()}
+	addr, err := h.Listen()
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { _ = h.Start(ctx); close(done) }()
+	t.Cleanup(func() { cancel(); <-done })
+	require.Eventually(t, func() bool { h.mu.Lock(); defer h.mu.Unlock(); return h.targets != nil }, 5*time.Second, 10*time.Millisecond)
+	for i := range n {
+		h.upsert(&v1.Proxy{
+			ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("p%03d", i), Namespace: "ns", UID: types.UID(fmt.Sprintf("uid-%d", i))},
+			Status:     v1.ProxyStatus{Phase: v1.PhaseReady, IP: "127.0.0.1", Port: int32(10000 + i)},
+		})
+	}
+	return h, addr
+}
+
+// fakeProber speaks the probe protocol and records its assignment.
+type fakeProber struct {
+	id     string
+	mu     sync.Mutex
+	set    map[string]bool
+	fulls  int
+	cancel context.CancelFunc
+	done   chan error
+}
+
+func connect(t *testing.T, addr, id string, md ...string) *fakeProber {
+	t.Helper()
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = conn.Close() })
+	ctx, cancel := context.WithCancel(context.Background())
+	if len(md) > 0 {
+		ctx = metadata.AppendToOutgoingContext(ctx, md...)
+	}
+	p := &fakeProber{id: id, set: map[string]bool{}, cancel: cancel, done: make(chan error, 1)}
+	stream, err := probev1.NewProbeServiceClient(conn).Connect(ctx)
+	require.NoError(t, err)
+	require.NoError(t, stream.Send(&probev1.ConnectRequest{Message: &probev1.ConnectRequest_Hello{Hello: &probev1.Hello{ProberId: id, Capacity: 8}}}))
+	go func() {
+		for {
+			m, err := stream.Recv()
+			if err != nil {
+				p.done <- err
+				return
+			}
+			a := m.GetAssignment()
+			p.mu.Lock()
+			if a.GetFull() {
+				p.set = map[string]bool{}
+				p.fulls++
+			}
+			for _, tg := range a.GetUpsert() {
+				p.set[tg.GetId()] = true
+			}
+			for _, id := range a.GetRemove() {
+				delete(p.set, id)
+			}
+			p.mu.Unlock()
+		}
+	}()
+	t.Cleanup(cancel)
+	return p
+}
+
+func (p *fakeProber) snapshot() map[string]bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	out := make(map[string]bool, len(p.set))
+	for k := range p.set {
+		out[k] = true
+	}
+	return out
+}
+
+// partition waits until the probers' sets cover n targets exactly once,
+// every prober holding some when the fleet is large enough.
+func partition(t *testing.T, n int, ps ...*fakeProber) []map[string]bool {
+	t.Helper()
+	var sets []map[string]bool
+	require.Eventually(t, func() bool {
+		sets = sets[:0]
+		seen := map[string]int{}
+		for _, p := range ps {
+			s := p.snapshot()
+			if len(s) == 0 && n >= len(ps)*16 {
+				return false // a connected prober gets a share of any sizeable fleet
+			}
+			sets = append(sets, s)
+			for k := range s {
+				seen[k]++
+			}
+		}
+		if len(seen) != n {
+			return false
+		}
+		for _, c := range seen {
+			if c != 1 {
+				return false
+			}
+		}
+		return true
+	}, 10*time.Second, 20*time.Millisecond, "assignment never became a partition of %d targets", n)
+	return sets
+}
+
+func TestEveryProxyHasExactlyOneProberAndMovementIsMinimal(t *testing.T) {
+	const n = 300
+	_, addr := startHub(t, n, true, nil)
+	a, b, c := connect(t, addr, "prober-a"), connect(t, addr, "prober-b"), connect(t, addr, "prober-c")
+	sets := partition(t, n, a, b, c)
+	for i, s := range sets {
+		assert.InDelta(t, n/3, len(s), n/6, "prober %d holds a fair share (%d)", i, len(s))
+	}
+
+	// b dies: its share, and only its share, moves.
+	c0, a0 := sets[2], sets[0]
+	b.cancel()
+	after := partition(t, n, a, c)
+	for k := range a0 {
+		assert.True(t, after[0][k], "a kept %s", k)
+	}
+	for k := range c0 {
+		assert.True(t, after[1][k], "c kept %s", k)
+	}
+
+	// b comes back: only what it wins moves to it; a and c lose nothing else.
+	b2 := connect(t, addr, "prober-b")
+	back := partition(t, n, a, b2, c)
+	moved := 0
+	for k := range after[0] {
+		if !back[0][k] {
+			moved++
+			assert.True(t, back[1][k], "%s left a only for the returning prober", k)
+		}
+	}
+	for k := range after[1] {
+		if !back[2][k] {
+			moved++
+			assert.True(t, back[1][k], "%s left c only for the returning prober", k)
+		}
+	}
+	assert.Equal(t, len(back[1]), moved, "movement is exactly the returning prober's share")
+	assert.Equal(t, sets[1], back[1], "rendezvous hashing gives b back the same share")
+}
+
+func TestTargetChangesReachOnlyTheirProber(t *testing.T) {
+	h, addr := startHub(t, 10, true, nil)
+	a, b := connect(t, addr, "a"), connect(t, addr, "b")
+	partition(t, 10, a, b)
+	h.upsert(&v1.Proxy{ObjectMeta: metav1.ObjectMeta{Name: "new", Namespace: "ns", UID: "uid-new"}, Status: v1.ProxyStatus{Phase: v1.PhaseReady, IP: "127.0.0.1", Port: 9}})
+	partition(t, 11, a, b)
+	h.remove("ns/p000", "uid-0")
+	h.remove("ns/p001", "uid-1")
+	sets := partition(t, 9, a, b)
+	assert.NotContains(t, sets[0], "ns/p000")
+	assert.NotContains(t, sets[1], "ns/p000")
+	// A Proxy that is not Ready (being replaced) is not probed.
+	h.upsert(&v1.Proxy{ObjectMeta: metav1.ObjectMeta{Name: "new", Namespace: "ns", UID: "uid-new"}, Status: v1.ProxyStatus{Phase: v1.PhaseReplacing}})
+	partition(t, 8, a, b)
+	assert.Equal(t, 1, a.fulls, "one full assignment per stream, deltas after")
+}
+
+func TestFollowerRefusesAndTokenIsRequired(t *testing.T) {
+	_, follower := startHub(t, 1, false, nil)
+	p := connect(t, follower, "x")
+	select {
+	case err := <-p.done:
+		assert.Equal(t, codes.Unavailable, status.Code(err))
+		assert.Contains(t, err.Error(), "not the leader")
+	case <-time.After(5 * time.Second):
+		t.Fatal("a follower accepted the stream")
+	}
+
+	_, guarded := startHub(t, 1, true, auth.Static("probe-secret"))
+	bad := connect(t, guarded, "y")
+	select {
+	case err := <-bad.done:
+		assert.Equal(t, codes.Unauthenticated, status.Code(err))
+	case <-time.After(5 * time.Second):
+		t.Fatal("an unauthenticated prober was accepted")
+	}
+	good := connect(t, guarded, "z", "authorization", "Bearer probe-secret")
+	partition(t, 1, good)
+}
+
+func TestRendezvousSpreadsEvenly(t *testing.T) {
+	probers := []string{"prober-0", "prober-1", "prober-2", "prober-3"}
+	counts := map[string]int{}
+	for i := range 10000 {
+		counts[rendezvous(probers, fmt.Sprintf("ns/proxy-%d", i))]++
+	}
+	for _, p := range probers {
+		assert.InDelta(t, 2500, counts[p], 250, "%s got %d of 10000", p, counts[p])
+	}
+}
