@@ -38,9 +38,16 @@ func SquidBinary(t testing.TB) string {
 func StartSquid(t testing.TB, host string, denyAll bool) *Squid {
 	t.Helper()
 	RequireProcesses(t)
-	s := &Squid{Host: host, Port: FreePort(t), Dir: t.TempDir(), DenyAll: denyAll, t: t}
+	// Squid drops privileges to its own user when started as root, so its
+	// directory must sit where that user can reach it: not under the test's
+	// private temp dir.
+	dir, err := os.MkdirTemp("", "egress-proxies-squid-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = os.RemoveAll(dir) })
+	s := &Squid{Host: host, Port: FreePort(t), Dir: dir, DenyAll: denyAll, t: t}
 	s.Addr = fmt.Sprintf("%s:%d", host, s.Port)
-	// Squid drops privileges to its own user when started as root.
 	if err := os.Chmod(s.Dir, 0o777); err != nil {
 		t.Fatal(err)
 	}

@@ -15,6 +15,7 @@ import (
 	"github.com/go-logr/logr"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
+	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
@@ -112,6 +113,9 @@ func restConfig(path string) (*rest.Config, error) {
 // Run runs the manager until ctx ends.
 func Run(ctx context.Context, log *slog.Logger, o Options) error {
 	ctrl.SetLogger(logr.FromSlogHandler(log.Handler()))
+	if o.LeaseDuration < 3*time.Second {
+		return service.Usagef("--leader-election-lease-duration must be at least 3s")
+	}
 	if o.PollInterval <= 0 || o.ResyncInterval <= 0 || o.GCInterval <= 0 || o.GCGrace < 0 || o.BackoffBase <= 0 {
 		return service.Usagef("--poll-interval, --resync-interval, --backoff-base and --gc-interval must be positive and --gc-grace-period not negative")
 	}
@@ -136,6 +140,9 @@ func Run(ctx context.Context, log *slog.Logger, o Options) error {
 		LeaderElectionNamespace: firstNonEmpty(o.LeaderElectionNS, namespace),
 		Cache:                   cache.Options{ByObject: lifecycle.CacheByObject()},
 		LeaseDuration:           &o.LeaseDuration,
+		// client-go's ratios (15s/10s/2s), derived so one flag is enough.
+		RenewDeadline: ptr.To(o.LeaseDuration * 2 / 3),
+		RetryPeriod:   ptr.To(o.LeaseDuration * 2 / 15),
 		// A replica that loses its lease exits rather than keep acting
 		// on a stale view; Kubernetes restarts it as a follower.
 		LeaderElectionReleaseOnCancel: true,

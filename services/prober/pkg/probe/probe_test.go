@@ -15,27 +15,16 @@ import (
 
 	probev1 "github.com/egress-proxies/egress-proxies/pkg/gen/egressproxies/probe/v1"
 	"github.com/egress-proxies/egress-proxies/pkg/testutil/proc"
+	"github.com/egress-proxies/egress-proxies/pkg/testutil/tlstarget"
 	"github.com/egress-proxies/egress-proxies/services/prober/pkg/probe"
 )
 
-// target is a local HTTPS server with its own CA: /ok answers 204,
-// /ip echoes the caller's address as text, /json as {"ip": ...}.
-func target(t *testing.T) (*httptest.Server, *x509.CertPool) {
-	mux := http.NewServeMux()
-	mux.HandleFunc("/ok", func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusNoContent) })
-	mux.HandleFunc("/ip", func(w http.ResponseWriter, r *http.Request) {
-		host, _, _ := net.SplitHostPort(r.RemoteAddr)
-		_, _ = fmt.Fprintln(w, host)
-	})
-	mux.HandleFunc("/json", func(w http.ResponseWriter, r *http.Request) {
-		host, _, _ := net.SplitHostPort(r.RemoteAddr)
-		_, _ = fmt.Fprintf(w, `{"ip":%q}`, host)
-	})
-	srv := httptest.NewTLSServer(mux)
-	t.Cleanup(srv.Close)
-	pool := x509.NewCertPool()
-	pool.AddCert(srv.Certificate())
-	return srv, pool
+// target is a local HTTPS echo server with a CA of its own.
+func target(t *testing.T) (*tlstarget.Target, *x509.CertPool) {
+	tg, err := tlstarget.Start("127.0.0.1:0", t.TempDir())
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = tg.Close() })
+	return tg, tg.Pool()
 }
 
 func settings(url string, status int) probe.Settings {
