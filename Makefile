@@ -94,3 +94,7 @@ test-short: ## Unit tests only (no API server, no outside processes).
 .PHONY: bench-broker
 bench-broker: deps envtest ## Leases/s and p50/p99 over gRPC and REST (64 clients, 1,000 proxies, real Redis) against the Lua script's own ceiling.
 	KUBEBUILDER_ASSETS=$$(bash hack/envtest-bins.sh) go test ./services/broker/cmd/broker -run '^$$' -bench BenchmarkLeases -benchtime 1x -timeout 10m
+
+.PHONY: bench-prober
+bench-prober: deps ## Probes/s and CPU per probe of one prober against Squid-fronted HTTPS targets, and memory for 10,000 assigned proxies.
+	go test ./services/prober/pkg/agent -run '^$$' -bench BenchmarkProber -benchtime 1x -timeout 5m

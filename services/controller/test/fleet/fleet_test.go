@@ -161,7 +161,7 @@ func TestProbeFleetEndToEnd(t *testing.T) {
 	probeAddr, metrics := proc.Addr(proc.FreePort(t)), proc.FreePort(t)
 	ctrlArgs := []string{"--kubeconfig", kc, "--leader-election-namespace", "default", "--leader-election-lease-duration", "5s",
 		"--metrics-bind-address", proc.Addr(metrics), "--health-probe-bind-address", proc.Addr(proc.FreePort(t)),
-		"--probe-addr", probeAddr, "--health-url", target.URL+"/ip", "--health-expected-status", "200",
+		"--probe-addr", probeAddr, "--health-url", target.URL + "/ip", "--health-expected-status", "200",
 		"--health-echo-format", "text", "--health-interval", interval.String(), "--health-timeout", "1s",
 		"--health-failure-threshold", "3", "--health-success-threshold", "2"}
 	ctrl := proc.Start(t, "controller", proc.Build(t, controllerPkg), ctrlArgs...)
