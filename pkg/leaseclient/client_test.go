@@ -9,10 +9,7 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
-	"k8s.io/apimachinery/pkg/api/meta"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	v1 "github.com/egress-proxies/egress-proxies/pkg/api/v1alpha1"
 	"github.com/egress-proxies/egress-proxies/pkg/leaseclient"
 	"github.com/egress-proxies/egress-proxies/pkg/testenv"
 	"github.com/egress-proxies/egress-proxies/pkg/testutil/proc"
@@ -26,12 +23,7 @@ func TestMain(m *testing.M) { os.Exit(testenv.Main(m, &env)) }
 func TestLeaseRenewReportRelease(t *testing.T) {
 	testenv.Require(t)
 	ctx := context.Background()
-	px := &v1.Proxy{ObjectMeta: metav1.ObjectMeta{Name: "client-p", Namespace: "default"},
-		Spec: v1.ProxySpec{Mode: v1.ModeExternal, Address: "127.0.0.90", Port: 3128, Attributes: map[string]string{"geo": "eu"}}}
-	require.NoError(t, env.Client.Create(ctx, px))
-	px.Status = v1.ProxyStatus{Phase: v1.PhaseReady, IP: "127.0.0.90", Port: 3128, Healthy: true}
-	meta.SetStatusCondition(&px.Status.Conditions, metav1.Condition{Type: v1.ConditionReady, Status: metav1.ConditionTrue, Reason: v1.ReasonTracking, Message: "t"})
-	require.NoError(t, env.Client.Status().Update(ctx, px))
+	env.ReadyProxy(t, "default", "client-p", "127.0.0.90", 3128, map[string]string{"geo": "eu"}, true)
 
 	r := proc.StartRedis(t, false)
 	kc, err := env.WriteKubeconfig(t.TempDir())

@@ -8,6 +8,7 @@
 package testenv
 
 import (
+	"context"
 	"flag"
 	"fmt"
 	"os"
@@ -22,8 +23,11 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	k8sruntime "k8s.io/apimachinery/pkg/runtime"
 
+	crawlv1alpha1 "github.com/egress-proxies/egress-proxies/pkg/api/v1alpha1"
 	"github.com/egress-proxies/egress-proxies/pkg/kube"
 )
 
@@ -143,4 +147,30 @@ func (e *Env) WriteKubeconfig(dir string) (string, error) {
 	cfg.CurrentContext = "envtest"
 	path := filepath.Join(dir, "kubeconfig")
 	return path, clientcmd.WriteToFile(*cfg, path)
+}
+
+// ReadyProxy creates an External Proxy at ip:port and writes the status
+// the controller would give a Ready one (healthy as given), for tests of
+// readers of Proxy status (broker, health engine) that run no controller.
+func (e *Env) ReadyProxy(t testing.TB, namespace, name, ip string, port int32, attrs map[string]string, healthy bool) *crawlv1alpha1.Proxy {
+	t.Helper()
+	ctx := context.Background()
+	px := &crawlv1alpha1.Proxy{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: namespace},
+		Spec:       crawlv1alpha1.ProxySpec{Mode: crawlv1alpha1.ModeExternal, Address: ip, Port: port, Attributes: attrs},
+	}
+	if err := e.Client.Create(ctx, px); err != nil {
+		t.Fatalf("creating Proxy %s/%s: %v", namespace, name, err)
+	}
+	px.Status = crawlv1alpha1.ProxyStatus{Phase: crawlv1alpha1.PhaseReady, IP: ip, Port: port, Healthy: healthy}
+	meta.SetStatusCondition(&px.Status.Conditions, metav1.Condition{Type: crawlv1alpha1.ConditionReady, Status: metav1.ConditionTrue, Reason: crawlv1alpha1.ReasonTracking, Message: "written by the test"})
+	h := metav1.Condition{Type: crawlv1alpha1.ConditionHealthy, Status: metav1.ConditionUnknown, Reason: crawlv1alpha1.ReasonNotProbed, Message: "written by the test"}
+	if healthy {
+		h.Status, h.Reason = metav1.ConditionTrue, crawlv1alpha1.ReasonProbeSucceeded
+	}
+	meta.SetStatusCondition(&px.Status.Conditions, h)
+	if err := e.Client.Status().Update(ctx, px); err != nil {
+		t.Fatalf("writing status of %s/%s: %v", namespace, name, err)
+	}
+	return px
 }

@@ -17,6 +17,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"testing"
 	"time"
 )
 
@@ -101,3 +102,15 @@ func (t *Target) Pool() *x509.CertPool {
 
 // Close stops the server.
 func (t *Target) Close() error { return t.srv.Close() }
+
+// StartT starts a target on a free loopback port for a test and stops it
+// when the test ends.
+func StartT(t testing.TB) *Target {
+	t.Helper()
+	tg, err := Start("127.0.0.1:0", t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = tg.Close() })
+	return tg
+}

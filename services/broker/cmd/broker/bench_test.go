@@ -16,8 +16,8 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	corev1 "k8s.io/api/core/v1"
-	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	v1 "github.com/egress-proxies/egress-proxies/pkg/api/v1alpha1"
 	leasev1 "github.com/egress-proxies/egress-proxies/pkg/gen/egressproxies/lease/v1"
@@ -82,13 +82,10 @@ func BenchmarkLeases(b *testing.B) {
 		name := fmt.Sprintf("p%04d", i)
 		ids[i] = ns + "/" + name
 		ip := fmt.Sprintf("127.0.%d.%d", 100+i/250, i%250+1)
-		px := &v1.Proxy{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns}, Spec: v1.ProxySpec{Mode: v1.ModeExternal, Address: ip, Port: 3128}}
-		if err := env.Client.Create(ctx, px); err != nil {
+		if err := env.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, &v1.Proxy{}); err == nil {
 			continue // left from an earlier -count
 		}
-		px.Status = v1.ProxyStatus{Phase: v1.PhaseReady, IP: ip, Port: 3128, Healthy: true}
-		meta.SetStatusCondition(&px.Status.Conditions, metav1.Condition{Type: v1.ConditionReady, Status: metav1.ConditionTrue, Reason: v1.ReasonTracking, Message: "b"})
-		require.NoError(b, env.Client.Status().Update(ctx, px))
+		env.ReadyProxy(b, ns, name, ip, 3128, nil, true)
 	}
 	r := proc.StartRedis(b, false)
 	kc, err := env.WriteKubeconfig(b.TempDir())

@@ -15,10 +15,8 @@ import (
 
 	"github.com/stretchr/testify/require"
 	corev1 "k8s.io/api/core/v1"
-	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	v1 "github.com/egress-proxies/egress-proxies/pkg/api/v1alpha1"
 	"github.com/egress-proxies/egress-proxies/pkg/testenv"
 	"github.com/egress-proxies/egress-proxies/pkg/testutil/proc"
 )
@@ -48,17 +46,7 @@ func newFleet(t *testing.T) *fleet {
 // add creates a Ready, healthy External proxy with attributes.
 func (f *fleet) add(name, ip string, attrs map[string]string) {
 	f.t.Helper()
-	ctx := context.Background()
-	px := &v1.Proxy{
-		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: f.ns},
-		Spec:       v1.ProxySpec{Mode: v1.ModeExternal, Address: ip, Port: 3128, Attributes: attrs},
-	}
-	require.NoError(f.t, env.Client.Create(ctx, px))
-	px.Status.Phase = v1.PhaseReady
-	px.Status.IP, px.Status.Port, px.Status.Healthy = ip, 3128, true
-	meta.SetStatusCondition(&px.Status.Conditions, metav1.Condition{Type: v1.ConditionReady, Status: metav1.ConditionTrue, Reason: v1.ReasonTracking, Message: "test"})
-	meta.SetStatusCondition(&px.Status.Conditions, metav1.Condition{Type: v1.ConditionHealthy, Status: metav1.ConditionTrue, Reason: v1.ReasonProbeSucceeded, Message: "test"})
-	require.NoError(f.t, env.Client.Status().Update(ctx, px))
+	env.ReadyProxy(f.t, f.ns, name, ip, 3128, attrs, true)
 }
 
 // broker is one broker process.

@@ -39,14 +39,6 @@ const (
 	interval      = 500 * time.Millisecond
 )
 
-// tlsTarget is an HTTPS echo server with a CA of its own.
-func tlsTarget(t *testing.T) *tlstarget.Target {
-	tg, err := tlstarget.Start("127.0.0.1:0", t.TempDir())
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = tg.Close() })
-	return tg
-}
-
 func external(t *testing.T, ns, name, addr string, hc *v1.HealthCheck) {
 	t.Helper()
 	host, portS, _ := net.SplitHostPort(addr)
@@ -137,9 +129,9 @@ func TestProbeFleetEndToEnd(t *testing.T) {
 	ns := "fleet"
 	require.NoError(t, env.Client.Create(context.Background(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}))
 
-	target := tlsTarget(t)
+	target := tlstarget.StartT(t)
 	caFile := target.CAFile
-	stranger := tlsTarget(t) // its CA is not given to the probers
+	stranger := tlstarget.StartT(t) // its CA is not given to the probers
 	good := proc.StartSquid(t, "127.0.0.1", false)
 	spare := proc.StartSquid(t, "127.0.0.1", false)
 	denying := proc.StartSquid(t, "127.0.0.1", true)

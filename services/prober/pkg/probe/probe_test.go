@@ -21,9 +21,7 @@ import (
 
 // target is a local HTTPS echo server with a CA of its own.
 func target(t *testing.T) (*tlstarget.Target, *x509.CertPool) {
-	tg, err := tlstarget.Start("127.0.0.1:0", t.TempDir())
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = tg.Close() })
+	tg := tlstarget.StartT(t)
 	return tg, tg.Pool()
 }
 

@@ -2,6 +2,7 @@ package health
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"os"
 	"testing"
@@ -26,15 +27,12 @@ var env *testenv.Env
 
 func TestMain(m *testing.M) { os.Exit(testenv.Main(m, &env)) }
 
+var seq int
+
 func readyProxy(t *testing.T, name, ip string) *v1.Proxy {
 	t.Helper()
-	ctx := context.Background()
-	px := &v1.Proxy{ObjectMeta: metav1.ObjectMeta{GenerateName: name + "-", Namespace: "default"}, Spec: v1.ProxySpec{Mode: v1.ModeExternal, Address: ip, Port: 3128}}
-	require.NoError(t, env.Client.Create(ctx, px))
-	px.Status = v1.ProxyStatus{Phase: v1.PhaseReady, IP: ip, Port: 3128}
-	meta.SetStatusCondition(&px.Status.Conditions, metav1.Condition{Type: v1.ConditionHealthy, Status: metav1.ConditionUnknown, Reason: v1.ReasonNotProbed, Message: "new"})
-	require.NoError(t, env.Client.Status().Update(ctx, px))
-	return px
+	seq++
+	return env.ReadyProxy(t, "default", fmt.Sprintf("%s-%d", name, seq), ip, 3128, nil, false)
 }
 
 func result(px *v1.Proxy, ok bool) *probev1.ProbeResult {
