@@ -6,7 +6,7 @@ SHELL := /usr/bin/env bash
 .SHELLFLAGS := -euo pipefail -c
 .DEFAULT_GOAL := help
 
-MODULES := pkg services/controller services/prober services/broker
+MODULES := pkg services/controller services/prober services/broker hack/demo
 GO_PKGS := $(addsuffix /...,$(addprefix ./,$(MODULES)))
 # Tools live in a module of their own, outside go.work.
 TOOL := GOWORK=$(CURDIR)/hack/tools/go.work go tool
@@ -26,6 +26,12 @@ TEST_FLAGS ?= -race -count=1 -timeout 20m
 .PHONY: help
 help: ## Show this help.
 	@awk 'BEGIN {FS = ":.*##"; printf "Usage: make <target>\n"} /^[a-zA-Z_0-9-]+:.*?##/ { printf "  \033[36m%-16s\033[0m %s\n", $$1, $$2 } /^##@/ { printf "\n\033[1m%s\033[0m\n", substr($$0, 5) }' $(MAKEFILE_LIST)
+
+##@ Run
+
+.PHONY: demo
+demo: deps envtest ## Run the whole system on loopback and walk the quickstart (Ctrl-C stops; DEMO_FLAGS=--once exits after the walk).
+	KUBEBUILDER_ASSETS=$$(bash hack/envtest-bins.sh) go run ./hack/demo $(DEMO_FLAGS)
 
 ##@ Development
 
@@ -53,7 +59,7 @@ verify-generated: ## Fail if generated files differ from what `make generate` wr
 .PHONY: lint
 lint: ## go vet in every module, gofmt, buf lint.
 	go vet $(GO_PKGS)
-	@out=$$(gofmt -l pkg services); if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi
+	@out=$$(gofmt -l pkg services hack/demo); if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi
 	$(TOOL) buf lint
 
 .PHONY: breaking

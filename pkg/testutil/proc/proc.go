@@ -19,6 +19,19 @@ import (
 	"time"
 )
 
+// T is what this package needs of its caller: *testing.T and *testing.B
+// satisfy it, and so does the demo's runner, which runs the same processes
+// outside `go test`.
+type T interface {
+	Helper()
+	Fatal(args ...any)
+	Fatalf(format string, args ...any)
+	Logf(format string, args ...any)
+	Cleanup(func())
+	TempDir() string
+	Failed() bool
+}
+
 var (
 	buildMu    sync.Mutex
 	buildCache = map[string]string{}
@@ -28,7 +41,7 @@ var (
 // Build compiles a main package (an import path, e.g.
 // github.com/egress-proxies/egress-proxies/services/broker/cmd/broker) once
 // per test binary and returns the executable's path.
-func Build(t testing.TB, pkg string) string {
+func Build(t T, pkg string) string {
 	t.Helper()
 	buildMu.Lock()
 	defer buildMu.Unlock()
@@ -74,13 +87,13 @@ type Process struct {
 // Start runs bin with args, logging stdout and stderr to a file in the
 // test's temp dir. The process is killed when the test ends if it still
 // runs.
-func Start(t testing.TB, name, bin string, args ...string) *Process {
+func Start(t T, name, bin string, args ...string) *Process {
 	t.Helper()
 	return StartEnv(t, name, nil, bin, args...)
 }
 
 // StartEnv is Start with extra environment variables ("K=V").
-func StartEnv(t testing.TB, name string, env []string, bin string, args ...string) *Process {
+func StartEnv(t T, name string, env []string, bin string, args ...string) *Process {
 	t.Helper()
 	logPath := filepath.Join(t.TempDir(), name+".log")
 	f, err := os.Create(logPath)
@@ -161,7 +174,7 @@ func (p *Process) Exited() bool {
 }
 
 // FreePort returns a TCP port free on 127.0.0.1 at the time of the call.
-func FreePort(t testing.TB) int {
+func FreePort(t T) int {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -175,7 +188,7 @@ func FreePort(t testing.TB) int {
 func Addr(port int) string { return net.JoinHostPort("127.0.0.1", strconv.Itoa(port)) }
 
 // WaitHTTP polls url until it answers 200, the process exits, or d passes.
-func WaitHTTP(t testing.TB, p *Process, url string, d time.Duration) {
+func WaitHTTP(t T, p *Process, url string, d time.Duration) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), d)
 	defer cancel()
@@ -200,7 +213,7 @@ func WaitHTTP(t testing.TB, p *Process, url string, d time.Duration) {
 }
 
 // WaitTCP polls addr until it accepts a connection or d passes.
-func WaitTCP(t testing.TB, addr string, d time.Duration) {
+func WaitTCP(t T, addr string, d time.Duration) {
 	t.Helper()
 	deadline := time.Now().Add(d)
 	for {

@@ -16,11 +16,11 @@ type Redis struct {
 	Dir  string
 	AOF  bool
 	Proc *Process
-	t    testing.TB
+	t    T
 }
 
 // RedisBinary finds redis-server or skips the test saying how to get it.
-func RedisBinary(t testing.TB) string {
+func RedisBinary(t T) string {
 	t.Helper()
 	for _, p := range []string{"redis-server", "/usr/bin/redis-server", "/usr/sbin/redis-server"} {
 		if path, err := exec.LookPath(p); err == nil {
@@ -33,9 +33,11 @@ func RedisBinary(t testing.TB) string {
 
 // StartRedis starts redis-server on a free loopback port; with aof, every
 // write is appended and fsynced, so a restart keeps the data.
-func StartRedis(t testing.TB, aof bool) *Redis {
+func StartRedis(t T, aof bool) *Redis {
 	t.Helper()
-	RequireProcesses(t)
+	if tb, ok := t.(testing.TB); ok {
+		RequireProcesses(tb)
+	}
 	r := &Redis{Port: FreePort(t), Dir: t.TempDir(), AOF: aof, t: t}
 	r.Addr = Addr(r.Port)
 	r.Start()

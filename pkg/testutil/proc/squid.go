@@ -19,11 +19,11 @@ type Squid struct {
 	// connections but cannot egress.
 	DenyAll bool
 	Proc    *Process
-	t       testing.TB
+	t       T
 }
 
 // SquidBinary finds squid or fails saying how to get it.
-func SquidBinary(t testing.TB) string {
+func SquidBinary(t T) string {
 	t.Helper()
 	for _, p := range []string{"squid", "/usr/sbin/squid"} {
 		if path, err := exec.LookPath(p); err == nil {
@@ -35,9 +35,17 @@ func SquidBinary(t testing.TB) string {
 }
 
 // StartSquid starts Squid on host (a 127.0.0.0/8 address) and a free port.
-func StartSquid(t testing.TB, host string, denyAll bool) *Squid {
+func StartSquid(t T, host string, denyAll bool) *Squid {
 	t.Helper()
-	RequireProcesses(t)
+	return StartSquidAt(t, host, FreePort(t), denyAll)
+}
+
+// StartSquidAt starts Squid on host:port.
+func StartSquidAt(t T, host string, port int, denyAll bool) *Squid {
+	t.Helper()
+	if tb, ok := t.(testing.TB); ok {
+		RequireProcesses(tb)
+	}
 	// Squid drops privileges to its own user when started as root, so its
 	// directory must sit where that user can reach it: not under the test's
 	// private temp dir.
@@ -46,7 +54,7 @@ func StartSquid(t testing.TB, host string, denyAll bool) *Squid {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = os.RemoveAll(dir) })
-	s := &Squid{Host: host, Port: FreePort(t), Dir: dir, DenyAll: denyAll, t: t}
+	s := &Squid{Host: host, Port: port, Dir: dir, DenyAll: denyAll, t: t}
 	s.Addr = fmt.Sprintf("%s:%d", host, s.Port)
 	if err := os.Chmod(s.Dir, 0o777); err != nil {
 		t.Fatal(err)

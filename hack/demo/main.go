@@ -1,0 +1,311 @@
+// Command demo runs the whole system on one machine, on loopback only, and
+// walks the seed's quickstart against it: a real API server and etcd, Redis,
+// the controller, two probers and two brokers as real processes, an HTTPS
+// probe target with its own CA, and a stand-in kubelet that runs a real
+// Squid for each kubernetes-provider pod. `make demo` runs it.
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"sort"
+	"strings"
+	"sync"
+	"syscall"
+	"text/tabwriter"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	v1 "github.com/egress-proxies/egress-proxies/pkg/api/v1alpha1"
+	"github.com/egress-proxies/egress-proxies/pkg/testenv"
+	"github.com/egress-proxies/egress-proxies/pkg/testutil/kubelet"
+	"github.com/egress-proxies/egress-proxies/pkg/testutil/proc"
+	"github.com/egress-proxies/egress-proxies/pkg/testutil/tlstarget"
+)
+
+// runner satisfies proc.T outside `go test`: Fatal runs every cleanup and
+// exits, pointing at the logs.
+type runner struct {
+	dir      string
+	mu       sync.Mutex
+	cleanups []func()
+	failed   bool
+	n        int
+}
+
+func (r *runner) Helper()                         {}
+func (r *runner) Logf(format string, args ...any) { fmt.Printf("    "+format+"\n", args...) }
+func (r *runner) Failed() bool                    { return r.failed }
+func (r *runner) Cleanup(f func())                { r.mu.Lock(); r.cleanups = append(r.cleanups, f); r.mu.Unlock() }
+func (r *runner) Fatal(args ...any)               { r.Fatalf("%s", fmt.Sprint(args...)) }
+func (r *runner) Fatalf(format string, args ...any) {
+	fmt.Printf("\nFAILED: "+format+"\n", args...)
+	fmt.Printf("Every process's log is under %s (one file per process; the lines above name them).\n", filepath.Join(r.dir, "tmp"))
+	r.failed = true
+	r.stop()
+	os.Exit(1)
+}
+func (r *runner) TempDir() string {
+	r.mu.Lock()
+	r.n++
+	d := filepath.Join(r.dir, "tmp", fmt.Sprintf("%03d", r.n))
+	r.mu.Unlock()
+	_ = os.MkdirAll(d, 0o755)
+	return d
+}
+func (r *runner) stop() {
+	r.mu.Lock()
+	cs := r.cleanups
+	r.cleanups = nil
+	r.mu.Unlock()
+	for i := len(cs) - 1; i >= 0; i-- {
+		cs[i]()
+	}
+}
+
+var start = time.Now()
+
+func step(format string, args ...any) {
+	fmt.Printf("[%5.1fs] %s\n", time.Since(start).Seconds(), fmt.Sprintf(format, args...))
+}
+
+// waitFor polls ok, printing progress every few seconds, and fails naming
+// the process to look at.
+func waitFor(r *runner, what, lookAt string, limit time.Duration, ok func() (bool, string)) {
+	deadline := time.Now().Add(limit)
+	last := time.Now()
+	for {
+		done, state := ok()
+		if done {
+			return
+		}
+		if time.Now().After(deadline) {
+			r.Fatalf("%s did not happen within %s (last: %s); look at the %s log", what, limit, state, lookAt)
+		}
+		if time.Since(last) > 3*time.Second {
+			step("  still waiting: %s (%s)", what, state)
+			last = time.Now()
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+func main() {
+	once := flag.Bool("once", false, "exit after the walk (for CI)")
+	dir := flag.String("dir", ".demo", "working directory for logs, kubeconfig and data")
+	flag.Parse()
+	abs, _ := filepath.Abs(*dir)
+	_ = os.RemoveAll(abs)
+	_ = os.MkdirAll(abs, 0o755)
+	r := &runner{dir: abs}
+	defer r.stop()
+	ctx, cancel := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer cancel()
+
+	step("starting the API server and etcd (envtest binaries built from source)")
+	env, err := testenv.Start()
+	if err != nil {
+		r.Fatalf("%v", err)
+	}
+	r.Cleanup(func() { _ = env.Stop() })
+	kubeconfig, err := env.WriteKubeconfig(abs)
+	if err != nil {
+		r.Fatalf("%v", err)
+	}
+	c := env.Client
+	for _, ns := range []string{"egress-proxies-system", "egress-proxies"} {
+		_ = c.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}})
+	}
+
+	step("starting Redis (appendonly), the HTTPS probe target, and building the three services")
+	redis := proc.StartRedis(r, true)
+	target, err := tlstarget.Start("127.0.0.1:0", abs)
+	if err != nil {
+		r.Fatalf("probe target: %v", err)
+	}
+	r.Cleanup(func() { _ = target.Close() })
+	bins := map[string]string{}
+	for _, s := range []string{"controller", "prober", "broker"} {
+		bins[s] = proc.Build(r, "github.com/egress-proxies/egress-proxies/services/"+s+"/cmd/"+s)
+	}
+	token := filepath.Join(abs, "probe-token")
+	_ = os.WriteFile(token, []byte("demo-probe-token\n"), 0o600)
+	providers := filepath.Join(abs, "providers.yaml")
+	_ = os.WriteFile(providers, []byte("providers:\n  - name: kubernetes\n    type: kubernetes\n    kubernetes:\n      namespace: egress-proxies\n"), 0o644)
+
+	step("starting the controller (probe endpoint, health checks through every proxy)")
+	probeAddr := proc.Addr(proc.FreePort(r))
+	ctrlMetrics := proc.Addr(proc.FreePort(r))
+	ctrlHealth := proc.Addr(proc.FreePort(r))
+	controller := proc.Start(r, "controller", bins["controller"],
+		"--kubeconfig", kubeconfig, "--namespace", "egress-proxies-system", "--providers-config", providers,
+		"--metrics-bind-address", ctrlMetrics, "--health-probe-bind-address", ctrlHealth,
+		"--probe-addr", probeAddr, "--probe-token-file", token,
+		"--health-url", target.URL+"/ip", "--health-expected-status", "200", "--health-echo-format", "text",
+		"--health-interval", "2s", "--health-timeout", "2s", "--gc-interval", "30s", "--gc-grace-period", "1m")
+	proc.WaitHTTP(r, controller, "http://"+ctrlHealth+"/healthz", 60*time.Second)
+	r.Logf("controller log: %s", controller.LogPath)
+
+	step("starting two probers")
+	for i := range 2 {
+		ops := proc.Addr(proc.FreePort(r))
+		p := proc.Start(r, fmt.Sprintf("prober-%d", i), bins["prober"], "--controller-addr", probeAddr, "--token-file", token,
+			"--id", fmt.Sprintf("demo-prober-%d", i), "--ca-file", target.CAFile, "--ops-addr", ops)
+		proc.WaitHTTP(r, p, "http://"+ops+"/healthz", 30*time.Second)
+		r.Logf("prober-%d log: %s", i, p.LogPath)
+	}
+
+	step("starting two brokers sharing Redis")
+	var rest []string
+	for i := range 2 {
+		ops, g, h := proc.Addr(proc.FreePort(r)), proc.Addr(proc.FreePort(r)), proc.Addr(proc.FreePort(r))
+		b := proc.Start(r, fmt.Sprintf("broker-%d", i), bins["broker"], "--kubeconfig", kubeconfig, "--redis-addrs", redis.Addr,
+			"--ops-addr", ops, "--grpc-addr", g, "--http-addr", h)
+		proc.WaitHTTP(r, b, "http://"+ops+"/readyz", 60*time.Second)
+		r.Logf("broker-%d log: %s (REST http://%s, gRPC %s)", i, b.LogPath, h, g)
+		rest = append(rest, "http://"+h)
+	}
+
+	step("starting the kubelet stand-in (a real Squid per kubernetes-provider pod, on its own 127.0.0.x)")
+	k := &kubelet.StandIn{Client: c, Namespace: "egress-proxies", T: r, Log: func(f string, a ...any) { r.Logf(f, a...) }}
+	kctx, kcancel := context.WithCancel(ctx)
+	kdone := make(chan struct{})
+	go func() { k.Run(kctx, 200*time.Millisecond); close(kdone) }()
+	r.Cleanup(func() { kcancel(); <-kdone })
+
+	step("a local Squid for the External proxy")
+	ext := proc.StartSquid(r, "127.0.0.2", false)
+
+	step("applying a Managed kubernetes Proxy and an External Proxy")
+	for _, px := range []*v1.Proxy{
+		{ObjectMeta: metav1.ObjectMeta{Name: "proxy-kubernetes-sample", Namespace: "default"},
+			Spec: v1.ProxySpec{Mode: v1.ModeManaged, Provider: "kubernetes", Attributes: map[string]string{"geo": "local"}}},
+		{ObjectMeta: metav1.ObjectMeta{Name: "proxy-external-sample", Namespace: "default"},
+			Spec: v1.ProxySpec{Mode: v1.ModeExternal, Address: ext.Host, Port: int32(ext.Port), Attributes: map[string]string{"geo": "local"}}},
+	} {
+		if err := c.Create(ctx, px); err != nil {
+			r.Fatalf("creating %s: %v", px.Name, err)
+		}
+	}
+	for _, name := range []string{"proxy-kubernetes-sample", "proxy-external-sample"} {
+		waitFor(r, name+" Ready and Healthy", "controller", 90*time.Second, func() (bool, string) {
+			px := &v1.Proxy{}
+			if err := c.Get(ctx, client.ObjectKey{Namespace: "default", Name: name}, px); err != nil {
+				return false, err.Error()
+			}
+			h := meta.FindStatusCondition(px.Status.Conditions, v1.ConditionHealthy)
+			state := fmt.Sprintf("phase %s", px.Status.Phase)
+			if h != nil {
+				state += ", healthy " + string(h.Status) + " " + h.Message
+			}
+			return px.Status.Phase == v1.PhaseReady && px.Status.Healthy, state
+		})
+		step("%s is Ready and Healthy", name)
+	}
+	waitFor(r, "brokers listing both proxies as healthy", "broker-0", 30*time.Second, func() (bool, string) {
+		var out struct{ Proxies []any }
+		resp := call(r, "GET", rest[0]+"/v1/proxies?healthy=true", "", false)
+		_ = json.Unmarshal(resp.body, &out)
+		return len(out.Proxies) == 2, fmt.Sprintf("%d listed", len(out.Proxies))
+	})
+
+	fmt.Println()
+	step("the seed's quickstart over REST (broker-0 unless noted)")
+	call(r, "GET", rest[0]+"/v1/proxies?healthy=true", "", true)
+	lease := call(r, "POST", rest[0]+"/v1/leases", `{"selector":{"geo":"local"},"ttlSeconds":300}`, true)
+	var l struct {
+		LeaseID string `json:"leaseID"`
+	}
+	_ = json.Unmarshal(lease.body, &l)
+	if lease.status != 200 || l.LeaseID == "" {
+		r.Fatalf("lease failed: %d %s; look at the broker-0 log", lease.status, lease.body)
+	}
+	call(r, "POST", rest[1]+"/v1/leases/"+l.LeaseID+"/report", `{"result":"rate_limited","target":"example.com"}`, true)
+	for i := range 2 {
+		resp := call(r, "DELETE", rest[i]+"/v1/leases/"+l.LeaseID, "", true)
+		if resp.status != http.StatusNoContent {
+			r.Fatalf("release #%d answered %d, want 204", i+1, resp.status)
+		}
+	}
+
+	fmt.Println()
+	step("kubectl get px -o wide")
+	printProxies(ctx, c)
+
+	fmt.Println()
+	fmt.Printf("Everything runs on loopback. kubeconfig: %s\n", kubeconfig)
+	fmt.Printf("REST: %s and %s   (try: curl -s '%s/v1/proxies?healthy=true')\n", rest[0], rest[1], rest[0])
+	fmt.Printf("Logs: %s\n", filepath.Join(abs, "tmp"))
+	if *once {
+		step("--once: stopping everything")
+		return
+	}
+	fmt.Println("Ctrl-C stops everything.")
+	<-ctx.Done()
+	step("stopping everything")
+}
+
+type answer struct {
+	status int
+	body   []byte
+}
+
+func call(r *runner, method, url, body string, show bool) answer {
+	var rd io.Reader
+	if body != "" {
+		rd = strings.NewReader(body)
+	}
+	req, _ := http.NewRequest(method, url, rd)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		r.Fatalf("%s %s: %v; look at the broker logs", method, url, err)
+	}
+	defer func() { _ = resp.Body.Close() }()
+	b, _ := io.ReadAll(resp.Body)
+	if show {
+		fmt.Printf("\n$ curl -s -X%s '%s'", method, url)
+		if body != "" {
+			fmt.Printf(" -d '%s'", body)
+		}
+		fmt.Printf("\n%s %s\n", resp.Proto, resp.Status)
+		var pretty bytes.Buffer
+		if json.Indent(&pretty, b, "", "  ") == nil {
+			fmt.Println(pretty.String())
+		} else if len(b) > 0 {
+			fmt.Println(string(b))
+		}
+	}
+	return answer{resp.StatusCode, b}
+}
+
+func printProxies(ctx context.Context, c client.Client) {
+	list := &v1.ProxyList{}
+	if err := c.List(ctx, list); err != nil {
+		fmt.Println(err)
+		return
+	}
+	sort.Slice(list.Items, func(i, j int) bool { return list.Items[i].Name < list.Items[j].Name })
+	w := tabwriter.NewWriter(os.Stdout, 0, 4, 3, ' ', 0)
+	_, _ = fmt.Fprintln(w, "NAME\tMODE\tPROVIDER\tPHASE\tIP\tHEALTHY\tEGRESS IP\tAGE")
+	for _, px := range list.Items {
+		h := "Unknown"
+		if c := meta.FindStatusCondition(px.Status.Conditions, v1.ConditionHealthy); c != nil {
+			h = string(c.Status)
+		}
+		_, _ = fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", px.Name, px.Spec.Mode, px.Spec.Provider, px.Status.Phase, px.Status.IP, h,
+			px.Status.EgressIP, time.Since(px.CreationTimestamp.Time).Round(time.Second))
+	}
+	_ = w.Flush()
+}

@@ -1,0 +1,122 @@
+// Package kubelet plays the kubelet for the kubernetes provider's Squid
+// pods where none runs (envtest, the demo): for every pod of ours it starts
+// a real Squid on an address of its own (127.0.0.10, .11, ...) and the
+// pod's container port, and writes the status a kubelet would: Running,
+// with that address as the pod IP. Nothing else ever runs on those
+// addresses. A deleted pod's Squid is stopped.
+package kubelet
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/egress-proxies/egress-proxies/pkg/testutil/proc"
+)
+
+// StandIn is the stand-in kubelet for one namespace.
+type StandIn struct {
+	Client    client.Client
+	Namespace string
+	T         proc.T
+	// Log, when set, hears every pod started and stopped.
+	Log func(format string, args ...any)
+
+	mu      sync.Mutex
+	running map[string]*proc.Squid
+	next    int
+}
+
+// Run reconciles every interval until ctx ends.
+func (k *StandIn) Run(ctx context.Context, interval time.Duration) {
+	k.mu.Lock()
+	if k.running == nil {
+		k.running = map[string]*proc.Squid{}
+	}
+	k.mu.Unlock()
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		k.sync(ctx)
+		select {
+		case <-ctx.Done():
+			k.stopAll()
+			return
+		case <-t.C:
+		}
+	}
+}
+
+func (k *StandIn) logf(format string, args ...any) {
+	if k.Log != nil {
+		k.Log(format, args...)
+	}
+}
+
+func (k *StandIn) sync(ctx context.Context) {
+	pods := &corev1.PodList{}
+	if err := k.Client.List(ctx, pods, client.InNamespace(k.Namespace), client.MatchingLabels{"app.kubernetes.io/managed-by": "egress-proxies"}); err != nil {
+		return
+	}
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	seen := map[string]bool{}
+	for i := range pods.Items {
+		pod := &pods.Items[i]
+		uid := string(pod.UID)
+		seen[uid] = true
+		if pod.DeletionTimestamp != nil || pod.Status.PodIP != "" || k.running[uid] != nil {
+			continue
+		}
+		port := 3128
+		if c := pod.Spec.Containers; len(c) > 0 && len(c[0].Ports) > 0 {
+			port = int(c[0].Ports[0].ContainerPort)
+		}
+		k.next++
+		host := fmt.Sprintf("127.0.0.%d", 9+k.next)
+		squid := proc.StartSquidAt(k.T, host, port, false)
+		k.running[uid] = squid
+		pod.Status.Phase = corev1.PodRunning
+		pod.Status.PodIP = host
+		pod.Status.PodIPs = []corev1.PodIP{{IP: host}}
+		pod.Status.Conditions = []corev1.PodCondition{{Type: corev1.PodReady, Status: corev1.ConditionTrue, LastTransitionTime: metav1.Now()}}
+		if err := k.Client.Status().Update(ctx, pod); err != nil {
+			squid.Kill()
+			delete(k.running, uid)
+			continue
+		}
+		k.logf("kubelet stand-in: pod %s/%s runs Squid at %s", pod.Namespace, pod.Name, squid.Addr)
+	}
+	for uid, squid := range k.running {
+		if !seen[uid] {
+			squid.Kill()
+			delete(k.running, uid)
+			k.logf("kubelet stand-in: pod gone, stopped Squid at %s", squid.Addr)
+		}
+	}
+}
+
+func (k *StandIn) stopAll() {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	for uid, s := range k.running {
+		s.Kill()
+		delete(k.running, uid)
+	}
+}
+
+// Squids returns the addresses of the Squids running now.
+func (k *StandIn) Squids() []string {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	var out []string
+	for _, s := range k.running {
+		out = append(out, s.Addr)
+	}
+	return out
+}
