@@ -23,16 +23,14 @@ import (
 	"text/tabwriter"
 	"time"
 
-	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/egress-proxies/egress-proxies/hack/demo/system"
 	v1 "github.com/egress-proxies/egress-proxies/pkg/api/v1alpha1"
 	"github.com/egress-proxies/egress-proxies/pkg/testenv"
-	"github.com/egress-proxies/egress-proxies/pkg/testutil/kubelet"
 	"github.com/egress-proxies/egress-proxies/pkg/testutil/proc"
-	"github.com/egress-proxies/egress-proxies/pkg/testutil/tlstarget"
 )
 
 // runner satisfies proc.T outside `go test`: Fatal runs every cleanup and
@@ -120,70 +118,18 @@ func main() {
 		r.Fatalf("%v", err)
 	}
 	r.Cleanup(func() { _ = env.Stop() })
-	kubeconfig, err := env.WriteKubeconfig(abs)
-	if err != nil {
-		r.Fatalf("%v", err)
-	}
+	sys := system.Start(r, env, system.Options{Probers: 2, Brokers: 2, Step: step})
 	c := env.Client
-	for _, ns := range []string{"egress-proxies-system", "egress-proxies"} {
-		_ = c.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}})
+	kubeconfig := sys.Kubeconfig
+	r.Logf("controller log: %s", sys.Controller.LogPath)
+	var rest []string
+	for i, b := range sys.Brokers {
+		r.Logf("broker-%d log: %s (REST %s, gRPC %s)", i, b.Proc.LogPath, b.REST, b.GRPC)
+		rest = append(rest, b.REST)
 	}
-
-	step("starting Redis (appendonly), the HTTPS probe target, and building the three services")
-	redis := proc.StartRedis(r, true)
-	target, err := tlstarget.Start("127.0.0.1:0", abs)
-	if err != nil {
-		r.Fatalf("probe target: %v", err)
-	}
-	r.Cleanup(func() { _ = target.Close() })
-	bins := map[string]string{}
-	for _, s := range []string{"controller", "prober", "broker"} {
-		bins[s] = proc.Build(r, "github.com/egress-proxies/egress-proxies/services/"+s+"/cmd/"+s)
-	}
-	token := filepath.Join(abs, "probe-token")
-	_ = os.WriteFile(token, []byte("demo-probe-token\n"), 0o600)
-	providers := filepath.Join(abs, "providers.yaml")
-	_ = os.WriteFile(providers, []byte("providers:\n  - name: kubernetes\n    type: kubernetes\n    kubernetes:\n      namespace: egress-proxies\n"), 0o644)
-
-	step("starting the controller (probe endpoint, health checks through every proxy)")
-	probeAddr := proc.Addr(proc.FreePort(r))
-	ctrlMetrics := proc.Addr(proc.FreePort(r))
-	ctrlHealth := proc.Addr(proc.FreePort(r))
-	controller := proc.Start(r, "controller", bins["controller"],
-		"--kubeconfig", kubeconfig, "--namespace", "egress-proxies-system", "--providers-config", providers,
-		"--metrics-bind-address", ctrlMetrics, "--health-probe-bind-address", ctrlHealth,
-		"--probe-addr", probeAddr, "--probe-token-file", token,
-		"--health-url", target.URL+"/ip", "--health-expected-status", "200", "--health-echo-format", "text",
-		"--health-interval", "2s", "--health-timeout", "2s", "--gc-interval", "30s", "--gc-grace-period", "1m")
-	proc.WaitHTTP(r, controller, "http://"+ctrlHealth+"/healthz", 60*time.Second)
-	r.Logf("controller log: %s", controller.LogPath)
-
-	step("starting two probers")
-	for i := range 2 {
-		ops := proc.Addr(proc.FreePort(r))
-		p := proc.Start(r, fmt.Sprintf("prober-%d", i), bins["prober"], "--controller-addr", probeAddr, "--token-file", token,
-			"--id", fmt.Sprintf("demo-prober-%d", i), "--ca-file", target.CAFile, "--ops-addr", ops)
-		proc.WaitHTTP(r, p, "http://"+ops+"/healthz", 30*time.Second)
+	for i, p := range sys.Probers {
 		r.Logf("prober-%d log: %s", i, p.LogPath)
 	}
-
-	step("starting two brokers sharing Redis")
-	var rest []string
-	for i := range 2 {
-		ops, g, h := proc.Addr(proc.FreePort(r)), proc.Addr(proc.FreePort(r)), proc.Addr(proc.FreePort(r))
-		b := proc.Start(r, fmt.Sprintf("broker-%d", i), bins["broker"], "--kubeconfig", kubeconfig, "--redis-addrs", redis.Addr,
-			"--ops-addr", ops, "--grpc-addr", g, "--http-addr", h)
-		proc.WaitHTTP(r, b, "http://"+ops+"/readyz", 60*time.Second)
-		r.Logf("broker-%d log: %s (REST http://%s, gRPC %s)", i, b.LogPath, h, g)
-		rest = append(rest, "http://"+h)
-	}
-
-	step("starting the kubelet stand-in (a real Squid per kubernetes-provider pod, on its own 127.0.0.x)")
-	k := &kubelet.StandIn{Client: c, Namespace: "egress-proxies", T: r, Log: func(f string, a ...any) { r.Logf(f, a...) }}
-	kctx, kcancel := context.WithCancel(ctx)
-	kdone := make(chan struct{})
-	go func() { k.Run(kctx, 200*time.Millisecond); close(kdone) }()
-	r.Cleanup(func() { kcancel(); <-kdone })
 
 	step("a local Squid for the External proxy")
 	ext := proc.StartSquid(r, "127.0.0.2", false)

@@ -1,0 +1,163 @@
+// Package system starts the whole of egress-proxies on loopback: a real API
+// server and etcd, Redis with AOF, the controller, probers and brokers as
+// real processes, an HTTPS probe target with its own CA, and a kubelet
+// stand-in running a real Squid per kubernetes-provider pod. The demo and
+// the end-to-end tests run on it.
+package system
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/egress-proxies/egress-proxies/pkg/testenv"
+	"github.com/egress-proxies/egress-proxies/pkg/testutil/kubelet"
+	"github.com/egress-proxies/egress-proxies/pkg/testutil/proc"
+	"github.com/egress-proxies/egress-proxies/pkg/testutil/tlstarget"
+)
+
+// Options size the system.
+type Options struct {
+	Probers, Brokers int
+	// HealthInterval between probes of one proxy.
+	HealthInterval time.Duration
+	// GCInterval and GCGrace of orphan GC.
+	GCInterval, GCGrace time.Duration
+	// Step, when set, hears progress.
+	Step func(format string, args ...any)
+}
+
+// PodNamespace is where the kubernetes provider runs its pods.
+const PodNamespace = "egress-proxies"
+
+// System is everything running.
+type System struct {
+	T          proc.T
+	Env        *testenv.Env
+	Client     client.Client
+	Kubeconfig string
+	Redis      *proc.Redis
+	Target     *tlstarget.Target
+	Bins       map[string]string
+	Controller *proc.Process
+	// ControllerArgs restart the controller as it was.
+	ControllerArgs    []string
+	ControllerMetrics string
+	Probers           []*proc.Process
+	Brokers           []*Broker
+	Kubelet           *kubelet.StandIn
+	token             string
+	opts              Options
+}
+
+// Broker is one broker process and its addresses.
+type Broker struct {
+	Proc *proc.Process
+	REST string // http://host:port
+	GRPC string
+	Ops  string
+	args []string
+}
+
+// Start brings the system up; everything stops when t's cleanups run.
+func Start(t proc.T, env *testenv.Env, o Options) *System {
+	t.Helper()
+	if o.Step == nil {
+		o.Step = func(string, ...any) {}
+	}
+	if o.HealthInterval == 0 {
+		o.HealthInterval = 2 * time.Second
+	}
+	if o.GCInterval == 0 {
+		o.GCInterval, o.GCGrace = 30*time.Second, time.Minute
+	}
+	s := &System{T: t, Env: env, Client: env.Client, Bins: map[string]string{}, opts: o}
+	dir := t.TempDir()
+	ctx := context.Background()
+	var err error
+	if s.Kubeconfig, err = env.WriteKubeconfig(dir); err != nil {
+		t.Fatal(err)
+	}
+	for _, ns := range []string{"egress-proxies-system", PodNamespace} {
+		_ = s.Client.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}})
+	}
+
+	o.Step("starting Redis (appendonly), the HTTPS probe target, and building the three services")
+	s.Redis = proc.StartRedis(t, true)
+	if s.Target, err = tlstarget.Start("127.0.0.1:0", dir); err != nil {
+		t.Fatalf("probe target: %v", err)
+	}
+	t.Cleanup(func() { _ = s.Target.Close() })
+	for _, name := range []string{"controller", "prober", "broker"} {
+		s.Bins[name] = proc.Build(t, "github.com/egress-proxies/egress-proxies/services/"+name+"/cmd/"+name)
+	}
+	s.token = filepath.Join(dir, "probe-token")
+	providers := filepath.Join(dir, "providers.yaml")
+	if err := os.WriteFile(s.token, []byte("probe-token-of-this-system\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(providers, []byte("providers:\n  - name: kubernetes\n    type: kubernetes\n    kubernetes:\n      namespace: "+PodNamespace+"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+
+	o.Step("starting the controller (probe endpoint, health checks through every proxy)")
+	probeAddr := proc.Addr(proc.FreePort(t))
+	s.ControllerMetrics = proc.Addr(proc.FreePort(t))
+	s.ControllerArgs = []string{
+		"--kubeconfig", s.Kubeconfig, "--namespace", "egress-proxies-system", "--providers-config", providers,
+		"--metrics-bind-address", s.ControllerMetrics, "--health-probe-bind-address", proc.Addr(proc.FreePort(t)),
+		"--leader-election-lease-duration", "4s", "--poll-interval", "200ms",
+		"--probe-addr", probeAddr, "--probe-token-file", s.token,
+		"--health-url", s.Target.URL + "/ip", "--health-expected-status", "200", "--health-echo-format", "text",
+		"--health-interval", o.HealthInterval.String(), "--health-timeout", "2s",
+		"--gc-interval", o.GCInterval.String(), "--gc-grace-period", o.GCGrace.String(),
+	}
+	s.StartController()
+
+	o.Step("starting %d probers", o.Probers)
+	for i := range o.Probers {
+		ops := proc.Addr(proc.FreePort(t))
+		p := proc.Start(t, fmt.Sprintf("prober-%d", i), s.Bins["prober"], "--controller-addr", probeAddr, "--token-file", s.token,
+			"--id", fmt.Sprintf("prober-%d", i), "--ca-file", s.Target.CAFile, "--ops-addr", ops)
+		proc.WaitHTTP(t, p, "http://"+ops+"/healthz", 30*time.Second)
+		s.Probers = append(s.Probers, p)
+	}
+
+	o.Step("starting %d brokers sharing Redis", o.Brokers)
+	for i := range o.Brokers {
+		b := &Broker{args: []string{"--kubeconfig", s.Kubeconfig, "--redis-addrs", s.Redis.Addr}}
+		s.Brokers = append(s.Brokers, b)
+		s.StartBroker(i)
+	}
+
+	o.Step("starting the kubelet stand-in (a real Squid per kubernetes-provider pod, on its own 127.0.0.x)")
+	s.Kubelet = &kubelet.StandIn{Client: s.Client, Namespace: PodNamespace, T: t, Log: func(f string, a ...any) { o.Step(f, a...) }}
+	kctx, kcancel := context.WithCancel(ctx)
+	kdone := make(chan struct{})
+	go func() { s.Kubelet.Run(kctx, 200*time.Millisecond); close(kdone) }()
+	t.Cleanup(func() { kcancel(); <-kdone })
+	return s
+}
+
+// StartController starts (or restarts) the controller with its arguments.
+func (s *System) StartController() {
+	s.T.Helper()
+	s.Controller = proc.Start(s.T, "controller", s.Bins["controller"], s.ControllerArgs...)
+	proc.WaitHTTP(s.T, s.Controller, "http://"+s.ControllerMetrics+"/metrics", 60*time.Second)
+}
+
+// StartBroker starts (or restarts) broker i on fresh ports.
+func (s *System) StartBroker(i int) {
+	s.T.Helper()
+	b := s.Brokers[i]
+	ops, g, h := proc.Addr(proc.FreePort(s.T)), proc.Addr(proc.FreePort(s.T)), proc.Addr(proc.FreePort(s.T))
+	b.Proc = proc.Start(s.T, fmt.Sprintf("broker-%d", i), s.Bins["broker"], append([]string{"--ops-addr", ops, "--grpc-addr", g, "--http-addr", h}, b.args...)...)
+	proc.WaitHTTP(s.T, b.Proc, "http://"+ops+"/readyz", 60*time.Second)
+	b.REST, b.GRPC, b.Ops = "http://"+h, g, "http://"+ops
+}
