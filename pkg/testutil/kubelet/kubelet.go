@@ -110,6 +110,13 @@ func (k *StandIn) stopAll() {
 	}
 }
 
+// Squid returns the Squid running for the pod with this UID, or nil.
+func (k *StandIn) Squid(podUID string) *proc.Squid {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	return k.running[podUID]
+}
+
 // Squids returns the addresses of the Squids running now.
 func (k *StandIn) Squids() []string {
 	k.mu.Lock()

@@ -1,0 +1,402 @@
+// Package e2e runs the three services together as real processes on the
+// demo's harness and checks what production relies on: the quickstart,
+// replacement, deletion, and faults (processes killed, Redis restarted).
+package e2e
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/egress-proxies/egress-proxies/hack/demo/system"
+	v1 "github.com/egress-proxies/egress-proxies/pkg/api/v1alpha1"
+	"github.com/egress-proxies/egress-proxies/pkg/testenv"
+)
+
+var env *testenv.Env
+
+func TestMain(m *testing.M) { os.Exit(testenv.Main(m, &env)) }
+
+var nsSeq int
+
+// up starts a system and a namespace for this test's Proxies.
+func up(t *testing.T, o system.Options) (*system.System, string) {
+	testenv.Require(t)
+	if o.Probers == 0 {
+		o.Probers = 2
+	}
+	if o.Brokers == 0 {
+		o.Brokers = 2
+	}
+	if o.HealthInterval == 0 {
+		o.HealthInterval = 500 * time.Millisecond
+	}
+	s := system.Start(t, env, o)
+	nsSeq++
+	ns := fmt.Sprintf("e2e-%d", nsSeq)
+	require.NoError(t, env.Client.Create(context.Background(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}))
+	return s, ns
+}
+
+type reply struct {
+	status int
+	body   []byte
+	json   map[string]any
+}
+
+func do(t *testing.T, method, url, body string) reply {
+	t.Helper()
+	var rd io.Reader
+	if body != "" {
+		rd = strings.NewReader(body)
+	}
+	req, err := http.NewRequest(method, url, rd)
+	require.NoError(t, err)
+	resp, err := http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	defer func() { _ = resp.Body.Close() }()
+	r := reply{status: resp.StatusCode}
+	r.body, _ = io.ReadAll(resp.Body)
+	if len(bytes.TrimSpace(r.body)) > 0 {
+		_ = json.Unmarshal(r.body, &r.json)
+	}
+	return r
+}
+
+func managed(ns, name string) *v1.Proxy {
+	return &v1.Proxy{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns},
+		Spec: v1.ProxySpec{Mode: v1.ModeManaged, Provider: "kubernetes", Attributes: map[string]string{"geo": "local"}}}
+}
+
+func waitProxy(t *testing.T, ns, name, what string, ok func(*v1.Proxy) bool) *v1.Proxy {
+	t.Helper()
+	var last v1.Proxy
+	require.Eventually(t, func() bool {
+		if err := env.Client.Get(context.Background(), client.ObjectKey{Namespace: ns, Name: name}, &last); err != nil {
+			return false
+		}
+		return ok(&last)
+	}, 60*time.Second, 50*time.Millisecond, "%s never became %s; last status %+v", name, what, last.Status)
+	return &last
+}
+
+func healthy(px *v1.Proxy) bool { return px.Status.Phase == v1.PhaseReady && px.Status.Healthy }
+
+// listed returns "ip:port" of each healthy proxy the broker lists, by id.
+func listed(t *testing.T, rest string) map[string]string {
+	r := do(t, "GET", rest+"/v1/proxies?healthy=true", "")
+	out := map[string]string{}
+	if r.status != 200 {
+		return out
+	}
+	for _, p := range r.json["proxies"].([]any) {
+		m := p.(map[string]any)
+		out[m["id"].(string)] = fmt.Sprintf("%s:%.0f", m["ip"], m["port"])
+	}
+	return out
+}
+
+func pods(t *testing.T) []corev1.Pod {
+	list := &corev1.PodList{}
+	require.NoError(t, env.Client.List(context.Background(), list, client.InNamespace(system.PodNamespace)))
+	return list.Items
+}
+
+func podsOf(t *testing.T, px *v1.Proxy) []corev1.Pod {
+	var out []corev1.Pod
+	for _, p := range pods(t) {
+		if p.Labels["crawl.example.com/owner-uid"] == string(px.UID) {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+func TestQuickstart(t *testing.T) {
+	s, ns := up(t, system.Options{})
+	require.NoError(t, env.Client.Create(context.Background(), managed(ns, "proxy-kubernetes-sample")))
+	px := waitProxy(t, ns, "proxy-kubernetes-sample", "Ready and Healthy", healthy)
+	assert.Equal(t, "127.0.0.1", px.Status.EgressIP, "the probe target echoed the Squid's outgoing address")
+	b0, b1 := s.Brokers[0].REST, s.Brokers[1].REST
+	id := ns + "/proxy-kubernetes-sample"
+	require.Eventually(t, func() bool { return listed(t, b0)[id] != "" && listed(t, b1)[id] != "" }, 30*time.Second, 50*time.Millisecond)
+
+	list := do(t, "GET", b0+"/v1/proxies?healthy=true&geo=local&namespace="+ns, "")
+	require.Equal(t, 200, list.status)
+	ps := list.json["proxies"].([]any)
+	require.Len(t, ps, 1)
+	p := ps[0].(map[string]any)
+	assert.Equal(t, px.Status.IP, p["ip"])
+	assert.Equal(t, float64(3128), p["port"])
+
+	lease := do(t, "POST", b0+"/v1/leases", `{"selector":{"geo":"local"},"ttlSeconds":300,"namespace":"`+ns+`"}`)
+	require.Equal(t, 200, lease.status, string(lease.body))
+	leaseID := lease.json["leaseID"].(string)
+	assert.Equal(t, id, lease.json["proxy"].(map[string]any)["id"])
+
+	// The leased proxy really egresses: fetch the target through it.
+	tr := &http.Transport{Proxy: http.ProxyURL(mustURL("http://" + px.Status.IP + ":3128")), TLSClientConfig: tlsTo(s)}
+	resp, err := (&http.Client{Transport: tr, Timeout: 5 * time.Second}).Get(s.Target.URL + "/ip")
+	require.NoError(t, err)
+	body, _ := io.ReadAll(resp.Body)
+	_ = resp.Body.Close()
+	assert.Equal(t, "127.0.0.1", strings.TrimSpace(string(body)))
+
+	rep := do(t, "POST", b1+"/v1/leases/"+leaseID+"/report", `{"result":"rate_limited","target":"example.com"}`)
+	assert.Equal(t, 200, rep.status, "the other broker sees the lease: %s", rep.body)
+	none := do(t, "POST", b0+"/v1/leases", `{"namespace":"`+ns+`","target":"example.com"}`)
+	assert.Equal(t, 429, none.status, "the only proxy cools down for example.com")
+	assert.Contains(t, string(none.body), "ALL_COOLING_DOWN")
+	assert.Equal(t, 204, do(t, "DELETE", b0+"/v1/leases/"+leaseID, "").status)
+	assert.Equal(t, 204, do(t, "DELETE", b1+"/v1/leases/"+leaseID, "").status)
+}
+
+func TestReplacementGivesANewIPAndClientsNeverSeeTheOldOneAgain(t *testing.T) {
+	s, ns := up(t, system.Options{})
+	require.NoError(t, env.Client.Create(context.Background(), managed(ns, "r")))
+	before := waitProxy(t, ns, "r", "Ready and Healthy", healthy)
+	id := ns + "/r"
+	old := fmt.Sprintf("%s:%d", before.Status.IP, before.Status.Port)
+
+	// A client polls the list throughout the replacement.
+	var mu sync.Mutex
+	var seen []string
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for {
+			select {
+			case <-stop:
+				return
+			case <-time.After(20 * time.Millisecond):
+			}
+			addr := listed(t, s.Brokers[0].REST)[id]
+			mu.Lock()
+			if n := len(seen); n == 0 || seen[n-1] != addr {
+				seen = append(seen, addr)
+			}
+			mu.Unlock()
+		}
+	}()
+	px := before.DeepCopy()
+	px.Spec.Port = 8080
+	require.NoError(t, env.Client.Update(context.Background(), px))
+	after := waitProxy(t, ns, "r", "replaced, Ready and Healthy", func(p *v1.Proxy) bool { return p.Status.InstanceGeneration == 2 && healthy(p) })
+	require.Eventually(t, func() bool { return listed(t, s.Brokers[0].REST)[id] == fmt.Sprintf("%s:8080", after.Status.IP) }, 30*time.Second, 50*time.Millisecond)
+	close(stop)
+	wg.Wait()
+
+	assert.NotEqual(t, before.Status.IP, after.Status.IP, "a replacement has a new IP")
+	assert.Equal(t, int32(8080), after.Status.Port)
+	mu.Lock()
+	defer mu.Unlock()
+	gone := false
+	for _, a := range seen {
+		if a != old {
+			gone = true
+		}
+		if gone {
+			assert.NotEqual(t, old, a, "the old address came back after it was gone: %v", seen)
+		}
+	}
+	assert.Len(t, podsOf(t, after), 1, "exactly one pod after the replacement")
+}
+
+func TestDeletingRemovesThePodEvenWhenTheControllerDiesMidCreate(t *testing.T) {
+	s, ns := up(t, system.Options{GCInterval: time.Second, GCGrace: 2 * time.Second})
+	ctx := context.Background()
+
+	require.NoError(t, env.Client.Create(ctx, managed(ns, "d")))
+	px := waitProxy(t, ns, "d", "Ready", healthy)
+	require.Len(t, podsOf(t, px), 1)
+	require.NoError(t, env.Client.Delete(ctx, px))
+	require.Eventually(t, func() bool {
+		return apierrors.IsNotFound(env.Client.Get(ctx, client.ObjectKeyFromObject(px), &v1.Proxy{})) && len(podsOf(t, px)) == 0
+	}, 30*time.Second, 50*time.Millisecond, "deleting the Proxy deletes its pod")
+
+	// Mid-create: the controller dies once the pod exists; the Proxy is
+	// deleted while it is down; the restarted controller cleans up.
+	require.NoError(t, env.Client.Create(ctx, managed(ns, "m")))
+	var m v1.Proxy
+	require.Eventually(t, func() bool {
+		_ = env.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: "m"}, &m)
+		return m.UID != "" && len(podsOf(t, &m)) == 1
+	}, 30*time.Second, 20*time.Millisecond)
+	s.Controller.Kill()
+	require.NoError(t, env.Client.Delete(ctx, &m))
+	s.StartController()
+	require.Eventually(t, func() bool {
+		return apierrors.IsNotFound(env.Client.Get(ctx, client.ObjectKeyFromObject(&m), &v1.Proxy{})) && len(podsOf(t, &m)) == 0
+	}, 60*time.Second, 100*time.Millisecond, "the restarted controller left the pod of a Proxy deleted mid-create")
+
+	// An instance whose create was never recorded (the status write lost
+	// with the crash) is orphan GC's: its owner UID is gone.
+	orphan := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "px-lost-deadbeef-1", Namespace: system.PodNamespace, Labels: map[string]string{
+		"app.kubernetes.io/managed-by": "egress-proxies", "crawl.example.com/provider": "kubernetes",
+		"crawl.example.com/owner-uid": string(m.UID), "crawl.example.com/instance-generation": "1"},
+		Annotations: map[string]string{"crawl.example.com/owner": ns + "/m"}},
+		Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "squid", Image: "ubuntu/squid"}}}}
+	require.NoError(t, env.Client.Create(ctx, orphan))
+	require.Eventually(t, func() bool {
+		return apierrors.IsNotFound(env.Client.Get(ctx, client.ObjectKeyFromObject(orphan), &corev1.Pod{}))
+	}, 30*time.Second, 100*time.Millisecond, "orphan GC never collected the pod")
+}
+
+func TestBrokerKilledUnderTrafficLosesNoLease(t *testing.T) {
+	s, ns := up(t, system.Options{Brokers: 2, Probers: 1})
+	ctx := context.Background()
+	for _, n := range []string{"a", "b"} {
+		require.NoError(t, env.Client.Create(ctx, managed(ns, n)))
+	}
+	waitProxy(t, ns, "a", "healthy", healthy)
+	waitProxy(t, ns, "b", "healthy", healthy)
+	for _, b := range s.Brokers {
+		require.Eventually(t, func() bool { return len(listed(t, b.REST)) >= 2 }, 30*time.Second, 50*time.Millisecond)
+	}
+
+	var mu sync.Mutex
+	granted := map[string]string{}
+	var wg sync.WaitGroup
+	deadline := time.Now().Add(3 * time.Second)
+	for w := range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for time.Now().Before(deadline) {
+				b := s.Brokers[w%2]
+				req, _ := http.NewRequest("POST", b.REST+"/v1/leases", strings.NewReader(`{"ttlSeconds":600,"namespace":"`+ns+`"}`))
+				resp, err := http.DefaultClient.Do(req)
+				if err != nil {
+					continue // the killed broker
+				}
+				var l map[string]any
+				_ = json.NewDecoder(resp.Body).Decode(&l)
+				_ = resp.Body.Close()
+				if resp.StatusCode == 200 {
+					mu.Lock()
+					granted[l["leaseID"].(string)] = l["proxy"].(map[string]any)["id"].(string)
+					mu.Unlock()
+				}
+				time.Sleep(10 * time.Millisecond)
+			}
+		}()
+	}
+	time.Sleep(time.Second)
+	s.Brokers[0].Proc.Kill() // SIGKILL mid-traffic
+	wg.Wait()
+	s.StartBroker(0)
+
+	counts := map[string]int{}
+	for _, p := range granted {
+		counts[p]++
+	}
+	require.NotEmpty(t, granted)
+	for id, p := range granted {
+		r := do(t, "POST", s.Brokers[0].REST+"/v1/leases/"+id+"/renew", `{}`)
+		assert.Equal(t, 200, r.status, "lease %s on %s was granted before the kill and must still be valid", id, p)
+	}
+	list := do(t, "GET", s.Brokers[0].REST+"/v1/proxies?namespace="+ns, "")
+	for _, p := range list.json["proxies"].([]any) {
+		m := p.(map[string]any)
+		n := int(m["leaseCount"].(float64))
+		assert.Equal(t, counts[m["id"].(string)], n, "lease count of %s is exact", m["id"])
+		assert.LessOrEqual(t, n, 10, "no proxy past the cap")
+	}
+}
+
+func TestSquidKilledLeavesTheCandidatesAndComesBack(t *testing.T) {
+	s, ns := up(t, system.Options{})
+	ctx := context.Background()
+	require.NoError(t, env.Client.Create(ctx, managed(ns, "k")))
+	px := waitProxy(t, ns, "k", "healthy", healthy)
+	b := s.Brokers[0].REST
+	require.Eventually(t, func() bool {
+		return do(t, "POST", b+"/v1/leases", `{"ttlSeconds":10,"namespace":"`+ns+`"}`).status == 200
+	}, 30*time.Second, 50*time.Millisecond)
+
+	// Kill the Squid the kubelet stand-in runs for the pod.
+	squid := s.Kubelet.Squid(string(podsOf(t, px)[0].UID))
+	require.NotNil(t, squid)
+	squid.Kill()
+	waitProxy(t, ns, "k", "Unhealthy", func(p *v1.Proxy) bool { return !p.Status.Healthy })
+	require.Eventually(t, func() bool {
+		return do(t, "POST", b+"/v1/leases", `{"ttlSeconds":10,"namespace":"`+ns+`"}`).status == 429
+	}, 30*time.Second, 50*time.Millisecond, "an Unhealthy proxy is no lease candidate")
+
+	squid.Start()
+	waitProxy(t, ns, "k", "healthy again", healthy)
+	require.Eventually(t, func() bool {
+		return do(t, "POST", b+"/v1/leases", `{"ttlSeconds":10,"namespace":"`+ns+`"}`).status == 200
+	}, 30*time.Second, 50*time.Millisecond)
+}
+
+func TestRedisRestartedBrokersRecoverWithStateIntact(t *testing.T) {
+	s, ns := up(t, system.Options{Probers: 1})
+	ctx := context.Background()
+	require.NoError(t, env.Client.Create(ctx, managed(ns, "x")))
+	waitProxy(t, ns, "x", "healthy", healthy)
+	b := s.Brokers[1].REST
+	var l reply
+	require.Eventually(t, func() bool { l = do(t, "POST", b+"/v1/leases", `{"namespace":"`+ns+`"}`); return l.status == 200 }, 30*time.Second, 50*time.Millisecond)
+	s.Redis.Kill()
+	assert.Equal(t, 503, do(t, "POST", b+"/v1/leases", `{"namespace":"`+ns+`"}`).status)
+	s.Redis.Start()
+	require.Eventually(t, func() bool {
+		return do(t, "POST", b+"/v1/leases/"+l.json["leaseID"].(string)+"/renew", `{}`).status == 200
+	}, 30*time.Second, 100*time.Millisecond, "the lease from before the restart is intact")
+	for _, br := range s.Brokers {
+		assert.False(t, br.Proc.Exited())
+	}
+}
+
+func TestBadInputAtTheEdgesChangesNothing(t *testing.T) {
+	s, ns := up(t, system.Options{Probers: 1, Brokers: 1})
+	ctx := context.Background()
+	require.NoError(t, env.Client.Create(ctx, managed(ns, "v")))
+	waitProxy(t, ns, "v", "healthy", healthy)
+	b := s.Brokers[0].REST
+	var l reply
+	require.Eventually(t, func() bool { l = do(t, "POST", b+"/v1/leases", `{"namespace":"`+ns+`"}`); return l.status == 200 }, 30*time.Second, 50*time.Millisecond)
+	before := do(t, "GET", b+"/v1/proxies?namespace="+ns, "").body
+
+	for _, c := range []struct{ method, path, body string }{
+		{"POST", "/v1/leases", `{"selector":`},
+		{"POST", "/v1/leases", `{"bogus":1}`},
+		{"POST", "/v1/leases", `{"ttlSeconds":-1}`},
+		{"POST", "/v1/leases", `{"ttlSeconds":99999999}`},
+		{"POST", "/v1/leases", strings.Repeat("x", 10<<20)},
+		{"DELETE", "/v1/leases/..%2f..%2fetc%2fpasswd", ""},
+		{"POST", "/v1/leases/" + strings.Repeat("0", 32) + "/report", `{"result":"ok"}`},
+	} {
+		r := do(t, c.method, b+c.path, c.body)
+		assert.GreaterOrEqual(t, r.status, 400, "%s %s", c.method, c.path)
+		assert.Less(t, r.status, 500, "%s %s: %s", c.method, c.path, r.body)
+	}
+	assert.JSONEq(t, string(before), string(do(t, "GET", b+"/v1/proxies?namespace="+ns, "").body), "lease counts unchanged")
+
+	bad := &v1.Proxy{ObjectMeta: metav1.ObjectMeta{Name: "bad", Namespace: ns}, Spec: v1.ProxySpec{Mode: v1.ModeExternal, Port: 70000}}
+	err := env.Client.Create(ctx, bad)
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "spec.port")
+	list := &v1.ProxyList{}
+	require.NoError(t, env.Client.List(ctx, list, client.InNamespace(ns)))
+	assert.Len(t, list.Items, 1, "nothing was created")
+
+}

@@ -1,0 +1,33 @@
+package main
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/egress-proxies/egress-proxies/pkg/testenv"
+	"github.com/egress-proxies/egress-proxies/pkg/testutil/proc"
+)
+
+// The README's run command stays true: the demo comes up, walks the
+// quickstart and exits 0 with --once.
+func TestDemoOnce(t *testing.T) {
+	testenv.Require(t)
+	if testenv.AssetsDir() == "" {
+		t.Fatal("envtest binaries missing: run make envtest")
+	}
+	bin := proc.Build(t, "github.com/egress-proxies/egress-proxies/hack/demo")
+	p := proc.StartEnv(t, "demo", []string{"KUBEBUILDER_ASSETS=" + testenv.AssetsDir()}, bin, "--once", "--dir", t.TempDir())
+	code, err := p.Wait(5 * time.Minute)
+	require.NoError(t, err)
+	out := p.Log()
+	require.Equal(t, 0, code, out)
+	assert.Equal(t, 2, strings.Count(out, "204 No Content"), "release answered 204 twice")
+	assert.Contains(t, out, `"leaseID"`)
+	assert.Contains(t, out, `"cooldownUntil"`)
+	assert.Regexp(t, `proxy-kubernetes-sample\s+Managed\s+kubernetes\s+Ready\s+127\.0\.0\.\d+\s+True`, out)
+	assert.Regexp(t, `proxy-external-sample\s+External\s+Ready\s+127\.0\.0\.2\s+True`, out)
+}
