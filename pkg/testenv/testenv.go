@@ -11,6 +11,7 @@ import (
 	"context"
 	"flag"
 	"fmt"
+	"net/url"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -140,8 +141,23 @@ var Codecs = serializer.NewCodecFactory(NewScheme())
 // WriteKubeconfig writes a kubeconfig for the API server to dir and returns
 // its path, for processes the tests start.
 func (e *Env) WriteKubeconfig(dir string) (string, error) {
+	return e.WriteKubeconfigVia(dir, "")
+}
+
+// WriteKubeconfigVia is WriteKubeconfig with the server reached at
+// hostPort instead (a forwarder the test can cut); "" means directly.
+func (e *Env) WriteKubeconfigVia(dir, hostPort string) (string, error) {
+	server := e.Config.Host
+	if hostPort != "" {
+		u, err := url.Parse(e.Config.Host)
+		if err != nil {
+			return "", err
+		}
+		u.Host = hostPort
+		server = u.String()
+	}
 	cfg := clientcmdapi.NewConfig()
-	cfg.Clusters["envtest"] = &clientcmdapi.Cluster{Server: e.Config.Host, CertificateAuthorityData: e.Config.CAData}
+	cfg.Clusters["envtest"] = &clientcmdapi.Cluster{Server: server, CertificateAuthorityData: e.Config.CAData}
 	cfg.AuthInfos["envtest"] = &clientcmdapi.AuthInfo{ClientCertificateData: e.Config.CertData, ClientKeyData: e.Config.KeyData, Token: e.Config.BearerToken}
 	cfg.Contexts["envtest"] = &clientcmdapi.Context{Cluster: "envtest", AuthInfo: "envtest"}
 	cfg.CurrentContext = "envtest"

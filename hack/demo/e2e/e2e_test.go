@@ -400,3 +400,36 @@ func TestBadInputAtTheEdgesChangesNothing(t *testing.T) {
 	assert.Len(t, list.Items, 1, "nothing was created")
 
 }
+
+func TestAPIServerUnreachableForAWhile(t *testing.T) {
+	s, ns := up(t, system.Options{Probers: 1, CuttableAPIServer: true})
+	ctx := context.Background()
+	require.NoError(t, env.Client.Create(ctx, managed(ns, "before")))
+	waitProxy(t, ns, "before", "healthy", healthy)
+	b := s.Brokers[0].REST
+	require.Eventually(t, func() bool { return listed(t, b)[ns+"/before"] != "" }, 30*time.Second, 50*time.Millisecond)
+
+	s.APILink.Cut()
+	// While cut off, the world moves on: a new Proxy appears.
+	require.NoError(t, env.Client.Create(ctx, managed(ns, "during")))
+	time.Sleep(8 * time.Second) // longer than the controller's lease (4s): it loses leadership
+	// The broker keeps serving what it knew.
+	lease := do(t, "POST", b+"/v1/leases", `{"namespace":"`+ns+`","ttlSeconds":60}`)
+	assert.Equal(t, 200, lease.status, "the broker leases from its last inventory while the API server is away: %s", lease.body)
+	for _, p := range s.Brokers {
+		assert.False(t, p.Proc.Exited(), "broker survived")
+	}
+	for _, p := range s.Probers {
+		assert.False(t, p.Exited(), "prober survived")
+	}
+
+	s.APILink.Restore(t)
+	if s.Controller.Exited() {
+		// A controller that lost its lease exits by design and its pod
+		// restarts; here the test is the restarter.
+		s.StartController()
+	}
+	waitProxy(t, ns, "during", "healthy after the partition", healthy)
+	require.Eventually(t, func() bool { return listed(t, b)[ns+"/during"] != "" }, 60*time.Second, 100*time.Millisecond, "the broker's inventory caught up")
+	assert.True(t, waitProxy(t, ns, "before", "still healthy", healthy).Status.Healthy)
+}

@@ -8,6 +8,7 @@ package system
 import (
 	"context"
 	"fmt"
+	"net/url"
 	"os"
 	"path/filepath"
 	"time"
@@ -29,6 +30,9 @@ type Options struct {
 	HealthInterval time.Duration
 	// GCInterval and GCGrace of orphan GC.
 	GCInterval, GCGrace time.Duration
+	// CuttableAPIServer routes every service to the API server through a
+	// proc.Cutter (System.APILink), so a test can partition them from it.
+	CuttableAPIServer bool
 	// Step, when set, hears progress.
 	Step func(format string, args ...any)
 }
@@ -52,8 +56,11 @@ type System struct {
 	Probers           []*proc.Process
 	Brokers           []*Broker
 	Kubelet           *kubelet.StandIn
-	token             string
-	opts              Options
+	// APILink is the link between the services and the API server, when
+	// Options.CuttableAPIServer is set.
+	APILink *proc.Cutter
+	token   string
+	opts    Options
 }
 
 // Broker is one broker process and its addresses.
@@ -81,7 +88,16 @@ func Start(t proc.T, env *testenv.Env, o Options) *System {
 	dir := t.TempDir()
 	ctx := context.Background()
 	var err error
-	if s.Kubeconfig, err = env.WriteKubeconfig(dir); err != nil {
+	via := ""
+	if o.CuttableAPIServer {
+		u, err := url.Parse(env.Config.Host)
+		if err != nil {
+			t.Fatal(err)
+		}
+		s.APILink = proc.NewCutter(t, u.Host)
+		via = s.APILink.Addr
+	}
+	if s.Kubeconfig, err = env.WriteKubeconfigVia(dir, via); err != nil {
 		t.Fatal(err)
 	}
 	for _, ns := range []string{"egress-proxies-system", PodNamespace} {

@@ -1,0 +1,81 @@
+package proc
+
+import (
+	"io"
+	"net"
+	"sync"
+)
+
+// Cutter forwards TCP from its own loopback address to a target, and can
+// cut the link (every connection closed, new ones refused) and restore it
+// on the same address: a network partition between processes and a server
+// that itself keeps running.
+type Cutter struct {
+	Addr   string
+	target string
+	mu     sync.Mutex
+	ln     net.Listener
+	conns  map[net.Conn]struct{}
+}
+
+// NewCutter starts forwarding to target.
+func NewCutter(t T, target string) *Cutter {
+	t.Helper()
+	c := &Cutter{target: target, conns: map[net.Conn]struct{}{}}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.Addr = ln.Addr().String()
+	c.serve(ln)
+	t.Cleanup(c.Cut)
+	return c
+}
+
+func (c *Cutter) serve(ln net.Listener) {
+	c.mu.Lock()
+	c.ln = ln
+	c.mu.Unlock()
+	go func() {
+		for {
+			in, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			out, err := net.Dial("tcp", c.target)
+			if err != nil {
+				_ = in.Close()
+				continue
+			}
+			c.mu.Lock()
+			c.conns[in], c.conns[out] = struct{}{}, struct{}{}
+			c.mu.Unlock()
+			go func() { _, _ = io.Copy(out, in); _ = out.Close() }()
+			go func() { _, _ = io.Copy(in, out); _ = in.Close() }()
+		}
+	}()
+}
+
+// Cut closes every connection and stops accepting.
+func (c *Cutter) Cut() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.ln != nil {
+		_ = c.ln.Close()
+		c.ln = nil
+	}
+	for conn := range c.conns {
+		_ = conn.Close()
+	}
+	c.conns = map[net.Conn]struct{}{}
+}
+
+// Restore accepts again on the same address.
+func (c *Cutter) Restore(t T) {
+	t.Helper()
+	ln, err := net.Listen("tcp", c.Addr)
+	if err != nil {
+		t.Fatalf("restoring %s: %v", c.Addr, err)
+	}
+	c.serve(ln)
+}
