@@ -15,6 +15,7 @@ TOOL := GOWORK=$(CURDIR)/hack/tools/go.work go tool
 CONTROLLER_GEN = GOWORK= $$($(TOOL) -n controller-gen)
 BIN ?= $(CURDIR)/bin
 IMG ?= egress-proxies
+TAG ?= dev
 GIT_COMMIT ?= $(shell git rev-parse --short=12 HEAD 2>/dev/null || echo unknown)
 LDFLAGS := -s -w -X github.com/egress-proxies/egress-proxies/pkg/version.Commit=$(GIT_COMMIT)
 # Debian packages the tests run for real.
@@ -53,10 +54,11 @@ generate: manifests ## Regenerate protobuf/gRPC/gateway code, the OpenAPI docume
 	cd pkg && $(CONTROLLER_GEN) object paths=./api/...
 
 .PHONY: manifests
-manifests: ## Regenerate the CRD YAML in deploy/crds from pkg/api.
+manifests: ## Regenerate the CRD YAML in deploy/crds and the chart's crds/ (one source) from pkg/api.
 	cd pkg && $(CONTROLLER_GEN) crd paths=./api/... output:crd:artifacts:config=../deploy/crds
+	cp deploy/crds/*.yaml charts/egress-proxies/crds/
 
-GENERATED := pkg/gen pkg/openapi/gen deploy/crds pkg/api/v1alpha1/zz_generated.deepcopy.go
+GENERATED := pkg/gen pkg/openapi/gen deploy/crds charts/egress-proxies/crds pkg/api/v1alpha1/zz_generated.deepcopy.go
 
 .PHONY: verify-generated
 verify-generated: ## Fail if generated files differ from what `make generate` writes.
@@ -79,10 +81,44 @@ breaking: ## buf breaking against main.
 	$(TOOL) buf breaking --against '.git#branch=main'
 
 .PHONY: build
-build: ## Build the three static binaries into bin/.
+build: ## Build the three static binaries (CGO_ENABLED=0) into bin/.
 	@mkdir -p $(BIN)
 	for s in controller prober broker; do \
 	  CGO_ENABLED=0 go build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN)/$$s ./services/$$s/cmd/$$s; done
+
+.PHONY: docker-build
+docker-build: ## Build the three images $(IMG)-{controller,prober,broker}:$(TAG) (needs a Docker engine).
+	for s in controller prober broker; do \
+	  docker build -f services/$$s/Dockerfile --build-arg GIT_COMMIT=$(GIT_COMMIT) -t $(IMG)-$$s:$(TAG) .; done
+
+HELM := GOWORK=$(CURDIR)/hack/tools/go.work go tool helm
+DEPLOY_NS ?= egress-proxies-system
+
+.PHONY: install
+install: ## Install the CRD into the current cluster.
+	kubectl apply --server-side -f deploy/crds/
+
+.PHONY: deploy
+deploy: install ## Plain manifests, no Helm release: render the chart and kubectl apply it (IMG, TAG as for docker-build).
+	kubectl create namespace $(DEPLOY_NS) --dry-run=client -o yaml | kubectl apply -f -
+	$(HELM) template egress-proxies charts/egress-proxies --namespace $(DEPLOY_NS) \
+	  --set image.repository=$(IMG) --set image.tag=$(TAG) | kubectl apply --server-side -f -
+
+.PHONY: helm-install
+helm-install: ## helm upgrade --install from charts/ (IMG, TAG as for docker-build).
+	$(HELM) upgrade --install egress-proxies charts/egress-proxies --namespace $(DEPLOY_NS) --create-namespace \
+	  --set image.repository=$(IMG) --set image.tag=$(TAG)
+
+.PHONY: undeploy
+undeploy: ## Remove what deploy applied (Proxies first, so their instances are cleaned up).
+	-kubectl delete proxies --all --all-namespaces --wait
+	$(HELM) template egress-proxies charts/egress-proxies --namespace $(DEPLOY_NS) | kubectl delete --ignore-not-found -f -
+
+.PHONY: kvm-ssh-secret
+KVM_SSH_KEY ?= $(HOME)/.ssh/proxy-operator_ed25519
+KVM_KNOWN_HOSTS ?= $(HOME)/.ssh/kvm_known_hosts
+kvm-ssh-secret: ## Create the kvm-ssh Secret from KVM_SSH_KEY and KVM_KNOWN_HOSTS.
+	kubectl -n $(DEPLOY_NS) create secret generic kvm-ssh --from-file=id_ed25519=$(KVM_SSH_KEY) --from-file=known_hosts=$(KVM_KNOWN_HOSTS)
 
 ##@ Test
 

@@ -1,0 +1,262 @@
+// Package install checks the Helm chart the way a cluster would take it:
+// lint and template through the pinned helm, every rendered object
+// accepted by a real API server (server-side dry-run), and the RBAC it
+// grants checked with SubjectAccessReviews as each ServiceAccount.
+package install
+
+import (
+	"bytes"
+	"context"
+	"debug/elf"
+	"errors"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	authorizationv1 "k8s.io/api/authorization/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/egress-proxies/egress-proxies/pkg/testenv"
+)
+
+var env *testenv.Env
+
+func TestMain(m *testing.M) { os.Exit(testenv.Main(m, &env)) }
+
+const ns = "egress-proxies-system"
+
+var chart = filepath.Join(testenv.RepoRoot(), "charts", "egress-proxies")
+
+// helm runs the helm pinned in hack/tools/go.mod.
+func helm(t *testing.T, args ...string) (string, error) {
+	t.Helper()
+	home := t.TempDir()
+	cmd := exec.Command("go", append([]string{"tool", "helm"}, args...)...)
+	cmd.Dir = testenv.RepoRoot()
+	cmd.Env = append(os.Environ(), "GOWORK="+filepath.Join(testenv.RepoRoot(), "hack", "tools", "go.work"),
+		"HELM_CACHE_HOME="+home, "HELM_CONFIG_HOME="+home, "HELM_DATA_HOME="+home)
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	err := cmd.Run()
+	return out.String(), err
+}
+
+func render(t *testing.T, extra ...string) []*unstructured.Unstructured {
+	t.Helper()
+	out, err := helm(t, append([]string{"template", "ep", chart, "--namespace", ns}, extra...)...)
+	require.NoError(t, err, out)
+	dec := utilyaml.NewYAMLOrJSONDecoder(strings.NewReader(out), 4096)
+	var objs []*unstructured.Unstructured
+	for {
+		u := &unstructured.Unstructured{}
+		if err := dec.Decode(&u.Object); err != nil {
+			if errors.Is(err, io.EOF) {
+				break
+			}
+			require.NoError(t, err)
+		}
+		if len(u.Object) > 0 {
+			objs = append(objs, u)
+		}
+	}
+	return objs
+}
+
+func TestLint(t *testing.T) {
+	testenv.Require(t)
+	for _, values := range [][]string{nil, {"-f", "testdata/all-on.yaml"}} {
+		out, err := helm(t, append([]string{"lint", chart, "--strict"}, abs(values)...)...)
+		assert.NoError(t, err, out)
+		assert.Contains(t, out, "1 chart(s) linted, 0 chart(s) failed")
+	}
+}
+
+func abs(values []string) []string {
+	out := append([]string(nil), values...)
+	for i, v := range out {
+		if strings.HasSuffix(v, ".yaml") {
+			out[i], _ = filepath.Abs(v)
+		}
+	}
+	return out
+}
+
+func TestRenderedObjectsAreAcceptedByAnAPIServer(t *testing.T) {
+	testenv.Require(t)
+	ctx := context.Background()
+	_ = env.Client.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}})
+	for name, values := range map[string][]string{"defaults": nil, "all options": {"-f", "testdata/all-on.yaml"}} {
+		t.Run(name, func(t *testing.T) {
+			objs := render(t, abs(values)...)
+			kinds := map[string]int{}
+			for _, u := range objs {
+				kinds[u.GetKind()]++
+				if u.GetKind() == "ServiceMonitor" {
+					continue // prometheus-operator's CRD is not installed on envtest
+				}
+				err := env.Client.Patch(ctx, u, client.Apply, client.DryRunAll, client.FieldOwner("chart-test"), client.ForceOwnership)
+				assert.NoError(t, err, "%s %s", u.GetKind(), u.GetName())
+			}
+			assert.Equal(t, 3, kinds["Deployment"], "controller, prober, broker")
+			for _, k := range []string{"ServiceAccount", "ClusterRole", "Role", "ConfigMap", "Service", "PodDisruptionBudget"} {
+				assert.Positive(t, kinds[k], k)
+			}
+			if name == "all options" {
+				assert.Equal(t, 1, kinds["HorizontalPodAutoscaler"])
+				assert.Equal(t, 2, kinds["ServiceMonitor"])
+				assert.Positive(t, kinds["NetworkPolicy"])
+				assert.Zero(t, kinds["StatefulSet"], "external Redis: the chart runs none")
+			} else {
+				assert.Equal(t, 1, kinds["StatefulSet"], "the quick-start Redis")
+			}
+			for _, u := range objs {
+				if u.GetKind() != "Deployment" {
+					continue
+				}
+				pod, _, _ := unstructured.NestedMap(u.Object, "spec", "template", "spec")
+				sc, _, _ := unstructured.NestedMap(pod, "securityContext")
+				assert.Equal(t, true, sc["runAsNonRoot"], "%s runs as non-root", u.GetName())
+				c := pod["containers"].([]any)[0].(map[string]any)
+				csc := c["securityContext"].(map[string]any)
+				assert.Equal(t, true, csc["readOnlyRootFilesystem"], u.GetName())
+				assert.Equal(t, false, csc["allowPrivilegeEscalation"], u.GetName())
+				assert.NotNil(t, c["livenessProbe"], u.GetName())
+				assert.NotNil(t, c["readinessProbe"], u.GetName())
+			}
+		})
+	}
+}
+
+func TestRBACIsLeastPrivilege(t *testing.T) {
+	testenv.Require(t)
+	ctx := context.Background()
+	_ = env.Client.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}})
+	for _, u := range render(t) {
+		switch u.GetKind() {
+		case "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding":
+			require.NoError(t, env.Client.Patch(ctx, u, client.Apply, client.FieldOwner("chart-test"), client.ForceOwnership), u.GetName())
+		}
+	}
+	type check struct {
+		sa, verb, group, resource, sub, namespace string
+		allowed                                   bool
+	}
+	cases := []check{
+		// The prober reads nothing.
+		{"ep-prober", "get", "crawl.example.com", "proxies", "", "default", false},
+		{"ep-prober", "list", "", "pods", "", ns, false},
+		{"ep-prober", "get", "", "secrets", "", ns, false},
+		// The broker reads Proxies and writes nothing.
+		{"ep-broker", "list", "crawl.example.com", "proxies", "", "", true},
+		{"ep-broker", "watch", "crawl.example.com", "proxies", "", "team-a", true},
+		{"ep-broker", "update", "crawl.example.com", "proxies", "", "team-a", false},
+		{"ep-broker", "patch", "crawl.example.com", "proxies", "status", "team-a", false},
+		{"ep-broker", "create", "events.k8s.io", "events", "", "team-a", false},
+		{"ep-broker", "get", "", "secrets", "", ns, false},
+		// The controller: Proxies and their status, its pods, Secrets read-only,
+		// Events, its leader Lease; nothing else.
+		{"ep-controller", "patch", "crawl.example.com", "proxies", "status", "team-a", true},
+		{"ep-controller", "update", "crawl.example.com", "proxies", "", "team-a", true},
+		{"ep-controller", "update", "crawl.example.com", "proxies", "finalizers", "team-a", true},
+		{"ep-controller", "watch", "", "secrets", "", "team-a", true},
+		{"ep-controller", "create", "", "secrets", "", "team-a", false},
+		{"ep-controller", "update", "", "secrets", "", ns, false},
+		{"ep-controller", "delete", "", "secrets", "", ns, false},
+		{"ep-controller", "create", "", "pods", "", ns, true},
+		{"ep-controller", "delete", "", "pods", "", ns, true},
+		{"ep-controller", "create", "", "pods", "", "team-a", false},
+		{"ep-controller", "create", "events.k8s.io", "events", "", "team-a", true},
+		{"ep-controller", "update", "coordination.k8s.io", "leases", "", ns, true},
+		{"ep-controller", "update", "coordination.k8s.io", "leases", "", "kube-system", false},
+		{"ep-controller", "create", "apps", "deployments", "", ns, false},
+		{"ep-controller", "patch", "apps", "deployments", "", ns, false},
+		{"ep-controller", "list", "", "nodes", "", "", false},
+		{"ep-controller", "create", "rbac.authorization.k8s.io", "clusterroles", "", "", false},
+		{"ep-controller", "delete", "crawl.example.com", "proxies", "", "team-a", false},
+	}
+	for _, c := range cases {
+		sar := &authorizationv1.SubjectAccessReview{Spec: authorizationv1.SubjectAccessReviewSpec{
+			User:   "system:serviceaccount:" + ns + ":" + c.sa,
+			Groups: []string{"system:serviceaccounts", "system:serviceaccounts:" + ns, "system:authenticated"},
+			ResourceAttributes: &authorizationv1.ResourceAttributes{
+				Namespace: c.namespace, Verb: c.verb, Group: c.group, Resource: c.resource, Subresource: c.sub},
+		}}
+		require.NoError(t, env.Client.Create(ctx, sar))
+		assert.Equal(t, c.allowed, sar.Status.Allowed, "%s %s %s/%s %s in %q", c.sa, c.verb, c.group, c.resource, c.sub, c.namespace)
+	}
+}
+
+func TestValuesThatBreakTheSchemaAreNamed(t *testing.T) {
+	testenv.Require(t)
+	for _, c := range []struct{ set, want string }{
+		{"controller.replicas=two", "controller/replicas"},
+		{"broker.leaseCap=-1", "broker/leaseCap"},
+		{"controller.health.interval=soon", "controller/health/interval"},
+		{"prober.replcas=3", "replcas"},
+	} {
+		out, err := helm(t, "template", "ep", chart, "--set", c.set)
+		require.Error(t, err, c.set)
+		assert.Contains(t, out, c.want, c.set)
+	}
+	out, err := helm(t, "template", "ep", chart, "--set", "redis.internal.enabled=false")
+	require.Error(t, err)
+	assert.Contains(t, out, "redis.external.addrs is required")
+}
+
+func TestChartCRDIsTheGeneratedOne(t *testing.T) {
+	a, err := os.ReadFile(filepath.Join(testenv.RepoRoot(), "deploy", "crds", "crawl.example.com_proxies.yaml"))
+	require.NoError(t, err)
+	b, err := os.ReadFile(filepath.Join(chart, "crds", "crawl.example.com_proxies.yaml"))
+	require.NoError(t, err)
+	assert.Equal(t, string(a), string(b), "make manifests writes both from one source")
+}
+
+func TestSamplesAreAccepted(t *testing.T) {
+	testenv.Require(t)
+	matches, err := filepath.Glob(filepath.Join(testenv.RepoRoot(), "deploy", "samples", "proxy_*.yaml"))
+	require.NoError(t, err)
+	require.NotEmpty(t, matches)
+	for _, m := range matches {
+		b, err := os.ReadFile(m)
+		require.NoError(t, err)
+		u := &unstructured.Unstructured{}
+		require.NoError(t, utilyaml.Unmarshal(b, &u.Object))
+		u.SetNamespace("default")
+		assert.NoError(t, env.Client.Create(context.Background(), u, client.DryRunAll), filepath.Base(m))
+	}
+}
+
+// The Dockerfiles copy CGO_ENABLED=0 binaries into a distroless static
+// image: they must have no dynamic loader to find there.
+func TestBinariesBuildStatically(t *testing.T) {
+	testenv.Require(t)
+	for _, s := range []string{"controller", "prober", "broker"} {
+		out := filepath.Join(t.TempDir(), s)
+		cmd := exec.Command("go", "build", "-trimpath", "-o", out, "./services/"+s+"/cmd/"+s)
+		cmd.Dir = testenv.RepoRoot()
+		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+		b, err := cmd.CombinedOutput()
+		require.NoError(t, err, string(b))
+		f, err := elf.Open(out)
+		require.NoError(t, err)
+		assert.Nil(t, f.Section(".interp"), "%s has a dynamic loader", s)
+		for _, p := range f.Progs {
+			assert.NotEqual(t, elf.PT_INTERP, p.Type, s)
+		}
+		_ = f.Close()
+		df, err := os.ReadFile(filepath.Join(testenv.RepoRoot(), "services", s, "Dockerfile"))
+		require.NoError(t, err)
+		assert.Contains(t, string(df), "CGO_ENABLED=0")
+		assert.Contains(t, string(df), "distroless/static")
+		assert.Contains(t, string(df), "version.Commit=${GIT_COMMIT}")
+	}
+}
