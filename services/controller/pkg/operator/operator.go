@@ -29,6 +29,7 @@ import (
 	"github.com/egress-proxies/egress-proxies/services/controller/pkg/controllers/proxy/health"
 	"github.com/egress-proxies/egress-proxies/services/controller/pkg/controllers/proxy/lifecycle"
 	"github.com/egress-proxies/egress-proxies/services/controller/pkg/providers"
+	"github.com/egress-proxies/egress-proxies/services/controller/pkg/providers/gcp"
 	"github.com/egress-proxies/egress-proxies/services/controller/pkg/providers/kubernetes"
 )
 
@@ -90,6 +91,7 @@ const defaultProvidersConfig = "providers:\n  - name: kubernetes\n    type: kube
 // factories maps every provider type to its constructor.
 var factories = map[string]providers.Factory{
 	kubernetes.Type: kubernetes.New,
+	gcp.Type:        gcp.New,
 }
 
 func loadEntries(path string) ([]providers.Entry, error) {

@@ -1,21 +1,31 @@
 package operator
 
 import (
-	"os"
+	"context"
+	"log/slog"
 	"path/filepath"
 	"testing"
 
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/egress-proxies/egress-proxies/pkg/testenv"
+	"github.com/egress-proxies/egress-proxies/services/controller/pkg/providers"
 )
 
-// The sample providers config in deploy/samples starts a controller.
+// The sample providers config in deploy/samples parses, and builds a
+// registry here, where no GCP credentials exist: the gcp entries come up
+// unavailable (the manager would start and warn) instead of failing.
 func TestSampleProvidersConfigLoads(t *testing.T) {
-	path := filepath.Join(testenv.RepoRoot(), "deploy", "samples", "providers-config.yaml")
-	_, err := os.Stat(path)
+	t.Setenv("GOOGLE_APPLICATION_CREDENTIALS", t.TempDir()+"/absent.json")
+	entries, err := loadEntries(filepath.Join(testenv.RepoRoot(), "deploy", "samples", "providers-config.yaml"))
 	require.NoError(t, err)
-	entries, err := loadEntries(path)
+	require.Len(t, entries, 4)
+	reg, err := providers.NewRegistry(context.Background(), entries, factories, providers.Deps{Namespace: "ns", Log: slog.Default()})
 	require.NoError(t, err)
-	require.Len(t, entries, 2)
+	assert.Equal(t, []string{"gcp-eu", "gcp-us", "kubernetes", "kubernetes-big"}, reg.Names())
+	_, err = reg.Get("gcp-eu")
+	assert.True(t, providers.IsUnavailable(err))
+	_, err = reg.Get("kubernetes")
+	assert.NoError(t, err)
 }

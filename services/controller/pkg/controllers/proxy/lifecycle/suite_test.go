@@ -27,6 +27,8 @@ import (
 	"github.com/egress-proxies/egress-proxies/services/controller/pkg/controllers/proxy/lifecycle"
 	"github.com/egress-proxies/egress-proxies/services/controller/pkg/providers"
 	"github.com/egress-proxies/egress-proxies/services/controller/pkg/providers/fake"
+	"github.com/egress-proxies/egress-proxies/services/controller/pkg/providers/gcp"
+	"github.com/egress-proxies/egress-proxies/services/controller/pkg/providers/gcp/fakecompute"
 	"github.com/egress-proxies/egress-proxies/services/controller/pkg/providers/kubernetes"
 )
 
@@ -47,6 +49,8 @@ type harness struct {
 	wrap func(providers.Provider) providers.Provider
 	stop func()
 	ips  atomic.Int32
+	// compute, when set before start, backs a "gcp" entry.
+	compute *fakecompute.Server
 }
 
 func newHarness(t *testing.T) *harness {
@@ -76,9 +80,13 @@ func (h *harness) start() *harness {
 			return p, err
 		},
 		"fake": h.fake.Factory(),
+		gcp.Type: gcp.New,
 	}
-	entries, err := providers.ParseConfig([]byte(fmt.Sprintf(
-		"providers:\n- {name: kubernetes, type: kubernetes, kubernetes: {namespace: %s}}\n- {name: fake, type: fake}\n", h.ns)), []string{"kubernetes", "fake"})
+	cfg := fmt.Sprintf("providers:\n- {name: kubernetes, type: kubernetes, kubernetes: {namespace: %s}}\n- {name: fake, type: fake}\n", h.ns)
+	if h.compute != nil {
+		cfg += fmt.Sprintf("- {name: gcp-eu, type: gcp, gcp: {project: p, endpoint: %q, withoutAuthentication: true}}\n", h.compute.URL)
+	}
+	entries, err := providers.ParseConfig([]byte(cfg), []string{"kubernetes", "fake", gcp.Type})
 	require.NoError(t, err)
 	reg, err := providers.NewRegistry(ctx, entries, factories, providers.Deps{
 		Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(), Log: slog.Default(),
