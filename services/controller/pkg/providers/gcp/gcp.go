@@ -98,7 +98,9 @@ func New(ctx context.Context, e providers.Entry, _ providers.Deps) (providers.Pr
 }
 
 // ProviderID is "gcp://<project>/<zone>/<name>".
-func ProviderID(project, zone, name string) string { return "gcp://" + project + "/" + zone + "/" + name }
+func ProviderID(project, zone, name string) string {
+	return "gcp://" + project + "/" + zone + "/" + name
+}
 
 func parseID(id string) (project, zone, name string, err error) {
 	rest, ok := strings.CutPrefix(id, "gcp://")

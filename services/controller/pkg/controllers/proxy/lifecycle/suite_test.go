@@ -79,7 +79,7 @@ func (h *harness) start() *harness {
 			}
 			return p, err
 		},
-		"fake": h.fake.Factory(),
+		"fake":   h.fake.Factory(),
 		gcp.Type: gcp.New,
 	}
 	cfg := fmt.Sprintf("providers:\n- {name: kubernetes, type: kubernetes, kubernetes: {namespace: %s}}\n- {name: fake, type: fake}\n", h.ns)

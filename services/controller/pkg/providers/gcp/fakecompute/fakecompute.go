@@ -242,4 +242,3 @@ func (s *Server) Get(zone, name string) map[string]any {
 	defer s.mu.Unlock()
 	return s.instances[zone+"/"+name]
 }
-
