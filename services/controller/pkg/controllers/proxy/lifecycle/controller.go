@@ -90,6 +90,10 @@ func New(c client.Client, registry *providers.Registry, recorder events.EventRec
 
 const secretRefIndex = "spec.cloudInit.secretRef.name"
 
+// conflictRetry is how soon a reconcile whose status write lost an
+// optimistic-lock race runs again.
+const conflictRetry = 100 * time.Millisecond
+
 // SetupWithManager registers the reconciler, its Secret watch and index.
 func (r *Reconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manager) error {
 	if err := mgr.GetFieldIndexer().IndexField(ctx, &v1.Proxy{}, secretRefIndex, func(o client.Object) []string {
@@ -175,7 +179,16 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (res ctrl.
 
 	s := &scope{px: px, base: px.DeepCopy()}
 	defer func() {
-		if err := r.patchStatus(ctx, s); err != nil {
+		err := r.patchStatus(ctx, s)
+		switch {
+		case apierrors.IsConflict(err):
+			// Someone (often our own previous reconcile, through a cache
+			// that has not caught up) wrote first: decide again on a fresh
+			// read. Expected churn, not an error.
+			if retErr == nil {
+				res = ctrl.Result{RequeueAfter: conflictRetry}
+			}
+		case err != nil:
 			retErr = errors.Join(retErr, err)
 		}
 	}()
