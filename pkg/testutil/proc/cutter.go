@@ -79,3 +79,36 @@ func (c *Cutter) Restore(t T) {
 	}
 	c.serve(ln)
 }
+
+// SilentListener accepts TCP connections on loopback and never answers:
+// a proxy whose port is open but that cannot egress. It returns the
+// address; everything closes when the test ends.
+func SilentListener(t T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	var conns []net.Conn
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			conns = append(conns, c)
+			mu.Unlock()
+		}
+	}()
+	t.Cleanup(func() {
+		_ = ln.Close()
+		mu.Lock()
+		defer mu.Unlock()
+		for _, c := range conns {
+			_ = c.Close()
+		}
+	})
+	return ln.Addr().String()
+}

@@ -323,6 +323,25 @@ func TestAuthOnRESTAndGRPC(t *testing.T) {
 	require.NoError(t, err)
 	_, err = c.ReleaseLease(ctx, &leasev1.ReleaseLeaseRequest{LeaseId: l.GetLeaseId()})
 	require.NoError(t, err, "release is idempotent over gRPC too")
+	for name, call := range map[string]func() error{
+		"release with empty leaseID": func() error { _, err := c.ReleaseLease(ctx, &leasev1.ReleaseLeaseRequest{}); return err },
+		"renew with empty leaseID":   func() error { _, err := c.RenewLease(ctx, &leasev1.RenewLeaseRequest{}); return err },
+		"report with empty result": func() error {
+			_, err := c.ReportLease(ctx, &leasev1.ReportLeaseRequest{LeaseId: l.GetLeaseId()})
+			return err
+		},
+		"empty selector key": func() error {
+			_, err := c.CreateLease(ctx, &leasev1.CreateLeaseRequest{Selector: map[string]string{"": "x"}})
+			return err
+		},
+		"selector value over 63": func() error {
+			_, err := c.CreateLease(ctx, &leasev1.CreateLeaseRequest{Selector: map[string]string{"geo": strings.Repeat("x", 64)}})
+			return err
+		},
+	} {
+		err := call()
+		assert.Equal(t, codes.InvalidArgument, status.Code(err), "%s: %v", name, err)
+	}
 	_, err = c.CreateLease(ctx, &leasev1.CreateLeaseRequest{Selector: map[string]string{"geo": strings.Repeat("x", 2<<20)}})
 	assert.Equal(t, codes.ResourceExhausted, status.Code(err), "an oversized message is refused before it is read")
 

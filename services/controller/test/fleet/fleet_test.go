@@ -135,19 +135,7 @@ func TestProbeFleetEndToEnd(t *testing.T) {
 	good := proc.StartSquid(t, "127.0.0.1", false)
 	spare := proc.StartSquid(t, "127.0.0.1", false)
 	denying := proc.StartSquid(t, "127.0.0.1", true)
-	silent, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	defer func() { _ = silent.Close() }()
-	go func() {
-		for {
-			c, err := silent.Accept()
-			if err != nil {
-				return
-			}
-			defer func() { _ = c.Close() }()
-		}
-	}()
-
+	silent := proc.SilentListener(t) // TCP up, no egress
 	kc, err := env.WriteKubeconfig(t.TempDir())
 	require.NoError(t, err)
 	probeAddr, metrics := proc.Addr(proc.FreePort(t)), proc.FreePort(t)
@@ -172,7 +160,7 @@ func TestProbeFleetEndToEnd(t *testing.T) {
 	external(t, ns, "squid", good.Addr, nil)
 	external(t, ns, "spare", spare.Addr, nil)
 	external(t, ns, "denying", denying.Addr, nil)
-	external(t, ns, "silent", silent.Addr().String(), nil)
+	external(t, ns, "silent", silent, nil)
 	external(t, ns, "stranger-ca", good.Addr, &v1.HealthCheck{URL: stranger.URL + "/ip", ExpectedStatus: 200})
 
 	t.Run("a working Squid goes Healthy and reports its exit IP", func(t *testing.T) {

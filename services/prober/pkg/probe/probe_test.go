@@ -4,14 +4,12 @@ import (
 	"context"
 	"crypto/x509"
 	"fmt"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/assert"
-	"github.com/stretchr/testify/require"
 
 	probev1 "github.com/egress-proxies/egress-proxies/pkg/gen/egressproxies/probe/v1"
 	"github.com/egress-proxies/egress-proxies/pkg/testutil/proc"
@@ -36,19 +34,7 @@ func TestProbesThroughRealSquid(t *testing.T) {
 	plain := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusNoContent) }))
 	defer plain.Close()
 
-	// A listener that accepts and never answers: TCP up, no egress.
-	silent, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	defer func() { _ = silent.Close() }()
-	go func() {
-		for {
-			c, err := silent.Accept()
-			if err != nil {
-				return
-			}
-			defer func() { _ = c.Close() }()
-		}
-	}()
+	silent := proc.SilentListener(t) // TCP up, no egress
 	closedPort := proc.FreePort(t)
 
 	good := &probe.Prober{RootCAs: pool}
@@ -68,7 +54,7 @@ func TestProbesThroughRealSquid(t *testing.T) {
 		{"echo json", good, squid.Addr, probe.Settings{URL: srv.URL + "/json", ExpectedStatus: 200, Timeout: 3 * time.Second, EchoFormat: "json:ip"}, true, 0, "", "127.0.0.1"},
 		{"squid denies CONNECT", good, denying.Addr, settings(srv.URL+"/ok", 204), false, probev1.ProbePhase_PROBE_PHASE_CONNECT, "403 Forbidden", ""},
 		{"squid denies http", good, denying.Addr, settings(plain.URL+"/", 204), false, probev1.ProbePhase_PROBE_PHASE_STATUS, "ERR_ACCESS_DENIED", ""},
-		{"tunnel never answers", good, silent.Addr().String(), probe.Settings{URL: srv.URL + "/ok", ExpectedStatus: 204, Timeout: 500 * time.Millisecond}, false, probev1.ProbePhase_PROBE_PHASE_CONNECT, "timed out", ""},
+		{"tunnel never answers", good, silent, probe.Settings{URL: srv.URL + "/ok", ExpectedStatus: 204, Timeout: 500 * time.Millisecond}, false, probev1.ProbePhase_PROBE_PHASE_CONNECT, "timed out", ""},
 		{"proxy down", good, proc.Addr(closedPort), settings(srv.URL+"/ok", 204), false, probev1.ProbePhase_PROBE_PHASE_DIAL, "refused", ""},
 		{"unknown CA", &probe.Prober{}, squid.Addr, settings(srv.URL+"/ok", 204), false, probev1.ProbePhase_PROBE_PHASE_TLS, "certificate", ""},
 		{"wrong status", good, squid.Addr, settings(srv.URL+"/missing", 204), false, probev1.ProbePhase_PROBE_PHASE_STATUS, "404", ""},
