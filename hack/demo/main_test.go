@@ -28,6 +28,6 @@ func TestDemoOnce(t *testing.T) {
 	assert.Equal(t, 2, strings.Count(out, "204 No Content"), "release answered 204 twice")
 	assert.Contains(t, out, `"leaseID"`)
 	assert.Contains(t, out, `"cooldownUntil"`)
-	assert.Regexp(t, `proxy-kubernetes-sample\s+Managed\s+kubernetes\s+Ready\s+127\.0\.0\.\d+\s+True`, out)
+	assert.Regexp(t, `proxy-kubernetes-sample\s+Managed\s+kubernetes\s+Ready\s+127\.\d+\.\d+\.\d+\s+True`, out)
 	assert.Regexp(t, `proxy-external-sample\s+External\s+Ready\s+127\.0\.0\.2\s+True`, out)
 }

@@ -152,7 +152,7 @@ func Start(t proc.T, env *testenv.Env, o Options) *System {
 		s.StartBroker(i)
 	}
 
-	o.Step("starting the kubelet stand-in (a real Squid per kubernetes-provider pod, on its own 127.0.0.x)")
+	o.Step("starting the kubelet stand-in (a real Squid per kubernetes-provider pod, on its own 127.x.y.z)")
 	s.Kubelet = &kubelet.StandIn{Client: s.Client, Namespace: PodNamespace, T: t, Log: func(f string, a ...any) { o.Step(f, a...) }}
 	kctx, kcancel := context.WithCancel(ctx)
 	kdone := make(chan struct{})

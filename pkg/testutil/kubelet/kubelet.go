@@ -1,14 +1,16 @@
 // Package kubelet plays the kubelet for the kubernetes provider's Squid
 // pods where none runs (envtest, the demo): for every pod of ours it starts
-// a real Squid on an address of its own (127.0.0.10, .11, ...) and the
-// pod's container port, and writes the status a kubelet would: Running,
-// with that address as the pod IP. Nothing else ever runs on those
-// addresses. A deleted pod's Squid is stopped.
+// a real Squid on an address of its own (127.A.B.10, .11, ..., in a /24
+// picked at random per stand-in, so stand-ins of tests running in parallel
+// never share one) and the pod's container port, and writes the status a
+// kubelet would: Running, with that address as the pod IP. Nothing else
+// ever runs on those addresses. A deleted pod's Squid is stopped.
 package kubelet
 
 import (
 	"context"
 	"fmt"
+	"math/rand/v2"
 	"sync"
 	"time"
 
@@ -30,6 +32,7 @@ type StandIn struct {
 	mu      sync.Mutex
 	running map[string]*proc.Squid
 	next    int
+	subnet  string // "127.A.B"
 }
 
 // Run reconciles every interval until ctx ends.
@@ -37,6 +40,7 @@ func (k *StandIn) Run(ctx context.Context, interval time.Duration) {
 	k.mu.Lock()
 	if k.running == nil {
 		k.running = map[string]*proc.Squid{}
+		k.subnet = fmt.Sprintf("127.%d.%d", 1+rand.IntN(250), rand.IntN(250))
 	}
 	k.mu.Unlock()
 	t := time.NewTicker(interval)
@@ -78,7 +82,7 @@ func (k *StandIn) sync(ctx context.Context) {
 			port = int(c[0].Ports[0].ContainerPort)
 		}
 		k.next++
-		host := fmt.Sprintf("127.0.0.%d", 9+k.next)
+		host := fmt.Sprintf("%s.%d", k.subnet, 9+k.next)
 		squid := proc.StartSquidAt(k.T, host, port, false)
 		k.running[uid] = squid
 		pod.Status.Phase = corev1.PodRunning
