@@ -185,3 +185,19 @@ func (bearer) RequireTransportSecurity() bool { return false }
 
 // DialOption sends the token on every call of a client connection.
 func (t *Token) DialOption() grpc.DialOption { return grpc.WithPerRPCCredentials(bearer{t}) }
+
+// reloadEvery is how often a token file is re-read.
+const reloadEvery = 5 * time.Second
+
+// FromFlag is FromFile for a --flag value: an empty path means no token
+// (nil, which allows every call), and an error names the flag.
+func FromFlag(ctx context.Context, log *slog.Logger, flag, path string) (*Token, error) {
+	if path == "" {
+		return nil, nil
+	}
+	t, err := FromFile(ctx, log, path, reloadEvery)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", flag, err)
+	}
+	return t, nil
+}

@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/signal"
 	"syscall"
+	"time"
 
 	"github.com/egress-proxies/egress-proxies/pkg/telemetry"
 )
@@ -59,7 +60,7 @@ func Run(name, envPrefix string, args []string, stderr io.Writer, fs *flag.FlagS
 		return 2
 	}
 	defer func() {
-		sctx, cancel := context.WithTimeout(context.Background(), 5e9)
+		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
 		if err := shutdown(sctx); err != nil {
 			log.Warn("flushing traces", "err", err)

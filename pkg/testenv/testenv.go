@@ -17,7 +17,6 @@ import (
 	"runtime"
 	"testing"
 
-	"k8s.io/apimachinery/pkg/runtime/serializer"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
@@ -134,9 +133,6 @@ func Require(t testing.TB) {
 		t.Skip("needs an API server (envtest); skipped in -short mode")
 	}
 }
-
-// Codecs for tests that decode YAML manifests.
-var Codecs = serializer.NewCodecFactory(NewScheme())
 
 // WriteKubeconfig writes a kubeconfig for the API server to dir and returns
 // its path, for processes the tests start.

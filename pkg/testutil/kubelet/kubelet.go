@@ -120,14 +120,3 @@ func (k *StandIn) Squid(podUID string) *proc.Squid {
 	defer k.mu.Unlock()
 	return k.running[podUID]
 }
-
-// Squids returns the addresses of the Squids running now.
-func (k *StandIn) Squids() []string {
-	k.mu.Lock()
-	defer k.mu.Unlock()
-	var out []string
-	for _, s := range k.running {
-		out = append(out, s.Addr)
-	}
-	return out
-}

@@ -3,7 +3,6 @@ package proc
 import (
 	"fmt"
 	"os/exec"
-	"path/filepath"
 	"strconv"
 	"testing"
 	"time"
@@ -61,6 +60,3 @@ func (r *Redis) Start() {
 // Kill stops the server with SIGKILL (data since the last fsync is lost
 // without AOF).
 func (r *Redis) Kill() { r.Proc.Kill() }
-
-// AOFPath is the append-only directory, for tests that inspect it.
-func (r *Redis) AOFPath() string { return filepath.Join(r.Dir, "appendonlydir") }

@@ -14,11 +14,9 @@ import (
 
 	"github.com/redis/go-redis/extra/redisotel/v9"
 	"github.com/redis/go-redis/v9"
-	"k8s.io/client-go/rest"
-	"k8s.io/client-go/tools/clientcmd"
-	ctrl "sigs.k8s.io/controller-runtime"
 
 	"github.com/egress-proxies/egress-proxies/pkg/auth"
+	"github.com/egress-proxies/egress-proxies/pkg/kube"
 	"github.com/egress-proxies/egress-proxies/pkg/service"
 	"github.com/egress-proxies/egress-proxies/pkg/version"
 	"github.com/egress-proxies/egress-proxies/services/broker/pkg/inventory"
@@ -94,17 +92,15 @@ func run(args []string) int {
 		if err := o.validate(); err != nil {
 			return service.UsageError{Err: err}
 		}
-		var tok *auth.Token
-		if o.tokenFile != "" {
-			var err error
-			if tok, err = auth.FromFile(ctx, log, o.tokenFile, 5*time.Second); err != nil {
-				return service.Usagef("--token-file: %v", err)
-			}
-		} else {
+		tok, err := auth.FromFlag(ctx, log, "--token-file", o.tokenFile)
+		if err != nil {
+			return service.UsageError{Err: err}
+		}
+		if !tok.Enabled() {
 			log.Warn("NO TOKEN CONFIGURED: the lease API serves every caller UNAUTHENTICATED; set --token-file (BROKER_TOKEN_FILE) to a mounted Secret")
 		}
 
-		cfg, err := restConfig(o.kubeconfig)
+		cfg, err := kube.RestConfig(o.kubeconfig)
 		if err != nil {
 			return service.Usagef("--kubeconfig: %v", err)
 		}
@@ -155,11 +151,4 @@ func run(args []string) int {
 		serveErr := srv.Serve(ctx)
 		return errors.Join(serveErr, waitOps())
 	})
-}
-
-func restConfig(path string) (*rest.Config, error) {
-	if path == "" {
-		return ctrl.GetConfig()
-	}
-	return clientcmd.BuildConfigFromFlags("", path)
 }

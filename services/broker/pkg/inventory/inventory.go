@@ -63,8 +63,7 @@ type Inventory struct {
 	synced  atomic.Bool
 }
 
-// New returns an empty inventory; Set and Delete fill it (Run does so from
-// an informer).
+// New returns an empty inventory; Run fills it from an informer.
 func New() *Inventory { return &Inventory{proxies: map[string]Proxy{}} }
 
 // Run watches Proxies (in namespace, or all when empty) until ctx ends.
@@ -128,9 +127,6 @@ func (i *Inventory) Delete(id string) {
 
 // Synced reports whether the first full list has arrived.
 func (i *Inventory) Synced() bool { return i.synced.Load() }
-
-// MarkSynced is for inventories filled by hand.
-func (i *Inventory) MarkSynced() { i.synced.Store(true) }
 
 // Select returns the proxies matching namespace and selector (and health,
 // when healthy is set), sorted by id.

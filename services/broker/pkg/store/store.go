@@ -51,10 +51,6 @@ var (
 	reportScript  = redis.NewScript(reportSrc)
 )
 
-// AcquireScript is the lease-selection script, exported for the benchmark
-// that measures Redis's own ceiling on it.
-var AcquireScript = acquireScript
-
 // Errors the API maps to status codes.
 var (
 	// ErrLeaseNotFound: unknown or expired lease.
@@ -262,10 +258,4 @@ func (s *Store) Loads(ctx context.Context, proxies []string) (map[string]int, er
 		out[p] = int(cmds[i].Val())
 	}
 	return out, nil
-}
-
-// CoolingDown reports whether proxy cools down for target.
-func (s *Store) CoolingDown(ctx context.Context, proxy, target string) (bool, error) {
-	n, err := s.rdb.Exists(ctx, coolKey(proxy, target)).Result()
-	return n == 1, wrap(err)
 }

@@ -13,8 +13,6 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
-	"k8s.io/client-go/rest"
-	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
@@ -105,13 +103,6 @@ func loadEntries(path string) ([]providers.Entry, error) {
 	return providers.LoadConfig(path, types)
 }
 
-func restConfig(path string) (*rest.Config, error) {
-	if path == "" {
-		return ctrl.GetConfig()
-	}
-	return clientcmd.BuildConfigFromFlags("", path)
-}
-
 // Run runs the manager until ctx ends.
 func Run(ctx context.Context, log *slog.Logger, o Options) error {
 	ctrl.SetLogger(logr.FromSlogHandler(log.Handler()))
@@ -128,7 +119,7 @@ func Run(ctx context.Context, log *slog.Logger, o Options) error {
 	if err != nil {
 		return service.Usagef("--providers-config: %v", err)
 	}
-	cfg, err := restConfig(o.Kubeconfig)
+	cfg, err := kube.RestConfig(o.Kubeconfig)
 	if err != nil {
 		return service.Usagef("--kubeconfig: %v", err)
 	}
@@ -175,12 +166,11 @@ func Run(ctx context.Context, log *slog.Logger, o Options) error {
 	}); err != nil {
 		return err
 	}
-	var probeToken *auth.Token
-	if o.ProbeTokenFile != "" {
-		if probeToken, err = auth.FromFile(ctx, log, o.ProbeTokenFile, 5*time.Second); err != nil {
-			return service.Usagef("--probe-token-file: %v", err)
-		}
-	} else {
+	probeToken, err := auth.FromFlag(ctx, log, "--probe-token-file", o.ProbeTokenFile)
+	if err != nil {
+		return service.UsageError{Err: err}
+	}
+	if !probeToken.Enabled() {
 		log.Warn("no --probe-token-file: the probe endpoint accepts any prober")
 	}
 	hub := &health.Hub{

@@ -67,12 +67,9 @@ func run(args []string) int {
 				return service.Usagef("--ca-file %s holds no PEM certificate", o.caFile)
 			}
 		}
-		var tok *auth.Token
-		if o.tokenFile != "" {
-			var err error
-			if tok, err = auth.FromFile(ctx, env.Log, o.tokenFile, 5*time.Second); err != nil {
-				return service.Usagef("--token-file: %v", err)
-			}
+		tok, err := auth.FromFlag(ctx, env.Log, "--token-file", o.tokenFile)
+		if err != nil {
+			return service.UsageError{Err: err}
 		}
 		dial := []grpc.DialOption{
 			grpc.WithTransportCredentials(insecure.NewCredentials()),

@@ -235,10 +235,3 @@ func (s *Server) aggregated(w http.ResponseWriter, r *http.Request) {
 	}
 	writeJSON(w, resp)
 }
-
-// Get returns a stored instance (nil when absent).
-func (s *Server) Get(zone, name string) map[string]any {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.instances[zone+"/"+name]
-}
