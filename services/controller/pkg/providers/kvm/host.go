@@ -1,0 +1,290 @@
+package kvm
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"sync"
+	"time"
+
+	libvirt "github.com/digitalocean/go-libvirt"
+	"github.com/digitalocean/go-libvirt/socket/dialers"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"golang.org/x/crypto/ssh"
+	"golang.org/x/crypto/ssh/knownhosts"
+)
+
+// lane names what a libvirt connection is used for. kvm2 gives each lane
+// a connection of its own (so an image upload never queues a reconcile's
+// RPC behind it, and cancelling one never tears down another); kvm sends
+// every lane over one connection per host.
+type lane int
+
+const (
+	// laneRPC carries reconcile calls: define, lookup, start, delete.
+	laneRPC lane = iota
+	// laneBulk carries image downloads into the pool.
+	laneBulk
+	// laneCheck carries host health checks (reachability before a List).
+	laneCheck
+)
+
+func (l lane) String() string { return [...]string{"rpc", "bulk", "check"}[l] }
+
+// credentials returns what an SSH dial needs. kvm reads the files once at
+// start; kvm2 on every dial, so a rotated Secret is used without a restart.
+type credentials func() (ssh.Signer, ssh.HostKeyCallback, error)
+
+func readCredentials(c *Config) credentials {
+	return func() (ssh.Signer, ssh.HostKeyCallback, error) {
+		key, err := os.ReadFile(c.SSHKeyFile)
+		if err != nil {
+			return nil, nil, fmt.Errorf("reading SSH key (is the kvm-ssh Secret created?): %w", err)
+		}
+		signer, err := ssh.ParsePrivateKey(key)
+		if err != nil {
+			return nil, nil, fmt.Errorf("parsing SSH key %s: %w", c.SSHKeyFile, err)
+		}
+		if c.InsecureIgnoreHostKey {
+			return signer, ssh.InsecureIgnoreHostKey(), nil //nolint:gosec // asked for in config, warned at start
+		}
+		cb, err := knownhosts.New(c.KnownHostsFile)
+		if err != nil {
+			return nil, nil, fmt.Errorf("reading known_hosts (is the kvm-ssh Secret created?): %w", err)
+		}
+		return signer, cb, nil
+	}
+}
+
+// onceCredentials reads the files once and keeps the result, error included.
+func onceCredentials(read credentials) credentials {
+	s, cb, err := read()
+	return func() (ssh.Signer, ssh.HostKeyCallback, error) { return s, cb, err }
+}
+
+// HostError says which host an operation failed on and why; every error
+// the provider returns about a host is one, so a Proxy's condition names
+// the host.
+type HostError struct {
+	Host, Address string
+	Err           error
+}
+
+func (e *HostError) Error() string {
+	return fmt.Sprintf("kvm host %s (%s): %v", e.Host, e.Address, e.Err)
+}
+func (e *HostError) Unwrap() error { return e.Err }
+
+// conn is one SSH connection carrying one libvirt connection.
+type conn struct {
+	ssh *ssh.Client
+	lv  *libvirt.Libvirt
+}
+
+func (c *conn) close() {
+	// Closing SSH ends the channel under libvirt, which fails every call
+	// in flight: this is how a cancelled context stops a hung RPC, since
+	// go-libvirt's calls take none.
+	_ = c.ssh.Close()
+}
+
+func (c *conn) alive() bool {
+	select {
+	case <-c.lv.Disconnected():
+		return false
+	default:
+		return true
+	}
+}
+
+// host is one configured hypervisor and its open connections.
+type host struct {
+	name  string
+	cfg   Host
+	creds credentials
+	gen   *generation
+
+	mu    sync.Mutex
+	conns map[lane]*conn
+	// domType is the domain type the host offers (kvm, else qemu), asked
+	// once.
+	domType string
+	// dialing serialises dials per lane, so concurrent reconciles share
+	// one new connection instead of each opening their own.
+	dialing map[lane]*sync.Mutex
+}
+
+func newHost(name string, cfg Host, creds credentials, gen *generation) *host {
+	h := &host{name: name, cfg: cfg, creds: creds, gen: gen, conns: map[lane]*conn{}, dialing: map[lane]*sync.Mutex{}}
+	for _, l := range []lane{laneRPC, laneBulk, laneCheck} {
+		h.dialing[gen.lane(l)] = &sync.Mutex{}
+	}
+	return h
+}
+
+func (h *host) errorf(format string, args ...any) error {
+	return &HostError{Host: h.name, Address: h.cfg.sshAddress(), Err: fmt.Errorf(format, args...)}
+}
+
+const dialTimeout = 15 * time.Second
+
+// conn returns the open connection of lane, dialing one if there is none
+// or the last one died.
+func (h *host) conn(ctx context.Context, l lane) (*conn, error) {
+	l = h.gen.lane(l)
+	d := h.dialing[l]
+	d.Lock()
+	defer d.Unlock()
+	h.mu.Lock()
+	c := h.conns[l]
+	h.mu.Unlock()
+	if c != nil && c.alive() {
+		return c, nil
+	}
+	c, err := h.dial(ctx)
+	if err != nil {
+		return nil, err
+	}
+	h.mu.Lock()
+	h.conns[l] = c
+	h.mu.Unlock()
+	return c, nil
+}
+
+func (h *host) dial(ctx context.Context) (*conn, error) {
+	signer, hostKeys, err := h.creds()
+	if err != nil {
+		return nil, h.errorf("%w", err)
+	}
+	ctx, cancel := context.WithTimeout(ctx, dialTimeout)
+	defer cancel()
+	addr := h.cfg.sshAddress()
+	tcp, err := (&net.Dialer{}).DialContext(ctx, "tcp", addr)
+	if err != nil {
+		return nil, h.errorf("unreachable: %w", err)
+	}
+	stop := context.AfterFunc(ctx, func() { _ = tcp.Close() })
+	sc, chans, reqs, err := ssh.NewClientConn(tcp, addr, &ssh.ClientConfig{
+		User: h.cfg.User, Auth: []ssh.AuthMethod{ssh.PublicKeys(signer)}, HostKeyCallback: hostKeys,
+	})
+	stop()
+	if err != nil {
+		_ = tcp.Close()
+		return nil, h.errorf("%s", sshFailure(err, h.cfg.User))
+	}
+	client := ssh.NewClient(sc, chans, reqs)
+	unix, err := client.Dial("unix", h.cfg.socket())
+	if err != nil {
+		_ = client.Close()
+		return nil, h.errorf("reaching libvirt's socket %s over SSH: %w", h.cfg.socket(), err)
+	}
+	lv := libvirt.NewWithDialer(dialers.NewAlreadyConnected(unix))
+	if err := lv.ConnectToURI(libvirt.ConnectURI(h.cfg.uri())); err != nil {
+		_ = client.Close()
+		return nil, h.errorf("connecting to %s: %w", h.cfg.uri(), err)
+	}
+	return &conn{ssh: client, lv: lv}, nil
+}
+
+// sshFailure turns an SSH handshake error into what a human must fix.
+func sshFailure(err error, user string) string {
+	var ke *knownhosts.KeyError
+	switch {
+	case errors.As(err, &ke) && len(ke.Want) > 0:
+		return fmt.Sprintf("host key mismatch: the host's key is not the one known_hosts holds for it; refusing to connect (%v)", err)
+	case errors.As(err, &ke):
+		return fmt.Sprintf("host key unknown: the host is not in known_hosts; refusing to connect (%v)", err)
+	case bytes.Contains([]byte(err.Error()), []byte("unable to authenticate")):
+		return fmt.Sprintf("SSH login as %q refused: the key is not (or no longer) authorized on the host (%v)", user, err)
+	default:
+		return fmt.Sprintf("SSH handshake failed: %v", err)
+	}
+}
+
+// do runs one libvirt call on lane. kvm2 records it as a child span. A
+// context that ends first closes the connection, failing the call; a dead
+// connection is redialled by the next call.
+func (h *host) do(ctx context.Context, l lane, name string, call func(*libvirt.Libvirt) error) error {
+	ctx, span := h.gen.startSpan(ctx, "libvirt."+name,
+		attribute.String("kvm.host", h.name), attribute.String("kvm.lane", h.gen.lane(l).String()))
+	err := h.doUntraced(ctx, l, call)
+	if span != nil {
+		if err != nil && !isLibvirt(err, libvirt.ErrNoDomain, libvirt.ErrNoStorageVol, libvirt.ErrNoDomainMetadata) {
+			span.RecordError(err)
+			span.SetStatus(codes.Error, err.Error())
+		}
+		span.End()
+	}
+	return err
+}
+
+func (h *host) doUntraced(ctx context.Context, l lane, call func(*libvirt.Libvirt) error) error {
+	c, err := h.conn(ctx, l)
+	if err != nil {
+		return err
+	}
+	stop := context.AfterFunc(ctx, c.close)
+	err = call(c.lv)
+	stop()
+	switch {
+	case err == nil:
+		return nil
+	case ctx.Err() != nil:
+		return h.errorf("%w (the call was cut short: %v)", ctx.Err(), err)
+	case !c.alive():
+		return h.errorf("connection lost: %w", err)
+	}
+	return h.errorf("%w", err)
+}
+
+// exec runs a command on the host over the RPC lane's SSH connection.
+func (h *host) exec(ctx context.Context, cmd string) ([]byte, error) {
+	_, span := h.gen.startSpan(ctx, "ssh.exec", attribute.String("kvm.host", h.name), attribute.String("ssh.command", cmd))
+	if span != nil {
+		defer span.End()
+	}
+	c, err := h.conn(ctx, laneRPC)
+	if err != nil {
+		return nil, err
+	}
+	s, err := c.ssh.NewSession()
+	if err != nil {
+		return nil, h.errorf("opening an SSH session: %w", err)
+	}
+	defer s.Close()
+	stop := context.AfterFunc(ctx, func() { _ = s.Close() })
+	defer stop()
+	out, err := s.Output(cmd)
+	if err != nil {
+		return nil, h.errorf("running %q: %w", cmd, err)
+	}
+	return out, nil
+}
+
+// close drops every connection (used when the provider is discarded).
+func (h *host) close() {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for l, c := range h.conns {
+		c.close()
+		delete(h.conns, l)
+	}
+}
+
+// isLibvirt reports whether err carries one of libvirt's error numbers.
+func isLibvirt(err error, codes ...libvirt.ErrorNumber) bool {
+	var le libvirt.Error
+	if !errors.As(err, &le) {
+		return false
+	}
+	for _, c := range codes {
+		if le.Code == uint32(c) {
+			return true
+		}
+	}
+	return false
+}
