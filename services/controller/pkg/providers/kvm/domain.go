@@ -58,7 +58,8 @@ func (t *tags) xml() string {
 
 // element renders it with the namespace, as it sits inside <metadata>.
 func (t *tags) element(uri string) string {
-	return strings.Replace(t.xml(), "<instance>", fmt.Sprintf(`<%s:instance xmlns:%s=%q>`, metadataKey, metadataKey, uri), 1)
+	inner := strings.TrimSuffix(strings.TrimPrefix(t.xml(), "<instance>"), "</instance>")
+	return fmt.Sprintf(`<%s:instance xmlns:%s=%q>%s</%s:instance>`, metadataKey, metadataKey, uri, inner, metadataKey)
 }
 
 func parseTags(s string) (*tags, error) {

@@ -69,8 +69,10 @@ func (p *Provider) provision(ctx context.Context, h *host, name string, t *tags)
 	if err != nil {
 		return err
 	}
+	// The bulk lane: a kvm2 job being cancelled closes its connection,
+	// which must not be the one reconciles use.
 	var seedMissing bool
-	err = h.do(ctx, laneRPC, "StorageVolCreateXML", func(l *libvirt.Libvirt) error {
+	err = h.do(ctx, laneBulk, "StorageVolCreateXML", func(l *libvirt.Libvirt) error {
 		pool, err := l.StoragePoolLookupByName(h.cfg.Pool)
 		if err != nil {
 			return err
@@ -92,7 +94,7 @@ func (p *Provider) provision(ctx context.Context, h *host, name string, t *tags)
 		return h.errorf("domain %s: %w", name, errSeedLost)
 	}
 	t.Started = true
-	err = h.do(ctx, laneRPC, "DomainCreate", func(l *libvirt.Libvirt) error {
+	err = h.do(ctx, laneBulk, "DomainCreate", func(l *libvirt.Libvirt) error {
 		d, err := l.DomainLookupByName(name)
 		if err != nil {
 			return err
