@@ -18,16 +18,18 @@ import (
 	"golang.org/x/crypto/ssh/knownhosts"
 )
 
-// lane names what a libvirt connection is used for. kvm2 gives each lane
-// a connection of its own (so an image upload never queues a reconcile's
-// RPC behind it, and cancelling one never tears down another); kvm sends
-// every lane over one connection per host.
+// lane names what a libvirt connection is used for. kvm sends every lane
+// over one connection per host. kvm2 keeps one connection each for
+// reconcile RPCs and health checks, and dials a connection of its own for
+// every bulk operation (an image download, a VM's provisioning), closed
+// after it: a long upload never queues a reconcile's RPC behind its 4 MiB
+// packets, and cancelling one job closes nobody else's connection.
 type lane int
 
 const (
-	// laneRPC carries reconcile calls: define, lookup, start, delete.
+	// laneRPC carries reconcile calls: define, lookup, state, delete.
 	laneRPC lane = iota
-	// laneBulk carries image downloads into the pool.
+	// laneBulk carries image downloads and background provisioning.
 	laneBulk
 	// laneCheck carries host health checks (reachability before a List).
 	laneCheck
@@ -120,7 +122,7 @@ type host struct {
 
 func newHost(name string, cfg Host, creds credentials, gen *generation) *host {
 	h := &host{name: name, cfg: cfg, creds: creds, gen: gen, conns: map[lane]*conn{}, dialing: map[lane]*sync.Mutex{}}
-	for _, l := range []lane{laneRPC, laneBulk, laneCheck} {
+	for _, l := range []lane{laneRPC, laneCheck} {
 		h.dialing[gen.lane(l)] = &sync.Mutex{}
 	}
 	return h
@@ -130,7 +132,14 @@ func (h *host) errorf(format string, args ...any) error {
 	return &HostError{Host: h.name, Address: h.cfg.sshAddress(), Err: fmt.Errorf(format, args...)}
 }
 
-const dialTimeout = 15 * time.Second
+const (
+	dialTimeout = 15 * time.Second
+	// callTimeout bounds a call on a shared connection whose caller set
+	// no deadline (reconciles have none): a host that stopped answering
+	// must not hold a worker forever. The connection is then closed, as
+	// a stuck call cannot be told from a dead host.
+	callTimeout = 2 * time.Minute
+)
 
 // conn returns the open connection of lane, dialing one if there is none
 // or the last one died.
@@ -223,9 +232,22 @@ func (h *host) do(ctx context.Context, l lane, name string, call func(*libvirt.L
 }
 
 func (h *host) doUntraced(ctx context.Context, l lane, call func(*libvirt.Libvirt) error) error {
-	c, err := h.conn(ctx, l)
-	if err != nil {
-		return err
+	var c *conn
+	var err error
+	if h.gen.lane(l) == laneBulk {
+		if c, err = h.dial(ctx); err != nil {
+			return err
+		}
+		defer c.close()
+	} else {
+		if _, ok := ctx.Deadline(); !ok {
+			var cancel context.CancelFunc
+			ctx, cancel = context.WithTimeout(ctx, callTimeout)
+			defer cancel()
+		}
+		if c, err = h.conn(ctx, l); err != nil {
+			return err
+		}
 	}
 	stop := context.AfterFunc(ctx, c.close)
 	err = call(c.lv)

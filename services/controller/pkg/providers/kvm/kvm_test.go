@@ -12,7 +12,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -209,5 +208,3 @@ func volumes(t *testing.T, h *kvmtest.Host) []string {
 	}
 	return names
 }
-
-var onceMu sync.Mutex

@@ -69,8 +69,6 @@ func (p *Provider) provision(ctx context.Context, h *host, name string, t *tags)
 	if err != nil {
 		return err
 	}
-	// The bulk lane: a kvm2 job being cancelled closes its connection,
-	// which must not be the one reconciles use.
 	var seedMissing bool
 	err = h.do(ctx, laneBulk, "StorageVolCreateXML", func(l *libvirt.Libvirt) error {
 		pool, err := l.StoragePoolLookupByName(h.cfg.Pool)

@@ -117,11 +117,6 @@ func Start(t testing.TB, name string, opts Options, authorized ...ssh.PublicKey)
 	must(t, os.WriteFile(filepath.Join(dir, "ssh_host_ed25519_key"), pem.EncodeToMemory(block), 0o600))
 	hostSigner, err := ssh.NewSignerFromKey(hostPriv)
 	must(t, err)
-	var auth strings.Builder
-	for _, k := range authorized {
-		auth.Write(ssh.MarshalAuthorizedKey(k))
-	}
-	must(t, os.WriteFile(filepath.Join(dir, "authorized_keys"), []byte(auth.String()), 0o600))
 	write := func(name, content string) { must(t, os.WriteFile(filepath.Join(dir, name), []byte(content), 0o644)) }
 	write("etc/libvirtd.conf", "auth_unix_rw = \"none\"\nauth_unix_ro = \"none\"\nunix_sock_rw_perms = \"0700\"\n")
 	// No virtlogd and no security driver in a test namespace; qemu runs
@@ -155,6 +150,7 @@ exec /usr/sbin/sshd -D -e -f $D/sshd_config
 `, dir, pool, Bridge)
 	p := proc.Start(t, "host-"+name, "/usr/bin/unshare", "--mount", "--net", "--propagation", "private", "/bin/bash", "-c", script)
 	h := &Host{Name: name, HostKey: hostSigner.PublicKey(), dir: dir, pid: p.Cmd.Process.Pid, t: t}
+	h.Authorize(t, authorized...)
 	t.Cleanup(func() { _ = os.RemoveAll(dir) })
 	h.relay = startRelay(t, fmt.Sprintf("/proc/%d/ns/net", h.pid), "127.0.0.1:22")
 	h.Addr = h.relay.addr
@@ -243,6 +239,20 @@ func (h *Host) destroyAll() {
 		_ = l.DomainDestroy(d)
 	}
 }
+
+// Authorize replaces the keys the host accepts; sshd reads them at every
+// login, so it takes effect on the next connection.
+func (h *Host) Authorize(t testing.TB, keys ...ssh.PublicKey) {
+	t.Helper()
+	var auth strings.Builder
+	for _, k := range keys {
+		auth.Write(ssh.MarshalAuthorizedKey(k))
+	}
+	must(t, os.WriteFile(filepath.Join(h.dir, "authorized_keys"), []byte(auth.String()), 0o600))
+}
+
+// PoolDir is where the host's pool keeps its volumes, as seen by the test.
+func (h *Host) PoolDir() string { return filepath.Join(h.dir, "pool") }
 
 // KnownHosts is a known_hosts line for this host, as the provider dials it.
 func (h *Host) KnownHosts() string {
