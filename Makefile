@@ -18,8 +18,10 @@ IMG ?= egress-proxies
 TAG ?= dev
 GIT_COMMIT ?= $(shell git rev-parse --short=12 HEAD 2>/dev/null || echo unknown)
 LDFLAGS := -s -w -X github.com/egress-proxies/egress-proxies/pkg/version.Commit=$(GIT_COMMIT)
-# Debian packages the tests run for real.
-APT_PACKAGES := redis-server squid openssh-server
+# Debian packages the tests run for real: Redis, Squid, and for the kvm
+# providers' hosts libvirtd with its qemu driver, qemu, sshd, and bsdtar to
+# read the seed ISOs back.
+APT_PACKAGES := redis-server squid openssh-server libvirt-daemon libvirt-daemon-driver-qemu qemu-system-x86 qemu-utils libarchive-tools iproute2
 TEST_FLAGS ?= -race -count=1 -timeout 20m
 
 ##@ General
@@ -124,12 +126,19 @@ kvm-ssh-secret: ## Create the kvm-ssh Secret from KVM_SSH_KEY and KVM_KNOWN_HOST
 
 .PHONY: deps
 deps: ## Install the Debian packages the tests use (as root), or say which to install.
-	@missing=""; for c in redis-server:redis-server squid:squid sshd:openssh-server; do \
-	  bin=$${c%%:*}; pkg=$${c#*:}; command -v $$bin >/dev/null || [ -x /usr/sbin/$$bin ] || missing="$$missing $$pkg"; done; \
+	@missing=""; for p in $(APT_PACKAGES); do \
+	  dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q "install ok installed" || missing="$$missing $$p"; done; \
 	if [ -n "$$missing" ]; then \
 	  if [ "$$(id -u)" = 0 ]; then \
 	    echo "installing:$$missing"; apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing >/dev/null; \
 	  else echo "the tests need:$$missing. Run: sudo apt-get install -y$$missing"; exit 1; fi; fi
+	@# libvirtd's qemu driver refuses to start without the account Debian's
+	@# libvirt-daemon-system would create (the tests' hosts run qemu as root).
+	@if [ "$$(id -u)" = 0 ] && ! getent passwd libvirt-qemu >/dev/null; then useradd -r -M -s /usr/sbin/nologin libvirt-qemu; fi
+
+.PHONY: print-apt-packages
+print-apt-packages:
+	@echo $(APT_PACKAGES)
 
 .PHONY: envtest
 envtest: ## Build (once, cached) kube-apiserver and etcd for envtest.

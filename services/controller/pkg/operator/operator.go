@@ -29,6 +29,7 @@ import (
 	"github.com/egress-proxies/egress-proxies/services/controller/pkg/providers"
 	"github.com/egress-proxies/egress-proxies/services/controller/pkg/providers/gcp"
 	"github.com/egress-proxies/egress-proxies/services/controller/pkg/providers/kubernetes"
+	"github.com/egress-proxies/egress-proxies/services/controller/pkg/providers/kvm"
 )
 
 // Options are the controller's flags.
@@ -90,6 +91,8 @@ const defaultProvidersConfig = "providers:\n  - name: kubernetes\n    type: kube
 var factories = map[string]providers.Factory{
 	kubernetes.Type: kubernetes.New,
 	gcp.Type:        gcp.New,
+	kvm.Type:        kvm.New,
+	kvm.Type2:       kvm.New2,
 }
 
 func loadEntries(path string) ([]providers.Entry, error) {

@@ -49,14 +49,14 @@ func waitState(t *testing.T, p providers.Provider, id string, want providers.Ins
 // NoCloud seed the kernel's iso9660 driver reads back; a running domain;
 // Delete removes the domain and every volume it owned, and only those.
 func TestImageOverlaySeedAndDelete(t *testing.T) {
-	f := newFixture(t)
+	f := kvmtest.NewFixture(t)
 	for _, typ := range []string{kvm.Type, kvm.Type2} {
 		t.Run(typ, func(t *testing.T) {
 			// A host per type: the image cache is the pool's, shared by
 			// every entry on the host.
-			h := f.host(t, "hv-"+typ, kvmtest.Options{})
-			before := f.images.downloads.Load()
-			p := newProvider(t, typ, typ+"-home", f.config([]*kvmtest.Host{h}, func(c map[string]any) {
+			h := f.Host(t, "hv-"+typ, kvmtest.Options{})
+			before := f.Images.Downloads.Load()
+			p := newProvider(t, typ, typ+"-home", f.Config([]*kvmtest.Host{h}, func(c map[string]any) {
 				c["vendorData"] = "#cloud-config\nntp: {enabled: true}\n"
 				c["installGuestAgent"] = true
 			}))
@@ -66,7 +66,7 @@ func TestImageOverlaySeedAndDelete(t *testing.T) {
 				got := waitState(t, p, inst.ProviderID, providers.StateRunning)
 				assert.Empty(t, got.IP, "no address before the guest has spoken")
 			}
-			assert.Equal(t, int32(1), f.images.downloads.Load()-before, "the image is downloaded once per host and shared")
+			assert.Equal(t, int32(1), f.Images.Downloads.Load()-before, "the image is downloaded once per host and shared")
 
 			_, name := domainOf(one.ProviderID)
 			vols := volumes(t, h)
@@ -156,11 +156,11 @@ func readSeed(t *testing.T, path string) map[string]string {
 // A checksum that does not match fails clearly, as a config error, and
 // leaves no base volume behind to be trusted later.
 func TestBadChecksumFailsClearly(t *testing.T) {
-	f := newFixture(t)
-	h := f.host(t, "hv-a", kvmtest.Options{})
+	f := kvmtest.NewFixture(t)
+	h := f.Host(t, "hv-a", kvmtest.Options{})
 	for _, typ := range []string{kvm.Type, kvm.Type2} {
 		t.Run(typ, func(t *testing.T) {
-			p := newProvider(t, typ, typ+"-home", f.config([]*kvmtest.Host{h}, nil))
+			p := newProvider(t, typ, typ+"-home", f.Config([]*kvmtest.Host{h}, nil))
 			o := owner("bad")
 			inst, err := p.Create(context.Background(), request(providers.InstanceName(o.Name, o.UID, 1), o, "", "corrupted"))
 			if err == nil {
@@ -174,7 +174,7 @@ func TestBadChecksumFailsClearly(t *testing.T) {
 			require.Error(t, err)
 			assert.True(t, providers.IsInvalidConfig(err), "no retry can fix a checksum: %v", err)
 			assert.Contains(t, err.Error(), "images.corrupted.checksum")
-			assert.Contains(t, err.Error(), "has sha256:"+strings.TrimPrefix(f.img.checksum, "sha256:"))
+			assert.Contains(t, err.Error(), "has sha256:"+strings.TrimPrefix(f.Img.Checksum, "sha256:"))
 			for _, v := range volumes(t, h) {
 				assert.False(t, strings.HasPrefix(v, "egress-proxies-image-corrupted-"), "unverified image %s left in the pool", v)
 			}
@@ -185,12 +185,12 @@ func TestBadChecksumFailsClearly(t *testing.T) {
 // A host whose key is not the one known_hosts holds is refused before
 // anything is sent, with a message naming the host.
 func TestHostKeyMismatchRefusesToConnect(t *testing.T) {
-	f := newFixture(t)
-	h := kvmtest.Start(t, "hv-a", kvmtest.Options{}, f.key.Signer.PublicKey())
+	f := kvmtest.NewFixture(t)
+	h := kvmtest.Start(t, "hv-a", kvmtest.Options{}, f.Key.Signer.PublicKey())
 	impostor := kvmtest.NewKey(t).Signer.PublicKey()
-	require.NoError(t, os.WriteFile(f.knownHosts, []byte(h.KnownHostsWithKey(impostor)), 0o600))
+	require.NoError(t, os.WriteFile(f.KnownHosts, []byte(h.KnownHostsWithKey(impostor)), 0o600))
 	for _, typ := range []string{kvm.Type, kvm.Type2} {
-		p := newProvider(t, typ, typ+"-home", f.config([]*kvmtest.Host{h}, nil))
+		p := newProvider(t, typ, typ+"-home", f.Config([]*kvmtest.Host{h}, nil))
 		_, err := p.Create(context.Background(), request("px-a-00000000-1", owner("a"), "", "tiny"))
 		require.Error(t, err)
 		assert.Contains(t, err.Error(), "kvm host hv-a ("+h.Addr+")")
@@ -204,9 +204,9 @@ func TestHostKeyMismatchRefusesToConnect(t *testing.T) {
 // kvm2 checks the pool before creating anything: a pool without room for
 // the VM's disk is the contract's quota kind, so the reconciler waits.
 func TestKVM2FullPoolIsQuota(t *testing.T) {
-	f := newFixture(t)
-	h := f.host(t, "hv-small", kvmtest.Options{PoolMiB: 64})
-	p := newProvider(t, kvm.Type2, "kvm2-home", f.config([]*kvmtest.Host{h}, nil))
+	f := kvmtest.NewFixture(t)
+	h := f.Host(t, "hv-small", kvmtest.Options{PoolMiB: 64})
+	p := newProvider(t, kvm.Type2, "kvm2-home", f.Config([]*kvmtest.Host{h}, nil))
 	o := owner("big")
 	_, err := p.Create(context.Background(), request(providers.InstanceName(o.Name, o.UID, 1), o, "", "tiny"))
 	require.Error(t, err)
@@ -223,16 +223,16 @@ func TestKVM2FullPoolIsQuota(t *testing.T) {
 // connection with no restart. kvm read it at start and keeps using it, so
 // once the host revokes the old key its error says so.
 func TestRotatedKeyIsUsedOnTheNextDial(t *testing.T) {
-	f := newFixture(t)
-	h := f.host(t, "hv-a", kvmtest.Options{})
-	p2 := newProvider(t, kvm.Type2, "kvm2-home", f.config([]*kvmtest.Host{h}, nil))
-	p1 := newProvider(t, kvm.Type, "kvm-home", f.config([]*kvmtest.Host{h}, nil))
+	f := kvmtest.NewFixture(t)
+	h := f.Host(t, "hv-a", kvmtest.Options{})
+	p2 := newProvider(t, kvm.Type2, "kvm2-home", f.Config([]*kvmtest.Host{h}, nil))
+	p1 := newProvider(t, kvm.Type, "kvm-home", f.Config([]*kvmtest.Host{h}, nil))
 	inst := create(t, p2, owner("rot"), "", "tiny")
 	_, err := p1.List(context.Background())
 	require.NoError(t, err)
 
 	rotated := kvmtest.NewKey(t)
-	require.NoError(t, os.WriteFile(f.keyFile, rotated.PEM, 0o600)) // the kubelet updates the mounted Secret
+	require.NoError(t, os.WriteFile(f.KeyFile, rotated.PEM, 0o600)) // the kubelet updates the mounted Secret
 	h.Authorize(t, rotated.Signer.PublicKey())                      // and the host revokes the old key
 	h.Cut()                                                         // every open connection ends
 	h.Restore()
@@ -254,11 +254,11 @@ func TestRotatedKeyIsUsedOnTheNextDial(t *testing.T) {
 // kvm2: while one Proxy's image download stalls, another Proxy on the same
 // host is created and runs; then the stalled one finishes.
 func TestKVM2SlowDownloadDoesNotDelayOthers(t *testing.T) {
-	f := newFixture(t)
-	h := f.host(t, "hv-a", kvmtest.Options{})
-	p := newProvider(t, kvm.Type2, "kvm2-home", f.config([]*kvmtest.Host{h}, nil))
+	f := kvmtest.NewFixture(t)
+	h := f.Host(t, "hv-a", kvmtest.Options{})
+	p := newProvider(t, kvm.Type2, "kvm2-home", f.Config([]*kvmtest.Host{h}, nil))
 	slow := create(t, p, owner("slow"), "", "slow")
-	<-f.images.started // the slow download is under way, and stays so until released
+	<-f.Images.Started // the slow download is under way, and stays so until released
 
 	fast := create(t, p, owner("fast"), "", "tiny")
 	waitState(t, p, fast.ProviderID, providers.StateRunning)
@@ -266,16 +266,16 @@ func TestKVM2SlowDownloadDoesNotDelayOthers(t *testing.T) {
 	got, err := p.Get(context.Background(), slow.ProviderID)
 	require.NoError(t, err)
 	assert.Equal(t, providers.StatePending, got.State, "still downloading")
-	close(f.images.release)
+	close(f.Images.Release)
 	waitState(t, p, slow.ProviderID, providers.StateRunning)
 }
 
 // The two types never touch each other's VMs: different ownership tags.
 func TestTypesIgnoreEachOthersVMs(t *testing.T) {
-	f := newFixture(t)
-	h := f.host(t, "hv-a", kvmtest.Options{})
-	p1 := newProvider(t, kvm.Type, "home", f.config([]*kvmtest.Host{h}, nil))
-	p2 := newProvider(t, kvm.Type2, "home", f.config([]*kvmtest.Host{h}, nil)) // even under one entry name
+	f := kvmtest.NewFixture(t)
+	h := f.Host(t, "hv-a", kvmtest.Options{})
+	p1 := newProvider(t, kvm.Type, "home", f.Config([]*kvmtest.Host{h}, nil))
+	p2 := newProvider(t, kvm.Type2, "home", f.Config([]*kvmtest.Host{h}, nil)) // even under one entry name
 	o := owner("mine")
 	inst := create(t, p1, o, "", "tiny")
 	_, name := domainOf(inst.ProviderID)
@@ -297,8 +297,8 @@ func TestTypesIgnoreEachOthersVMs(t *testing.T) {
 // (this config's only host is unreachable), and each error names the
 // field and what would be valid.
 func TestPlacementErrorsNameTheField(t *testing.T) {
-	f := newFixture(t)
-	cfg := f.config(nil, func(c map[string]any) {
+	f := kvmtest.NewFixture(t)
+	cfg := f.Config(nil, func(c map[string]any) {
 		c["hosts"] = map[string]any{
 			"hv-a": map[string]any{"address": "127.0.0.1:1", "user": "root", "pool": "p", "bridge": "br0"},
 			"hv-b": map[string]any{"address": "127.0.0.1:1", "user": "root", "pool": "p", "network": "default"},

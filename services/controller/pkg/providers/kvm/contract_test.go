@@ -14,12 +14,12 @@ import (
 // two real hosts (libvirtd and sshd in namespaces of their own), VMs
 // placed on the second so zone selection is exercised.
 func TestContract(t *testing.T) {
-	f := newFixture(t)
-	a, b := f.host(t, "hv-a", kvmtest.Options{}), f.host(t, "hv-b", kvmtest.Options{})
+	f := kvmtest.NewFixture(t)
+	a, b := f.Host(t, "hv-a", kvmtest.Options{}), f.Host(t, "hv-b", kvmtest.Options{})
 	hosts := map[string]*kvmtest.Host{a.Name: a, b.Name: b}
 	for _, typ := range []string{kvm.Type, kvm.Type2} {
 		t.Run(typ, func(t *testing.T) {
-			p := newProvider(t, typ, typ+"-home", f.config([]*kvmtest.Host{a, b}, nil))
+			p := newProvider(t, typ, typ+"-home", f.Config([]*kvmtest.Host{a, b}, nil))
 			providertest.Run(t, &providertest.Harness{
 				Provider: p,
 				Request: func(name string, o providers.Owner) *providers.CreateRequest {

@@ -21,6 +21,7 @@ import (
 	"runtime"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -28,6 +29,7 @@ import (
 	"github.com/digitalocean/go-libvirt/socket/dialers"
 	"golang.org/x/crypto/ssh"
 	"golang.org/x/sys/unix"
+	"libvirt.org/go/libvirtxml"
 
 	"github.com/egress-proxies/egress-proxies/pkg/testutil/proc"
 )
@@ -275,6 +277,37 @@ func (h *Host) AddNeighbour(t testing.TB, ip, mac string) {
 		"ip", "neigh", "replace", ip, "lladdr", mac, "dev", Bridge, "nud", "permanent").CombinedOutput()
 	if err != nil {
 		t.Fatalf("host %s: adding neighbour: %v: %s", h.Name, err, out)
+	}
+}
+
+var nextIP atomic.Int32
+
+// Boot plays a guest booting on the domain: it waits until the domain
+// runs, then adds the neighbour entry the guest's first packet would leave
+// on the host, at a fresh TEST-NET-1 address (never sent to), and returns
+// that address.
+func (h *Host) Boot(t testing.TB, domain string) string {
+	t.Helper()
+	l := h.Libvirt(t)
+	deadline := time.Now().Add(time.Minute)
+	for {
+		d, err := l.DomainLookupByName(domain)
+		if err == nil {
+			state, _, err := l.DomainGetState(d, 0)
+			if err == nil && libvirt.DomainState(state) == libvirt.DomainRunning {
+				domXML, err := l.DomainGetXMLDesc(d, 0)
+				must(t, err)
+				dom := &libvirtxml.Domain{}
+				must(t, dom.Unmarshal(domXML))
+				ip := fmt.Sprintf("192.0.2.%d", 10+nextIP.Add(1))
+				h.AddNeighbour(t, ip, dom.Devices.Interfaces[0].MAC.Address)
+				return ip
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("host %s: domain %s never ran", h.Name, domain)
+		}
+		time.Sleep(100 * time.Millisecond)
 	}
 }
 
