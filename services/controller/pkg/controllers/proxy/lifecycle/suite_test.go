@@ -30,6 +30,7 @@ import (
 	"github.com/egress-proxies/egress-proxies/services/controller/pkg/providers/gcp"
 	"github.com/egress-proxies/egress-proxies/services/controller/pkg/providers/gcp/fakecompute"
 	"github.com/egress-proxies/egress-proxies/services/controller/pkg/providers/kubernetes"
+	"github.com/egress-proxies/egress-proxies/services/controller/pkg/providers/kvm"
 )
 
 var env *testenv.Env
@@ -51,6 +52,9 @@ type harness struct {
 	ips  atomic.Int32
 	// compute, when set before start, backs a "gcp" entry.
 	compute *fakecompute.Server
+	// kvm2, when set before start, is the block of a "kvm-home" entry of
+	// type kvm2.
+	kvm2 []byte
 }
 
 func newHarness(t *testing.T) *harness {
@@ -79,14 +83,18 @@ func (h *harness) start() *harness {
 			}
 			return p, err
 		},
-		"fake":   h.fake.Factory(),
-		gcp.Type: gcp.New,
+		"fake":    h.fake.Factory(),
+		gcp.Type:  gcp.New,
+		kvm.Type2: kvm.New2,
 	}
 	cfg := fmt.Sprintf("providers:\n- {name: kubernetes, type: kubernetes, kubernetes: {namespace: %s}}\n- {name: fake, type: fake}\n", h.ns)
 	if h.compute != nil {
 		cfg += fmt.Sprintf("- {name: gcp-eu, type: gcp, gcp: {project: p, endpoint: %q, withoutAuthentication: true}}\n", h.compute.URL)
 	}
-	entries, err := providers.ParseConfig([]byte(cfg), []string{"kubernetes", "fake", gcp.Type})
+	if h.kvm2 != nil {
+		cfg += fmt.Sprintf("- {name: kvm-home, type: kvm2, kvm2: %s}\n", h.kvm2)
+	}
+	entries, err := providers.ParseConfig([]byte(cfg), []string{"kubernetes", "fake", gcp.Type, kvm.Type2})
 	require.NoError(t, err)
 	reg, err := providers.NewRegistry(ctx, entries, factories, providers.Deps{
 		Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(), Log: slog.Default(),
@@ -109,8 +117,12 @@ func (h *harness) start() *harness {
 	return h
 }
 
-// restart stops the manager and starts a new one, as a crash and a new
-// pod would.
+// restart stops the manager and starts a new one, as a crash or a new
+// pod with a changed providers config would.
+func (h *harness) restart() {
+	h.stop()
+	h.start()
+}
 
 func (h *harness) managed(name, provider string) *v1.Proxy {
 	return &v1.Proxy{
