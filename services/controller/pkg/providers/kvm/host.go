@@ -1,12 +1,12 @@
 package kvm
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"net"
 	"os"
+	"strings"
 	"sync"
 	"time"
 
@@ -207,7 +207,7 @@ func sshFailure(err error, user string) string {
 		return fmt.Sprintf("host key mismatch: the host's key is not the one known_hosts holds for it; refusing to connect (%v)", err)
 	case errors.As(err, &ke):
 		return fmt.Sprintf("host key unknown: the host is not in known_hosts; refusing to connect (%v)", err)
-	case bytes.Contains([]byte(err.Error()), []byte("unable to authenticate")):
+	case strings.Contains(err.Error(), "unable to authenticate"):
 		return fmt.Sprintf("SSH login as %q refused: the key is not (or no longer) authorized on the host (%v)", user, err)
 	default:
 		return fmt.Sprintf("SSH handshake failed: %v", err)
@@ -285,16 +285,6 @@ func (h *host) exec(ctx context.Context, cmd string) ([]byte, error) {
 		return nil, h.errorf("running %q: %w", cmd, err)
 	}
 	return out, nil
-}
-
-// close drops every connection (used when the provider is discarded).
-func (h *host) close() {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	for l, c := range h.conns {
-		c.close()
-		delete(h.conns, l)
-	}
 }
 
 // isLibvirt reports whether err carries one of libvirt's error numbers.

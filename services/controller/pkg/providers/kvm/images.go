@@ -60,7 +60,9 @@ func (p *Provider) ensureImage(ctx context.Context, h *host, image string) (*bas
 		go func() {
 			// The download belongs to no one reconcile: a cancelled
 			// caller must not cut it short for the others waiting.
-			f.err = p.download(context.WithoutCancel(ctx), h, image, img, base)
+			dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), jobTimeout)
+			f.err = p.download(dctx, h, image, img, base)
+			cancel()
 			p.mu.Lock()
 			delete(p.downloads, key)
 			p.mu.Unlock()
