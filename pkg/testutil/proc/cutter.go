@@ -13,6 +13,7 @@ import (
 type Cutter struct {
 	Addr   string
 	target string
+	dial   func(target string) (net.Conn, error)
 	mu     sync.Mutex
 	ln     net.Listener
 	conns  map[net.Conn]struct{}
@@ -21,7 +22,14 @@ type Cutter struct {
 // NewCutter starts forwarding to target.
 func NewCutter(t T, target string) *Cutter {
 	t.Helper()
-	c := &Cutter{target: target, conns: map[net.Conn]struct{}{}}
+	return NewCutterVia(t, target, func(target string) (net.Conn, error) { return net.Dial("tcp", target) })
+}
+
+// NewCutterVia is NewCutter with its own way of reaching target (from
+// inside a network namespace, say).
+func NewCutterVia(t T, target string, dial func(target string) (net.Conn, error)) *Cutter {
+	t.Helper()
+	c := &Cutter{target: target, dial: dial, conns: map[net.Conn]struct{}{}}
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -42,7 +50,7 @@ func (c *Cutter) serve(ln net.Listener) {
 			if err != nil {
 				return
 			}
-			out, err := net.Dial("tcp", c.target)
+			out, err := c.dial(c.target)
 			if err != nil {
 				_ = in.Close()
 				continue

@@ -6,7 +6,6 @@ import (
 	"strings"
 	"testing"
 
-	libvirt "github.com/digitalocean/go-libvirt"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -57,10 +56,10 @@ func TestKVMProxyThroughTheReconciler(t *testing.T) {
 	stuck := cleanupFailed("on-b")
 	assert.Contains(t, ready(stuck).Message, "kvm host hv-b ("+b.Addr+")")
 	assert.Contains(t, ready(stuck).Message, v1.AnnotationSkipCleanup)
-	assert.True(t, exists(t, b, domain(onB)))
+	assert.True(t, b.HasDomain(t, domain(onB)))
 	b.Restore()
 	h.waitGone("on-b")
-	assert.False(t, exists(t, b, domain(onB)), "the finalizer deleted the VM once the host answered")
+	assert.False(t, b.HasDomain(t, domain(onB)), "the finalizer deleted the VM once the host answered")
 
 	// Removed from the config: deletion waits and names the host, until
 	// skip-cleanup abandons the VM.
@@ -78,19 +77,9 @@ func TestKVMProxyThroughTheReconciler(t *testing.T) {
 		px.Annotations[v1.AnnotationSkipCleanup] = "true"
 	})
 	h.waitGone("on-a")
-	assert.True(t, exists(t, a, domain(onA)), "abandoned, not deleted: it is the user's to remove by hand")
+	assert.True(t, a.HasDomain(t, domain(onA)), "abandoned, not deleted: it is the user's to remove by hand")
 }
 
 func domain(px *v1.Proxy) string {
 	return px.Status.ProviderID[strings.LastIndex(px.Status.ProviderID, "/")+1:]
-}
-
-func exists(t *testing.T, h *kvmtest.Host, name string) bool {
-	t.Helper()
-	_, err := h.Libvirt(t).DomainLookupByName(name)
-	if libvirt.IsNotFound(err) {
-		return false
-	}
-	require.NoError(t, err)
-	return true
 }

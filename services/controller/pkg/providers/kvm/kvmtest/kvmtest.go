@@ -20,7 +20,6 @@ import (
 	"path/filepath"
 	"runtime"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -96,7 +95,7 @@ type Host struct {
 	HostKey ssh.PublicKey
 	dir     string
 	pid     int
-	relay   *relay
+	relay   *proc.Cutter
 	t       testing.TB
 }
 
@@ -154,8 +153,9 @@ exec /usr/sbin/sshd -D -e -f $D/sshd_config
 	h := &Host{Name: name, HostKey: hostSigner.PublicKey(), dir: dir, pid: p.Cmd.Process.Pid, t: t}
 	h.Authorize(t, authorized...)
 	t.Cleanup(func() { _ = os.RemoveAll(dir) })
-	h.relay = startRelay(t, fmt.Sprintf("/proc/%d/ns/net", h.pid), "127.0.0.1:22")
-	h.Addr = h.relay.addr
+	ns := fmt.Sprintf("/proc/%d/ns/net", h.pid)
+	h.relay = proc.NewCutterVia(t, "127.0.0.1:22", func(target string) (net.Conn, error) { return dialInNamespace(ns, target) })
+	h.Addr = h.relay.Addr
 	// Registered after proc.Start, so it runs first: stop every VM while
 	// libvirtd still can, since qemu outlives a killed libvirtd.
 	t.Cleanup(h.destroyAll)
@@ -256,6 +256,17 @@ func (h *Host) Authorize(t testing.TB, keys ...ssh.PublicKey) {
 // PoolDir is where the host's pool keeps its volumes, as seen by the test.
 func (h *Host) PoolDir() string { return filepath.Join(h.dir, "pool") }
 
+// HasDomain reports whether the host has a domain of that name.
+func (h *Host) HasDomain(t testing.TB, name string) bool {
+	t.Helper()
+	_, err := h.Libvirt(t).DomainLookupByName(name)
+	if libvirt.IsNotFound(err) {
+		return false
+	}
+	must(t, err)
+	return true
+}
+
 // KnownHosts is a known_hosts line for this host, as the provider dials it.
 func (h *Host) KnownHosts() string {
 	return knownHostsLine(h.Addr, h.HostKey)
@@ -313,80 +324,10 @@ func (h *Host) Boot(t testing.TB, domain string) string {
 
 // Cut makes the host unreachable: its relay refuses new connections and
 // drops the open ones, as a host gone from the network would.
-func (h *Host) Cut() { h.relay.cut() }
+func (h *Host) Cut() { h.relay.Cut() }
 
 // Restore makes a cut host reachable again at the same address.
-func (h *Host) Restore() { h.relay.restore(h.t) }
-
-// relay accepts on 127.0.0.1 and dials target inside a network namespace.
-type relay struct {
-	ns, target, addr string
-	mu               sync.Mutex
-	ln               net.Listener
-	conns            map[net.Conn]bool
-}
-
-func startRelay(t testing.TB, ns, target string) *relay {
-	r := &relay{ns: ns, target: target, conns: map[net.Conn]bool{}}
-	r.listen(t, "127.0.0.1:0")
-	t.Cleanup(r.cut)
-	return r
-}
-
-func (r *relay) listen(t testing.TB, addr string) {
-	ln, err := net.Listen("tcp", addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	r.mu.Lock()
-	r.ln, r.addr = ln, ln.Addr().String()
-	r.mu.Unlock()
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go r.serve(c)
-		}
-	}()
-}
-
-func (r *relay) serve(c net.Conn) {
-	up, err := dialInNamespace(r.ns, r.target)
-	if err != nil {
-		_ = c.Close()
-		return
-	}
-	r.mu.Lock()
-	r.conns[c], r.conns[up] = true, true
-	r.mu.Unlock()
-	done := make(chan struct{}, 2)
-	pipe := func(dst, src net.Conn) { _, _ = io.Copy(dst, src); done <- struct{}{} }
-	go pipe(up, c)
-	go pipe(c, up)
-	<-done
-	_ = c.Close()
-	_ = up.Close()
-	r.mu.Lock()
-	delete(r.conns, c)
-	delete(r.conns, up)
-	r.mu.Unlock()
-}
-
-func (r *relay) cut() {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if r.ln != nil {
-		_ = r.ln.Close()
-		r.ln = nil
-	}
-	for c := range r.conns {
-		_ = c.Close()
-	}
-}
-
-func (r *relay) restore(t testing.TB) { r.listen(t, r.addr) }
+func (h *Host) Restore() { h.relay.Restore(h.t) }
 
 // dialInNamespace opens a TCP connection from inside the network namespace
 // at nsPath: a socket belongs to the namespace its thread was in when it
