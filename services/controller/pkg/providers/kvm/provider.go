@@ -176,7 +176,7 @@ func (p *Provider) Create(ctx context.Context, req *providers.CreateRequest) (*p
 		return nil, err
 	}
 	if p.gen.asyncCreate {
-		p.startJob(h, req.Name, t)
+		p.startJob(ctx, h, req.Name, t)
 		return &providers.Instance{ProviderID: id, Name: req.Name, State: providers.StatePending, Owner: t.owner(), CreatedAt: t.createdAt()}, nil
 	}
 	if err := p.provision(ctx, h, req.Name, t); err != nil {
@@ -318,7 +318,7 @@ func (p *Provider) Get(ctx context.Context, id string) (*providers.Instance, err
 			inst.State = providers.StateFailed
 			break
 		}
-		state, err := p.jobState(h, name, t)
+		state, err := p.jobState(ctx, h, name, t)
 		if err != nil {
 			return nil, err
 		}

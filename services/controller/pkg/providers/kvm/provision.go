@@ -8,6 +8,7 @@ import (
 	"time"
 
 	libvirt "github.com/digitalocean/go-libvirt"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/egress-proxies/egress-proxies/services/controller/pkg/providers"
 )
@@ -160,15 +161,17 @@ const jobTimeout = 30 * time.Minute
 
 // startJob provisions the domain in the background unless that already
 // runs. Get calls it too, so a controller restarted mid-provisioning
-// resumes on its first poll.
-func (p *Provider) startJob(h *host, name string, t *tags) {
+// resumes on its first poll. The job outlives the caller's context but
+// joins its trace, so its RPC spans sit under the Create (or Get) that
+// started it.
+func (p *Provider) startJob(caller context.Context, h *host, name string, t *tags) {
 	id := p.ProviderID(h.name, name)
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if _, ok := p.jobs[id]; ok {
 		return
 	}
-	ctx, cancel := context.WithTimeout(p.ctx, jobTimeout)
+	ctx, cancel := context.WithTimeout(trace.ContextWithSpanContext(p.ctx, trace.SpanContextFromContext(caller)), jobTimeout)
 	j := &job{cancel: cancel, done: make(chan struct{})}
 	p.jobs[id] = j
 	go func() {
@@ -184,13 +187,13 @@ func (p *Provider) startJob(h *host, name string, t *tags) {
 // jobState is what Get reports for a domain not yet started: Pending while
 // its job runs (starting one if none does), the job's error once, and
 // Failed when the seed was lost.
-func (p *Provider) jobState(h *host, name string, t *tags) (providers.InstanceState, error) {
+func (p *Provider) jobState(ctx context.Context, h *host, name string, t *tags) (providers.InstanceState, error) {
 	id := p.ProviderID(h.name, name)
 	p.mu.Lock()
 	j, ok := p.jobs[id]
 	p.mu.Unlock()
 	if !ok {
-		p.startJob(h, name, t)
+		p.startJob(ctx, h, name, t)
 		return providers.StatePending, nil
 	}
 	select {
