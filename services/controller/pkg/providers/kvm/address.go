@@ -40,11 +40,7 @@ func (p *Provider) address(ctx context.Context, h *host, name, domXML string) st
 	}
 	fromLibvirt := func(source uint32) string {
 		var ifaces []libvirt.DomainInterface
-		err := h.do(ctx, laneRPC, "DomainInterfaceAddresses", func(l *libvirt.Libvirt) error {
-			d, err := l.DomainLookupByName(name)
-			if err != nil {
-				return err
-			}
+		err := h.inDomain(ctx, laneRPC, "DomainInterfaceAddresses", name, func(l *libvirt.Libvirt, d libvirt.Domain) error {
 			ifaces, err = l.DomainInterfaceAddresses(d, source, 0)
 			return err
 		})

@@ -263,6 +263,18 @@ func (h *host) doUntraced(ctx context.Context, l lane, call func(*libvirt.Libvir
 	return h.errorf("%w", err)
 }
 
+// inDomain runs call with the named domain; a missing one fails with
+// libvirt's ErrNoDomain, which callers read as they need.
+func (h *host) inDomain(ctx context.Context, l lane, rpc, name string, call func(*libvirt.Libvirt, libvirt.Domain) error) error {
+	return h.do(ctx, l, rpc, func(lv *libvirt.Libvirt) error {
+		d, err := lv.DomainLookupByName(name)
+		if err != nil {
+			return err
+		}
+		return call(lv, d)
+	})
+}
+
 // exec runs a command on the host over the RPC lane's SSH connection.
 func (h *host) exec(ctx context.Context, cmd string) ([]byte, error) {
 	_, span := h.gen.startSpan(ctx, "ssh.exec", attribute.String("kvm.host", h.name), attribute.String("ssh.command", cmd))

@@ -88,11 +88,7 @@ type flight struct {
 
 func (p *Provider) readBase(ctx context.Context, h *host, name string) (*baseImage, error) {
 	var volXML string
-	err := h.do(ctx, laneRPC, "StorageVolGetXMLDesc", func(l *libvirt.Libvirt) error {
-		pool, err := l.StoragePoolLookupByName(h.cfg.Pool)
-		if err != nil {
-			return err
-		}
+	err := p.inPool(ctx, h, laneRPC, "StorageVolGetXMLDesc", func(l *libvirt.Libvirt, pool libvirt.StoragePool) error {
 		vol, err := l.StorageVolLookupByName(pool, name)
 		if err != nil {
 			return err
@@ -105,7 +101,7 @@ func (p *Provider) readBase(ctx context.Context, h *host, name string) (*baseIma
 			name, p.entry, strings.Join(sortedKeys(p.cfg.Images), ", "), h.cfg.Pool, h.name)
 	}
 	if err != nil {
-		return nil, p.poolError(h, err)
+		return nil, err
 	}
 	v := &libvirtxml.StorageVolume{}
 	if err := v.Unmarshal(volXML); err != nil {
@@ -121,8 +117,16 @@ func (p *Provider) readBase(ctx context.Context, h *host, name string) (*baseIma
 	return b, nil
 }
 
-// poolError names a missing pool as the config error it is.
-func (p *Provider) poolError(h *host, err error) error {
+// inPool runs call with the host's storage pool; a pool that does not
+// exist is the config error it is, naming the field.
+func (p *Provider) inPool(ctx context.Context, h *host, l lane, rpc string, call func(*libvirt.Libvirt, libvirt.StoragePool) error) error {
+	err := h.do(ctx, l, rpc, func(lv *libvirt.Libvirt) error {
+		pool, err := lv.StoragePoolLookupByName(h.cfg.Pool)
+		if err != nil {
+			return err
+		}
+		return call(lv, pool)
+	})
 	if isLibvirt(err, libvirt.ErrNoStoragePool) {
 		return providers.NewInvalidConfig("host %s of provider %q has no storage pool %q (hosts.%s.pool)", h.name, p.entry, h.cfg.Pool, h.name)
 	}
@@ -136,18 +140,14 @@ var qcow2Magic = []byte{'Q', 'F', 'I', 0xfb}
 // hash matches the config.
 func (p *Provider) download(ctx context.Context, h *host, image string, img Image, base string) error {
 	exists := func(name string) (bool, error) {
-		err := h.do(ctx, laneBulk, "StorageVolLookupByName", func(l *libvirt.Libvirt) error {
-			pool, err := l.StoragePoolLookupByName(h.cfg.Pool)
-			if err != nil {
-				return err
-			}
-			_, err = l.StorageVolLookupByName(pool, name)
+		err := p.inPool(ctx, h, laneBulk, "StorageVolLookupByName", func(l *libvirt.Libvirt, pool libvirt.StoragePool) error {
+			_, err := l.StorageVolLookupByName(pool, name)
 			return err
 		})
 		if isLibvirt(err, libvirt.ErrNoStorageVol) {
 			return false, nil
 		}
-		return err == nil, p.poolError(h, err)
+		return err == nil, err
 	}
 	if ok, err := exists(verifiedMarker(base)); err != nil || ok {
 		return err
@@ -185,11 +185,7 @@ func (p *Provider) download(ctx context.Context, h *host, image string, img Imag
 		return err
 	}
 	hash := sha256.New()
-	err = h.do(ctx, laneBulk, "StorageVolUpload", func(l *libvirt.Libvirt) error {
-		pool, err := l.StoragePoolLookupByName(h.cfg.Pool)
-		if err != nil {
-			return err
-		}
+	err = p.inPool(ctx, h, laneBulk, "StorageVolUpload", func(l *libvirt.Libvirt, pool libvirt.StoragePool) error {
 		vol, err := l.StorageVolCreateXML(pool, volXML, 0)
 		if err != nil {
 			return err
@@ -198,7 +194,7 @@ func (p *Provider) download(ctx context.Context, h *host, image string, img Imag
 	})
 	if err != nil {
 		_ = p.deleteVolumes(context.WithoutCancel(ctx), h, laneBulk, base)
-		return fmt.Errorf("uploading image %s into pool %s: %w", image, h.cfg.Pool, p.poolError(h, err))
+		return fmt.Errorf("uploading image %s into pool %s: %w", image, h.cfg.Pool, err)
 	}
 	if got := hex.EncodeToString(hash.Sum(nil)); got != img.sha256Hex() {
 		_ = p.deleteVolumes(ctx, h, laneBulk, base)
@@ -209,11 +205,7 @@ func (p *Provider) download(ctx context.Context, h *host, image string, img Imag
 	if err != nil {
 		return err
 	}
-	return h.do(ctx, laneBulk, "StorageVolCreateXML", func(l *libvirt.Libvirt) error {
-		pool, err := l.StoragePoolLookupByName(h.cfg.Pool)
-		if err != nil {
-			return err
-		}
+	return p.inPool(ctx, h, laneBulk, "StorageVolCreateXML", func(l *libvirt.Libvirt, pool libvirt.StoragePool) error {
 		_, err = l.StorageVolCreateXML(pool, markerXML, 0)
 		return err
 	})
@@ -222,11 +214,7 @@ func (p *Provider) download(ctx context.Context, h *host, image string, img Imag
 // deleteVolumes deletes the named volumes of h's pool; absent ones are
 // skipped.
 func (p *Provider) deleteVolumes(ctx context.Context, h *host, l lane, names ...string) error {
-	return h.do(ctx, l, "StorageVolDelete", func(lv *libvirt.Libvirt) error {
-		pool, err := lv.StoragePoolLookupByName(h.cfg.Pool)
-		if err != nil {
-			return err
-		}
+	return p.inPool(ctx, h, l, "StorageVolDelete", func(lv *libvirt.Libvirt, pool libvirt.StoragePool) error {
 		for _, n := range names {
 			vol, err := lv.StorageVolLookupByName(pool, n)
 			if isLibvirt(err, libvirt.ErrNoStorageVol) {

@@ -249,11 +249,7 @@ func (p *Provider) domainType(ctx context.Context, h *host) (string, error) {
 // our URI, or another entry's).
 func (p *Provider) readTags(ctx context.Context, h *host, name string) (*tags, error) {
 	var meta string
-	err := h.do(ctx, laneRPC, "DomainGetMetadata", func(l *libvirt.Libvirt) error {
-		d, err := l.DomainLookupByName(name)
-		if err != nil {
-			return err
-		}
+	err := h.inDomain(ctx, laneRPC, "DomainGetMetadata", name, func(l *libvirt.Libvirt, d libvirt.Domain) (err error) {
 		meta, err = l.DomainGetMetadata(d, int32(libvirt.DomainMetadataElement), libvirt.OptString{p.gen.metadataURI}, 0)
 		return err
 	})
@@ -288,11 +284,7 @@ func (p *Provider) Get(ctx context.Context, id string) (*providers.Instance, err
 	inst := &providers.Instance{ProviderID: id, Name: name, State: providers.StatePending, Owner: t.owner(), CreatedAt: t.createdAt()}
 	var state int32
 	var domXML string
-	err = h.do(ctx, laneRPC, "DomainGetState", func(l *libvirt.Libvirt) error {
-		d, err := l.DomainLookupByName(name)
-		if err != nil {
-			return err
-		}
+	err = h.inDomain(ctx, laneRPC, "DomainGetState", name, func(l *libvirt.Libvirt, d libvirt.Domain) error {
 		if state, _, err = l.DomainGetState(d, 0); err != nil {
 			return err
 		}
@@ -342,11 +334,7 @@ func (p *Provider) Delete(ctx context.Context, id string) error {
 	if _, err := p.readTags(ctx, h, name); err != nil && !providers.IsNotFound(err) {
 		return err
 	}
-	err = h.do(ctx, laneRPC, "DomainDestroyFlags", func(l *libvirt.Libvirt) error {
-		d, err := l.DomainLookupByName(name)
-		if err != nil {
-			return err
-		}
+	err = h.inDomain(ctx, laneRPC, "DomainDestroyFlags", name, func(l *libvirt.Libvirt, d libvirt.Domain) error {
 		if state, _, err := l.DomainGetState(d, 0); err == nil && libvirt.DomainState(state) != libvirt.DomainShutoff {
 			if err := l.DomainDestroyFlags(d, 0); err != nil && !isLibvirt(err, libvirt.ErrOperationInvalid) {
 				return err
@@ -358,13 +346,9 @@ func (p *Provider) Delete(ctx context.Context, id string) error {
 		return fmt.Errorf("stopping %s: %w", name, err)
 	}
 	if err := p.deleteVolumes(ctx, h, laneRPC, diskVolume(name), seedVolume(name)); err != nil {
-		return fmt.Errorf("deleting the volumes of %s: %w", name, p.poolError(h, err))
+		return fmt.Errorf("deleting the volumes of %s: %w", name, err)
 	}
-	err = h.do(ctx, laneRPC, "DomainUndefineFlags", func(l *libvirt.Libvirt) error {
-		d, err := l.DomainLookupByName(name)
-		if err != nil {
-			return err
-		}
+	err = h.inDomain(ctx, laneRPC, "DomainUndefineFlags", name, func(l *libvirt.Libvirt, d libvirt.Domain) error {
 		return l.DomainUndefineFlags(d, libvirt.DomainUndefineManagedSave|libvirt.DomainUndefineSnapshotsMetadata|libvirt.DomainUndefineNvram)
 	})
 	if err != nil && !isLibvirt(err, libvirt.ErrNoDomain) {

@@ -34,11 +34,7 @@ func (p *Provider) ensureSeed(ctx context.Context, h *host, req *providers.Creat
 	if err != nil {
 		return err
 	}
-	err = h.do(ctx, laneRPC, "StorageVolUpload", func(l *libvirt.Libvirt) error {
-		pool, err := l.StoragePoolLookupByName(h.cfg.Pool)
-		if err != nil {
-			return err
-		}
+	err = p.inPool(ctx, h, laneRPC, "StorageVolUpload", func(l *libvirt.Libvirt, pool libvirt.StoragePool) error {
 		if _, err := l.StorageVolLookupByName(pool, name); err == nil {
 			return nil
 		}
@@ -53,7 +49,7 @@ func (p *Provider) ensureSeed(ctx context.Context, h *host, req *providers.Creat
 		return nil
 	})
 	if err != nil {
-		return fmt.Errorf("writing the seed volume %s: %w", name, p.poolError(h, err))
+		return fmt.Errorf("writing the seed volume %s: %w", name, err)
 	}
 	return nil
 }
@@ -71,11 +67,7 @@ func (p *Provider) provision(ctx context.Context, h *host, name string, t *tags)
 		return err
 	}
 	var seedMissing bool
-	err = h.do(ctx, laneBulk, "StorageVolCreateXML", func(l *libvirt.Libvirt) error {
-		pool, err := l.StoragePoolLookupByName(h.cfg.Pool)
-		if err != nil {
-			return err
-		}
+	err = p.inPool(ctx, h, laneBulk, "StorageVolCreateXML", func(l *libvirt.Libvirt, pool libvirt.StoragePool) error {
 		if _, err := l.StorageVolLookupByName(pool, seedVolume(name)); isLibvirt(err, libvirt.ErrNoStorageVol) {
 			seedMissing = true
 			return nil
@@ -87,17 +79,13 @@ func (p *Provider) provision(ctx context.Context, h *host, name string, t *tags)
 		return err
 	})
 	if err != nil {
-		return fmt.Errorf("creating the disk overlay %s: %w", disk, p.poolError(h, err))
+		return fmt.Errorf("creating the disk overlay %s: %w", disk, err)
 	}
 	if seedMissing {
 		return h.errorf("domain %s: %w", name, errSeedLost)
 	}
 	t.Started = true
-	err = h.do(ctx, laneBulk, "DomainCreate", func(l *libvirt.Libvirt) error {
-		d, err := l.DomainLookupByName(name)
-		if err != nil {
-			return err
-		}
+	err = h.inDomain(ctx, laneBulk, "DomainCreate", name, func(l *libvirt.Libvirt, d libvirt.Domain) error {
 		state, _, err := l.DomainGetState(d, 0)
 		if err != nil {
 			return err
@@ -125,19 +113,17 @@ func (p *Provider) provision(ctx context.Context, h *host, name string, t *tags)
 func (p *Provider) precheckPool(ctx context.Context, h *host, image string) error {
 	need := uint64(p.cfg.DiskSizeGb) << 30
 	var available uint64
-	err := h.do(ctx, laneRPC, "StoragePoolGetInfo", func(l *libvirt.Libvirt) error {
-		pool, err := l.StoragePoolLookupByName(h.cfg.Pool)
-		if err != nil {
-			return err
-		}
-		if err := l.StoragePoolRefresh(pool, 0); err != nil {
-			return err
-		}
+	err := p.inPool(ctx, h, laneRPC, "StoragePoolGetInfo", func(l *libvirt.Libvirt, pool libvirt.StoragePool) (err error) {
+		// The refresh counts space used outside libvirt. libvirt refuses
+		// it while any volume of the pool is being built or uploaded
+		// (another VM provisioning), and keeps its own figures current
+		// for those: then the figures as they stand are the answer.
+		_ = l.StoragePoolRefresh(pool, 0)
 		_, _, _, available, err = l.StoragePoolGetInfo(pool)
 		return err
 	})
 	if err != nil {
-		return p.poolError(h, err)
+		return err
 	}
 	if available < need {
 		return providers.NewQuota(h.errorf("storage pool %s has %s free; a VM needs %s (diskSizeGb) for image %s",
