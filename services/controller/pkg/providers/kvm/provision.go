@@ -109,7 +109,8 @@ func (p *Provider) provision(ctx context.Context, h *host, name string, t *tags)
 // precheckPool refuses a create the pool has no room for, as the
 // contract's quota kind, so the reconciler waits instead of failing: the
 // VM's whole disk must fit (an overlay grows up to it, and a full pool
-// stops every VM on it), plus the base image when it is not cached yet.
+// stops every VM on it). An image not cached yet is not counted: its size
+// is known only once its download starts.
 func (p *Provider) precheckPool(ctx context.Context, h *host, image string) error {
 	need := uint64(p.cfg.DiskSizeGb) << 30
 	var available uint64
