@@ -17,7 +17,8 @@ type generation struct {
 	// <metadata>. The two types use different URIs, so neither reads the
 	// other's domains as its own.
 	metadataURI string
-	// tracer records a child span per libvirt RPC (kvm2); nil records none.
+	// tracer records a child span per libvirt call (kvm2), named after its
+	// RPC (a lookup by name rides along); nil records none.
 	tracer trace.Tracer
 	// precheckPool reports a pool without room for a VM as the contract's
 	// quota kind before anything is created (kvm2).

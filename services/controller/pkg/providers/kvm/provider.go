@@ -161,7 +161,7 @@ func (p *Provider) Create(ctx context.Context, req *providers.CreateRequest) (*p
 		return nil, err
 	}
 	id := p.ProviderID(h.name, req.Name)
-	t, err := p.readTags(ctx, h, req.Name)
+	t, err := p.readTags(ctx, h, req.Name, nil)
 	switch {
 	case providers.IsNotFound(err):
 		if t, err = p.define(ctx, h, mt, req); err != nil {
@@ -246,12 +246,15 @@ func (p *Provider) domainType(ctx context.Context, h *host) (string, error) {
 
 // readTags reads our ownership tags from the named domain: NotFound when
 // there is no such domain, an error when it is not ours (no metadata under
-// our URI, or another entry's).
-func (p *Provider) readTags(ctx context.Context, h *host, name string) (*tags, error) {
+// our URI, or another entry's). more, when set, runs on the same lookup.
+func (p *Provider) readTags(ctx context.Context, h *host, name string, more func(*libvirt.Libvirt, libvirt.Domain) error) (*tags, error) {
 	var meta string
 	err := h.inDomain(ctx, laneRPC, "DomainGetMetadata", name, func(l *libvirt.Libvirt, d libvirt.Domain) (err error) {
 		meta, err = l.DomainGetMetadata(d, int32(libvirt.DomainMetadataElement), libvirt.OptString{p.gen.metadataURI}, 0)
-		return err
+		if err != nil || more == nil {
+			return err
+		}
+		return more(l, d)
 	})
 	switch {
 	case isLibvirt(err, libvirt.ErrNoDomain):
@@ -277,26 +280,19 @@ func (p *Provider) Get(ctx context.Context, id string) (*providers.Instance, err
 	if err != nil {
 		return nil, err
 	}
-	t, err := p.readTags(ctx, h, name)
-	if err != nil {
-		return nil, err
-	}
-	inst := &providers.Instance{ProviderID: id, Name: name, State: providers.StatePending, Owner: t.owner(), CreatedAt: t.createdAt()}
 	var state int32
 	var domXML string
-	err = h.inDomain(ctx, laneRPC, "DomainGetState", name, func(l *libvirt.Libvirt, d libvirt.Domain) error {
+	t, err := p.readTags(ctx, h, name, func(l *libvirt.Libvirt, d libvirt.Domain) (err error) {
 		if state, _, err = l.DomainGetState(d, 0); err != nil {
 			return err
 		}
 		domXML, err = l.DomainGetXMLDesc(d, 0)
 		return err
 	})
-	switch {
-	case isLibvirt(err, libvirt.ErrNoDomain):
-		return nil, providers.NewNotFound("no domain %s on host %s", name, h.name)
-	case err != nil:
+	if err != nil {
 		return nil, err
 	}
+	inst := &providers.Instance{ProviderID: id, Name: name, State: providers.StatePending, Owner: t.owner(), CreatedAt: t.createdAt()}
 	switch libvirt.DomainState(state) {
 	case libvirt.DomainRunning:
 		inst.State = providers.StateRunning
@@ -331,7 +327,7 @@ func (p *Provider) Delete(ctx context.Context, id string) error {
 		return err
 	}
 	p.stopJob(ctx, id)
-	if _, err := p.readTags(ctx, h, name); err != nil && !providers.IsNotFound(err) {
+	if _, err := p.readTags(ctx, h, name, nil); err != nil && !providers.IsNotFound(err) {
 		return err
 	}
 	err = h.inDomain(ctx, laneRPC, "DomainDestroyFlags", name, func(l *libvirt.Libvirt, d libvirt.Domain) error {
