@@ -33,20 +33,18 @@ type tags struct {
 	// CreatedAt is written once, when the domain is defined, and read
 	// back for orphan GC's grace period.
 	CreatedAt string `xml:"createdAt"`
-	// Image is placement.image; BaseVolume the pool volume the VM's disk
-	// is an overlay of.
-	Image      string `xml:"image"`
-	BaseVolume string `xml:"baseVolume"`
+	// Image is placement.image: what provisioning resumes with.
+	Image string `xml:"image"`
 	// Started is set once the VM first started: a shut-off domain without
 	// it is still being provisioned, with it the VM stopped (Failed).
 	Started bool `xml:"started,omitempty"`
 }
 
-func newTags(entry string, o providers.Owner, base string, now time.Time) *tags {
+func newTags(entry string, o providers.Owner, image string, now time.Time) *tags {
 	return &tags{
 		ManagedBy: providers.ManagedByValue, Provider: entry, OwnerUID: string(o.UID),
 		Owner: o.Namespace + "/" + o.Name, Generation: o.Generation,
-		CreatedAt: now.UTC().Format(time.RFC3339), BaseVolume: base,
+		CreatedAt: now.UTC().Format(time.RFC3339), Image: image,
 	}
 }
 

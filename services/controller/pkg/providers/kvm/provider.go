@@ -187,14 +187,15 @@ func (p *Provider) Create(ctx context.Context, req *providers.CreateRequest) (*p
 
 // define checks the image and the pool, then defines the domain.
 func (p *Provider) define(ctx context.Context, h *host, mt MachineType, req *providers.CreateRequest) (*tags, error) {
-	base := req.Placement.Image
-	if img, ok := p.cfg.Images[base]; ok {
-		base = baseVolumeName(base, img)
-	} else if _, err := p.readBase(ctx, h, base); err != nil {
-		return nil, err
+	image := req.Placement.Image
+	if _, configured := p.cfg.Images[image]; !configured {
+		// Not ours to download: it must be in the pool already.
+		if _, err := p.readBase(ctx, h, image); err != nil {
+			return nil, err
+		}
 	}
 	if p.gen.precheckPool {
-		if err := p.precheckPool(ctx, h, req.Placement.Image); err != nil {
+		if err := p.precheckPool(ctx, h, image); err != nil {
 			return nil, err
 		}
 	}
@@ -202,8 +203,7 @@ func (p *Provider) define(ctx context.Context, h *host, mt MachineType, req *pro
 	if err != nil {
 		return nil, err
 	}
-	t := newTags(p.entry, req.Owner, base, time.Now())
-	t.Image = req.Placement.Image
+	t := newTags(p.entry, req.Owner, image, time.Now())
 	spec := &domainSpec{name: req.Name, domainType: domType, machine: mt, host: h.cfg, tags: t, metaURI: p.gen.metadataURI, guestAgent: p.cfg.InstallGuestAgent}
 	domXML, err := spec.domainXML()
 	if err != nil {

@@ -19,24 +19,25 @@ import (
 var errSeedLost = errors.New("the seed volume is missing (a create was interrupted before writing it)")
 
 // ensureSeed writes the NoCloud seed volume unless it exists. It runs in
-// Create, the one place that has the request's cloud-init.
+// Create, the one place that has the request's cloud-init; the ISO is only
+// built when the volume is missing.
 func (p *Provider) ensureSeed(ctx context.Context, h *host, req *providers.CreateRequest) error {
-	files, err := seedFiles(req.Name, req.CloudInit, p.cfg.VendorData, p.cfg.InstallGuestAgent)
-	if err != nil {
-		return err
-	}
-	iso, err := seedISO(files)
-	if err != nil {
-		return err
-	}
 	name := seedVolume(req.Name)
-	volXML, err := volumeXML(name, "raw", uint64(len(iso)), "", "")
-	if err != nil {
-		return err
-	}
-	err = p.inPool(ctx, h, laneRPC, "StorageVolUpload", func(l *libvirt.Libvirt, pool libvirt.StoragePool) error {
+	err := p.inPool(ctx, h, laneRPC, "StorageVolUpload", func(l *libvirt.Libvirt, pool libvirt.StoragePool) error {
 		if _, err := l.StorageVolLookupByName(pool, name); err == nil {
 			return nil
+		}
+		files, err := seedFiles(req.Name, req.CloudInit, p.cfg.VendorData, p.cfg.InstallGuestAgent)
+		if err != nil {
+			return err
+		}
+		iso, err := seedISO(files)
+		if err != nil {
+			return err
+		}
+		volXML, err := volumeXML(name, "raw", uint64(len(iso)), "", "")
+		if err != nil {
+			return err
 		}
 		vol, err := l.StorageVolCreateXML(pool, volXML, 0)
 		if err != nil {
@@ -84,7 +85,8 @@ func (p *Provider) provision(ctx context.Context, h *host, name string, t *tags)
 	if seedMissing {
 		return h.errorf("domain %s: %w", name, errSeedLost)
 	}
-	t.Started = true
+	started := *t
+	started.Started = true
 	err = h.inDomain(ctx, laneBulk, "DomainCreate", name, func(l *libvirt.Libvirt, d libvirt.Domain) error {
 		state, _, err := l.DomainGetState(d, 0)
 		if err != nil {
@@ -97,7 +99,7 @@ func (p *Provider) provision(ctx context.Context, h *host, name string, t *tags)
 		}
 		// Both the live and the persistent definition: the mark must
 		// survive the VM stopping, which is when Get reads it.
-		return l.DomainSetMetadata(d, int32(libvirt.DomainMetadataElement), libvirt.OptString{t.xml()},
+		return l.DomainSetMetadata(d, int32(libvirt.DomainMetadataElement), libvirt.OptString{started.xml()},
 			libvirt.OptString{metadataKey}, libvirt.OptString{p.gen.metadataURI}, libvirt.DomainAffectLive|libvirt.DomainAffectConfig)
 	})
 	if err != nil {
