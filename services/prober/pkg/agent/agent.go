@@ -8,6 +8,8 @@ package agent
 import (
 	"container/heap"
 	"context"
+	"errors"
+	"io"
 	"log/slog"
 	"math/rand/v2"
 	"net"
@@ -92,6 +94,12 @@ func (a *Agent) session(ctx context.Context, client probev1.ProbeServiceClient) 
 		return err
 	}
 	if err := stream.Send(&probev1.ConnectRequest{Message: &probev1.ConnectRequest_Hello{Hello: &probev1.Hello{ProberId: a.ID, Capacity: int32(a.Concurrency)}}}); err != nil {
+		if !errors.Is(err, io.EOF) {
+			return err
+		}
+		// The controller ended the stream first (not the leader, bad
+		// token): gRPC reports that as EOF on Send and the reason on Recv.
+		_, err = stream.Recv()
 		return err
 	}
 	s := newScheduler(a.Concurrency)
