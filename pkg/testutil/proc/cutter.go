@@ -9,12 +9,16 @@ import (
 // Cutter forwards TCP from its own loopback address to a target, and can
 // cut the link (every connection closed, new ones refused) and restore it
 // on the same address: a network partition between processes and a server
-// that itself keeps running.
+// that itself keeps running. It can also freeze the link: connections stay
+// open and nothing moves either way, as when a host loses power or a
+// firewall starts dropping packets, so no side learns the link is gone.
 type Cutter struct {
 	Addr   string
 	target string
 	dial   func(target string) (net.Conn, error)
 	mu     sync.Mutex
+	thawed *sync.Cond
+	frozen bool
 	ln     net.Listener
 	conns  map[net.Conn]struct{}
 }
@@ -30,6 +34,7 @@ func NewCutter(t T, target string) *Cutter {
 func NewCutterVia(t T, target string, dial func(target string) (net.Conn, error)) *Cutter {
 	t.Helper()
 	c := &Cutter{target: target, dial: dial, conns: map[net.Conn]struct{}{}}
+	c.thawed = sync.NewCond(&c.mu)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -58,16 +63,49 @@ func (c *Cutter) serve(ln net.Listener) {
 			c.mu.Lock()
 			c.conns[in], c.conns[out] = struct{}{}, struct{}{}
 			c.mu.Unlock()
-			go func() { _, _ = io.Copy(out, in); _ = out.Close() }()
-			go func() { _, _ = io.Copy(in, out); _ = in.Close() }()
+			go func() { _, _ = io.Copy(gate{c, out}, in); _ = out.Close() }()
+			go func() { _, _ = io.Copy(gate{c, in}, out); _ = in.Close() }()
 		}
 	}()
 }
 
-// Cut closes every connection and stops accepting.
+// gate holds writes while the link is frozen.
+type gate struct {
+	c *Cutter
+	w io.Writer
+}
+
+func (g gate) Write(b []byte) (int, error) {
+	g.c.mu.Lock()
+	for g.c.frozen {
+		g.c.thawed.Wait()
+	}
+	g.c.mu.Unlock()
+	return g.w.Write(b)
+}
+
+// Freeze stops every byte on open and new connections, closing nothing.
+func (c *Cutter) Freeze() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.frozen = true
+}
+
+// Thaw lets the held bytes through.
+func (c *Cutter) Thaw() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.frozen = false
+	c.thawed.Broadcast()
+}
+
+// Cut closes every connection and stops accepting; it also thaws, so
+// nothing stays held.
 func (c *Cutter) Cut() {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	c.frozen = false
+	c.thawed.Broadcast()
 	if c.ln != nil {
 		_ = c.ln.Close()
 		c.ln = nil

@@ -201,6 +201,33 @@ func TestHostKeyMismatchRefusesToConnect(t *testing.T) {
 	assert.Empty(t, volumes(t, h), "nothing reached the host")
 }
 
+// A host that goes silent sends no RST, and go-libvirt's calls take no
+// context: SSH keepalives fail the waiting call within the interval
+// (instead of the 2-minute call bound), saying why; once the host answers
+// again the next call redials.
+func TestSilentHostFailsWithinTheKeepalive(t *testing.T) {
+	f := kvmtest.NewFixture(t)
+	h := f.Host(t, "hv-a", kvmtest.Options{})
+	for _, typ := range []string{kvm.Type, kvm.Type2} {
+		t.Run(typ, func(t *testing.T) {
+			p := newProvider(t, typ, typ+"-home", f.Config([]*kvmtest.Host{h}, func(c map[string]any) { c["keepaliveSeconds"] = 1 }))
+			inst := create(t, p, owner("silent-"+typ), "", "tiny")
+			waitState(t, p, inst.ProviderID, providers.StateRunning)
+
+			h.Freeze()
+			_, err := p.Get(context.Background(), inst.ProviderID)
+			require.Error(t, err)
+			assert.Contains(t, err.Error(), "kvm host hv-a ("+h.Addr+"): stopped answering: no SSH keepalive reply within 1s")
+
+			h.Thaw()
+			require.Eventually(t, func() bool {
+				_, err = p.Get(context.Background(), inst.ProviderID)
+				return err == nil
+			}, 30*time.Second, 100*time.Millisecond, "never redialled: %v", err)
+		})
+	}
+}
+
 // kvm2 checks the pool before creating anything: a pool without room for
 // the VM's disk is the contract's quota kind, so the reconciler waits.
 func TestKVM2FullPoolIsQuota(t *testing.T) {

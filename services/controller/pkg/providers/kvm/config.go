@@ -37,6 +37,10 @@ type Config struct {
 	// vendor-data) and its channel to the domain, so the VM's address can
 	// be asked of the guest itself.
 	InstallGuestAgent bool `json:"installGuestAgent,omitempty"`
+	// KeepaliveSeconds is how often each SSH connection asks its host for
+	// a reply; a host that gives none within as long is taken as gone, and
+	// the calls waiting on it fail. Default 15.
+	KeepaliveSeconds int `json:"keepaliveSeconds,omitempty"`
 }
 
 // MachineType is one VM size.
@@ -78,6 +82,7 @@ const (
 	defaultSocket     = "/var/run/libvirt/libvirt-sock"
 	defaultURI        = "qemu:///system"
 	defaultDiskSizeGb = 10
+	defaultKeepalive  = 15
 )
 
 // sha256Hex returns the hex digest of a checked "sha256:<hex>" checksum.
@@ -146,6 +151,12 @@ func decodeConfig(e providers.Entry) (*Config, error) {
 	}
 	if c.DiskSizeGb == 0 {
 		c.DiskSizeGb = defaultDiskSizeGb
+	}
+	if c.KeepaliveSeconds < 0 || c.KeepaliveSeconds > 300 {
+		return nil, bad("keepaliveSeconds %d must be between 1 and 300 (0 for the default, %d)", c.KeepaliveSeconds, defaultKeepalive)
+	}
+	if c.KeepaliveSeconds == 0 {
+		c.KeepaliveSeconds = defaultKeepalive
 	}
 	return &c, nil
 }

@@ -49,6 +49,8 @@ func TestConfigErrorsNameTheField(t *testing.T) {
 		{"md5 checksum", func(c map[string]any) {
 			c["images"] = map[string]any{"debian": map[string]any{"url": "u", "checksum": "md5:d41d8cd98f00b204e9800998ecf8427e"}}
 		}, "must be sha256:<64 hex digits>"},
+		{"keepalive too long", func(c map[string]any) { c["keepaliveSeconds"] = 301 }, "kvm.keepaliveSeconds 301 must be between 1 and 300 (0 for the default, 15)"},
+		{"negative keepalive", func(c map[string]any) { c["keepaliveSeconds"] = -1 }, "kvm.keepaliveSeconds -1 must be between 1 and 300"},
 		{"unknown field", func(c map[string]any) { c["sshKey"] = "x" }, `unknown field "sshKey"`},
 	} {
 		t.Run(c.name, func(t *testing.T) {

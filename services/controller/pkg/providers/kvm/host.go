@@ -8,6 +8,7 @@ import (
 	"os"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	libvirt "github.com/digitalocean/go-libvirt"
@@ -85,6 +86,9 @@ func (e *HostError) Unwrap() error { return e.Err }
 type conn struct {
 	ssh *ssh.Client
 	lv  *libvirt.Libvirt
+	// silent is set when keepalive gave the connection up, so the calls
+	// it fails say why.
+	silent atomic.Bool
 }
 
 func (c *conn) close() {
@@ -103,12 +107,43 @@ func (c *conn) alive() bool {
 	}
 }
 
+// keepalive closes the connection once the host misses a reply. A host
+// that went silent (powered off, a firewall dropping packets) sends no
+// RST, and go-libvirt's calls take no context: without it a call would
+// hang until callTimeout. OpenSSH answers any global request, refusing an
+// unknown one, so the reply itself is the sign of life.
+func (c *conn) keepalive(every time.Duration) {
+	tick := time.NewTicker(every)
+	defer tick.Stop()
+	for {
+		select {
+		case <-c.lv.Disconnected():
+			return
+		case <-tick.C:
+		}
+		replied := make(chan struct{})
+		go func() {
+			_, _, _ = c.ssh.SendRequest("keepalive@openssh.com", true, nil)
+			close(replied)
+		}()
+		select {
+		case <-replied:
+		case <-time.After(every):
+			c.silent.Store(true)
+			c.close()
+			return
+		}
+	}
+}
+
 // host is one configured hypervisor and its open connections.
 type host struct {
 	name  string
 	cfg   Host
 	creds credentials
 	gen   *generation
+	// keepalive is the interval of every connection's keepalive.
+	keepalive time.Duration
 
 	mu    sync.Mutex
 	conns map[lane]*conn
@@ -120,8 +155,8 @@ type host struct {
 	dialing map[lane]*sync.Mutex
 }
 
-func newHost(name string, cfg Host, creds credentials, gen *generation) *host {
-	h := &host{name: name, cfg: cfg, creds: creds, gen: gen, conns: map[lane]*conn{}, dialing: map[lane]*sync.Mutex{}}
+func newHost(name string, cfg Host, creds credentials, gen *generation, keepalive time.Duration) *host {
+	h := &host{name: name, cfg: cfg, creds: creds, gen: gen, keepalive: keepalive, conns: map[lane]*conn{}, dialing: map[lane]*sync.Mutex{}}
 	for _, l := range []lane{laneRPC, laneCheck} {
 		h.dialing[gen.lane(l)] = &sync.Mutex{}
 	}
@@ -196,7 +231,9 @@ func (h *host) dial(ctx context.Context) (*conn, error) {
 		_ = client.Close()
 		return nil, h.errorf("connecting to %s: %w", h.cfg.uri(), err)
 	}
-	return &conn{ssh: client, lv: lv}, nil
+	c := &conn{ssh: client, lv: lv}
+	go c.keepalive(h.keepalive)
+	return c, nil
 }
 
 // sshFailure turns an SSH handshake error into what a human must fix.
@@ -257,6 +294,8 @@ func (h *host) doUntraced(ctx context.Context, l lane, call func(*libvirt.Libvir
 		return nil
 	case ctx.Err() != nil:
 		return h.errorf("%w (the call was cut short: %v)", ctx.Err(), err)
+	case c.silent.Load():
+		return h.errorf("stopped answering: no SSH keepalive reply within %s; the connection was closed: %w", h.keepalive, err)
 	case !c.alive():
 		return h.errorf("connection lost: %w", err)
 	}

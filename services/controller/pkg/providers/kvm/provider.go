@@ -89,7 +89,7 @@ func newProvider(ctx context.Context, e providers.Entry, deps providers.Deps, ge
 		downloads: map[string]*flight{}, jobs: map[string]*job{},
 	}
 	for name, hc := range cfg.Hosts {
-		p.hosts[name] = newHost(name, hc, creds, gen)
+		p.hosts[name] = newHost(name, hc, creds, gen, time.Duration(cfg.KeepaliveSeconds)*time.Second)
 	}
 	return p, nil
 }

@@ -326,6 +326,13 @@ func (h *Host) Boot(t testing.TB, domain string) string {
 // drops the open ones, as a host gone from the network would.
 func (h *Host) Cut() { h.relay.Cut() }
 
+// Freeze makes the host silent: connections stay open and nothing moves
+// either way, as when a host loses power or a firewall drops its packets.
+func (h *Host) Freeze() { h.relay.Freeze() }
+
+// Thaw ends a Freeze.
+func (h *Host) Thaw() { h.relay.Thaw() }
+
 // Restore makes a cut host reachable again at the same address.
 func (h *Host) Restore() { h.relay.Restore(h.t) }
 
