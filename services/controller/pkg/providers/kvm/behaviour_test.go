@@ -182,6 +182,36 @@ func TestBadChecksumFailsClearly(t *testing.T) {
 	}
 }
 
+// An image larger than diskSizeGb is refused before anything is defined:
+// an overlay smaller than its image would cut the guest's disk short.
+func TestImageLargerThanTheDiskIsRefused(t *testing.T) {
+	f := kvmtest.NewFixture(t)
+	h := f.Host(t, "hv-a", kvmtest.Options{})
+	l := h.Libvirt(t)
+	pool, err := l.StoragePoolLookupByName(kvmtest.Pool)
+	require.NoError(t, err)
+	big := &libvirtxml.StorageVolume{Name: "big.qcow2", Capacity: &libvirtxml.StorageVolumeSize{Unit: "GiB", Value: 2},
+		Target: &libvirtxml.StorageVolumeTarget{Format: &libvirtxml.StorageVolumeTargetFormat{Type: "qcow2"}}}
+	bigXML, err := big.Marshal()
+	require.NoError(t, err)
+	_, err = l.StorageVolCreateXML(pool, bigXML, 0) // sparse: 2 GiB virtual, a few KiB on disk
+	require.NoError(t, err)
+
+	for _, typ := range []string{kvm.Type, kvm.Type2} {
+		t.Run(typ, func(t *testing.T) {
+			p := newProvider(t, typ, typ+"-home", f.Config([]*kvmtest.Host{h}, nil)) // diskSizeGb: 1
+			o := owner("big")
+			_, err := p.Create(context.Background(), request(providers.InstanceName(o.Name, o.UID, 1), o, "", "big.qcow2"))
+			require.Error(t, err)
+			assert.True(t, providers.IsInvalidConfig(err), "no retry can fix it: %v", err)
+			assert.Contains(t, err.Error(), `spec.placement.image "big.qcow2" (volume big.qcow2 on host hv-a) is 2.00 GiB, more than diskSizeGb 1`)
+			doms, _, err := l.ConnectListAllDomains(1, 0)
+			require.NoError(t, err)
+			assert.Empty(t, doms, "nothing was defined")
+		})
+	}
+}
+
 // A host whose key is not the one known_hosts holds is refused before
 // anything is sent, with a message naming the host.
 func TestHostKeyMismatchRefusesToConnect(t *testing.T) {

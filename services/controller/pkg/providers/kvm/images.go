@@ -48,7 +48,7 @@ func (p *Provider) ensureImage(ctx context.Context, h *host, image string) (*bas
 	img, configured := p.cfg.Images[image]
 	if !configured {
 		// Not one of ours to download: it must be in the pool already.
-		return p.readBase(ctx, h, image)
+		return p.readBase(ctx, h, image, image)
 	}
 	base := baseVolumeName(image, img)
 	key := h.name + "/" + base
@@ -78,7 +78,7 @@ func (p *Provider) ensureImage(ctx context.Context, h *host, image string) (*bas
 	if f.err != nil {
 		return nil, f.err
 	}
-	return p.readBase(ctx, h, base)
+	return p.readBase(ctx, h, image, base)
 }
 
 type flight struct {
@@ -86,7 +86,10 @@ type flight struct {
 	err  error
 }
 
-func (p *Provider) readBase(ctx context.Context, h *host, name string) (*baseImage, error) {
+// readBase reads the base volume name of placement.image on h. An image
+// larger than diskSizeGb is refused: an overlay smaller than its backing
+// file cuts the guest's disk short, and no retry can fix that.
+func (p *Provider) readBase(ctx context.Context, h *host, image, name string) (*baseImage, error) {
 	var volXML string
 	err := p.inPool(ctx, h, laneRPC, "StorageVolGetXMLDesc", func(l *libvirt.Libvirt, pool libvirt.StoragePool) error {
 		vol, err := l.StorageVolLookupByName(pool, name)
@@ -112,6 +115,13 @@ func (p *Provider) readBase(ctx context.Context, h *host, name string) (*baseIma
 		b.path = v.Target.Path
 		if v.Target.Format != nil && v.Target.Format.Type != "" {
 			b.format = v.Target.Format.Type
+		}
+	}
+	// libvirt describes volumes it reads in bytes.
+	if v.Capacity != nil && (v.Capacity.Unit == "" || v.Capacity.Unit == "bytes") {
+		if size, disk := v.Capacity.Value, uint64(p.cfg.DiskSizeGb)<<30; size > disk {
+			return nil, providers.NewInvalidConfig("spec.placement.image %q (volume %s on host %s) is %s, more than diskSizeGb %d of provider %q: a VM's disk cannot be smaller than its image; raise diskSizeGb",
+				image, name, h.name, gib(size), p.cfg.DiskSizeGb, p.entry)
 		}
 	}
 	return b, nil

@@ -190,7 +190,7 @@ func (p *Provider) define(ctx context.Context, h *host, mt MachineType, req *pro
 	image := req.Placement.Image
 	if _, configured := p.cfg.Images[image]; !configured {
 		// Not ours to download: it must be in the pool already.
-		if _, err := p.readBase(ctx, h, image); err != nil {
+		if _, err := p.readBase(ctx, h, image, image); err != nil {
 			return nil, err
 		}
 	}
