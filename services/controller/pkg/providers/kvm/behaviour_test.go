@@ -240,14 +240,14 @@ func TestSilentHostFailsWithinTheKeepalive(t *testing.T) {
 	h := f.Host(t, "hv-a", kvmtest.Options{})
 	for _, typ := range []string{kvm.Type, kvm.Type2} {
 		t.Run(typ, func(t *testing.T) {
-			p := newProvider(t, typ, typ+"-home", f.Config([]*kvmtest.Host{h}, func(c map[string]any) { c["keepaliveSeconds"] = 1 }))
+			p := newProvider(t, typ, typ+"-home", f.Config([]*kvmtest.Host{h}, func(c map[string]any) { c["keepaliveSeconds"] = 2 }))
 			inst := create(t, p, owner("silent-"+typ), "", "tiny")
 			waitState(t, p, inst.ProviderID, providers.StateRunning)
 
 			h.Freeze()
 			_, err := p.Get(context.Background(), inst.ProviderID)
 			require.Error(t, err)
-			assert.Contains(t, err.Error(), "kvm host hv-a ("+h.Addr+"): stopped answering: no SSH keepalive reply within 1s")
+			assert.Contains(t, err.Error(), "kvm host hv-a ("+h.Addr+"): stopped answering: no SSH keepalive reply within 2s")
 
 			h.Thaw()
 			require.Eventually(t, func() bool {
