@@ -68,14 +68,13 @@ func parseTags(s string) (*tags, error) {
 	return t, nil
 }
 
-func (t *tags) owner() providers.Owner {
-	ns, name, _ := strings.Cut(t.Owner, "/")
-	return providers.Owner{UID: types.UID(t.OwnerUID), Namespace: ns, Name: name, Generation: t.Generation}
-}
-
-func (t *tags) createdAt() time.Time {
-	ts, _ := time.Parse(time.RFC3339, t.CreatedAt)
-	return ts
+// instance is the Pending instance the tags describe; callers that read
+// the domain's state set it.
+func (t *tags) instance(id, name string) *providers.Instance {
+	ns, owner, _ := strings.Cut(t.Owner, "/")
+	created, _ := time.Parse(time.RFC3339, t.CreatedAt)
+	return &providers.Instance{ProviderID: id, Name: name, State: providers.StatePending, CreatedAt: created,
+		Owner: providers.Owner{UID: types.UID(t.OwnerUID), Namespace: ns, Name: owner, Generation: t.Generation}}
 }
 
 // domainSpec is what a VM is made of.

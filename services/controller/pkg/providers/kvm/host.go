@@ -289,9 +289,16 @@ func (h *host) doUntraced(ctx context.Context, l lane, call func(*libvirt.Libvir
 	stop := context.AfterFunc(ctx, c.close)
 	err = call(c.lv)
 	stop()
-	switch {
-	case err == nil:
+	if err == nil {
 		return nil
+	}
+	return h.failure(ctx, c, err)
+}
+
+// failure says why a call on c failed: cut short by its context, the
+// host gone silent, the connection lost, or the host's own answer.
+func (h *host) failure(ctx context.Context, c *conn, err error) error {
+	switch {
 	case ctx.Err() != nil:
 		return h.errorf("%w (the call was cut short: %v)", ctx.Err(), err)
 	case c.silent.Load():
@@ -326,14 +333,14 @@ func (h *host) exec(ctx context.Context, cmd string) ([]byte, error) {
 	}
 	s, err := c.ssh.NewSession()
 	if err != nil {
-		return nil, h.errorf("opening an SSH session: %w", err)
+		return nil, h.failure(ctx, c, fmt.Errorf("opening an SSH session: %w", err))
 	}
 	defer s.Close()
 	stop := context.AfterFunc(ctx, func() { _ = s.Close() })
 	defer stop()
 	out, err := s.Output(cmd)
 	if err != nil {
-		return nil, h.errorf("running %q: %w", cmd, err)
+		return nil, h.failure(ctx, c, fmt.Errorf("running %q: %w", cmd, err))
 	}
 	return out, nil
 }

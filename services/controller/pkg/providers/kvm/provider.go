@@ -177,7 +177,7 @@ func (p *Provider) Create(ctx context.Context, req *providers.CreateRequest) (*p
 	}
 	if p.gen.asyncCreate {
 		p.startJob(ctx, h, req.Name, t)
-		return &providers.Instance{ProviderID: id, Name: req.Name, State: providers.StatePending, Owner: t.owner(), CreatedAt: t.createdAt()}, nil
+		return t.instance(id, req.Name), nil
 	}
 	if err := p.provision(ctx, h, req.Name, t); err != nil {
 		return nil, err
@@ -292,7 +292,7 @@ func (p *Provider) Get(ctx context.Context, id string) (*providers.Instance, err
 	if err != nil {
 		return nil, err
 	}
-	inst := &providers.Instance{ProviderID: id, Name: name, State: providers.StatePending, Owner: t.owner(), CreatedAt: t.createdAt()}
+	inst := t.instance(id, name)
 	switch libvirt.DomainState(state) {
 	case libvirt.DomainRunning:
 		inst.State = providers.StateRunning
@@ -407,10 +407,7 @@ func (p *Provider) listHost(ctx context.Context, h *host) ([]*providers.Instance
 			if err != nil || t.Provider != p.entry || t.OwnerUID == "" {
 				continue
 			}
-			out = append(out, &providers.Instance{
-				ProviderID: p.ProviderID(h.name, d.Name), Name: d.Name, State: providers.StatePending,
-				Owner: t.owner(), CreatedAt: t.createdAt(),
-			})
+			out = append(out, t.instance(p.ProviderID(h.name, d.Name), d.Name))
 		}
 		return nil
 	})
