@@ -136,10 +136,6 @@ deps: ## Install the Debian packages the tests use (as root), or say which to in
 	@# libvirt-daemon-system would create (the tests' hosts run qemu as root).
 	@if [ "$$(id -u)" = 0 ] && ! getent passwd libvirt-qemu >/dev/null; then useradd -r -M -s /usr/sbin/nologin libvirt-qemu; fi
 
-.PHONY: print-apt-packages
-print-apt-packages:
-	@echo $(APT_PACKAGES)
-
 .PHONY: envtest
 envtest: ## Build (once, cached) kube-apiserver and etcd for envtest.
 	@bash hack/envtest-bins.sh >/dev/null
