@@ -37,6 +37,19 @@ func TestBadFlagsExitNonZero(t *testing.T) {
 	proc.BadFlag(t, "controller-unknown-flag", bin, []string{"--no-such-flag"}, "flag provided but not defined: -no-such-flag")
 	proc.BadFlag(t, "controller-bad-duration", bin, []string{"--leader-election-lease-duration", "soon"}, "invalid value", "leader-election-lease-duration")
 	proc.BadFlag(t, "controller-missing-kubeconfig", bin, []string{"--kubeconfig", "/nonexistent/kubeconfig"}, "--kubeconfig", "/nonexistent/kubeconfig")
+	for _, tc := range []struct {
+		name string
+		args []string
+		want string
+	}{
+		{"qps", []string{"--kube-api-qps", "0"}, "--kube-api-qps must be positive"},
+		{"burst", []string{"--kube-api-burst", "0"}, "--kube-api-burst at least 1"},
+		{"reconciles", []string{"--max-concurrent-reconciles", "0"}, "--max-concurrent-reconciles"},
+		{"writers", []string{"--health-write-workers", "-1"}, "--health-write-workers must be at least 1"},
+		{"resync", []string{"--resync-qps", "-2"}, "--resync-qps must be positive (got -2)"},
+	} {
+		proc.BadFlag(t, "controller-bad-"+tc.name, bin, tc.args, tc.want)
+	}
 }
 
 func TestEnvFallbackIsValidated(t *testing.T) {

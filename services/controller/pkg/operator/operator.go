@@ -44,8 +44,13 @@ type Options struct {
 	LeaseDuration    time.Duration
 	ProvidersConfig  string
 	Namespace        string
+	KubeAPIQPS       float64
+	KubeAPIBurst     int
+	Reconcilers      int
+	HealthWriters    int
 	PollInterval     time.Duration
 	ResyncInterval   time.Duration
+	ResyncQPS        float64
 	BackoffBase      time.Duration
 	GCInterval       time.Duration
 	GCGrace          time.Duration
@@ -66,8 +71,13 @@ func (o *Options) Register(fs *flag.FlagSet) {
 	fs.DurationVar(&o.LeaseDuration, "leader-election-lease-duration", 15*time.Second, "how long a lost leader's lease blocks a new one")
 	fs.StringVar(&o.ProvidersConfig, "providers-config", "", "providers config YAML (named provider entries); empty means one entry named kubernetes of type kubernetes")
 	fs.StringVar(&o.Namespace, "namespace", "", "the controller's namespace (default pods namespace of the kubernetes provider); empty means the pod's own, else default")
+	fs.Float64Var(&o.KubeAPIQPS, "kube-api-qps", DefaultKubeAPIQPS, "steady rate of requests to the API server (client-side); the API server's priority and fairness is the real limit")
+	fs.IntVar(&o.KubeAPIBurst, "kube-api-burst", DefaultKubeAPIBurst, "requests to the API server allowed above --kube-api-qps in a burst")
+	fs.IntVar(&o.Reconcilers, "max-concurrent-reconciles", lifecycle.DefaultMaxConcurrentReconciles, "Proxies reconciled at once")
+	fs.IntVar(&o.HealthWriters, "health-write-workers", health.DefaultWriteWorkers, "health status writes made at once")
 	fs.DurationVar(&o.PollInterval, "poll-interval", 2*time.Second, "how often a booting or deleting instance is re-read")
-	fs.DurationVar(&o.ResyncInterval, "resync-interval", 5*time.Minute, "how often a Ready instance is re-read to notice it vanished")
+	fs.DurationVar(&o.ResyncInterval, "resync-interval", 5*time.Minute, "how often a Ready instance is re-read to notice it vanished (each time jittered by ±25%)")
+	fs.Float64Var(&o.ResyncQPS, "resync-qps", lifecycle.DefaultResyncQPS, "re-reads of Ready instances per second and provider entry, at most; past --resync-qps × --resync-interval Ready proxies on one entry each is re-read less often")
 	fs.DurationVar(&o.BackoffBase, "backoff-base", 5*time.Second, "first delay of the per-Proxy backoff for quota waits and failing cleanups (doubles up to 5m)")
 	fs.DurationVar(&o.GCInterval, "gc-interval", 5*time.Minute, "how often orphan GC sweeps every provider")
 	fs.DurationVar(&o.GCGrace, "gc-grace-period", 10*time.Minute, "instances younger than this are never collected")
@@ -83,6 +93,19 @@ func (o *Options) Register(fs *flag.FlagSet) {
 	fs.StringVar(&o.Health.EchoFormat, "health-echo-format", "", `how the target echoes the caller's IP: "" (it does not), "text", or "json:<field>"; fills status.egressIP`)
 	fs.BoolVar(&o.Health.Trace, "trace-health-probes", false, "trace every probe end to end (high volume)")
 }
+
+// The API client's defaults. client-go's own (5/s, burst 10) took a
+// thousand Proxies minutes to bring up. A Proxy costs the controller two
+// writes on its way to Ready and Healthy (the lifecycle's status, the
+// first health verdict), so 1,000 writes a second bring 10,000 up in about
+// 20 s of API time: well inside what one API server takes (over 2,000
+// writes a second from 32 writers on a 2-core machine). The client-side
+// limit is a fuse against a hot loop; API priority and fairness on the
+// server decides what this controller really gets.
+const (
+	DefaultKubeAPIQPS   = 1000
+	DefaultKubeAPIBurst = 2000
+)
 
 // defaultProvidersConfig is used without --providers-config.
 const defaultProvidersConfig = "providers:\n  - name: kubernetes\n    type: kubernetes\n"
@@ -115,6 +138,14 @@ func Run(ctx context.Context, log *slog.Logger, o Options) error {
 	if o.PollInterval <= 0 || o.ResyncInterval <= 0 || o.GCInterval <= 0 || o.GCGrace < 0 || o.BackoffBase <= 0 {
 		return service.Usagef("--poll-interval, --resync-interval, --backoff-base and --gc-interval must be positive and --gc-grace-period not negative")
 	}
+	switch {
+	case o.KubeAPIQPS <= 0 || o.KubeAPIBurst < 1:
+		return service.Usagef("--kube-api-qps must be positive and --kube-api-burst at least 1 (got %g and %d)", o.KubeAPIQPS, o.KubeAPIBurst)
+	case o.Reconcilers < 1 || o.HealthWriters < 1:
+		return service.Usagef("--max-concurrent-reconciles and --health-write-workers must be at least 1 (got %d and %d)", o.Reconcilers, o.HealthWriters)
+	case o.ResyncQPS <= 0:
+		return service.Usagef("--resync-qps must be positive (got %g)", o.ResyncQPS)
+	}
 	if err := o.Health.Validate(); err != nil {
 		return service.UsageError{Err: err}
 	}
@@ -126,6 +157,7 @@ func Run(ctx context.Context, log *slog.Logger, o Options) error {
 	if err != nil {
 		return service.Usagef("--kubeconfig: %v", err)
 	}
+	cfg.QPS, cfg.Burst = float32(o.KubeAPIQPS), o.KubeAPIBurst
 	namespace := podNamespace(log, o.Namespace)
 	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
 		Scheme:                  kube.NewScheme(),
@@ -159,7 +191,8 @@ func Run(ctx context.Context, log *slog.Logger, o Options) error {
 		return service.Usagef("--providers-config: %v", err)
 	}
 	rec := lifecycle.New(mgr.GetClient(), registry, mgr.GetEventRecorder("proxy-controller"), lifecycle.Options{
-		PollInterval: o.PollInterval, ResyncInterval: o.ResyncInterval, BackoffBase: o.BackoffBase,
+		PollInterval: o.PollInterval, ResyncInterval: o.ResyncInterval, ResyncQPS: o.ResyncQPS, BackoffBase: o.BackoffBase,
+		MaxConcurrentReconciles: o.Reconcilers,
 	})
 	if err := rec.SetupWithManager(ctx, mgr); err != nil {
 		return fmt.Errorf("setting up the Proxy controller: %w", err)
@@ -177,7 +210,7 @@ func Run(ctx context.Context, log *slog.Logger, o Options) error {
 		log.Warn("no --probe-token-file: the probe endpoint accepts any prober")
 	}
 	hub := &health.Hub{
-		Engine:   &health.Engine{Client: mgr.GetClient(), Log: log.With("controller", "health")},
+		Engine:   &health.Engine{Client: mgr.GetClient(), Log: log.With("controller", "health"), Workers: o.HealthWriters},
 		Defaults: o.Health, Elected: mgr.Elected(), Addr: o.ProbeAddr, Token: probeToken, Log: log.With("controller", "probe-hub"),
 	}
 	if _, err := hub.Listen(); err != nil {

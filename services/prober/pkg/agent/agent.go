@@ -2,7 +2,9 @@
 // the controller, keeps the set of proxies assigned to it, probes each on
 // its interval with bounded concurrency, and streams results back. When the
 // stream breaks (controller restart, leader change) it reconnects with
-// jittered backoff and receives a full assignment again.
+// jittered backoff and receives a full assignment again. The schedule
+// outlives the stream: a reconnect keeps every known proxy's place in it,
+// so a controller failover neither pauses probing nor bunches it up.
 package agent
 
 import (
@@ -26,6 +28,7 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/egress-proxies/egress-proxies/pkg/assignment"
 	probev1 "github.com/egress-proxies/egress-proxies/pkg/gen/egressproxies/probe/v1"
 	"github.com/egress-proxies/egress-proxies/services/prober/pkg/probe"
 )
@@ -37,12 +40,18 @@ var (
 	assigned  = prometheus.NewGauge(prometheus.GaugeOpts{Name: "prober_assigned_targets", Help: "Proxies assigned to this prober."})
 	connected = prometheus.NewGauge(prometheus.GaugeOpts{Name: "prober_connected", Help: "1 while the stream to the controller is up."})
 	inflight  = prometheus.NewGauge(prometheus.GaugeOpts{Name: "prober_probes_in_flight", Help: "Probes running now (bounded by --concurrency)."})
+	dropped   = prometheus.NewCounter(prometheus.CounterOpts{Name: "prober_results_dropped_total", Help: "Results dropped because the controller took them in more slowly than they were made, or no stream was up."})
 )
 
 // Collectors are the agent's metrics.
 func Collectors() []prometheus.Collector {
-	return []prometheus.Collector{probes, probeDuration, assigned, connected, inflight}
+	return []prometheus.Collector{probes, probeDuration, assigned, connected, inflight, dropped}
 }
+
+// resultBuffer is how many results wait for the stream before new ones
+// are dropped. Dropping beats blocking: a blocked result would hold a probe
+// slot, and the controller only needs the newest results anyway.
+const resultBuffer = 4096
 
 // Agent is one prober.
 type Agent struct {
@@ -55,15 +64,30 @@ type Agent struct {
 	Log         *slog.Logger
 	// BackoffMax caps the reconnect delay.
 	BackoffMax time.Duration
+
+	once    sync.Once
+	sched   *scheduler
+	results chan *probev1.ProbeResult
+}
+
+func (a *Agent) init() {
+	a.once.Do(func() {
+		a.sched = newScheduler(a.Concurrency)
+		a.results = make(chan *probev1.ProbeResult, resultBuffer)
+	})
 }
 
 // Run connects and reconnects until ctx ends.
 func (a *Agent) Run(ctx context.Context) error {
+	a.init()
 	client := probev1.NewProbeServiceClient(a.Conn)
 	backoff := 250 * time.Millisecond
 	if a.BackoffMax == 0 {
 		a.BackoffMax = 30 * time.Second
 	}
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	wg.Go(func() { a.sched.run(ctx, a.Prober, a.results) })
 	for ctx.Err() == nil {
 		started := time.Now()
 		err := a.session(ctx, client)
@@ -87,6 +111,7 @@ func (a *Agent) Run(ctx context.Context) error {
 }
 
 func (a *Agent) session(ctx context.Context, client probev1.ProbeServiceClient) error {
+	a.init()
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	stream, err := client.Connect(ctx, a.CallOptions...)
@@ -102,15 +127,14 @@ func (a *Agent) session(ctx context.Context, client probev1.ProbeServiceClient) 
 		_, err = stream.Recv()
 		return err
 	}
-	s := newScheduler(a.Concurrency)
-	results := make(chan *probev1.ProbeResult, 1024)
 	var wg sync.WaitGroup
-	wg.Add(2)
-	go func() { defer wg.Done(); s.run(ctx, a.Prober, results) }()
 	sendErr := make(chan error, 1)
-	go func() { defer wg.Done(); sendErr <- a.sendResults(ctx, stream, results) }()
-	defer func() { cancel(); wg.Wait(); assigned.Set(0) }()
+	wg.Go(func() { sendErr <- a.sendResults(ctx, stream, a.results) })
+	defer func() { cancel(); wg.Wait() }()
 
+	// A large full assignment arrives in chunks; it replaces the set only
+	// once whole, so no target is dropped and re-added on the way.
+	var asm assignment.Assembler
 	first := true
 	for {
 		msg, err := stream.Recv()
@@ -123,8 +147,10 @@ func (a *Agent) session(ctx context.Context, client probev1.ProbeServiceClient) 
 			first = false
 		}
 		if as := msg.GetAssignment(); as != nil {
-			s.apply(as)
-			assigned.Set(float64(s.size()))
+			if whole := asm.Add(as); whole != nil {
+				a.sched.apply(whole)
+				assigned.Set(float64(a.sched.size()))
+			}
 		}
 		select {
 		case err := <-sendErr:
@@ -171,6 +197,8 @@ type task struct {
 	target *probev1.ProbeTarget
 	due    time.Time
 	index  int
+	// probed: the first probe has been started.
+	probed bool
 }
 
 type queue []*task
@@ -211,9 +239,16 @@ func interval(t *probev1.ProbeTarget) time.Duration {
 	return d
 }
 
-// apply changes the set. A new target is first probed at a random point
-// within its interval, so a reassignment burst spreads out but every proxy
-// is probed within one interval of arriving.
+// firstProbeWindow spreads the first probes of targets that arrive
+// together (a new fleet, a dead prober's share) over at most this long.
+const firstProbeWindow = time.Second
+
+// apply changes the set. A new target is probed promptly, within
+// firstProbeWindow: a new proxy should be proven as soon as it can be, and
+// a dead prober's share should not wait out an interval. Its second probe
+// then falls at a random point in the second half of its interval, which
+// gives each proxy its own phase, so a fleet that arrived at once is not
+// probed at once ever after. A target already held keeps its schedule.
 func (s *scheduler) apply(a *probev1.Assignment) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -237,7 +272,7 @@ func (s *scheduler) apply(a *probev1.Assignment) {
 			old.target = t
 			continue
 		}
-		tk := &task{target: t, due: now.Add(time.Duration(rand.Int64N(int64(interval(t)))))}
+		tk := &task{target: t, due: now.Add(time.Duration(rand.Int64N(int64(min(interval(t), firstProbeWindow)))))}
 		s.tasks[t.GetId()] = tk
 		heap.Push(&s.q, tk)
 	}
@@ -269,9 +304,15 @@ func (s *scheduler) run(ctx context.Context, p *probe.Prober, out chan<- *probev
 		for s.q.Len() > 0 && !s.q[0].due.After(now) {
 			t := s.q[0]
 			due = append(due, t.target)
-			t.due = t.due.Add(interval(t.target))
-			if t.due.Before(now) { // fell behind: do not burst to catch up
-				t.due = now.Add(interval(t.target))
+			every := interval(t.target)
+			switch {
+			case !t.probed:
+				t.probed = true
+				t.due = now.Add(every/2 + time.Duration(rand.Int64N(int64(every/2)+1)))
+			case t.due.Add(every).Before(now): // fell behind: do not burst to catch up
+				t.due = now.Add(every)
+			default:
+				t.due = t.due.Add(every)
 			}
 			heap.Fix(&s.q, 0)
 		}
@@ -293,7 +334,8 @@ func (s *scheduler) run(ctx context.Context, p *probe.Prober, out chan<- *probev
 				r := runOne(ctx, p, t)
 				select {
 				case out <- r:
-				case <-ctx.Done():
+				default:
+					dropped.Inc()
 				}
 			}()
 		}

@@ -298,14 +298,22 @@ func (*ConnectResponse_Assignment) isConnectResponse_Message() {}
 
 // Assignment changes a prober's set of targets. full=true replaces the set
 // (sent first on every stream); otherwise upsert and remove are applied.
+// Every message stays far below gRPC's 4 MiB default receive limit: a set
+// too large for one message travels as a run of chunks (see more).
 type Assignment struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// full replaces every current target with upsert.
+	// full replaces every current target with upsert (and with the upserts
+	// of the chunks that continue it, while more is set).
 	Full bool `protobuf:"varint,1,opt,name=full,proto3" json:"full,omitempty"`
 	// upsert adds targets or changes their settings.
 	Upsert []*ProbeTarget `protobuf:"bytes,2,rep,name=upsert,proto3" json:"upsert,omitempty"`
 	// remove lists target ids that are no longer this prober's.
-	Remove        []string `protobuf:"bytes,3,rep,name=remove,proto3" json:"remove,omitempty"`
+	Remove []string `protobuf:"bytes,3,rep,name=remove,proto3" json:"remove,omitempty"`
+	// more says the next message continues this full assignment: the prober
+	// replaces its set only once the chunk without more arrives, so a target
+	// it already probes keeps its schedule. Deltas never set it: each chunk
+	// of a delta is a delta of its own.
+	More          bool `protobuf:"varint,4,opt,name=more,proto3" json:"more,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -359,6 +367,13 @@ func (x *Assignment) GetRemove() []string {
 		return x.Remove
 	}
 	return nil
+}
+
+func (x *Assignment) GetMore() bool {
+	if x != nil {
+		return x.More
+	}
+	return false
 }
 
 // ProbeTarget is one proxy to probe.
@@ -715,12 +730,13 @@ const file_egressproxies_probe_v1_probe_proto_rawDesc = "" +
 	"\n" +
 	"assignment\x18\x01 \x01(\v2\".egressproxies.probe.v1.AssignmentH\x00R\n" +
 	"assignmentB\t\n" +
-	"\amessage\"u\n" +
+	"\amessage\"\x89\x01\n" +
 	"\n" +
 	"Assignment\x12\x12\n" +
 	"\x04full\x18\x01 \x01(\bR\x04full\x12;\n" +
 	"\x06upsert\x18\x02 \x03(\v2#.egressproxies.probe.v1.ProbeTargetR\x06upsert\x12\x16\n" +
-	"\x06remove\x18\x03 \x03(\tR\x06remove\"\xa0\x01\n" +
+	"\x06remove\x18\x03 \x03(\tR\x06remove\x12\x12\n" +
+	"\x04more\x18\x04 \x01(\bR\x04more\"\xa0\x01\n" +
 	"\vProbeTarget\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x10\n" +
 	"\x03uid\x18\x02 \x01(\tR\x03uid\x12\x18\n" +

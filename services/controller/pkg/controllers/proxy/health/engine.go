@@ -6,23 +6,18 @@ import (
 	"log/slog"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"go.opentelemetry.io/otel"
-	"go.opentelemetry.io/otel/attribute"
-	"go.opentelemetry.io/otel/propagation"
-	"go.opentelemetry.io/otel/trace"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/util/workqueue"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
 
 	v1 "github.com/egress-proxies/egress-proxies/pkg/api/v1alpha1"
 	probev1 "github.com/egress-proxies/egress-proxies/pkg/gen/egressproxies/probe/v1"
-	"github.com/egress-proxies/egress-proxies/services/controller/pkg/metrics"
 )
 
 var (
@@ -35,58 +30,102 @@ var (
 		Buckets: []float64{.005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30},
 	})
 	lastCheck = prometheus.NewGaugeVec(prometheus.GaugeOpts{
-		Name: "proxy_operator_healthcheck_last_timestamp_seconds", Help: "When each proxy was last probed (true probe recency; status.lastHealthCheckTime moves on transitions only).",
+		Name: "proxy_operator_healthcheck_last_timestamp_seconds", Help: "When each proxy was last probed, in seconds with millisecond resolution (true probe recency; status.lastHealthCheckTime moves on transitions only).",
 	}, []string{"namespace", "name"})
 )
 
 func init() { ctrlmetrics.Registry.MustRegister(checks, checkDuration, lastCheck) }
 
-// Engine applies thresholds to results and writes health transitions.
+// DefaultWriteWorkers is how many health status writes run at once by
+// default: enough to keep a fleet-wide flip within the client's QPS.
+const DefaultWriteWorkers = 16
+
+// Engine turns probe results into health verdicts and writes the verdicts
+// to Proxy status. The two halves are apart on purpose: Handle runs in the
+// probe stream's receive loop and only counts, in memory; a verdict that
+// changes puts the proxy on a queue that coalesces per proxy, and workers
+// of their own write it. A fleet-wide flip (the health target's site goes
+// down: every proxy fails at once) therefore never stalls result intake,
+// and a proxy that flips twice before its write is written once, with the
+// newer verdict, or not at all.
 type Engine struct {
+	// Client reads Proxies (the manager's cache) and patches their status.
 	Client client.Client
 	Log    *slog.Logger
+	// Workers is how many writes run at once; 0 means DefaultWriteWorkers.
+	Workers int
 
 	mu    sync.Mutex
 	state map[types.UID]*counter
+	queue workqueue.TypedRateLimitingInterface[types.UID]
+	once  sync.Once
+	// writing counts writes in progress.
+	writing atomic.Int64
 }
 
 // counter is the running state of one proxy instance.
 type counter struct {
+	key           types.NamespacedName
 	addr          string // results for another address are stale
 	succ, fail    int
-	healthy       *bool // last written health; nil = Unknown
-	egressIP      string
 	failureThresh int
 	successThresh int
+	// verdict is what the thresholds decided; nil while they have not
+	// (NotProbed). The writer makes status say it.
+	verdict *verdict
+	// egressIP is the address the target last echoed; "" if none.
+	egressIP string
+}
+
+// verdict is one health decision and the result that made it.
+type verdict struct {
+	healthy     bool
+	reason, msg string
+	at          metav1.Time
+	// traceparent of the deciding probe, to link the write's span to it.
+	traceparent string
+}
+
+func (e *Engine) init() {
+	e.once.Do(func() {
+		e.state = map[types.UID]*counter{}
+		e.queue = workqueue.NewTypedRateLimitingQueueWithConfig(
+			workqueue.NewTypedItemExponentialFailureRateLimiter[types.UID](10*time.Millisecond, 30*time.Second),
+			// Named, so controller-runtime's workqueue_* metrics show its
+			// depth and latency (name="proxy_health_status").
+			workqueue.TypedRateLimitingQueueConfig[types.UID]{Name: "proxy_health_status"})
+	})
 }
 
 // track (re)arms the counter for a target; a new address (a replacement)
-// starts from Unknown.
-func (e *Engine) track(uid types.UID, addr string, r resolved, healthy *bool, egress string) {
+// starts from what status says, which for a new instance is NotProbed.
+func (e *Engine) track(key types.NamespacedName, uid types.UID, addr string, r resolved, healthy *bool, egress string) {
+	e.init()
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	if e.state == nil {
-		e.state = map[types.UID]*counter{}
-	}
 	c, ok := e.state[uid]
 	if !ok || c.addr != addr {
-		c = &counter{addr: addr, healthy: healthy, egressIP: egress}
+		c = &counter{key: key, addr: addr, egressIP: egress}
+		if healthy != nil {
+			c.verdict = &verdict{healthy: *healthy}
+		}
 		e.state[uid] = c
 	}
 	c.failureThresh, c.successThresh = r.FailureThreshold, r.SuccessThreshold
 }
 
 func (e *Engine) forget(uid types.UID) {
+	e.init()
 	e.mu.Lock()
 	delete(e.state, uid)
 	e.mu.Unlock()
 }
 
-var tracer = otel.Tracer("egress-proxies/controller/health")
-
-// Handle takes one result and writes status when the health (or the
-// echoed egress IP) changes; most results write nothing.
-func (e *Engine) Handle(ctx context.Context, proberID string, r *probev1.ProbeResult) {
+// Handle takes one result. It never calls the API server: when the result
+// changes the verdict (or the echoed egress IP), the proxy goes on the
+// write queue; most results change nothing.
+func (e *Engine) Handle(_ context.Context, proberID string, r *probev1.ProbeResult) {
+	e.init()
 	result := "success"
 	if !r.GetSuccess() {
 		result = "failure"
@@ -94,101 +133,69 @@ func (e *Engine) Handle(ctx context.Context, proberID string, r *probev1.ProbeRe
 	checks.WithLabelValues(result).Inc()
 	checkDuration.Observe(r.GetLatency().AsDuration().Seconds())
 	ns, name, _ := strings.Cut(r.GetId(), "/")
-	lastCheck.WithLabelValues(ns, name).Set(float64(r.GetFinishedAt().AsTime().Unix()))
+	lastCheck.WithLabelValues(ns, name).Set(float64(r.GetFinishedAt().AsTime().UnixMilli()) / 1000)
 
+	uid := types.UID(r.GetUid())
 	e.mu.Lock()
-	c, ok := e.state[types.UID(r.GetUid())]
+	defer e.mu.Unlock()
+	c, ok := e.state[uid]
 	if !ok {
-		e.mu.Unlock()
 		return // not (or no longer) a target: a stale result
 	}
-	var want *bool
+	changed := false
+	at := metav1.NewTime(r.GetFinishedAt().AsTime().Truncate(time.Second))
 	if r.GetSuccess() {
 		c.succ, c.fail = c.succ+1, 0
-		if c.succ >= c.successThresh && (c.healthy == nil || !*c.healthy) {
-			t := true
-			want = &t
+		if c.succ >= c.successThresh && (c.verdict == nil || !c.verdict.healthy) {
+			c.verdict = &verdict{healthy: true, reason: v1.ReasonProbeSucceeded, at: at, traceparent: r.GetTraceparent(),
+				msg: fmt.Sprintf("probes through the proxy pass (%s)", r.GetLatency().AsDuration().Round(time.Millisecond))}
+			changed = true
+		}
+		if ip := r.GetEgressIp(); ip != "" && ip != c.egressIP {
+			c.egressIP = ip
+			changed = true
 		}
 	} else {
 		c.fail, c.succ = c.fail+1, 0
-		if c.fail >= c.failureThresh && (c.healthy == nil || *c.healthy) {
-			f := false
-			want = &f
+		if c.fail >= c.failureThresh && (c.verdict == nil || c.verdict.healthy) {
+			c.verdict = &verdict{healthy: false, reason: v1.ReasonProbeFailed, at: at, traceparent: r.GetTraceparent(),
+				msg: fmt.Sprintf("%s: %s", phase(r.GetPhase()), r.GetReason())}
+			changed = true
 		}
 	}
-	egressChanged := r.GetSuccess() && r.GetEgressIp() != "" && r.GetEgressIp() != c.egressIP
-	addr := c.addr
-	e.mu.Unlock()
-	if want == nil && !egressChanged {
-		return
+	if changed {
+		e.queue.Add(uid)
 	}
-
-	opts := []trace.SpanStartOption{trace.WithAttributes(attribute.String("proxy", r.GetId()), attribute.String("prober", proberID), attribute.Bool("probe.success", r.GetSuccess()))}
-	if tp := r.GetTraceparent(); tp != "" {
-		remote := otel.GetTextMapPropagator().Extract(context.Background(), propagation.MapCarrier{"traceparent": tp})
-		opts = append(opts, trace.WithLinks(trace.Link{SpanContext: trace.SpanContextFromContext(remote)}))
-	}
-	ctx, span := tracer.Start(ctx, "health.Transition", opts...)
-	defer span.End()
-	written, err := e.write(ctx, types.NamespacedName{Namespace: ns, Name: name}, types.UID(r.GetUid()), addr, want, r)
-	if err != nil {
-		span.RecordError(err)
-		e.Log.ErrorContext(ctx, "writing health", "proxy", r.GetId(), "err", err)
-		return
-	}
-	if !written {
-		return
-	}
-	e.mu.Lock()
-	if c, ok := e.state[types.UID(r.GetUid())]; ok && c.addr == addr {
-		if want != nil {
-			c.healthy = want
-		}
-		if egressChanged {
-			c.egressIP = r.GetEgressIp()
-		}
-	}
-	e.mu.Unlock()
 }
 
-// write patches the Healthy condition (and egressIP) of the Proxy, if it
-// is still the instance the result is about.
-func (e *Engine) write(ctx context.Context, key types.NamespacedName, uid types.UID, addr string, healthy *bool, r *probev1.ProbeResult) (bool, error) {
-	for attempt := 0; attempt < 5; attempt++ {
-		px := &v1.Proxy{}
-		if err := e.Client.Get(ctx, key, px); err != nil {
-			return false, client.IgnoreNotFound(err)
-		}
-		if px.UID != uid || fmt.Sprintf("%s:%d", px.Status.IP, px.Status.Port) != addr {
-			return false, nil // replaced or gone since the probe ran
-		}
-		base := px.DeepCopy()
-		now := metav1.NewTime(r.GetFinishedAt().AsTime().Truncate(time.Second))
-		if healthy != nil {
-			cond := metav1.Condition{Type: v1.ConditionHealthy, ObservedGeneration: px.Generation}
-			if *healthy {
-				cond.Status, cond.Reason, cond.Message = metav1.ConditionTrue, v1.ReasonProbeSucceeded, fmt.Sprintf("probes through the proxy pass (%s)", r.GetLatency().AsDuration().Round(time.Millisecond))
-			} else {
-				cond.Status, cond.Reason, cond.Message = metav1.ConditionFalse, v1.ReasonProbeFailed, fmt.Sprintf("%s: %s", phase(r.GetPhase()), r.GetReason())
-			}
-			meta.SetStatusCondition(&px.Status.Conditions, cond)
-			px.Status.Healthy = *healthy
-			px.Status.LastHealthCheckTime = &now
-		}
-		if r.GetSuccess() && r.GetEgressIp() != "" {
-			px.Status.EgressIP = r.GetEgressIp()
-		}
-		err := e.Client.Status().Patch(ctx, px, client.MergeFromWithOptions(base, client.MergeFromWithOptimisticLock{}))
-		if apierrors.IsConflict(err) {
-			continue
-		}
-		if err != nil {
-			return false, client.IgnoreNotFound(err)
-		}
-		metrics.StatusWrites.WithLabelValues("health").Inc()
-		return true, nil
+// wanted is a copy of what status should say for uid, taken under the lock
+// so a worker writes one consistent decision.
+type wanted struct {
+	key      types.NamespacedName
+	addr     string
+	verdict  verdict
+	decided  bool
+	egressIP string
+}
+
+func (e *Engine) wanted(uid types.UID) (wanted, bool) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	c, ok := e.state[uid]
+	if !ok {
+		return wanted{}, false
 	}
-	return false, fmt.Errorf("status of %s kept conflicting", key)
+	w := wanted{key: c.key, addr: c.addr, egressIP: c.egressIP}
+	if c.verdict != nil {
+		w.verdict, w.decided = *c.verdict, true
+	}
+	return w, true
+}
+
+// Pending is how many proxies wait for a health write.
+func (e *Engine) Pending() int {
+	e.init()
+	return e.queue.Len()
 }
 
 func phase(p probev1.ProbePhase) string {

@@ -50,6 +50,31 @@ func get(t *testing.T, px *v1.Proxy) *v1.Proxy {
 	return out
 }
 
+// startEngine runs an engine's writers against the API server until the
+// test ends.
+func startEngine(t *testing.T) *Engine {
+	t.Helper()
+	e := &Engine{Client: env.Client, Log: slog.Default()}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { e.Run(ctx); close(done) }()
+	t.Cleanup(func() { cancel(); <-done })
+	return e
+}
+
+// handle feeds results in and waits until every write they caused is made.
+func handle(t *testing.T, e *Engine, rs ...*probev1.ProbeResult) {
+	t.Helper()
+	for _, r := range rs {
+		e.Handle(context.Background(), "p1", r)
+	}
+	require.Eventually(t, e.idle, 10*time.Second, 5*time.Millisecond, "the health writes never drained")
+}
+
+func track(e *Engine, px *v1.Proxy, addr string, r resolved) {
+	e.track(client.ObjectKeyFromObject(px), px.UID, addr, r, nil, "")
+}
+
 func healthCond(px *v1.Proxy) *metav1.Condition {
 	return meta.FindStatusCondition(px.Status.Conditions, v1.ConditionHealthy)
 }
@@ -57,16 +82,14 @@ func healthCond(px *v1.Proxy) *metav1.Condition {
 func TestThresholdsAreExactAndWritesTransitionOnly(t *testing.T) {
 	testenv.Require(t)
 	px := readyProxy(t, "thresholds", "127.0.0.5")
-	e := &Engine{Client: env.Client, Log: slog.Default()}
-	r := DefaultDefaults.resolve(&v1.HealthCheck{FailureThreshold: 3, SuccessThreshold: 2})
-	e.track(px.UID, "127.0.0.5:3128", r, nil, "")
+	e := startEngine(t)
+	track(e, px, "127.0.0.5:3128", DefaultDefaults.resolve(&v1.HealthCheck{FailureThreshold: 3, SuccessThreshold: 2}))
 	writes := func() float64 { return testutil.ToFloat64(metrics.StatusWrites.WithLabelValues("health")) }
-	ctx := context.Background()
 
 	w0 := writes()
-	e.Handle(ctx, "p1", result(px, true))
+	handle(t, e, result(px, true))
 	assert.Equal(t, metav1.ConditionUnknown, healthCond(get(t, px)).Status, "one success is below the threshold of 2")
-	e.Handle(ctx, "p1", result(px, true))
+	handle(t, e, result(px, true))
 	got := get(t, px)
 	assert.Equal(t, metav1.ConditionTrue, healthCond(got).Status, "the second success crosses it")
 	assert.True(t, got.Status.Healthy)
@@ -74,19 +97,19 @@ func TestThresholdsAreExactAndWritesTransitionOnly(t *testing.T) {
 	assert.Equal(t, w0+1, writes())
 
 	for range 50 {
-		e.Handle(ctx, "p1", result(px, true))
+		handle(t, e, result(px, true))
 	}
 	assert.Equal(t, w0+1, writes(), "50 more successes of a steady proxy write nothing")
 	assert.Equal(t, got.ResourceVersion, get(t, px).ResourceVersion)
 
-	e.Handle(ctx, "p1", result(px, false))
-	e.Handle(ctx, "p1", result(px, false))
+	handle(t, e, result(px, false))
+	handle(t, e, result(px, false))
 	assert.True(t, get(t, px).Status.Healthy, "two failures are below the threshold of 3")
-	e.Handle(ctx, "p1", result(px, true)) // a success resets the run
-	e.Handle(ctx, "p1", result(px, false))
-	e.Handle(ctx, "p1", result(px, false))
+	handle(t, e, result(px, true)) // a success resets the run
+	handle(t, e, result(px, false))
+	handle(t, e, result(px, false))
 	assert.True(t, get(t, px).Status.Healthy, "the run of failures restarted")
-	e.Handle(ctx, "p1", result(px, false))
+	handle(t, e, result(px, false))
 	down := get(t, px)
 	assert.False(t, down.Status.Healthy, "the third consecutive failure crosses it")
 	c := healthCond(down)
@@ -94,7 +117,7 @@ func TestThresholdsAreExactAndWritesTransitionOnly(t *testing.T) {
 	assert.Contains(t, c.Message, "connect failed: proxy refused CONNECT")
 	assert.Equal(t, w0+2, writes())
 	for range 20 {
-		e.Handle(ctx, "p1", result(px, false))
+		handle(t, e, result(px, false))
 	}
 	assert.Equal(t, w0+2, writes(), "a steadily dead proxy writes nothing more")
 }
@@ -102,17 +125,17 @@ func TestThresholdsAreExactAndWritesTransitionOnly(t *testing.T) {
 func TestStaleResultsAreDroppedAndEgressIPRecorded(t *testing.T) {
 	testenv.Require(t)
 	px := readyProxy(t, "stale", "127.0.0.6")
-	e := &Engine{Client: env.Client, Log: slog.Default()}
+	e := startEngine(t)
 	r := DefaultDefaults.resolve(&v1.HealthCheck{SuccessThreshold: 1})
 	ctx := context.Background()
 
-	e.Handle(ctx, "p1", result(px, true))
+	handle(t, e, result(px, true))
 	assert.Equal(t, metav1.ConditionUnknown, healthCond(get(t, px)).Status, "results for an untracked proxy are dropped")
 
-	e.track(px.UID, "127.0.0.6:3128", r, nil, "")
+	track(e, px, "127.0.0.6:3128", r)
 	ok := result(px, true)
 	ok.EgressIp = "198.51.100.23"
-	e.Handle(ctx, "p1", ok)
+	handle(t, e, ok)
 	got := get(t, px)
 	assert.True(t, got.Status.Healthy)
 	assert.Equal(t, "198.51.100.23", got.Status.EgressIP, "the echoed exit IP lands in status")
@@ -124,7 +147,7 @@ func TestStaleResultsAreDroppedAndEgressIPRecorded(t *testing.T) {
 	meta.SetStatusCondition(&got.Status.Conditions, metav1.Condition{Type: v1.ConditionHealthy, Status: metav1.ConditionUnknown, Reason: v1.ReasonNotProbed, Message: "replacement"})
 	require.NoError(t, env.Client.Status().Update(ctx, got))
 	late := result(px, false)
-	e.track(px.UID, "127.0.0.6:3128", DefaultDefaults.resolve(&v1.HealthCheck{FailureThreshold: 1}), nil, "")
-	e.Handle(ctx, "p1", late)
+	track(e, px, "127.0.0.6:3128", DefaultDefaults.resolve(&v1.HealthCheck{FailureThreshold: 1}))
+	handle(t, e, late)
 	assert.Equal(t, metav1.ConditionUnknown, healthCond(get(t, px)).Status)
 }

@@ -24,6 +24,7 @@ import (
 	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
 
 	v1 "github.com/egress-proxies/egress-proxies/pkg/api/v1alpha1"
+	"github.com/egress-proxies/egress-proxies/pkg/assignment"
 	"github.com/egress-proxies/egress-proxies/pkg/auth"
 	probev1 "github.com/egress-proxies/egress-proxies/pkg/gen/egressproxies/probe/v1"
 )
@@ -36,7 +37,13 @@ var (
 
 func init() { ctrlmetrics.Registry.MustRegister(probersConnected, assignments, reassigned) }
 
-// Hub serves the probe stream and keeps the assignment.
+// Hub serves the probe stream and keeps the assignment: every probe-able
+// Proxy belongs to exactly one connected prober, chosen by rendezvous
+// hashing, so a prober arriving or leaving moves only its own share. The
+// informer's events and the probers' comings and goings mark what changed;
+// one rebalancer turns the marks into per-prober changes, and each prober's
+// own sender sends them, so a slow prober delays nobody else and a burst of
+// changes to one proxy reaches its prober once.
 type Hub struct {
 	probev1.UnimplementedProbeServiceServer
 	Engine   *Engine
@@ -47,26 +54,47 @@ type Hub struct {
 	Addr    string
 	Token   *auth.Token
 	Log     *slog.Logger
+	// MaxMessageBytes bounds one assignment message; 0 means
+	// assignment.MaxMessageBytes.
+	MaxMessageBytes int
 
-	mu       sync.Mutex
-	targets  map[string]*probev1.ProbeTarget
+	mu      sync.Mutex
+	targets map[string]*probev1.ProbeTarget
+	owner   map[string]string // target id -> prober id
+	// dirty: target ids added, changed or removed since the last rebalance.
+	dirty map[string]struct{}
+	// regroup: the set of probers changed, so every owner is recomputed.
+	regroup  bool
 	sessions map[string]*session
-	owner    map[string]string // target id -> prober id, as last sent
 	kick     chan struct{}
 	listener net.Listener
 }
 
+// session is one connected prober. desired, changed and full are guarded
+// by Hub.mu; the session's sender alone knows what was sent.
 type session struct {
 	id     string
 	stream probev1.ProbeService_ConnectServer
-	sent   map[string]*probev1.ProbeTarget
-	full   bool // the next send replaces everything
 	cancel context.CancelFunc
+	// desired is the prober's share.
+	desired map[string]*probev1.ProbeTarget
+	// changed: ids of desired that changed since the sender last looked.
+	changed map[string]struct{}
+	// full: the next send replaces the prober's whole set.
+	full bool
+	wake chan struct{}
+}
+
+func (s *session) poke() {
+	select {
+	case s.wake <- struct{}{}:
+	default:
+	}
 }
 
 func (h *Hub) init() {
 	if h.targets == nil {
-		h.targets, h.sessions, h.owner = map[string]*probev1.ProbeTarget{}, map[string]*session{}, map[string]string{}
+		h.targets, h.sessions, h.owner, h.dirty = map[string]*probev1.ProbeTarget{}, map[string]*session{}, map[string]string{}, map[string]struct{}{}
 		h.kick = make(chan struct{}, 1)
 	}
 }
@@ -120,11 +148,14 @@ func (h *Hub) upsert(o any) {
 		b := c.Status == "True"
 		healthy = &b
 	}
-	h.Engine.track(px.UID, addr, r, healthy, px.Status.EgressIP)
+	h.Engine.track(types.NamespacedName{Namespace: px.Namespace, Name: px.Name}, px.UID, addr, r, healthy, px.Status.EgressIP)
 	t := &probev1.ProbeTarget{Id: id, Uid: string(px.UID), Address: px.Status.IP, Port: px.Status.Port, Settings: r.proto()}
 	h.mu.Lock()
+	// Most informer events are status writes that leave the target as it
+	// was: those cost a comparison, not a message.
 	if old, ok := h.targets[id]; !ok || !proto.Equal(old, t) {
 		h.targets[id] = t
+		h.dirty[id] = struct{}{}
 		h.trigger()
 	}
 	h.mu.Unlock()
@@ -135,6 +166,7 @@ func (h *Hub) remove(id string, uid types.UID) {
 	h.mu.Lock()
 	if _, ok := h.targets[id]; ok {
 		delete(h.targets, id)
+		h.dirty[id] = struct{}{}
 		h.trigger()
 	}
 	h.mu.Unlock()
@@ -177,14 +209,10 @@ func mix(h uint64) uint64 {
 	return h
 }
 
-type outgoing struct {
-	s *session
-	a *probev1.Assignment
-}
-
-// rebalance computes every session's delta; one goroutine runs it and
-// sends, so assignments to one prober are never reordered.
-func (h *Hub) rebalance() []outgoing {
+// rebalance moves what changed into the probers' shares: every target
+// when the set of probers changed, else only the marked ones, so a fleet of
+// 10,000 costs a map lookup per changed proxy and not a pass over all.
+func (h *Hub) rebalance() {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	ids := make([]string, 0, len(h.sessions))
@@ -192,45 +220,45 @@ func (h *Hub) rebalance() []outgoing {
 		ids = append(ids, id)
 	}
 	sort.Strings(ids)
-	desired := make(map[string]map[string]*probev1.ProbeTarget, len(ids))
-	for _, id := range ids {
-		desired[id] = map[string]*probev1.ProbeTarget{}
+	if h.regroup {
+		h.regroup = false
+		for tid := range h.targets {
+			h.dirty[tid] = struct{}{}
+		}
 	}
-	owner := make(map[string]string, len(h.targets))
-	if len(ids) > 0 {
-		for tid, t := range h.targets {
-			p := rendezvous(ids, tid)
-			desired[p][tid] = t
-			owner[tid] = p
-			if prev, ok := h.owner[tid]; ok && prev != p {
+	for tid := range h.dirty {
+		t, exists := h.targets[tid]
+		next := ""
+		if exists && len(ids) > 0 {
+			next = rendezvous(ids, tid)
+		}
+		if prev, ok := h.owner[tid]; ok && prev != next {
+			if s := h.sessions[prev]; s != nil {
+				delete(s.desired, tid)
+				s.changed[tid] = struct{}{}
+			}
+			if next != "" {
 				reassigned.Inc()
 			}
 		}
+		if next == "" {
+			delete(h.owner, tid)
+			continue
+		}
+		h.owner[tid] = next
+		if s := h.sessions[next]; s.desired[tid] != t {
+			s.desired[tid] = t
+			s.changed[tid] = struct{}{}
+		}
 	}
-	h.owner = owner
-	var out []outgoing
+	clear(h.dirty)
 	for _, id := range ids {
 		s := h.sessions[id]
-		a := &probev1.Assignment{Full: s.full}
-		for tid, t := range desired[id] {
-			if old, ok := s.sent[tid]; s.full || !ok || !proto.Equal(old, t) {
-				a.Upsert = append(a.Upsert, t)
-			}
-		}
-		if !s.full {
-			for tid := range s.sent {
-				if _, ok := desired[id][tid]; !ok {
-					a.Remove = append(a.Remove, tid)
-				}
-			}
-		}
-		s.sent, s.full = desired[id], false
-		assignments.WithLabelValues(id).Set(float64(len(desired[id])))
-		if a.Full || len(a.Upsert) > 0 || len(a.Remove) > 0 {
-			out = append(out, outgoing{s, a})
+		assignments.WithLabelValues(id).Set(float64(len(s.desired)))
+		if s.full || len(s.changed) > 0 {
+			s.poke()
 		}
 	}
-	return out
 }
 
 func (h *Hub) rebalancer(ctx context.Context) {
@@ -240,16 +268,58 @@ func (h *Hub) rebalancer(ctx context.Context) {
 			return
 		case <-h.kick:
 		}
-		for _, o := range h.rebalance() {
-			if err := o.s.stream.Send(&probev1.ConnectResponse{Message: &probev1.ConnectResponse_Assignment{Assignment: o.a}}); err != nil {
-				o.s.cancel()
-			}
-		}
+		h.rebalance()
 		// Coalesce bursts of informer events.
 		select {
 		case <-ctx.Done():
 			return
 		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
+
+// send keeps one prober's set equal to its share until ctx ends or the
+// stream fails. It is the stream's only sender, so the prober sees changes
+// in the order they were made; what changed while it was sending goes out
+// next, coalesced.
+func (h *Hub) send(ctx context.Context, s *session) error {
+	sent := map[string]*probev1.ProbeTarget{}
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-s.wake:
+		}
+		h.mu.Lock()
+		full := s.full
+		var upsert []*probev1.ProbeTarget
+		var remove []string
+		if full {
+			s.full = false
+			sent = make(map[string]*probev1.ProbeTarget, len(s.desired))
+			for tid, t := range s.desired {
+				upsert = append(upsert, t)
+				sent[tid] = t
+			}
+		} else {
+			for tid := range s.changed {
+				t, want := s.desired[tid]
+				switch {
+				case want && sent[tid] != t:
+					upsert = append(upsert, t)
+					sent[tid] = t
+				case !want && sent[tid] != nil:
+					remove = append(remove, tid)
+					delete(sent, tid)
+				}
+			}
+		}
+		clear(s.changed)
+		h.mu.Unlock()
+		for _, m := range assignment.Split(full, upsert, remove, h.MaxMessageBytes) {
+			if err := s.stream.Send(&probev1.ConnectResponse{Message: &probev1.ConnectResponse_Assignment{Assignment: m}}); err != nil {
+				return err
+			}
 		}
 	}
 }
@@ -274,20 +344,29 @@ func (h *Hub) Connect(stream probev1.ProbeService_ConnectServer) error {
 	}
 	ctx, cancel := context.WithCancel(stream.Context())
 	defer cancel()
-	s := &session{id: hello.GetProberId(), stream: stream, sent: map[string]*probev1.ProbeTarget{}, full: true, cancel: cancel}
+	s := &session{id: hello.GetProberId(), stream: stream, cancel: cancel, full: true, wake: make(chan struct{}, 1),
+		desired: map[string]*probev1.ProbeTarget{}, changed: map[string]struct{}{}}
 	h.mu.Lock()
 	if old, ok := h.sessions[s.id]; ok {
 		old.cancel() // a reconnect under the same id replaces the stale stream
 	}
 	h.sessions[s.id] = s
+	h.regroup = true
 	probersConnected.Set(float64(len(h.sessions)))
 	h.trigger()
 	h.mu.Unlock()
+	go func() {
+		if err := h.send(ctx, s); err != nil {
+			h.Log.Warn("sending an assignment failed; ending the stream", "prober", s.id, "err", err)
+			cancel()
+		}
+	}()
 	h.Log.Info("prober connected", "prober", s.id, "capacity", hello.GetCapacity())
 	defer func() {
 		h.mu.Lock()
 		if h.sessions[s.id] == s {
 			delete(h.sessions, s.id)
+			h.regroup = true
 			assignments.DeleteLabelValues(s.id)
 		}
 		probersConnected.Set(float64(len(h.sessions)))
@@ -346,6 +425,7 @@ func (h *Hub) Start(ctx context.Context) error {
 	)
 	probev1.RegisterProbeServiceServer(srv, h)
 	go h.rebalancer(ctx)
+	go h.Engine.Run(ctx)
 	go func() { <-ctx.Done(); srv.Stop() }()
 	h.Log.Info("serving the probe endpoint", "addr", ln.Addr().String())
 	if err := srv.Serve(ln); err != nil && ctx.Err() == nil {

@@ -6,9 +6,14 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net/http"
+	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -21,19 +26,27 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	v1 "github.com/egress-proxies/egress-proxies/pkg/api/v1alpha1"
+	"github.com/egress-proxies/egress-proxies/pkg/assignment"
 	"github.com/egress-proxies/egress-proxies/pkg/auth"
 	probev1 "github.com/egress-proxies/egress-proxies/pkg/gen/egressproxies/probe/v1"
+	"github.com/egress-proxies/egress-proxies/pkg/testutil/proc"
 )
 
 // startHub serves a hub on loopback with n targets; leader says whether
 // this replica leads.
 func startHub(t *testing.T, n int, leader bool, tok *auth.Token) (*Hub, string) {
 	t.Helper()
+	return startHubWith(t, DefaultDefaults, "127.0.0.1", n, leader, tok)
+}
+
+// startHubWith is startHub with the probe defaults and the targets' address.
+func startHubWith(t *testing.T, d Defaults, ip string, n int, leader bool, tok *auth.Token) (*Hub, string) {
+	t.Helper()
 	elected := make(chan struct{})
 	if leader {
 		close(elected)
 	}
-	h := &Hub{Engine: &Engine{Log: slog.Default()}, Defaults: DefaultDefaults, Elected: elected, Addr: "127.0.0.1:0", Token: tok, Log: slog.Default()}
+	h := &Hub{Engine: &Engine{Log: slog.Default()}, Defaults: d, Elected: elected, Addr: "127.0.0.1:0", Token: tok, Log: slog.Default()}
 	addr, err := h.Listen()
 	require.NoError(t, err)
 	ctx, cancel := context.WithCancel(context.Background())
@@ -44,7 +57,7 @@ func startHub(t *testing.T, n int, leader bool, tok *auth.Token) (*Hub, string) 
 	for i := range n {
 		h.upsert(&v1.Proxy{
 			ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("p%03d", i), Namespace: "ns", UID: types.UID(fmt.Sprintf("uid-%d", i))},
-			Status:     v1.ProxyStatus{Phase: v1.PhaseReady, IP: "127.0.0.1", Port: int32(10000 + i)},
+			Status:     v1.ProxyStatus{Phase: v1.PhaseReady, IP: ip, Port: int32(10000 + i)},
 		})
 	}
 	return h, addr
@@ -52,12 +65,26 @@ func startHub(t *testing.T, n int, leader bool, tok *auth.Token) (*Hub, string) 
 
 // fakeProber speaks the probe protocol and records its assignment.
 type fakeProber struct {
-	id     string
-	mu     sync.Mutex
-	set    map[string]bool
-	fulls  int
-	cancel context.CancelFunc
-	done   chan error
+	id      string
+	mu      sync.Mutex
+	set     map[string]bool
+	targets map[string]*probev1.ProbeTarget
+	fulls   int
+	msgs    int
+	asm     assignment.Assembler
+	stream  probev1.ProbeService_ConnectClient
+	cancel  context.CancelFunc
+	done    chan error
+}
+
+// report sends results as the prober does, in batches of 256.
+func (p *fakeProber) report(t *testing.T, rs []*probev1.ProbeResult) {
+	t.Helper()
+	for len(rs) > 0 {
+		n := min(len(rs), 256)
+		require.NoError(t, p.stream.Send(&probev1.ConnectRequest{Message: &probev1.ConnectRequest_Results{Results: &probev1.ProbeResults{Results: rs[:n]}}}))
+		rs = rs[n:]
+	}
 }
 
 func connect(t *testing.T, addr, id string, md ...string) *fakeProber {
@@ -69,9 +96,10 @@ func connect(t *testing.T, addr, id string, md ...string) *fakeProber {
 	if len(md) > 0 {
 		ctx = metadata.AppendToOutgoingContext(ctx, md...)
 	}
-	p := &fakeProber{id: id, set: map[string]bool{}, cancel: cancel, done: make(chan error, 1)}
+	p := &fakeProber{id: id, set: map[string]bool{}, targets: map[string]*probev1.ProbeTarget{}, cancel: cancel, done: make(chan error, 1)}
 	stream, err := probev1.NewProbeServiceClient(conn).Connect(ctx)
 	require.NoError(t, err)
+	p.stream = stream
 	// A hub that refuses the stream may end it before the hello is sent:
 	// gRPC reports that as EOF on Send, and the status reaches Recv below.
 	if err := stream.Send(&probev1.ConnectRequest{Message: &probev1.ConnectRequest_Hello{Hello: &probev1.Hello{ProberId: id, Capacity: 8}}}); !errors.Is(err, io.EOF) {
@@ -84,17 +112,22 @@ func connect(t *testing.T, addr, id string, md ...string) *fakeProber {
 				p.done <- err
 				return
 			}
-			a := m.GetAssignment()
 			p.mu.Lock()
-			if a.GetFull() {
-				p.set = map[string]bool{}
-				p.fulls++
-			}
-			for _, tg := range a.GetUpsert() {
-				p.set[tg.GetId()] = true
-			}
-			for _, id := range a.GetRemove() {
-				delete(p.set, id)
+			p.msgs++
+			if a := p.asm.Add(m.GetAssignment()); a != nil {
+				if a.GetFull() {
+					p.set = map[string]bool{}
+					p.targets = map[string]*probev1.ProbeTarget{}
+					p.fulls++
+				}
+				for _, tg := range a.GetUpsert() {
+					p.set[tg.GetId()] = true
+					p.targets[tg.GetId()] = tg
+				}
+				for _, id := range a.GetRemove() {
+					delete(p.set, id)
+					delete(p.targets, id)
+				}
 			}
 			p.mu.Unlock()
 		}
@@ -233,4 +266,51 @@ func TestRendezvousSpreadsEvenly(t *testing.T) {
 	for _, p := range probers {
 		assert.InDelta(t, 2500, counts[p], 250, "%s got %d of 10000", p, counts[p])
 	}
+}
+
+// A fleet of 50,000 with 2,000-byte health URLs is about 100 MiB of
+// assignment. Both a client with gRPC's default 4 MiB receive limit and the
+// real prober binary receive all of it, and the prober probes it.
+func TestFiftyThousandTargetsReachARealProber(t *testing.T) {
+	proc.RequireProcesses(t)
+	const n = 50000
+	d := DefaultDefaults
+	d.URL = "https://127.0.0.1:1/" + strings.Repeat("x", 2000)
+	d.Interval = time.Hour
+	d.FailureThreshold = 100 // no verdict, so no write: this hub has no API server
+	// Nothing listens on 127.77.0.1: every probe fails at dial, on loopback.
+	_, addr := startHubWith(t, d, "127.77.0.1", n, true, nil)
+
+	p := connect(t, addr, "default-limits")
+	partition(t, n, p)
+	p.mu.Lock()
+	assert.Greater(t, p.msgs, 50, "the set came in chunks")
+	p.mu.Unlock()
+	p.cancel()
+
+	ops := proc.Addr(proc.FreePort(t))
+	prober := proc.Start(t, "prober", proc.Build(t, "github.com/egress-proxies/egress-proxies/services/prober/cmd/prober"),
+		"--controller-addr", addr, "--id", "real", "--ops-addr", ops)
+	proc.WaitHTTP(t, prober, "http://"+ops+"/healthz", 60*time.Second)
+	metric := func(name string) float64 {
+		resp, err := http.Get("http://" + ops + "/metrics")
+		if err != nil {
+			return -1
+		}
+		defer func() { _ = resp.Body.Close() }()
+		b, _ := io.ReadAll(resp.Body)
+		for _, line := range strings.Split(string(b), "\n") {
+			if v, ok := strings.CutPrefix(line, name+" "); ok {
+				f, _ := strconv.ParseFloat(v, 64)
+				return f
+			}
+		}
+		return 0
+	}
+	require.Eventually(t, func() bool { return metric("prober_assigned_targets") == n }, 60*time.Second, 100*time.Millisecond,
+		"the prober never held all %d targets; log %s", n, prober.LogPath)
+	assert.Equal(t, 1.0, metric("prober_connected"))
+	failedBefore := testutil.ToFloat64(checks.WithLabelValues("failure"))
+	require.Eventually(t, func() bool { return testutil.ToFloat64(checks.WithLabelValues("failure")) > failedBefore+1000 },
+		60*time.Second, 100*time.Millisecond, "results did not come back from the prober")
 }

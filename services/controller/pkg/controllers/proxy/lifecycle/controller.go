@@ -50,10 +50,26 @@ type Options struct {
 	// ResyncInterval is how often a Ready Managed proxy's instance is
 	// re-read to notice it vanished outside the controller.
 	ResyncInterval time.Duration
+	// ResyncQPS bounds those re-reads per provider entry and second
+	// (see resyncs); 0 means DefaultResyncQPS.
+	ResyncQPS float64
 	// BackoffBase and BackoffMax bound the per-Proxy exponential backoff
 	// of quota waits, unavailable providers and failing cleanups.
 	BackoffBase, BackoffMax time.Duration
+	// MaxConcurrentReconciles is how many Proxies reconcile at once; 0
+	// means DefaultMaxConcurrentReconciles.
+	MaxConcurrentReconciles int
 }
+
+// DefaultResyncQPS lets one provider entry re-read 6,000 Ready instances
+// in the default 5-minute interval.
+const DefaultResyncQPS = 20
+
+// DefaultMaxConcurrentReconciles keeps a fleet's bring-up bound by the API
+// server rather than by workers, and leaves workers free while some wait
+// on a slow provider call (a KVM create holds its worker until the VM
+// starts).
+const DefaultMaxConcurrentReconciles = 32
 
 func (o *Options) defaults() {
 	if o.PollInterval == 0 {
@@ -68,6 +84,12 @@ func (o *Options) defaults() {
 	if o.BackoffMax == 0 {
 		o.BackoffMax = 5 * time.Minute
 	}
+	if o.ResyncQPS == 0 {
+		o.ResyncQPS = DefaultResyncQPS
+	}
+	if o.MaxConcurrentReconciles == 0 {
+		o.MaxConcurrentReconciles = DefaultMaxConcurrentReconciles
+	}
 }
 
 // Reconciler reconciles Proxy objects.
@@ -77,6 +99,7 @@ type Reconciler struct {
 	recorder events.EventRecorder
 	opts     Options
 	backoff  workqueue.TypedRateLimiter[string]
+	resync   *resyncs
 }
 
 // New returns a Reconciler.
@@ -85,6 +108,7 @@ func New(c client.Client, registry *providers.Registry, recorder events.EventRec
 	return &Reconciler{
 		client: c, registry: registry, recorder: recorder, opts: opts,
 		backoff: workqueue.NewTypedItemExponentialFailureRateLimiter[string](opts.BackoffBase, opts.BackoffMax),
+		resync:  newResyncs(opts.ResyncInterval, opts.ResyncQPS),
 	}
 }
 
@@ -111,7 +135,7 @@ func (r *Reconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manager) err
 		// nor deletion, so they do not come back as reconciles.
 		For(&v1.Proxy{}, builder.WithPredicates(specOrMetaChanged)).
 		Watches(&corev1.Secret{}, handler.EnqueueRequestsFromMapFunc(r.proxiesForSecret)).
-		WithOptions(controller.Options{MaxConcurrentReconciles: 8}).
+		WithOptions(controller.Options{MaxConcurrentReconciles: r.opts.MaxConcurrentReconciles}).
 		Complete(r)
 }
 
@@ -166,6 +190,9 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (res ctrl.
 
 	px := &v1.Proxy{}
 	if err := r.client.Get(ctx, req.NamespacedName, px); err != nil {
+		if apierrors.IsNotFound(err) {
+			r.resync.forget(req.String())
+		}
 		return ctrl.Result{}, client.IgnoreNotFound(err)
 	}
 
@@ -286,6 +313,11 @@ func (r *Reconciler) reconcileManaged(ctx context.Context, px *v1.Proxy) (ctrl.R
 	if st.ProviderID == "" {
 		return r.create(ctx, px, prov, cloudInit, hash)
 	}
+	if st.Phase == v1.PhaseReady && meta.IsStatusConditionTrue(st.Conditions, v1.ConditionReady) {
+		if wait := r.resync.wait(key, px.Spec.Provider); wait > 0 {
+			return ctrl.Result{RequeueAfter: wait}, nil
+		}
+	}
 	inst, err := prov.Get(ctx, st.ProviderID)
 	switch {
 	case providers.IsNotFound(err):
@@ -355,7 +387,7 @@ func (r *Reconciler) observe(ctx context.Context, px *v1.Proxy, prov providers.P
 		px.Status.IP = inst.IP
 		px.Status.Port = px.Spec.Port
 		setReady(px, metav1.ConditionTrue, v1.ReasonRunning, fmt.Sprintf("instance %s running at %s:%d", inst.ProviderID, inst.IP, px.Spec.Port))
-		return ctrl.Result{RequeueAfter: r.opts.ResyncInterval}, nil
+		return ctrl.Result{RequeueAfter: r.resync.next()}, nil
 	case inst.State == providers.StateFailed:
 		if err := prov.Delete(ctx, inst.ProviderID); err != nil {
 			return r.providerError(px, err)
@@ -402,6 +434,7 @@ func (r *Reconciler) reconcileDelete(ctx context.Context, s *scope) (ctrl.Result
 		return ctrl.Result{}, nil
 	}
 	key := px.Namespace + "/" + px.Name
+	r.resync.forget(key)
 	px.Status.Phase = v1.PhaseDeleting
 	id := px.Status.ProviderID
 

@@ -3,6 +3,7 @@ package lifecycle_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"testing"
 	"time"
@@ -13,6 +14,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
 
 	v1 "github.com/egress-proxies/egress-proxies/pkg/api/v1alpha1"
 	"github.com/egress-proxies/egress-proxies/services/controller/pkg/metrics"
@@ -360,4 +362,51 @@ func TestSteadyProxyCausesNoStatusWrites(t *testing.T) {
 	after := h.get("steady")
 	assert.Equal(t, px.Status, after.Status, "status unchanged")
 	assert.Equal(t, writes, testutil.ToFloat64(metrics.StatusWrites.WithLabelValues("lifecycle")), "no status write in %d reconciles", counter.n()-start)
+}
+
+// Resyncs of Ready instances are bounded per provider entry, however many
+// proxies want one: 12 proxies asking every 50 ms would make 240 provider
+// reads a second, and the budget of 5 a second holds them to that while
+// still re-reading every one of them in turn.
+func TestResyncsOfAFleetStayWithinTheBudget(t *testing.T) {
+	h := newHarness(t)
+	h.opts.ResyncInterval, h.opts.ResyncQPS = 50*time.Millisecond, 5
+	h.start()
+	const n = 12
+	for i := range n {
+		h.create(h.managed(fmt.Sprintf("r%02d", i), "fake"))
+	}
+	for i := range n {
+		h.waitReady(fmt.Sprintf("r%02d", i))
+	}
+	time.Sleep(time.Second) // let the bring-up's own reads pass
+
+	before := h.fake.Calls("Get")
+	const window = 4 * time.Second
+	time.Sleep(window)
+	gets := h.fake.Calls("Get") - before
+	// A token bucket of 5/s with a burst of 5 allows at most 5 + 5×4 in 4 s.
+	assert.LessOrEqual(t, gets, 5+5*4, "provider reads in %s", window)
+	assert.GreaterOrEqual(t, gets, n, "every Ready proxy was still re-read within %s", window)
+	assert.Positive(t, gathered(t, "proxy_operator_resyncs_deferred_total", "provider", "fake"), "the deferral is counted")
+}
+
+// gathered reads one series from the controller's metrics registry.
+func gathered(t *testing.T, name, label, value string) float64 {
+	t.Helper()
+	families, err := ctrlmetrics.Registry.Gather()
+	require.NoError(t, err)
+	for _, f := range families {
+		if f.GetName() != name {
+			continue
+		}
+		for _, m := range f.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == label && l.GetValue() == value {
+					return m.GetCounter().GetValue()
+				}
+			}
+		}
+	}
+	return 0
 }

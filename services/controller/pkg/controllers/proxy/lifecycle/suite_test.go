@@ -55,13 +55,17 @@ type harness struct {
 	// kvm2, when set before start, is the block of a "kvm-home" entry of
 	// type kvm2.
 	kvm2 []byte
+	// opts, changed before start, are the reconciler's options.
+	opts lifecycle.Options
 }
 
 func newHarness(t *testing.T) *harness {
 	testenv.Require(t)
 	ns := fmt.Sprintf("lc-%d", nsSeq.Add(1))
 	require.NoError(t, env.Client.Create(context.Background(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}))
-	return &harness{t: t, ns: ns, fake: fake.New("fake")}
+	return &harness{t: t, ns: ns, fake: fake.New("fake"), opts: lifecycle.Options{
+		PollInterval: 100 * time.Millisecond, ResyncInterval: time.Hour, BackoffBase: 100 * time.Millisecond, BackoffMax: time.Second,
+	}}
 }
 
 func (h *harness) start() *harness {
@@ -100,9 +104,7 @@ func (h *harness) start() *harness {
 		Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(), Log: slog.Default(),
 	})
 	require.NoError(t, err)
-	rec := lifecycle.New(mgr.GetClient(), reg, mgr.GetEventRecorder("proxy-controller"), lifecycle.Options{
-		PollInterval: 100 * time.Millisecond, ResyncInterval: time.Hour, BackoffBase: 100 * time.Millisecond, BackoffMax: time.Second,
-	})
+	rec := lifecycle.New(mgr.GetClient(), reg, mgr.GetEventRecorder("proxy-controller"), h.opts)
 	require.NoError(t, rec.SetupWithManager(ctx, mgr))
 	done := make(chan error, 1)
 	go func() { done <- mgr.Start(ctx) }()

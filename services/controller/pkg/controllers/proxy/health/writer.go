@@ -1,0 +1,134 @@
+package health
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
+	"k8s.io/apimachinery/pkg/api/equality"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	v1 "github.com/egress-proxies/egress-proxies/pkg/api/v1alpha1"
+	"github.com/egress-proxies/egress-proxies/services/controller/pkg/metrics"
+)
+
+var tracer = otel.Tracer("egress-proxies/controller/health")
+
+// errStale: the status the write was decided on changed under it.
+var errStale = errors.New("status changed since it was read")
+
+// Run writes verdicts until ctx ends. It is level-based: a worker compares
+// the verdict with the Proxy as the cache has it and writes only the
+// difference, under an optimistic lock, so a write decided on a stale read
+// never lands (it is retried with backoff on a fresh one) and a verdict
+// status already says is never written again.
+func (e *Engine) Run(ctx context.Context) {
+	e.init()
+	workers := e.Workers
+	if workers <= 0 {
+		workers = DefaultWriteWorkers
+	}
+	var wg sync.WaitGroup
+	for range workers {
+		wg.Go(func() {
+			for e.next(ctx) {
+			}
+		})
+	}
+	<-ctx.Done()
+	e.queue.ShutDown()
+	wg.Wait()
+}
+
+func (e *Engine) next(ctx context.Context) bool {
+	uid, shutdown := e.queue.Get()
+	if shutdown {
+		return false
+	}
+	e.writing.Add(1)
+	defer e.writing.Add(-1)
+	defer e.queue.Done(uid)
+	switch err := e.write(ctx, uid); {
+	case err == nil:
+		e.queue.Forget(uid)
+	case errors.Is(err, errStale):
+		e.queue.AddRateLimited(uid)
+	default:
+		e.Log.ErrorContext(ctx, "writing health; will retry", "uid", uid, "err", err)
+		e.queue.AddRateLimited(uid)
+	}
+	return true
+}
+
+// write makes the Proxy's status say what the engine decided for uid, if
+// it is still the instance the verdict is about.
+func (e *Engine) write(ctx context.Context, uid types.UID) error {
+	w, ok := e.wanted(uid)
+	if !ok {
+		return nil // no longer a target
+	}
+	px := &v1.Proxy{}
+	if err := e.Client.Get(ctx, w.key, px); err != nil {
+		return client.IgnoreNotFound(err)
+	}
+	if px.UID != uid || fmt.Sprintf("%s:%d", px.Status.IP, px.Status.Port) != w.addr {
+		return nil // replaced or gone since the probe ran; the informer re-arms the counter
+	}
+	base := px.DeepCopy()
+	transition := false
+	if w.decided {
+		want := metav1.ConditionFalse
+		if w.verdict.healthy {
+			want = metav1.ConditionTrue
+		}
+		cur := meta.FindStatusCondition(px.Status.Conditions, v1.ConditionHealthy)
+		if cur == nil || cur.Status != want || px.Status.Healthy != w.verdict.healthy {
+			meta.SetStatusCondition(&px.Status.Conditions, metav1.Condition{
+				Type: v1.ConditionHealthy, Status: want, Reason: w.verdict.reason, Message: w.verdict.msg, ObservedGeneration: px.Generation,
+			})
+			px.Status.Healthy = w.verdict.healthy
+			at := w.verdict.at
+			px.Status.LastHealthCheckTime = &at
+			transition = true
+		}
+	}
+	if w.egressIP != "" {
+		px.Status.EgressIP = w.egressIP
+	}
+	if equality.Semantic.DeepEqual(base.Status, px.Status) {
+		return nil // coalesced: status already says it
+	}
+
+	opts := []trace.SpanStartOption{trace.WithAttributes(attribute.String("proxy", w.key.String()), attribute.Bool("healthy", w.verdict.healthy))}
+	if tp := w.verdict.traceparent; tp != "" && transition {
+		remote := otel.GetTextMapPropagator().Extract(context.Background(), propagation.MapCarrier{"traceparent": tp})
+		opts = append(opts, trace.WithLinks(trace.Link{SpanContext: trace.SpanContextFromContext(remote)}))
+	}
+	ctx, span := tracer.Start(ctx, "health.Transition", opts...)
+	defer span.End()
+	err := e.Client.Status().Patch(ctx, px, client.MergeFromWithOptions(base, client.MergeFromWithOptimisticLock{}))
+	switch {
+	case apierrors.IsConflict(err):
+		return errStale
+	case apierrors.IsNotFound(err):
+		return nil
+	case err != nil:
+		span.RecordError(err)
+		return err
+	}
+	metrics.StatusWrites.WithLabelValues("health").Inc()
+	return nil
+}
+
+// idle reports whether nothing waits to be written and nothing is being
+// written (a write waiting out a retry backoff does not count).
+func (e *Engine) idle() bool { return e.Pending() == 0 && e.writing.Load() == 0 }

@@ -1,0 +1,127 @@
+package health
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/timestamppb"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/rest"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	v1 "github.com/egress-proxies/egress-proxies/pkg/api/v1alpha1"
+	probev1 "github.com/egress-proxies/egress-proxies/pkg/gen/egressproxies/probe/v1"
+	"github.com/egress-proxies/egress-proxies/pkg/testenv"
+	"github.com/egress-proxies/egress-proxies/services/controller/pkg/metrics"
+)
+
+// readyFleet creates n Ready, Healthy External proxies in ns, 16 at a time.
+func readyFleet(t *testing.T, ns string, n int) {
+	t.Helper()
+	require.NoError(t, env.Client.Create(context.Background(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}))
+	var wg sync.WaitGroup
+	next := make(chan int)
+	for range 16 {
+		wg.Go(func() {
+			for i := range next {
+				env.ReadyProxy(t, ns, fmt.Sprintf("p%05d", i), fmt.Sprintf("127.1.%d.%d", i/250, i%250+1), 3128, nil, true)
+			}
+		})
+	}
+	for i := range n {
+		next <- i
+	}
+	close(next)
+	wg.Wait()
+}
+
+// TestAFleetWideFlipNeverStallsResultIntake is the fleet-wide flip: the
+// health target's site goes down and 2,000 proxies fail at once. The
+// writes (throttled here to 200/s, as a busy API server would make them)
+// take seconds; the probe stream must take in every result meanwhile, a
+// second round of results must not add a single write, and in the end each
+// proxy is written exactly once.
+func TestAFleetWideFlipNeverStallsResultIntake(t *testing.T) {
+	testenv.Require(t)
+	const n, ns = 2000, "flip"
+	readyFleet(t, ns, n)
+
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	c, err := cache.New(env.Config, cache.Options{Scheme: env.Scheme, DefaultNamespaces: map[string]cache.Config{ns: {}}})
+	require.NoError(t, err)
+	slow := rest.CopyConfig(env.Config)
+	slow.QPS, slow.Burst = 200, 20
+	writer, err := client.New(slow, client.Options{Scheme: env.Scheme, Cache: &client.CacheOptions{Reader: c}})
+	require.NoError(t, err)
+
+	e := &Engine{Client: writer, Log: slog.Default()}
+	d := DefaultDefaults
+	d.FailureThreshold = 1
+	h := &Hub{Engine: e, Defaults: d, Elected: closed(), Addr: "127.0.0.1:0", Log: slog.Default()}
+	addr, err := h.Listen()
+	require.NoError(t, err)
+	require.NoError(t, h.Watch(ctx, c))
+	go func() { _ = c.Start(ctx) }()
+	require.True(t, c.WaitForCacheSync(ctx))
+	done := make(chan struct{})
+	go func() { _ = h.Start(ctx); close(done) }()
+	defer func() { cancel(); <-done }()
+
+	p := connect(t, addr, "prober-0")
+	partition(t, n, p)
+	p.mu.Lock()
+	failures := make([]*probev1.ProbeResult, 0, n)
+	for _, tg := range p.targets {
+		failures = append(failures, &probev1.ProbeResult{Id: tg.GetId(), Uid: tg.GetUid(), Phase: probev1.ProbePhase_PROBE_PHASE_STATUS,
+			Reason: "target answered 503", Latency: durationpb.New(time.Millisecond), FinishedAt: timestamppb.Now()})
+	}
+	p.mu.Unlock()
+	taken := func() float64 { return testutil.ToFloat64(checks.WithLabelValues("failure")) }
+	writes := func() float64 { return testutil.ToFloat64(metrics.StatusWrites.WithLabelValues("health")) }
+	taken0, writes0 := taken(), writes()
+
+	p.report(t, failures)
+	require.Eventually(t, func() bool { return taken() == taken0+n }, 20*time.Second, 5*time.Millisecond, "the stream stopped taking results in")
+	pending := e.Pending()
+	assert.Greater(t, pending, n/2, "every result was taken in while most of the %d writes still waited", n)
+
+	p.report(t, failures) // the site is still down: a second round
+	require.Eventually(t, func() bool { return taken() == taken0+2*n }, 20*time.Second, 5*time.Millisecond, "the second round was not taken in")
+	assert.Positive(t, e.Pending(), "the second round too was taken in before the writes drained")
+
+	require.Eventually(t, func() bool {
+		list := &v1.ProxyList{}
+		require.NoError(t, env.Client.List(ctx, list, client.InNamespace(ns)))
+		down := 0
+		for _, px := range list.Items {
+			if c := healthCond(&px); !px.Status.Healthy && c != nil && c.Status == metav1.ConditionFalse {
+				down++
+			}
+		}
+		return down == n
+	}, 60*time.Second, 250*time.Millisecond, "not every proxy went Unhealthy")
+	require.Eventually(t, e.idle, 10*time.Second, 10*time.Millisecond)
+	assert.Equal(t, writes0+n, writes(), "one write per proxy: the second round coalesced into the first")
+
+	px := &v1.Proxy{}
+	require.NoError(t, env.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: "p00042"}, px))
+	assert.Equal(t, v1.ReasonProbeFailed, healthCond(px).Reason)
+	assert.Equal(t, "status failed: target answered 503", healthCond(px).Message)
+}
+
+func closed() chan struct{} {
+	c := make(chan struct{})
+	close(c)
+	return c
+}
