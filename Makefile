@@ -157,3 +157,12 @@ bench-broker: deps envtest ## Leases/s and p50/p99 over gRPC and REST (64 client
 .PHONY: bench-prober
 bench-prober: deps ## Probes/s and CPU per probe of one prober against Squid-fronted HTTPS targets, and memory for 10,000 assigned proxies.
 	go test ./services/prober/pkg/agent -run '^$$' -bench BenchmarkProber -benchtime 1x -timeout 5m
+
+N ?= 1000
+INTERVAL ?=
+TIMEOUT ?=
+
+.PHONY: bench-fleet
+bench-fleet: deps envtest ## The whole system with N External Proxies (N=1000 at a 2s interval; N=10000 at 30s): bring-up time against the probe schedule's bound, API writes, steady writes, RSS and CPU per process, a killed prober's share, REST latency.
+	KUBEBUILDER_ASSETS=$$(bash hack/envtest-bins.sh) FLEET_N=$(N) FLEET_INTERVAL=$(INTERVAL) FLEET_TIMEOUT=$(TIMEOUT) \
+	  go test ./hack/demo/bench -run '^$$' -bench BenchmarkFleet -benchtime 1x -timeout 60m

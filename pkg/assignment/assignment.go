@@ -1,16 +1,50 @@
-// Package assignment is the one place that knows how a prober's set of
-// targets travels over the probe stream: the controller splits a change
-// into messages that each stay far below gRPC's default 4 MiB receive
-// limit, and the prober assembles a full assignment from its chunks before
-// it replaces its set. A fleet of any size therefore reaches a prober that
-// runs with gRPC's defaults.
+// Package assignment is the one place that knows which prober probes a
+// proxy, and how a prober's set of targets travels over the probe stream:
+// the controller splits a change into messages that each stay far below
+// gRPC's default 4 MiB receive limit, and the prober assembles a full
+// assignment from its chunks before it replaces its set. A fleet of any
+// size therefore reaches a prober that runs with gRPC's defaults.
 package assignment
 
 import (
+	"hash/fnv"
+
 	"google.golang.org/protobuf/proto"
 
 	probev1 "github.com/egress-proxies/egress-proxies/pkg/gen/egressproxies/probe/v1"
 )
+
+// Owner is the prober, of probers, that probes target: the one with the
+// highest rendezvous hash. Adding or removing a prober moves only the
+// targets it wins or held; every other target stays where it is. The
+// controller assigns by it, and anyone holding the list of prober ids can
+// tell from it which prober has a proxy.
+func Owner(probers []string, target string) string {
+	var best string
+	var bestScore uint64
+	for _, p := range probers {
+		f := fnv.New64a()
+		_, _ = f.Write([]byte(p))
+		_, _ = f.Write([]byte{0})
+		_, _ = f.Write([]byte(target))
+		if s := mix(f.Sum64()); best == "" || s > bestScore {
+			best, bestScore = p, s
+		}
+	}
+	return best
+}
+
+// mix is murmur3's 64-bit finalizer. FNV-1a alone leaves the high bits
+// ruled by the first bytes (the prober id), so one prober would win almost
+// every target; mixing spreads every input bit over the whole word.
+func mix(h uint64) uint64 {
+	h ^= h >> 33
+	h *= 0xff51afd7ed558ccd
+	h ^= h >> 33
+	h *= 0xc4ceb9fe1a85ec53
+	h ^= h >> 33
+	return h
+}
 
 // MaxMessageBytes bounds one Assignment: a quarter of gRPC's default
 // receive limit, so a message never nears it even with framing overhead.

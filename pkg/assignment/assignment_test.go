@@ -112,3 +112,14 @@ func TestAssemblerRestartsOnANewFullAndMergesWhatContinuesARun(t *testing.T) {
 	require.Len(t, got.GetUpsert(), 1)
 	assert.Equal(t, ts[3].GetId(), got.GetUpsert()[0].GetId())
 }
+
+func TestRendezvousSpreadsEvenly(t *testing.T) {
+	probers := []string{"prober-0", "prober-1", "prober-2", "prober-3"}
+	counts := map[string]int{}
+	for i := range 10000 {
+		counts[Owner(probers, fmt.Sprintf("ns/proxy-%d", i))]++
+	}
+	for _, p := range probers {
+		assert.InDelta(t, 2500, counts[p], 250, "%s got %d of 10000", p, counts[p])
+	}
+}

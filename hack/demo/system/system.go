@@ -28,6 +28,8 @@ type Options struct {
 	Probers, Brokers int
 	// HealthInterval between probes of one proxy.
 	HealthInterval time.Duration
+	// HealthTimeout bounds one probe; 0 means 2s.
+	HealthTimeout time.Duration
 	// GCInterval and GCGrace of orphan GC.
 	GCInterval, GCGrace time.Duration
 	// CuttableAPIServer routes every service to the API server through a
@@ -54,8 +56,10 @@ type System struct {
 	ControllerArgs    []string
 	ControllerMetrics string
 	Probers           []*proc.Process
-	Brokers           []*Broker
-	Kubelet           *kubelet.StandIn
+	// ProberOps are the probers' ops addresses (/metrics), by index.
+	ProberOps []string
+	Brokers   []*Broker
+	Kubelet   *kubelet.StandIn
 	// APILink is the link between the services and the API server, when
 	// Options.CuttableAPIServer is set.
 	APILink *proc.Cutter
@@ -80,6 +84,9 @@ func Start(t proc.T, env *testenv.Env, o Options) *System {
 	}
 	if o.HealthInterval == 0 {
 		o.HealthInterval = 2 * time.Second
+	}
+	if o.HealthTimeout == 0 {
+		o.HealthTimeout = 2 * time.Second
 	}
 	if o.GCInterval == 0 {
 		o.GCInterval, o.GCGrace = 30*time.Second, time.Minute
@@ -131,7 +138,7 @@ func Start(t proc.T, env *testenv.Env, o Options) *System {
 		"--leader-election-lease-duration", "4s", "--poll-interval", "200ms",
 		"--probe-addr", probeAddr, "--probe-token-file", s.token,
 		"--health-url", s.Target.URL + "/ip", "--health-expected-status", "200", "--health-echo-format", "text",
-		"--health-interval", o.HealthInterval.String(), "--health-timeout", "2s",
+		"--health-interval", o.HealthInterval.String(), "--health-timeout", o.HealthTimeout.String(),
 		"--gc-interval", o.GCInterval.String(), "--gc-grace-period", o.GCGrace.String(),
 	}
 	s.StartController()
@@ -143,6 +150,7 @@ func Start(t proc.T, env *testenv.Env, o Options) *System {
 			"--id", fmt.Sprintf("prober-%d", i), "--ca-file", s.Target.CAFile, "--ops-addr", ops)
 		proc.WaitHTTP(t, p, "http://"+ops+"/healthz", 30*time.Second)
 		s.Probers = append(s.Probers, p)
+		s.ProberOps = append(s.ProberOps, ops)
 	}
 
 	o.Step("starting %d brokers sharing Redis", o.Brokers)

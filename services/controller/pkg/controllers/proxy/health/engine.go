@@ -151,9 +151,11 @@ func (e *Engine) Handle(_ context.Context, proberID string, r *probev1.ProbeResu
 				msg: fmt.Sprintf("probes through the proxy pass (%s)", r.GetLatency().AsDuration().Round(time.Millisecond))}
 			changed = true
 		}
+		// A new egress IP is worth a write of its own only for a proxy
+		// already Healthy; before that it rides along with the verdict.
 		if ip := r.GetEgressIp(); ip != "" && ip != c.egressIP {
 			c.egressIP = ip
-			changed = true
+			changed = changed || (c.verdict != nil && c.verdict.healthy)
 		}
 	} else {
 		c.fail, c.succ = c.fail+1, 0

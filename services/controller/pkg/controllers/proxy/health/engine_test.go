@@ -151,3 +151,31 @@ func TestStaleResultsAreDroppedAndEgressIPRecorded(t *testing.T) {
 	handle(t, e, late)
 	assert.Equal(t, metav1.ConditionUnknown, healthCond(get(t, px)).Status)
 }
+
+// The echoed egress IP rides along with the first verdict rather than
+// costing a write of its own; once the proxy is Healthy, a new egress IP
+// (the cloud gave the VM another address) is written when it appears.
+func TestEgressIPRidesWithTheVerdict(t *testing.T) {
+	testenv.Require(t)
+	px := readyProxy(t, "egress", "127.0.0.8")
+	e := startEngine(t)
+	track(e, px, "127.0.0.8:3128", DefaultDefaults.resolve(&v1.HealthCheck{SuccessThreshold: 2}))
+	writes := func() float64 { return testutil.ToFloat64(metrics.StatusWrites.WithLabelValues("health")) }
+	w0 := writes()
+	ok := func(ip string) *probev1.ProbeResult { r := result(px, true); r.EgressIp = ip; return r }
+
+	handle(t, e, ok("198.51.100.1"))
+	assert.Equal(t, w0, writes(), "an undecided proxy's egress IP waits for its verdict")
+	assert.Empty(t, get(t, px).Status.EgressIP)
+	handle(t, e, ok("198.51.100.1"))
+	got := get(t, px)
+	assert.Equal(t, w0+1, writes(), "verdict and egress IP in one write")
+	assert.True(t, got.Status.Healthy)
+	assert.Equal(t, "198.51.100.1", got.Status.EgressIP)
+
+	handle(t, e, ok("198.51.100.2"))
+	assert.Equal(t, w0+2, writes())
+	assert.Equal(t, "198.51.100.2", get(t, px).Status.EgressIP, "a Healthy proxy's new egress IP is written")
+	handle(t, e, ok("198.51.100.2"))
+	assert.Equal(t, w0+2, writes(), "and only once")
+}

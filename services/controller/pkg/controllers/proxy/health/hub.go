@@ -3,7 +3,6 @@ package health
 import (
 	"context"
 	"fmt"
-	"hash/fnv"
 	"log/slog"
 	"net"
 	"sort"
@@ -180,35 +179,6 @@ func (h *Hub) trigger() {
 	}
 }
 
-// rendezvous picks the prober with the highest hash for the target:
-// adding or removing a prober moves only the targets it wins or held.
-func rendezvous(probers []string, target string) string {
-	var best string
-	var bestScore uint64
-	for _, p := range probers {
-		f := fnv.New64a()
-		_, _ = f.Write([]byte(p))
-		_, _ = f.Write([]byte{0})
-		_, _ = f.Write([]byte(target))
-		if s := mix(f.Sum64()); best == "" || s > bestScore {
-			best, bestScore = p, s
-		}
-	}
-	return best
-}
-
-// mix is murmur3's 64-bit finalizer. FNV-1a alone leaves the high bits
-// ruled by the first bytes (the prober id), so one prober would win almost
-// every target; mixing spreads every input bit over the whole word.
-func mix(h uint64) uint64 {
-	h ^= h >> 33
-	h *= 0xff51afd7ed558ccd
-	h ^= h >> 33
-	h *= 0xc4ceb9fe1a85ec53
-	h ^= h >> 33
-	return h
-}
-
 // rebalance moves what changed into the probers' shares: every target
 // when the set of probers changed, else only the marked ones, so a fleet of
 // 10,000 costs a map lookup per changed proxy and not a pass over all.
@@ -230,7 +200,7 @@ func (h *Hub) rebalance() {
 		t, exists := h.targets[tid]
 		next := ""
 		if exists && len(ids) > 0 {
-			next = rendezvous(ids, tid)
+			next = assignment.Owner(ids, tid)
 		}
 		if prev, ok := h.owner[tid]; ok && prev != next {
 			if s := h.sessions[prev]; s != nil {

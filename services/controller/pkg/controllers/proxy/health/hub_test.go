@@ -257,17 +257,6 @@ func TestFollowerRefusesAndTokenIsRequired(t *testing.T) {
 	partition(t, 1, good)
 }
 
-func TestRendezvousSpreadsEvenly(t *testing.T) {
-	probers := []string{"prober-0", "prober-1", "prober-2", "prober-3"}
-	counts := map[string]int{}
-	for i := range 10000 {
-		counts[rendezvous(probers, fmt.Sprintf("ns/proxy-%d", i))]++
-	}
-	for _, p := range probers {
-		assert.InDelta(t, 2500, counts[p], 250, "%s got %d of 10000", p, counts[p])
-	}
-}
-
 // A fleet of 50,000 with 2,000-byte health URLs is about 100 MiB of
 // assignment. Both a client with gRPC's default 4 MiB receive limit and the
 // real prober binary receive all of it, and the prober probes it.

@@ -247,7 +247,10 @@ func (r *Reconciler) patchStatus(ctx context.Context, s *scope) error {
 func (r *Reconciler) emitTransition(before, after *v1.Proxy) {
 	old := meta.FindStatusCondition(before.Status.Conditions, v1.ConditionReady)
 	cur := meta.FindStatusCondition(after.Status.Conditions, v1.ConditionReady)
-	if cur == nil || (old != nil && old.Reason == cur.Reason && old.Message == cur.Message) {
+	if cur == nil || (old != nil && old.Reason == cur.Reason && old.Message == cur.Message) || cur.Reason == v1.ReasonTracking {
+		// An External proxy is tracked the moment it exists: an Event per
+		// proxy would add a third to the API writes of a bulk import and
+		// say nothing its status does not.
 		return
 	}
 	typ := corev1.EventTypeNormal

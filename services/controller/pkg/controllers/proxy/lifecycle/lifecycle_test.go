@@ -12,8 +12,10 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	corev1 "k8s.io/api/core/v1"
+	eventsv1 "k8s.io/api/events/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
 
 	v1 "github.com/egress-proxies/egress-proxies/pkg/api/v1alpha1"
@@ -68,6 +70,15 @@ func TestExternalIsTrackedNotProvisioned(t *testing.T) {
 	assert.Empty(t, px.Finalizers, "nothing to clean up")
 	assert.Empty(t, h.pods())
 	assert.Zero(t, h.fake.Calls("Create"))
+	// Events go out asynchronously: one emitted after ext's transition,
+	// once seen, means ext's would have been seen too.
+	h.create(h.managed("later", "fake"))
+	h.waitEvent("later", v1.ReasonRunning)
+	events := &eventsv1.EventList{}
+	require.NoError(t, env.Client.List(context.Background(), events, client.InNamespace(h.ns)))
+	for _, ev := range events.Items {
+		assert.NotEqual(t, "ext", ev.Regarding.Name, "tracking an External proxy is not an Event: %s %s", ev.Reason, ev.Note)
+	}
 }
 
 func TestReplacementOnEveryImmutableField(t *testing.T) {

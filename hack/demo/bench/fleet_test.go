@@ -1,0 +1,544 @@
+// Package bench is `make bench-fleet`: the whole system brought up the
+// way the demo brings it up, then a fleet of External Proxies applied and
+// measured from the outside. Every figure is printed beside a baseline run
+// in the same process on the same parts.
+package bench
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"regexp"
+	"runtime"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"text/tabwriter"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	toolscache "k8s.io/client-go/tools/cache"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
+
+	"github.com/egress-proxies/egress-proxies/hack/demo/system"
+	v1 "github.com/egress-proxies/egress-proxies/pkg/api/v1alpha1"
+	"github.com/egress-proxies/egress-proxies/pkg/assignment"
+	"github.com/egress-proxies/egress-proxies/pkg/testenv"
+	"github.com/egress-proxies/egress-proxies/pkg/testutil/proc"
+)
+
+var env *testenv.Env
+
+func TestMain(m *testing.M) { os.Exit(testenv.Main(m, &env)) }
+
+const ns = "fleet"
+
+// settings are the run's size: FLEET_N proxies (default 1,000) probed every
+// FLEET_INTERVAL (default: the demo's 2 s up to 1,000 proxies, the
+// controller's default 30 s above), each probe bounded by FLEET_TIMEOUT
+// (the demo's 2 s, or the default 10 s with the 30 s interval).
+func settings(b *testing.B) (n int, interval, timeout time.Duration) {
+	n = 1000
+	if v := os.Getenv("FLEET_N"); v != "" {
+		var err error
+		if n, err = strconv.Atoi(v); err != nil || n < 1 {
+			b.Fatalf("FLEET_N=%q: want a positive number", v)
+		}
+	}
+	interval, timeout = 2*time.Second, 2*time.Second
+	if n > 1000 {
+		interval, timeout = 30*time.Second, 10*time.Second
+	}
+	for _, kv := range []struct {
+		name string
+		d    *time.Duration
+	}{{"FLEET_INTERVAL", &interval}, {"FLEET_TIMEOUT", &timeout}} {
+		if v := os.Getenv(kv.name); v != "" {
+			d, err := time.ParseDuration(v)
+			if err != nil || d <= 0 {
+				b.Fatalf("%s=%q: want a positive duration such as 30s", kv.name, v)
+			}
+			*kv.d = d
+		}
+	}
+	return n, interval, timeout
+}
+
+// watcher follows the fleet through an informer, as a user watching
+// `kubectl get px -w` would, and notes when all of it is Ready and Healthy.
+type watcher struct {
+	n        int
+	mu       sync.Mutex
+	good     map[string]bool
+	ready    map[string]bool
+	allGood  chan struct{}
+	once     sync.Once
+	start    time.Time
+	allReady time.Duration
+}
+
+func (w *watcher) see(o any) {
+	px, ok := o.(*v1.Proxy)
+	if !ok || px.Namespace != ns {
+		return
+	}
+	good := px.Status.Phase == v1.PhaseReady && px.Status.Healthy &&
+		meta.IsStatusConditionTrue(px.Status.Conditions, v1.ConditionHealthy)
+	w.mu.Lock()
+	w.good[px.Name] = good
+	if px.Status.Phase == v1.PhaseReady {
+		w.ready[px.Name] = true
+		if len(w.ready) == w.n && w.allReady == 0 {
+			w.allReady = time.Since(w.start)
+		}
+	}
+	count := 0
+	for _, g := range w.good {
+		if g {
+			count++
+		}
+	}
+	w.mu.Unlock()
+	if count == w.n {
+		w.once.Do(func() { close(w.allGood) })
+	}
+}
+
+func (w *watcher) count() (good, seen int) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for _, g := range w.good {
+		if g {
+			good++
+		}
+	}
+	return good, len(w.good)
+}
+
+type procRow struct {
+	name string
+	pid  int
+	ops  string // metrics endpoint, for probers
+}
+
+// BenchmarkFleet is `make bench-fleet` (FLEET_N, FLEET_INTERVAL,
+// FLEET_TIMEOUT): API server, controller, three probers, two brokers,
+// Redis and four Squids on their own loopback addresses; N External
+// Proxies created by 32 writers at once; then bring-up time, API writes,
+// steady-state writes, memory and CPU, a SIGKILLed prober's share, and
+// REST latency at that size.
+func BenchmarkFleet(b *testing.B) {
+	testenv.Require(b)
+	n, interval, timeout := settings(b)
+	const successThreshold = 2 // the controller's default, which the system keeps
+	bound := time.Duration(successThreshold-1)*interval + timeout
+	ctx := context.Background()
+	out := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
+	say := func(format string, args ...any) { fmt.Printf("[fleet] "+format+"\n", args...) }
+
+	say("starting the system: API server, Redis, controller, 3 probers, 2 brokers (health interval %s, timeout %s)", interval, timeout)
+	s := system.Start(b, env, system.Options{Probers: 3, Brokers: 2, HealthInterval: interval, HealthTimeout: timeout})
+	var squids []*proc.Squid
+	for i := range 4 {
+		squids = append(squids, proc.StartSquid(b, fmt.Sprintf("127.0.9.%d", i+1), false))
+	}
+	api, err := apiClient(env.Config)
+	if err != nil {
+		b.Fatal(err)
+	}
+	baselineBin := proc.Build(b, "github.com/egress-proxies/egress-proxies/hack/demo/bench/baseline")
+	rows := []procRow{{"controller", s.Controller.Cmd.Process.Pid, ""}}
+	for i, p := range s.Probers {
+		rows = append(rows, procRow{fmt.Sprintf("prober-%d", i), p.Cmd.Process.Pid, s.ProberOps[i]})
+	}
+	for i, br := range s.Brokers {
+		rows = append(rows, procRow{fmt.Sprintf("broker-%d", i), br.Proc.Cmd.Process.Pid, ""})
+	}
+	// The parts the services run on, for where the rest of the CPU goes.
+	for _, name := range []string{"kube-apiserver", "etcd"} {
+		if pid := childNamed(name); pid > 0 {
+			rows = append(rows, procRow{"(part) " + name, pid, ""})
+		}
+	}
+	for i, sq := range squids {
+		rows = append(rows, procRow{fmt.Sprintf("(part) squid-%d", i), sq.Proc.Cmd.Process.Pid, ""})
+	}
+	rows = append(rows, procRow{"(part) this process: the probe target, the watch, the apply", os.Getpid(), ""})
+	if err := env.Client.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}); err != nil {
+		b.Fatal(err)
+	}
+
+	w := &watcher{n: n, good: map[string]bool{}, ready: map[string]bool{}, allGood: make(chan struct{})}
+	c, err := cache.New(env.Config, cache.Options{Scheme: env.Scheme, DefaultNamespaces: map[string]cache.Config{ns: {}}})
+	if err != nil {
+		b.Fatal(err)
+	}
+	inf, err := c.GetInformer(ctx, &v1.Proxy{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	if _, err := inf.AddEventHandler(toolscache.ResourceEventHandlerFuncs{AddFunc: w.see, UpdateFunc: func(_, o any) { w.see(o) }}); err != nil {
+		b.Fatal(err)
+	}
+	cctx, stopCache := context.WithCancel(ctx)
+	defer stopCache()
+	go func() { _ = c.Start(cctx) }()
+	c.WaitForCacheSync(cctx)
+
+	usageOf := func() map[string]usage {
+		m := map[string]usage{}
+		for _, r := range rows {
+			u, err := procUsage(r.pid)
+			if err != nil {
+				b.Fatalf("%s: %v", r.name, err)
+			}
+			m[r.name] = u
+		}
+		return m
+	}
+	writes0, err := apiWrites(api, env.Config.Host)
+	if err != nil {
+		b.Fatal(err)
+	}
+	usage0 := usageOf()
+
+	say("applying %d External Proxies (32 writers) fronting %d Squids", n, len(squids))
+	b.ResetTimer()
+	start := time.Now()
+	w.mu.Lock()
+	w.start = start
+	w.mu.Unlock()
+	next := make(chan int)
+	var wg sync.WaitGroup
+	var createErr error
+	var errOnce sync.Once
+	for range 32 {
+		wg.Go(func() {
+			for i := range next {
+				sq := squids[i%len(squids)]
+				px := &v1.Proxy{ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("px-%05d", i), Namespace: ns},
+					Spec: v1.ProxySpec{Mode: v1.ModeExternal, Address: sq.Host, Port: int32(sq.Port), Attributes: map[string]string{"geo": "local"}}}
+				if err := env.Client.Create(ctx, px); err != nil {
+					errOnce.Do(func() { createErr = err })
+				}
+			}
+		})
+	}
+	for i := range n {
+		next <- i
+	}
+	close(next)
+	wg.Wait()
+	applied := time.Since(start)
+	if createErr != nil {
+		b.Fatalf("creating Proxies: %v", createErr)
+	}
+	say("applied in %s; waiting for all %d Ready and Healthy", applied.Round(time.Millisecond), n)
+
+	limit := 5*bound + 5*time.Minute
+	tick := time.NewTicker(5 * time.Second)
+	deadline := time.After(limit)
+wait:
+	for {
+		select {
+		case <-w.allGood:
+			break wait
+		case <-tick.C:
+			good, seen := w.count()
+			say("  %s: %d of %d Ready and Healthy (%d seen)", time.Since(start).Round(time.Second), good, n, seen)
+		case <-deadline:
+			good, _ := w.count()
+			b.Fatalf("only %d of %d proxies were Ready and Healthy after %s; logs: controller %s", good, n, limit, s.Controller.LogPath)
+		}
+	}
+	tick.Stop()
+	bringUp := time.Since(start)
+	b.StopTimer()
+	usage1 := usageOf()
+	writes1, err := apiWrites(api, env.Config.Host)
+	if err != nil {
+		b.Fatal(err)
+	}
+	say("all %d Ready and Healthy after %s", n, bringUp.Round(time.Millisecond))
+
+	// The steady window: the fleet stays up and healthy; every Proxy write
+	// in it is a write the transition-only design should not make.
+	window := max(30*time.Second, 2*interval)
+	say("steady window of %s", window)
+	probes0, failed0 := map[string]float64{}, 0.0
+	for _, r := range rows {
+		if r.ops != "" {
+			all, failed := proberProbes(b, r.ops)
+			probes0[r.name] = all
+			failed0 += failed
+		}
+	}
+	// The informer baseline starts once the fleet is up, so it costs the
+	// bring-up nothing; it holds the same N proxies by the window's end.
+	informer := proc.Start(b, "baseline-informer", baselineBin, "informer", "--kubeconfig", s.Kubeconfig)
+	time.Sleep(window)
+	writes2, err := apiWrites(api, env.Config.Host)
+	if err != nil {
+		b.Fatal(err)
+	}
+	usage2 := usageOf()
+	informerUsage, err := procUsage(informer.Cmd.Process.Pid)
+	if err != nil || !strings.Contains(informer.Log(), "synced") {
+		b.Fatalf("the informer baseline did not sync (%v): %s", err, informer.Log())
+	}
+	assigned := map[string]float64{}
+	probes := map[string]float64{}
+	for _, r := range rows {
+		if r.ops != "" {
+			m, err := scrape(nil, "http://"+r.ops+"/metrics")
+			if err != nil {
+				b.Fatal(err)
+			}
+			assigned[r.name] = m["prober_assigned_targets"]
+			all, _ := proberProbes(b, r.ops)
+			probes[r.name] = all - probes0[r.name]
+		}
+	}
+
+	// The baseline probe: the least a probe through these Squids to the
+	// same target can cost, in a process of its own.
+	var addrs []string
+	for _, sq := range squids {
+		addrs = append(addrs, sq.Addr)
+	}
+	bp := proc.Start(b, "baseline-probe", baselineBin, "probe", "--proxies", strings.Join(addrs, ","), "--url", s.Target.URL+"/ip", "--ca-file", s.Target.CAFile, "--n", "300")
+	if code, err := bp.Wait(time.Minute); err != nil || code != 0 {
+		b.Fatalf("baseline probes failed (%d, %v): %s", code, err, bp.Log())
+	}
+	var baseProbeUS int64
+	if _, err := fmt.Sscanf(bp.Log(), "cpu-us-per-probe %d", &baseProbeUS); err != nil {
+		b.Fatalf("baseline probe printed %q", bp.Log())
+	}
+
+	// A SIGKILLed prober: how long until every proxy it held is probed by
+	// another. Its share is what rendezvous hashing gave it.
+	killed := "prober-1"
+	share := map[string]bool{}
+	for i := range n {
+		if id := fmt.Sprintf("%s/px-%05d", ns, i); assignment.Owner([]string{"prober-0", "prober-1", "prober-2"}, id) == killed {
+			share[fmt.Sprintf("px-%05d", i)] = true
+		}
+	}
+	metricsURL := "http://" + s.ControllerMetrics + "/metrics"
+	lastRe := regexp.MustCompile(`^proxy_operator_healthcheck_last_timestamp_seconds\{name="([^"]+)",namespace="` + ns + `"\}$`)
+	say("SIGKILL %s, which held %d proxies", killed, len(share))
+	s.Probers[1].Kill()
+	killedAt := time.Now()
+	var reprobe []time.Duration
+	for {
+		m, err := scrape(nil, metricsURL)
+		if err != nil {
+			b.Fatal(err)
+		}
+		reprobe = reprobe[:0]
+		for k, v := range m {
+			if g := lastRe.FindStringSubmatch(k); g != nil && share[g[1]] {
+				if at := time.UnixMilli(int64(v * 1000)); at.After(killedAt) {
+					reprobe = append(reprobe, at.Sub(killedAt))
+				}
+			}
+		}
+		if len(reprobe) == len(share) {
+			break
+		}
+		if time.Since(killedAt) > 3*interval+time.Minute {
+			b.Fatalf("only %d of %d proxies of the killed prober were probed again after %s", len(reprobe), len(share), time.Since(killedAt).Round(time.Second))
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	reprobeP50, _ := percentiles(reprobe) // sorts
+	reprobeMax := reprobe[len(reprobe)-1]
+
+	// REST at this fleet size, each beside the same answer served from
+	// memory by a bare net/http server on loopback.
+	rest := s.Brokers[0].REST
+	httpc := &http.Client{}
+	var listBody, leaseBody []byte
+	get := func(url string, keep *[]byte) func() error {
+		return func() error {
+			resp, err := httpc.Get(url)
+			if err != nil {
+				return err
+			}
+			body, err := io.ReadAll(resp.Body)
+			_ = resp.Body.Close()
+			if resp.StatusCode != http.StatusOK {
+				return fmt.Errorf("GET %s: %s %s", url, resp.Status, body)
+			}
+			if keep != nil {
+				*keep = body
+			}
+			return err
+		}
+	}
+	post := func(url, body string, keep *[]byte) func() error {
+		return func() error {
+			resp, err := httpc.Post(url, "application/json", strings.NewReader(body))
+			if err != nil {
+				return err
+			}
+			got, err := io.ReadAll(resp.Body)
+			_ = resp.Body.Close()
+			if resp.StatusCode != http.StatusOK {
+				return fmt.Errorf("POST %s: %s %s", url, resp.Status, got)
+			}
+			if keep != nil {
+				*keep = got
+			}
+			return err
+		}
+	}
+	listLat, err := timeCalls(100, get(rest+"/v1/proxies?healthy=true", &listBody))
+	if err != nil {
+		b.Fatal(err)
+	}
+	var listed struct{ Proxies []json.RawMessage }
+	if err := json.Unmarshal(listBody, &listed); err != nil || len(listed.Proxies) != n {
+		b.Fatalf("the broker listed %d healthy proxies, want %d (%v)", len(listed.Proxies), n, err)
+	}
+	leaseLat, err := timeCalls(500, post(rest+"/v1/leases", `{"ttlSeconds":60}`, &leaseBody))
+	if err != nil {
+		b.Fatal(err)
+	}
+	static := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		if r.Method == http.MethodPost {
+			_, _ = io.Copy(io.Discard, r.Body)
+			_, _ = w.Write(leaseBody)
+			return
+		}
+		_, _ = w.Write(listBody)
+	}))
+	defer static.Close()
+	baseListLat, err := timeCalls(100, get(static.URL+"/v1/proxies", nil))
+	if err != nil {
+		b.Fatal(err)
+	}
+	baseLeaseLat, err := timeCalls(500, post(static.URL+"/v1/leases", `{"ttlSeconds":60}`, nil))
+	if err != nil {
+		b.Fatal(err)
+	}
+
+	// The report.
+	fmt.Println()
+	say("N=%d, interval %s, timeout %s, success threshold %d, on %d CPUs", n, interval, timeout, successThreshold, runtime.NumCPU())
+	upW, steadyW := writes1.minus(writes0), writes2.minus(writes1)
+	perProxy := func(v float64) string { return strconv.FormatFloat(v/float64(n), 'f', 2, 64) }
+	_, _ = fmt.Fprintln(out, "\nfigure\tmeasured\tbaseline\tratio")
+	_, _ = fmt.Fprintf(out, "apply (32 writers)\t%s\t\t\n", applied.Round(time.Millisecond))
+	_, _ = fmt.Fprintf(out, "all Ready (the lifecycle's part), from the start of the apply\t%s\t\t\n", w.allReady.Round(time.Millisecond))
+	_, _ = fmt.Fprintf(out, "all Ready and Healthy, from the start of the apply\t%s\tschedule bound %s\t%.2f (target: bound + %s)\n",
+		bringUp.Round(time.Millisecond), bound, bringUp.Seconds()/bound.Seconds(), map[bool]time.Duration{true: 10 * time.Second, false: time.Minute}[n <= 1000])
+	probed := 0.0
+	for _, v := range probes0 {
+		probed += v
+	}
+	_, _ = fmt.Fprintf(out, "probes in bring-up (failed)\t%.0f (%.0f)\t\t\n", probed, failed0)
+	_, _ = fmt.Fprintf(out, "API writes/proxy in bring-up, all (the apply's create included)\t%s\t3 (create, lifecycle status, first verdict)\t%.2f\n", perProxy(upW.All), upW.All/float64(n)/3)
+	_, _ = fmt.Fprintf(out, "  Proxy creates / Proxy status and other writes / Event writes / refused as conflicts\t%s / %s / %s / %s\t\t\n",
+		perProxy(upW.ProxyCreates), perProxy(upW.ProxyOther), perProxy(upW.Events), perProxy(upW.Conflicts))
+	steadyPerHour := (steadyW.ProxyCreates + steadyW.ProxyOther) / float64(n) * time.Hour.Seconds() / window.Seconds()
+	_, _ = fmt.Fprintf(out, "Proxy writes/proxy/hour, steady (%s window)\t%.2f\t0 (transitions only)\t\n", window, steadyPerHour)
+	_, _ = fmt.Fprintf(out, "  all API writes in the window (leader election included)\t%.0f\t\t\n", steadyW.All)
+	for _, r := range rows {
+		u0, u1, u2 := usage0[r.name], usage1[r.name], usage2[r.name]
+		line := fmt.Sprintf("%s: RSS %s (peak %s), CPU %.1fs bring-up, %.1fs steady", r.name, mib(u2.RSS), mib(u2.Peak),
+			(u1.CPU - u0.CPU).Seconds(), (u2.CPU - u1.CPU).Seconds())
+		switch {
+		case strings.HasPrefix(r.name, "(part)"):
+			_, _ = fmt.Fprintf(out, "%s\t\t\t\n", line)
+		case r.ops != "":
+			per := 0.0
+			if probes[r.name] > 0 {
+				per = float64((u2.CPU - u1.CPU).Microseconds()) / probes[r.name]
+			}
+			_, _ = fmt.Fprintf(out, "%s\tRSS/assigned %s for %.0f assigned\t\t\n", line, bytesPer(u2.RSS, assigned[r.name]), assigned[r.name])
+			_, _ = fmt.Fprintf(out, "  %s CPU per probe\t%.0f µs (%.0f probes)\tminimal probe %d µs\t%.2f\n", r.name, per, probes[r.name],
+				baseProbeUS, per/float64(max(1, baseProbeUS)))
+		default:
+			_, _ = fmt.Fprintf(out, "%s\tRSS\tbare informer %s\t%.2f\n", line, mib(informerUsage.RSS), float64(u2.RSS)/float64(informerUsage.RSS))
+		}
+	}
+	_, _ = fmt.Fprintf(out, "baseline: a bare Proxy informer holding the same fleet: RSS %s, CPU %.1fs to list and watch it\t\t\t\n", mib(informerUsage.RSS), informerUsage.CPU.Seconds())
+	_, _ = fmt.Fprintf(out, "killed prober's share (%d) probed again, p50 / max\t%s / %s\tinterval %s\t%.2f (max)\n", len(reprobe),
+		reprobeP50.Round(time.Millisecond), reprobeMax.Round(time.Millisecond), interval, reprobeMax.Seconds()/interval.Seconds())
+	lp50, lp99 := percentiles(listLat)
+	bl50, bl99 := percentiles(baseListLat)
+	_, _ = fmt.Fprintf(out, "REST list healthy (%d proxies, %d KiB) p50 / p99\t%s / %s\tstatic %s / %s\t%.1f / %.1f\n", n, len(listBody)>>10,
+		lp50.Round(time.Microsecond), lp99.Round(time.Microsecond), bl50.Round(time.Microsecond), bl99.Round(time.Microsecond),
+		lp50.Seconds()/bl50.Seconds(), lp99.Seconds()/bl99.Seconds())
+	ep50, ep99 := percentiles(leaseLat)
+	be50, be99 := percentiles(baseLeaseLat)
+	_, _ = fmt.Fprintf(out, "REST lease p50 / p99\t%s / %s\tstatic %s / %s\t%.1f / %.1f\n",
+		ep50.Round(time.Microsecond), ep99.Round(time.Microsecond), be50.Round(time.Microsecond), be99.Round(time.Microsecond),
+		ep50.Seconds()/be50.Seconds(), ep99.Seconds()/be99.Seconds())
+	_ = out.Flush()
+	fmt.Println()
+
+	b.ReportMetric(bringUp.Seconds(), "bringup-s")
+	b.ReportMetric(bringUp.Seconds()/bound.Seconds(), "bringup/bound")
+	b.ReportMetric(upW.All/float64(n), "writes/proxy")
+	b.ReportMetric(steadyPerHour, "steady-writes/proxy/h")
+	b.ReportMetric(float64(usage2["controller"].RSS)/(1<<20), "controller-MiB")
+	b.ReportMetric(reprobeMax.Seconds(), "reprobe-max-s")
+}
+
+func mib(n int64) string { return fmt.Sprintf("%.0f MiB", float64(n)/(1<<20)) }
+
+func bytesPer(rss int64, n float64) string {
+	if n == 0 {
+		return "-"
+	}
+	return fmt.Sprintf("%.1f KiB", float64(rss)/n/1024)
+}
+
+// proberProbes reads a prober's probe counters: all, and failed.
+func proberProbes(b *testing.B, ops string) (all, failed float64) {
+	m, err := scrape(nil, "http://"+ops+"/metrics")
+	if err != nil {
+		b.Fatal(err)
+	}
+	for k, v := range m {
+		if strings.HasPrefix(k, "prober_probes_total{") {
+			all += v
+			if strings.Contains(k, `result="failure"`) {
+				failed += v
+			}
+		}
+	}
+	return all, failed
+}
+
+// childNamed finds a child of this process by its command name (envtest
+// runs kube-apiserver and etcd as children); 0 if none.
+func childNamed(name string) int {
+	dirs, _ := os.ReadDir("/proc")
+	for _, d := range dirs {
+		pid, err := strconv.Atoi(d.Name())
+		if err != nil {
+			continue
+		}
+		comm, _ := os.ReadFile(fmt.Sprintf("/proc/%d/comm", pid))
+		stat, _ := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+		if strings.TrimSpace(string(comm)) != name || len(stat) == 0 {
+			continue
+		}
+		f := strings.Fields(string(stat[strings.LastIndexByte(string(stat), ')')+1:]))
+		if ppid, _ := strconv.Atoi(f[1]); ppid == os.Getpid() {
+			return pid
+		}
+	}
+	return 0
+}

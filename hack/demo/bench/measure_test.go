@@ -1,0 +1,171 @@
+package bench
+
+import (
+	"bufio"
+	"bytes"
+	"fmt"
+	"net/http"
+	"os"
+	"regexp"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	"k8s.io/client-go/rest"
+)
+
+// usage is what /proc says of one process.
+type usage struct {
+	CPU       time.Duration // user + system, since it started
+	RSS, Peak int64         // bytes: resident now, and its high-water mark
+}
+
+// clockTick is the kernel's USER_HZ, 100 on every Linux this runs on.
+const clockTick = 10 * time.Millisecond
+
+func procUsage(pid int) (usage, error) {
+	var u usage
+	stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return u, err
+	}
+	// Fields after the command name (which may hold spaces) start at
+	// field 3; utime and stime are fields 14 and 15.
+	f := strings.Fields(string(stat[bytes.LastIndexByte(stat, ')')+1:]))
+	utime, _ := strconv.ParseInt(f[11], 10, 64)
+	stime, _ := strconv.ParseInt(f[12], 10, 64)
+	u.CPU = time.Duration(utime+stime) * clockTick
+	status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return u, err
+	}
+	for _, line := range strings.Split(string(status), "\n") {
+		k, v, ok := strings.Cut(line, ":")
+		if !ok {
+			continue
+		}
+		kb, _ := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 10, 64)
+		switch k {
+		case "VmRSS":
+			u.RSS = kb << 10
+		case "VmHWM":
+			u.Peak = kb << 10
+		}
+	}
+	return u, nil
+}
+
+// scrape reads a Prometheus text endpoint into "name{labels}" -> value.
+func scrape(c *http.Client, url string) (map[string]float64, error) {
+	if c == nil {
+		c = http.DefaultClient
+	}
+	resp, err := c.Get(url)
+	if err != nil {
+		return nil, err
+	}
+	defer func() { _ = resp.Body.Close() }()
+	if resp.StatusCode != http.StatusOK {
+		return nil, fmt.Errorf("%s: %s", url, resp.Status)
+	}
+	out := map[string]float64{}
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	for sc.Scan() {
+		line := sc.Text()
+		if line == "" || line[0] == '#' {
+			continue
+		}
+		i := strings.LastIndexByte(line, ' ')
+		if v, err := strconv.ParseFloat(line[i+1:], 64); err == nil {
+			out[line[:i]] = v
+		}
+	}
+	return out, sc.Err()
+}
+
+func sumPrefix(m map[string]float64, prefix string) float64 {
+	total := 0.0
+	for k, v := range m {
+		if strings.HasPrefix(k, prefix) {
+			total += v
+		}
+	}
+	return total
+}
+
+// writes counts the API server's own tally of mutating requests.
+type writes struct {
+	ProxyCreates, ProxyOther, Events, All float64
+	// Conflicts are writes refused for a stale resourceVersion (409).
+	Conflicts float64
+}
+
+var requestRe = regexp.MustCompile(`^apiserver_request_total\{(.*)\}$`)
+var labelRe = regexp.MustCompile(`(\w+)="([^"]*)"`)
+
+func apiWrites(c *http.Client, host string) (writes, error) {
+	m, err := scrape(c, strings.TrimSuffix(host, "/")+"/metrics")
+	if err != nil {
+		return writes{}, err
+	}
+	var w writes
+	for k, v := range m {
+		g := requestRe.FindStringSubmatch(k)
+		if g == nil {
+			continue
+		}
+		l := map[string]string{}
+		for _, kv := range labelRe.FindAllStringSubmatch(g[1], -1) {
+			l[kv[1]] = kv[2]
+		}
+		switch l["verb"] {
+		case "POST", "PUT", "PATCH", "APPLY", "DELETE", "DELETECOLLECTION":
+		default:
+			continue
+		}
+		w.All += v
+		if l["code"] == "409" {
+			w.Conflicts += v
+		}
+		switch {
+		case l["resource"] == "proxies" && l["verb"] == "POST" && l["subresource"] == "":
+			w.ProxyCreates += v
+		case l["resource"] == "proxies":
+			w.ProxyOther += v
+		case l["resource"] == "events":
+			w.Events += v
+		}
+	}
+	return w, nil
+}
+
+func (w writes) minus(o writes) writes {
+	return writes{w.ProxyCreates - o.ProxyCreates, w.ProxyOther - o.ProxyOther, w.Events - o.Events, w.All - o.All, w.Conflicts - o.Conflicts}
+}
+
+// apiClient is an HTTP client that authenticates to the API server as cfg does.
+func apiClient(cfg *rest.Config) (*http.Client, error) { return rest.HTTPClientFor(cfg) }
+
+// percentiles returns p50 and p99 of ds (which it sorts).
+func percentiles(ds []time.Duration) (p50, p99 time.Duration) {
+	if len(ds) == 0 {
+		return 0, 0
+	}
+	sort.Slice(ds, func(i, j int) bool { return ds[i] < ds[j] })
+	return ds[len(ds)/2], ds[min(len(ds)-1, len(ds)*99/100)]
+}
+
+// timeCalls runs call n times in a row and returns the latencies.
+func timeCalls(n int, call func() error) ([]time.Duration, error) {
+	out := make([]time.Duration, 0, n)
+	for range n {
+		t := time.Now()
+		if err := call(); err != nil {
+			return nil, err
+		}
+		out = append(out, time.Since(t))
+	}
+	return out, nil
+}
