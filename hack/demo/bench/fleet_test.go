@@ -44,6 +44,7 @@ const ns = "fleet"
 // FLEET_INTERVAL (default: the demo's 2 s up to 1,000 proxies, the
 // controller's default 30 s above), each probe bounded by FLEET_TIMEOUT
 // (the demo's 2 s, or the default 10 s with the 30 s interval).
+// FLEET_CONTROLLER_ARGS adds controller flags, to try other settings.
 func settings(b *testing.B) (n int, interval, timeout time.Duration) {
 	n = 1000
 	if v := os.Getenv("FLEET_N"); v != "" {
@@ -77,6 +78,7 @@ type watcher struct {
 	n        int
 	mu       sync.Mutex
 	good     map[string]bool
+	goodN    int
 	ready    map[string]bool
 	allGood  chan struct{}
 	once     sync.Once
@@ -92,6 +94,9 @@ func (w *watcher) see(o any) {
 	good := px.Status.Phase == v1.PhaseReady && px.Status.Healthy &&
 		meta.IsStatusConditionTrue(px.Status.Conditions, v1.ConditionHealthy)
 	w.mu.Lock()
+	if was := w.good[px.Name]; was != good {
+		w.goodN += map[bool]int{true: 1, false: -1}[good]
+	}
 	w.good[px.Name] = good
 	if px.Status.Phase == v1.PhaseReady {
 		w.ready[px.Name] = true
@@ -99,12 +104,7 @@ func (w *watcher) see(o any) {
 			w.allReady = time.Since(w.start)
 		}
 	}
-	count := 0
-	for _, g := range w.good {
-		if g {
-			count++
-		}
-	}
+	count := w.goodN
 	w.mu.Unlock()
 	if count == w.n {
 		w.once.Do(func() { close(w.allGood) })
@@ -114,12 +114,7 @@ func (w *watcher) see(o any) {
 func (w *watcher) count() (good, seen int) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	for _, g := range w.good {
-		if g {
-			good++
-		}
-	}
-	return good, len(w.good)
+	return w.goodN, len(w.good)
 }
 
 type procRow struct {
@@ -144,7 +139,8 @@ func BenchmarkFleet(b *testing.B) {
 	say := func(format string, args ...any) { fmt.Printf("[fleet] "+format+"\n", args...) }
 
 	say("starting the system: API server, Redis, controller, 3 probers, 2 brokers (health interval %s, timeout %s)", interval, timeout)
-	s := system.Start(b, env, system.Options{Probers: 3, Brokers: 2, HealthInterval: interval, HealthTimeout: timeout})
+	s := system.Start(b, env, system.Options{Probers: 3, Brokers: 2, HealthInterval: interval, HealthTimeout: timeout,
+		ControllerArgs: strings.Fields(os.Getenv("FLEET_CONTROLLER_ARGS"))})
 	var squids []*proc.Squid
 	for i := range 4 {
 		squids = append(squids, proc.StartSquid(b, fmt.Sprintf("127.0.9.%d", i+1), false))
@@ -209,33 +205,34 @@ func BenchmarkFleet(b *testing.B) {
 	}
 	usage0 := usageOf()
 
+	if dir := os.Getenv("FLEET_PROFILE"); dir != "" {
+		// A CPU profile of the controller over the bring-up, for whoever
+		// makes it faster next.
+		go func() {
+			path := dir + "/controller-bringup.cpu.pprof"
+			resp, err := http.Get(fmt.Sprintf("http://%s/debug/pprof/profile?seconds=%d", s.ControllerPprof, int((bound + 20*time.Second).Seconds())))
+			if err != nil {
+				say("profile: %v", err)
+				return
+			}
+			defer func() { _ = resp.Body.Close() }()
+			body, _ := io.ReadAll(resp.Body)
+			if err := os.WriteFile(path, body, 0o644); err == nil {
+				say("controller CPU profile: %s", path)
+			}
+		}()
+	}
 	say("applying %d External Proxies (32 writers) fronting %d Squids", n, len(squids))
 	b.ResetTimer()
 	start := time.Now()
 	w.mu.Lock()
 	w.start = start
 	w.mu.Unlock()
-	next := make(chan int)
-	var wg sync.WaitGroup
-	var createErr error
-	var errOnce sync.Once
-	for range 32 {
-		wg.Go(func() {
-			for i := range next {
-				sq := squids[i%len(squids)]
-				px := &v1.Proxy{ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("px-%05d", i), Namespace: ns},
-					Spec: v1.ProxySpec{Mode: v1.ModeExternal, Address: sq.Host, Port: int32(sq.Port), Attributes: map[string]string{"geo": "local"}}}
-				if err := env.Client.Create(ctx, px); err != nil {
-					errOnce.Do(func() { createErr = err })
-				}
-			}
-		})
-	}
-	for i := range n {
-		next <- i
-	}
-	close(next)
-	wg.Wait()
+	createErr := parallel(32, n, func(i int) error {
+		sq := squids[i%len(squids)]
+		return env.Client.Create(ctx, &v1.Proxy{ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("px-%05d", i), Namespace: ns},
+			Spec: v1.ProxySpec{Mode: v1.ModeExternal, Address: sq.Host, Port: int32(sq.Port), Attributes: map[string]string{"geo": "local"}}})
+	})
 	applied := time.Since(start)
 	if createErr != nil {
 		b.Fatalf("creating Proxies: %v", createErr)
@@ -262,6 +259,10 @@ wait:
 	bringUp := time.Since(start)
 	b.StopTimer()
 	usage1 := usageOf()
+	ctrlMetrics, err := scrape(nil, "http://"+s.ControllerMetrics+"/metrics")
+	if err != nil {
+		b.Fatal(err)
+	}
 	writes1, err := apiWrites(api, env.Config.Host)
 	if err != nil {
 		b.Fatal(err)
@@ -431,6 +432,21 @@ wait:
 		b.Fatal(err)
 	}
 
+	// The bring-up's baseline, once every service is stopped so that the
+	// API server (still holding the fleet) does nothing else.
+	s.Controller.Kill()
+	for _, p := range s.Probers {
+		p.Kill()
+	}
+	for _, br := range s.Brokers {
+		br.Proc.Kill()
+	}
+	say("baseline: the API server alone taking the bring-up's %d writes (32 writers, the services stopped)", 3*n)
+	floor, err := apiFloor(ctx, env.Client, n)
+	if err != nil {
+		b.Fatalf("API floor: %v", err)
+	}
+
 	// The report.
 	fmt.Println()
 	say("N=%d, interval %s, timeout %s, success threshold %d, on %d CPUs", n, interval, timeout, successThreshold, runtime.NumCPU())
@@ -441,14 +457,29 @@ wait:
 	_, _ = fmt.Fprintf(out, "all Ready (the lifecycle's part), from the start of the apply\t%s\t\t\n", w.allReady.Round(time.Millisecond))
 	_, _ = fmt.Fprintf(out, "all Ready and Healthy, from the start of the apply\t%s\tschedule bound %s\t%.2f (target: bound + %s)\n",
 		bringUp.Round(time.Millisecond), bound, bringUp.Seconds()/bound.Seconds(), map[bool]time.Duration{true: 10 * time.Second, false: time.Minute}[n <= 1000])
+	_, _ = fmt.Fprintf(out, "  the same, against the API server's own floor for its writes\t%s\tAPI floor %s\t%.2f\n",
+		bringUp.Round(time.Millisecond), floor.Round(time.Millisecond), bringUp.Seconds()/floor.Seconds())
 	probed := 0.0
 	for _, v := range probes0 {
 		probed += v
 	}
+	mean := func(hist, labels string) string {
+		sum, count := ctrlMetrics[hist+"_sum"+labels], ctrlMetrics[hist+"_count"+labels]
+		if count == 0 {
+			return "-"
+		}
+		return (time.Duration(sum / count * float64(time.Second))).Round(100 * time.Microsecond).String()
+	}
+	_, _ = fmt.Fprintf(out, "  in the controller, mean: lifecycle queue wait / reconcile; health write queue wait / write\t%s / %s; %s / %s\t\t\n",
+		mean("workqueue_queue_duration_seconds", `{controller="proxy-lifecycle",name="proxy-lifecycle"}`),
+		mean("controller_runtime_reconcile_time_seconds", `{controller="proxy-lifecycle"}`),
+		mean("workqueue_queue_duration_seconds", `{controller="proxy_health_status",name="proxy_health_status"}`),
+		mean("workqueue_work_duration_seconds", `{controller="proxy_health_status",name="proxy_health_status"}`))
 	_, _ = fmt.Fprintf(out, "probes in bring-up (failed)\t%.0f (%.0f)\t\t\n", probed, failed0)
 	_, _ = fmt.Fprintf(out, "API writes/proxy in bring-up, all (the apply's create included)\t%s\t3 (create, lifecycle status, first verdict)\t%.2f\n", perProxy(upW.All), upW.All/float64(n)/3)
 	_, _ = fmt.Fprintf(out, "  Proxy creates / Proxy status and other writes / Event writes / refused as conflicts\t%s / %s / %s / %s\t\t\n",
 		perProxy(upW.ProxyCreates), perProxy(upW.ProxyOther), perProxy(upW.Events), perProxy(upW.Conflicts))
+	_, _ = fmt.Fprintf(out, "  Proxy LISTs in bring-up (a watch the API server dropped is re-listed)\t%.0f\t0\t\n", upW.ProxyLists)
 	steadyPerHour := (steadyW.ProxyCreates + steadyW.ProxyOther) / float64(n) * time.Hour.Seconds() / window.Seconds()
 	_, _ = fmt.Fprintf(out, "Proxy writes/proxy/hour, steady (%s window)\t%.2f\t0 (transitions only)\t\n", window, steadyPerHour)
 	_, _ = fmt.Fprintf(out, "  all API writes in the window (leader election included)\t%.0f\t\t\n", steadyW.All)

@@ -3,6 +3,7 @@ package bench
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"fmt"
 	"net/http"
 	"os"
@@ -10,9 +11,16 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/rest"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	v1 "github.com/egress-proxies/egress-proxies/pkg/api/v1alpha1"
 )
 
 // usage is what /proc says of one process.
@@ -100,6 +108,9 @@ type writes struct {
 	ProxyCreates, ProxyOther, Events, All float64
 	// Conflicts are writes refused for a stale resourceVersion (409).
 	Conflicts float64
+	// ProxyLists counts LISTs of Proxies: an informer lists once at
+	// start, and again only when the API server dropped its watch.
+	ProxyLists float64
 }
 
 var requestRe = regexp.MustCompile(`^apiserver_request_total\{(.*)\}$`)
@@ -119,6 +130,9 @@ func apiWrites(c *http.Client, host string) (writes, error) {
 		l := map[string]string{}
 		for _, kv := range labelRe.FindAllStringSubmatch(g[1], -1) {
 			l[kv[1]] = kv[2]
+		}
+		if l["verb"] == "LIST" && l["resource"] == "proxies" {
+			w.ProxyLists += v
 		}
 		switch l["verb"] {
 		case "POST", "PUT", "PATCH", "APPLY", "DELETE", "DELETECOLLECTION":
@@ -142,7 +156,7 @@ func apiWrites(c *http.Client, host string) (writes, error) {
 }
 
 func (w writes) minus(o writes) writes {
-	return writes{w.ProxyCreates - o.ProxyCreates, w.ProxyOther - o.ProxyOther, w.Events - o.Events, w.All - o.All, w.Conflicts - o.Conflicts}
+	return writes{w.ProxyCreates - o.ProxyCreates, w.ProxyOther - o.ProxyOther, w.Events - o.Events, w.All - o.All, w.Conflicts - o.Conflicts, w.ProxyLists - o.ProxyLists}
 }
 
 // apiClient is an HTTP client that authenticates to the API server as cfg does.
@@ -168,4 +182,74 @@ func timeCalls(n int, call func() error) ([]time.Duration, error) {
 		out = append(out, time.Since(t))
 	}
 	return out, nil
+}
+
+// apiFloor is the bring-up's baseline: the API server taking the same
+// writes the fleet's bring-up needs (a create, the lifecycle's status, the
+// first verdict, per proxy) from 32 writers, with nothing else running and
+// nothing to wait for between them. No controller can bring a fleet up
+// faster than its API server takes these writes. The proxies are deleted
+// again before it returns.
+func apiFloor(ctx context.Context, c client.Client, n int) (time.Duration, error) {
+	const floorNS = "api-floor"
+	if err := c.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: floorNS}}); err != nil {
+		return 0, err
+	}
+	start := time.Now()
+	err := parallel(32, n, func(i int) error {
+		px := &v1.Proxy{ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("px-%05d", i), Namespace: floorNS},
+			Spec: v1.ProxySpec{Mode: v1.ModeExternal, Address: "127.0.9.1", Port: 3128, Attributes: map[string]string{"geo": "local"}}}
+		if err := c.Create(ctx, px); err != nil {
+			return err
+		}
+		for _, step := range []func(*v1.Proxy){
+			func(px *v1.Proxy) {
+				px.Status.Phase, px.Status.IP, px.Status.Port = v1.PhaseReady, px.Spec.Address, px.Spec.Port
+				meta.SetStatusCondition(&px.Status.Conditions, metav1.Condition{Type: v1.ConditionReady, Status: metav1.ConditionTrue, Reason: v1.ReasonTracking, Message: "tracking external proxy at 127.0.9.1:3128"})
+				meta.SetStatusCondition(&px.Status.Conditions, metav1.Condition{Type: v1.ConditionHealthy, Status: metav1.ConditionUnknown, Reason: v1.ReasonNotProbed, Message: "not probed yet"})
+			},
+			func(px *v1.Proxy) {
+				px.Status.Healthy, px.Status.EgressIP = true, "127.0.0.1"
+				meta.SetStatusCondition(&px.Status.Conditions, metav1.Condition{Type: v1.ConditionHealthy, Status: metav1.ConditionTrue, Reason: v1.ReasonProbeSucceeded, Message: "probes through the proxy pass (3ms)"})
+			},
+		} {
+			base := px.DeepCopy()
+			step(px)
+			if err := c.Status().Patch(ctx, px, client.MergeFromWithOptions(base, client.MergeFromWithOptimisticLock{})); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	took := time.Since(start)
+	if err != nil {
+		return 0, err
+	}
+	if err := c.DeleteAllOf(ctx, &v1.Proxy{}, client.InNamespace(floorNS)); err != nil {
+		return 0, err
+	}
+	return took, nil
+}
+
+// parallel runs f(0..n-1) on workers goroutines and returns the first error.
+func parallel(workers, n int, f func(i int) error) error {
+	next := make(chan int)
+	var wg sync.WaitGroup
+	var first error
+	var once sync.Once
+	for range workers {
+		wg.Go(func() {
+			for i := range next {
+				if err := f(i); err != nil {
+					once.Do(func() { first = err })
+				}
+			}
+		})
+	}
+	for i := range n {
+		next <- i
+	}
+	close(next)
+	wg.Wait()
+	return first
 }

@@ -202,6 +202,8 @@ func TestValuesThatBreakTheSchemaAreNamed(t *testing.T) {
 		{"broker.leaseCap=-1", "broker/leaseCap"},
 		{"controller.health.interval=soon", "controller/health/interval"},
 		{"prober.replcas=3", "replcas"},
+		{"controller.scale.kubeAPIQPS=0", "controller/scale/kubeAPIQPS"},
+		{"controller.scale.resyncInterval=often", "controller/scale/resyncInterval"},
 	} {
 		out, err := helm(t, "template", "ep", chart, "--set", c.set)
 		require.Error(t, err, c.set)

@@ -30,6 +30,9 @@ type Options struct {
 	HealthInterval time.Duration
 	// HealthTimeout bounds one probe; 0 means 2s.
 	HealthTimeout time.Duration
+	// ControllerArgs are appended to the controller's flags (a later flag
+	// wins), to try other settings.
+	ControllerArgs []string
 	// GCInterval and GCGrace of orphan GC.
 	GCInterval, GCGrace time.Duration
 	// CuttableAPIServer routes every service to the API server through a
@@ -55,7 +58,9 @@ type System struct {
 	// ControllerArgs restart the controller as it was.
 	ControllerArgs    []string
 	ControllerMetrics string
-	Probers           []*proc.Process
+	// ControllerPprof serves the controller's /debug/pprof.
+	ControllerPprof string
+	Probers         []*proc.Process
 	// ProberOps are the probers' ops addresses (/metrics), by index.
 	ProberOps []string
 	Brokers   []*Broker
@@ -132,15 +137,18 @@ func Start(t proc.T, env *testenv.Env, o Options) *System {
 	o.Step("starting the controller (probe endpoint, health checks through every proxy)")
 	probeAddr := proc.Addr(proc.FreePort(t))
 	s.ControllerMetrics = proc.Addr(proc.FreePort(t))
+	s.ControllerPprof = proc.Addr(proc.FreePort(t))
 	s.ControllerArgs = []string{
 		"--kubeconfig", s.Kubeconfig, "--namespace", "egress-proxies-system", "--providers-config", providers,
 		"--metrics-bind-address", s.ControllerMetrics, "--health-probe-bind-address", proc.Addr(proc.FreePort(t)),
+		"--pprof-bind-address", s.ControllerPprof,
 		"--leader-election-lease-duration", "4s", "--poll-interval", "200ms",
 		"--probe-addr", probeAddr, "--probe-token-file", s.token,
 		"--health-url", s.Target.URL + "/ip", "--health-expected-status", "200", "--health-echo-format", "text",
 		"--health-interval", o.HealthInterval.String(), "--health-timeout", o.HealthTimeout.String(),
 		"--gc-interval", o.GCInterval.String(), "--gc-grace-period", o.GCGrace.String(),
 	}
+	s.ControllerArgs = append(s.ControllerArgs, o.ControllerArgs...)
 	s.StartController()
 
 	o.Step("starting %d probers", o.Probers)

@@ -38,6 +38,7 @@ type Options struct {
 	Kubeconfig       string
 	MetricsAddr      string
 	HealthAddr       string
+	PprofAddr        string
 	LeaderElect      bool
 	LeaderElectionID string
 	LeaderElectionNS string
@@ -65,6 +66,7 @@ func (o *Options) Register(fs *flag.FlagSet) {
 	fs.StringVar(&o.Kubeconfig, "kubeconfig", "", "kubeconfig file; empty means in-cluster config or $KUBECONFIG")
 	fs.StringVar(&o.MetricsAddr, "metrics-bind-address", ":8080", "address of /metrics")
 	fs.StringVar(&o.HealthAddr, "health-probe-bind-address", ":8081", "address of /healthz and /readyz")
+	fs.StringVar(&o.PprofAddr, "pprof-bind-address", "", "address of Go's /debug/pprof profiles; empty means off")
 	fs.BoolVar(&o.LeaderElect, "leader-elect", true, "elect a leader so only one replica acts")
 	fs.StringVar(&o.LeaderElectionID, "leader-election-id", "egress-proxies-controller", "name of the leader-election Lease")
 	fs.StringVar(&o.LeaderElectionNS, "leader-election-namespace", "", "namespace of the leader-election Lease; empty means the pod's own")
@@ -163,6 +165,7 @@ func Run(ctx context.Context, log *slog.Logger, o Options) error {
 		Scheme:                  kube.NewScheme(),
 		Metrics:                 metricsserver.Options{BindAddress: o.MetricsAddr},
 		HealthProbeBindAddress:  o.HealthAddr,
+		PprofBindAddress:        o.PprofAddr,
 		LeaderElection:          o.LeaderElect,
 		LeaderElectionID:        o.LeaderElectionID,
 		LeaderElectionNamespace: firstNonEmpty(o.LeaderElectionNS, namespace),
