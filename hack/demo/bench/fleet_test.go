@@ -32,6 +32,7 @@ import (
 	"github.com/egress-proxies/egress-proxies/pkg/assignment"
 	"github.com/egress-proxies/egress-proxies/pkg/testenv"
 	"github.com/egress-proxies/egress-proxies/pkg/testutil/proc"
+	"github.com/egress-proxies/egress-proxies/pkg/testutil/promtext"
 )
 
 var env *testenv.Env
@@ -259,7 +260,7 @@ wait:
 	bringUp := time.Since(start)
 	b.StopTimer()
 	usage1 := usageOf()
-	ctrlMetrics, err := scrape(nil, "http://"+s.ControllerMetrics+"/metrics")
+	ctrlMetrics, err := promtext.Scrape(nil, "http://"+s.ControllerMetrics+"/metrics")
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -298,7 +299,7 @@ wait:
 	probes := map[string]float64{}
 	for _, r := range rows {
 		if r.ops != "" {
-			m, err := scrape(nil, "http://"+r.ops+"/metrics")
+			m, err := promtext.Scrape(nil, "http://"+r.ops+"/metrics")
 			if err != nil {
 				b.Fatal(err)
 			}
@@ -339,7 +340,7 @@ wait:
 	killedAt := time.Now()
 	var reprobe []time.Duration
 	for {
-		m, err := scrape(nil, metricsURL)
+		m, err := promtext.Scrape(nil, metricsURL)
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -537,7 +538,7 @@ func bytesPer(rss int64, n float64) string {
 
 // proberProbes reads a prober's probe counters: all, and failed.
 func proberProbes(b *testing.B, ops string) (all, failed float64) {
-	m, err := scrape(nil, "http://"+ops+"/metrics")
+	m, err := promtext.Scrape(nil, "http://"+ops+"/metrics")
 	if err != nil {
 		b.Fatal(err)
 	}

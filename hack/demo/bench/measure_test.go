@@ -1,7 +1,6 @@
 package bench
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"fmt"
@@ -21,6 +20,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	v1 "github.com/egress-proxies/egress-proxies/pkg/api/v1alpha1"
+	"github.com/egress-proxies/egress-proxies/pkg/testutil/promtext"
 )
 
 // usage is what /proc says of one process.
@@ -64,45 +64,6 @@ func procUsage(pid int) (usage, error) {
 	return u, nil
 }
 
-// scrape reads a Prometheus text endpoint into "name{labels}" -> value.
-func scrape(c *http.Client, url string) (map[string]float64, error) {
-	if c == nil {
-		c = http.DefaultClient
-	}
-	resp, err := c.Get(url)
-	if err != nil {
-		return nil, err
-	}
-	defer func() { _ = resp.Body.Close() }()
-	if resp.StatusCode != http.StatusOK {
-		return nil, fmt.Errorf("%s: %s", url, resp.Status)
-	}
-	out := map[string]float64{}
-	sc := bufio.NewScanner(resp.Body)
-	sc.Buffer(make([]byte, 1<<20), 1<<20)
-	for sc.Scan() {
-		line := sc.Text()
-		if line == "" || line[0] == '#' {
-			continue
-		}
-		i := strings.LastIndexByte(line, ' ')
-		if v, err := strconv.ParseFloat(line[i+1:], 64); err == nil {
-			out[line[:i]] = v
-		}
-	}
-	return out, sc.Err()
-}
-
-func sumPrefix(m map[string]float64, prefix string) float64 {
-	total := 0.0
-	for k, v := range m {
-		if strings.HasPrefix(k, prefix) {
-			total += v
-		}
-	}
-	return total
-}
-
 // writes counts the API server's own tally of mutating requests.
 type writes struct {
 	ProxyCreates, ProxyOther, Events, All float64
@@ -117,7 +78,7 @@ var requestRe = regexp.MustCompile(`^apiserver_request_total\{(.*)\}$`)
 var labelRe = regexp.MustCompile(`(\w+)="([^"]*)"`)
 
 func apiWrites(c *http.Client, host string) (writes, error) {
-	m, err := scrape(c, strings.TrimSuffix(host, "/")+"/metrics")
+	m, err := promtext.Scrape(c, strings.TrimSuffix(host, "/")+"/metrics")
 	if err != nil {
 		return writes{}, err
 	}

@@ -4,11 +4,9 @@
 package fleet
 
 import (
-	"bufio"
 	"context"
 	"fmt"
 	"net"
-	"net/http"
 	"os"
 	"regexp"
 	"strconv"
@@ -26,6 +24,7 @@ import (
 	v1 "github.com/egress-proxies/egress-proxies/pkg/api/v1alpha1"
 	"github.com/egress-proxies/egress-proxies/pkg/testenv"
 	"github.com/egress-proxies/egress-proxies/pkg/testutil/proc"
+	"github.com/egress-proxies/egress-proxies/pkg/testutil/promtext"
 	"github.com/egress-proxies/egress-proxies/pkg/testutil/tlstarget"
 )
 
@@ -79,42 +78,17 @@ func waitHealth(t *testing.T, ns, name string, want metav1.ConditionStatus, msg 
 	return last
 }
 
-// scrape reads a Prometheus text endpoint into "name{labels}" -> value.
-func scrape(t *testing.T, url string) map[string]float64 {
+// scrape reads a process's /metrics.
+func scrape(t *testing.T, url string) promtext.Samples {
 	t.Helper()
-	resp, err := http.Get(url)
+	m, err := promtext.Scrape(nil, url)
 	require.NoError(t, err)
-	defer func() { _ = resp.Body.Close() }()
-	out := map[string]float64{}
-	sc := bufio.NewScanner(resp.Body)
-	sc.Buffer(make([]byte, 1<<20), 1<<20)
-	for sc.Scan() {
-		line := sc.Text()
-		if strings.HasPrefix(line, "#") || line == "" {
-			continue
-		}
-		i := strings.LastIndex(line, " ")
-		v, err := strconv.ParseFloat(line[i+1:], 64)
-		if err == nil {
-			out[line[:i]] = v
-		}
-	}
-	return out
-}
-
-func sum(m map[string]float64, prefix string) float64 {
-	total := 0.0
-	for k, v := range m {
-		if strings.HasPrefix(k, prefix) {
-			total += v
-		}
-	}
-	return total
+	return m
 }
 
 var lastProbeRe = regexp.MustCompile(`^proxy_operator_healthcheck_last_timestamp_seconds\{name="([^"]+)",namespace="([^"]+)"\}$`)
 
-func lastProbes(m map[string]float64, ns string) map[string]float64 {
+func lastProbes(m promtext.Samples, ns string) map[string]float64 {
 	out := map[string]float64{}
 	for k, v := range m {
 		if g := lastProbeRe.FindStringSubmatch(k); g != nil && g[2] == ns {
@@ -180,7 +154,7 @@ func TestProbeFleetEndToEnd(t *testing.T) {
 	t.Run("each proxy has exactly one prober", func(t *testing.T) {
 		require.Eventually(t, func() bool {
 			m := scrape(t, metricsURL)
-			return sum(m, "proxy_operator_probe_assignments{") == 5 && m["proxy_operator_probers_connected"] == 3
+			return m.Sum("proxy_operator_probe_assignments{") == 5 && m["proxy_operator_probers_connected"] == 3
 		}, 10*time.Second, 50*time.Millisecond)
 	})
 
@@ -188,9 +162,9 @@ func TestProbeFleetEndToEnd(t *testing.T) {
 		before := scrape(t, metricsURL)
 		time.Sleep(10 * interval)
 		after := scrape(t, metricsURL)
-		probes := sum(after, "proxy_operator_healthcheck_total{") - sum(before, "proxy_operator_healthcheck_total{")
+		probes := after.Sum("proxy_operator_healthcheck_total{") - before.Sum("proxy_operator_healthcheck_total{")
 		assert.GreaterOrEqual(t, probes, 5*6.0, "probes kept running")
-		assert.Equal(t, sum(before, `proxy_operator_status_writes_total{writer="health"}`), sum(after, `proxy_operator_status_writes_total{writer="health"}`), "%v probes, no writes", probes)
+		assert.Equal(t, before.Sum(`proxy_operator_status_writes_total{writer="health"}`), after.Sum(`proxy_operator_status_writes_total{writer="health"}`), "%v probes, no writes", probes)
 	})
 
 	t.Run("a killed prober's proxies are probed again within one interval", func(t *testing.T) {
@@ -198,7 +172,7 @@ func TestProbeFleetEndToEnd(t *testing.T) {
 		killed := float64(time.Now().Unix())
 		require.Eventually(t, func() bool {
 			m := scrape(t, metricsURL)
-			if m["proxy_operator_probers_connected"] != 2 || sum(m, "proxy_operator_probe_assignments{") != 5 {
+			if m["proxy_operator_probers_connected"] != 2 || m.Sum("proxy_operator_probe_assignments{") != 5 {
 				return false
 			}
 			last := lastProbes(m, ns)
@@ -220,8 +194,8 @@ func TestProbeFleetEndToEnd(t *testing.T) {
 		proc.WaitHTTP(t, ctrl, metricsURL, 60*time.Second)
 		require.Eventually(t, func() bool {
 			m := scrape(t, metricsURL)
-			return m["proxy_operator_probers_connected"] == 2 && sum(m, "proxy_operator_probe_assignments{") == 5 &&
-				sum(m, "proxy_operator_healthcheck_total{") > 5
+			return m["proxy_operator_probers_connected"] == 2 && m.Sum("proxy_operator_probe_assignments{") == 5 &&
+				m.Sum("proxy_operator_healthcheck_total{") > 5
 		}, 60*time.Second, 200*time.Millisecond, "probers never came back to the new leader")
 		assert.True(t, get(t, ns, "squid").Status.Healthy, "a restart does not flap health")
 	})

@@ -6,8 +6,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net/http"
-	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -30,6 +28,7 @@ import (
 	"github.com/egress-proxies/egress-proxies/pkg/auth"
 	probev1 "github.com/egress-proxies/egress-proxies/pkg/gen/egressproxies/probe/v1"
 	"github.com/egress-proxies/egress-proxies/pkg/testutil/proc"
+	"github.com/egress-proxies/egress-proxies/pkg/testutil/promtext"
 )
 
 // startHub serves a hub on loopback with n targets; leader says whether
@@ -282,19 +281,11 @@ func TestFiftyThousandTargetsReachARealProber(t *testing.T) {
 		"--controller-addr", addr, "--id", "real", "--ops-addr", ops)
 	proc.WaitHTTP(t, prober, "http://"+ops+"/healthz", 60*time.Second)
 	metric := func(name string) float64 {
-		resp, err := http.Get("http://" + ops + "/metrics")
+		m, err := promtext.Scrape(nil, "http://"+ops+"/metrics")
 		if err != nil {
 			return -1
 		}
-		defer func() { _ = resp.Body.Close() }()
-		b, _ := io.ReadAll(resp.Body)
-		for _, line := range strings.Split(string(b), "\n") {
-			if v, ok := strings.CutPrefix(line, name+" "); ok {
-				f, _ := strconv.ParseFloat(v, 64)
-				return f
-			}
-		}
-		return 0
+		return m[name]
 	}
 	require.Eventually(t, func() bool { return metric("prober_assigned_targets") == n }, 60*time.Second, 100*time.Millisecond,
 		"the prober never held all %d targets; log %s", n, prober.LogPath)
