@@ -6,7 +6,6 @@ import (
 	"log/slog"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -59,8 +58,6 @@ type Engine struct {
 	state map[types.UID]*counter
 	queue workqueue.TypedRateLimitingInterface[types.UID]
 	once  sync.Once
-	// writing counts writes in progress.
-	writing atomic.Int64
 }
 
 // counter is the running state of one proxy instance.
@@ -75,6 +72,10 @@ type counter struct {
 	verdict *verdict
 	// egressIP is the address the target last echoed; "" if none.
 	egressIP string
+	// queued counts the times the proxy was put on the write queue;
+	// settled is the count a writer had seen when status last said what
+	// the engine wants. They differ while a write is owed.
+	queued, settled uint64
 }
 
 // verdict is one health decision and the result that made it.
@@ -166,6 +167,7 @@ func (e *Engine) Handle(_ context.Context, proberID string, r *probev1.ProbeResu
 		}
 	}
 	if changed {
+		c.queued++
 		e.queue.Add(uid)
 	}
 }
@@ -178,6 +180,7 @@ type wanted struct {
 	verdict  verdict
 	decided  bool
 	egressIP string
+	queued   uint64
 }
 
 func (e *Engine) wanted(uid types.UID) (wanted, bool) {
@@ -187,11 +190,36 @@ func (e *Engine) wanted(uid types.UID) (wanted, bool) {
 	if !ok {
 		return wanted{}, false
 	}
-	w := wanted{key: c.key, addr: c.addr, egressIP: c.egressIP}
+	w := wanted{key: c.key, addr: c.addr, egressIP: c.egressIP, queued: c.queued}
 	if c.verdict != nil {
 		w.verdict, w.decided = *c.verdict, true
 	}
 	return w, true
+}
+
+// settle records that status says what the engine wanted when it had
+// queued the proxy q times.
+func (e *Engine) settle(uid types.UID, q uint64) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if c, ok := e.state[uid]; ok && c.settled < q {
+		c.settled = q
+	}
+}
+
+// idle reports whether no write is owed: every verdict and egress IP the
+// engine decided is in status, or about a proxy that is gone. Writes
+// waiting out a retry backoff are owed.
+func (e *Engine) idle() bool {
+	e.init()
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	for _, c := range e.state {
+		if c.settled != c.queued {
+			return false
+		}
+	}
+	return true
 }
 
 // Pending is how many proxies wait for a health write.

@@ -54,11 +54,10 @@ func (e *Engine) next(ctx context.Context) bool {
 	if shutdown {
 		return false
 	}
-	e.writing.Add(1)
-	defer e.writing.Add(-1)
 	defer e.queue.Done(uid)
-	switch err := e.write(ctx, uid); {
+	switch q, err := e.write(ctx, uid); {
 	case err == nil:
+		e.settle(uid, q)
 		e.queue.Forget(uid)
 	case errors.Is(err, errStale):
 		e.queue.AddRateLimited(uid)
@@ -70,18 +69,20 @@ func (e *Engine) next(ctx context.Context) bool {
 }
 
 // write makes the Proxy's status say what the engine decided for uid, if
-// it is still the instance the verdict is about.
-func (e *Engine) write(ctx context.Context, uid types.UID) error {
+// it is still the instance the verdict is about. It returns how often the
+// proxy had been queued when the decision it wrote (or found written) was
+// read.
+func (e *Engine) write(ctx context.Context, uid types.UID) (uint64, error) {
 	w, ok := e.wanted(uid)
 	if !ok {
-		return nil // no longer a target
+		return 0, nil // no longer a target
 	}
 	px := &v1.Proxy{}
 	if err := e.Client.Get(ctx, w.key, px); err != nil {
-		return client.IgnoreNotFound(err)
+		return w.queued, client.IgnoreNotFound(err)
 	}
 	if px.UID != uid || fmt.Sprintf("%s:%d", px.Status.IP, px.Status.Port) != w.addr {
-		return nil // replaced or gone since the probe ran; the informer re-arms the counter
+		return w.queued, nil // replaced or gone since the probe ran; the informer re-arms the counter
 	}
 	base := px.DeepCopy()
 	transition := false
@@ -105,7 +106,7 @@ func (e *Engine) write(ctx context.Context, uid types.UID) error {
 		px.Status.EgressIP = w.egressIP
 	}
 	if equality.Semantic.DeepEqual(base.Status, px.Status) {
-		return nil // coalesced: status already says it
+		return w.queued, nil // coalesced: status already says it
 	}
 
 	opts := []trace.SpanStartOption{trace.WithAttributes(attribute.String("proxy", w.key.String()), attribute.Bool("healthy", w.verdict.healthy))}
@@ -118,17 +119,13 @@ func (e *Engine) write(ctx context.Context, uid types.UID) error {
 	err := e.Client.Status().Patch(ctx, px, client.MergeFromWithOptions(base, client.MergeFromWithOptimisticLock{}))
 	switch {
 	case apierrors.IsConflict(err):
-		return errStale
+		return 0, errStale
 	case apierrors.IsNotFound(err):
-		return nil
+		return w.queued, nil
 	case err != nil:
 		span.RecordError(err)
-		return err
+		return 0, err
 	}
 	metrics.StatusWrites.WithLabelValues("health").Inc()
-	return nil
+	return w.queued, nil
 }
-
-// idle reports whether nothing waits to be written and nothing is being
-// written (a write waiting out a retry backoff does not count).
-func (e *Engine) idle() bool { return e.Pending() == 0 && e.writing.Load() == 0 }
