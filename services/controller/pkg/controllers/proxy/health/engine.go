@@ -115,11 +115,16 @@ func (e *Engine) track(key types.NamespacedName, uid types.UID, addr string, r r
 	c.failureThresh, c.successThresh = r.FailureThreshold, r.SuccessThreshold
 }
 
+// forget drops a target, and its probe-recency series with it: a fleet
+// that churns must not leave a series behind for every proxy it ever had.
 func (e *Engine) forget(uid types.UID) {
 	e.init()
 	e.mu.Lock()
-	delete(e.state, uid)
-	e.mu.Unlock()
+	defer e.mu.Unlock()
+	if c, ok := e.state[uid]; ok {
+		lastCheck.DeleteLabelValues(c.key.Namespace, c.key.Name)
+		delete(e.state, uid)
+	}
 }
 
 // Handle takes one result. It never calls the API server: when the result
@@ -133,9 +138,6 @@ func (e *Engine) Handle(_ context.Context, proberID string, r *probev1.ProbeResu
 	}
 	checks.WithLabelValues(result).Inc()
 	checkDuration.Observe(r.GetLatency().AsDuration().Seconds())
-	ns, name, _ := strings.Cut(r.GetId(), "/")
-	lastCheck.WithLabelValues(ns, name).Set(float64(r.GetFinishedAt().AsTime().UnixMilli()) / 1000)
-
 	uid := types.UID(r.GetUid())
 	e.mu.Lock()
 	defer e.mu.Unlock()
@@ -143,6 +145,7 @@ func (e *Engine) Handle(_ context.Context, proberID string, r *probev1.ProbeResu
 	if !ok {
 		return // not (or no longer) a target: a stale result
 	}
+	lastCheck.WithLabelValues(c.key.Namespace, c.key.Name).Set(float64(r.GetFinishedAt().AsTime().UnixMilli()) / 1000)
 	changed := false
 	at := metav1.NewTime(r.GetFinishedAt().AsTime().Truncate(time.Second))
 	if r.GetSuccess() {

@@ -233,6 +233,19 @@ func TestTargetChangesReachOnlyTheirProber(t *testing.T) {
 	assert.Equal(t, 1, a.fulls, "one full assignment per stream, deltas after")
 }
 
+// A proxy that stops being a target takes its probe-recency series with it.
+func TestARemovedTargetLeavesNoSeries(t *testing.T) {
+	h, _ := startHub(t, 3, true, nil)
+	for i := range 3 {
+		h.Engine.Handle(context.Background(), "p", &probev1.ProbeResult{Id: fmt.Sprintf("ns/p%03d", i), Uid: fmt.Sprintf("uid-%d", i), Success: true})
+	}
+	before := testutil.CollectAndCount(lastCheck)
+	h.remove("ns/p001", "uid-1")
+	assert.Equal(t, before-1, testutil.CollectAndCount(lastCheck))
+	h.Engine.Handle(context.Background(), "p", &probev1.ProbeResult{Id: "ns/p001", Uid: "uid-1", Success: true})
+	assert.Equal(t, before-1, testutil.CollectAndCount(lastCheck), "a late result about it adds none back")
+}
+
 func TestFollowerRefusesAndTokenIsRequired(t *testing.T) {
 	_, follower := startHub(t, 1, false, nil)
 	p := connect(t, follower, "x")
