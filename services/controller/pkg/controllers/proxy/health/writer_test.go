@@ -79,7 +79,7 @@ func TestAFleetWideFlipNeverStallsResultIntake(t *testing.T) {
 	defer func() { cancel(); <-done }()
 
 	p := connect(t, addr, "prober-0")
-	partition(t, n, p)
+	partitionWithin(t, 30*time.Second, n, p)
 	p.mu.Lock()
 	failures := make([]*probev1.ProbeResult, 0, n)
 	for _, tg := range p.targets {
