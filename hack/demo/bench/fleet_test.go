@@ -25,6 +25,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/rest"
 	toolscache "k8s.io/client-go/tools/cache"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 
@@ -155,7 +156,7 @@ func BenchmarkFleet(b *testing.B) {
 	for i := range 4 {
 		squids = append(squids, proc.StartSquid(b, fmt.Sprintf("127.0.9.%d", i+1), false))
 	}
-	api, err := apiClient(env.Config)
+	api, err := rest.HTTPClientFor(env.Config)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -374,36 +375,25 @@ wait:
 
 	// REST at this fleet size, each beside the same answer served from
 	// memory by a bare net/http server on loopback.
-	rest := s.Brokers[0].REST
+	broker := s.Brokers[0].REST
 	httpc := &http.Client{}
 	var listBody, leaseBody []byte
-	get := func(url string, keep *[]byte) func() error {
+	// call returns one timed request: its answer must be 200, and keep,
+	// when set, receives the body.
+	call := func(method, url, body string, keep *[]byte) func() error {
 		return func() error {
-			resp, err := httpc.Get(url)
+			req, err := http.NewRequest(method, url, strings.NewReader(body))
 			if err != nil {
 				return err
 			}
-			body, err := io.ReadAll(resp.Body)
-			_ = resp.Body.Close()
-			if resp.StatusCode != http.StatusOK {
-				return fmt.Errorf("GET %s: %s %s", url, resp.Status, body)
-			}
-			if keep != nil {
-				*keep = body
-			}
-			return err
-		}
-	}
-	post := func(url, body string, keep *[]byte) func() error {
-		return func() error {
-			resp, err := httpc.Post(url, "application/json", strings.NewReader(body))
+			resp, err := httpc.Do(req)
 			if err != nil {
 				return err
 			}
 			got, err := io.ReadAll(resp.Body)
 			_ = resp.Body.Close()
 			if resp.StatusCode != http.StatusOK {
-				return fmt.Errorf("POST %s: %s %s", url, resp.Status, got)
+				return fmt.Errorf("%s %s: %s %s", method, url, resp.Status, got)
 			}
 			if keep != nil {
 				*keep = got
@@ -411,7 +401,7 @@ wait:
 			return err
 		}
 	}
-	listLat, err := timeCalls(100, get(rest+"/v1/proxies?healthy=true", &listBody))
+	listLat, err := timeCalls(100, call(http.MethodGet, broker+"/v1/proxies?healthy=true", "", &listBody))
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -419,7 +409,7 @@ wait:
 	if err := json.Unmarshal(listBody, &listed); err != nil || len(listed.Proxies) != n {
 		b.Fatalf("the broker listed %d healthy proxies, want %d (%v)", len(listed.Proxies), n, err)
 	}
-	leaseLat, err := timeCalls(500, post(rest+"/v1/leases", `{"ttlSeconds":60}`, &leaseBody))
+	leaseLat, err := timeCalls(500, call(http.MethodPost, broker+"/v1/leases", `{"ttlSeconds":60}`, &leaseBody))
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -433,11 +423,11 @@ wait:
 		_, _ = w.Write(listBody)
 	}))
 	defer static.Close()
-	baseListLat, err := timeCalls(100, get(static.URL+"/v1/proxies", nil))
+	baseListLat, err := timeCalls(100, call(http.MethodGet, static.URL+"/v1/proxies", "", nil))
 	if err != nil {
 		b.Fatal(err)
 	}
-	baseLeaseLat, err := timeCalls(500, post(static.URL+"/v1/leases", `{"ttlSeconds":60}`, nil))
+	baseLeaseLat, err := timeCalls(500, call(http.MethodPost, static.URL+"/v1/leases", `{"ttlSeconds":60}`, nil))
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -16,7 +16,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	v1 "github.com/egress-proxies/egress-proxies/pkg/api/v1alpha1"
@@ -119,9 +118,6 @@ func apiWrites(c *http.Client, host string) (writes, error) {
 func (w writes) minus(o writes) writes {
 	return writes{w.ProxyCreates - o.ProxyCreates, w.ProxyOther - o.ProxyOther, w.Events - o.Events, w.All - o.All, w.Conflicts - o.Conflicts, w.ProxyLists - o.ProxyLists}
 }
-
-// apiClient is an HTTP client that authenticates to the API server as cfg does.
-func apiClient(cfg *rest.Config) (*http.Client, error) { return rest.HTTPClientFor(cfg) }
 
 // percentiles returns p50 and p99 of ds (which it sorts).
 func percentiles(ds []time.Duration) (p50, p99 time.Duration) {

@@ -225,8 +225,8 @@ func (e *Engine) idle() bool {
 	return true
 }
 
-// Pending is how many proxies wait for a health write.
-func (e *Engine) Pending() int {
+// pending is how many proxies wait on the queue for a health write.
+func (e *Engine) pending() int {
 	e.init()
 	return e.queue.Len()
 }

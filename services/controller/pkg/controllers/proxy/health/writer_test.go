@@ -93,12 +93,12 @@ func TestAFleetWideFlipNeverStallsResultIntake(t *testing.T) {
 
 	p.report(t, failures)
 	require.Eventually(t, func() bool { return taken() == taken0+n }, 20*time.Second, 5*time.Millisecond, "the stream stopped taking results in")
-	pending := e.Pending()
+	pending := e.pending()
 	assert.Greater(t, pending, n/2, "every result was taken in while most of the %d writes still waited", n)
 
 	p.report(t, failures) // the site is still down: a second round
 	require.Eventually(t, func() bool { return taken() == taken0+2*n }, 20*time.Second, 5*time.Millisecond, "the second round was not taken in")
-	assert.Positive(t, e.Pending(), "the second round too was taken in before the writes drained")
+	assert.Positive(t, e.pending(), "the second round too was taken in before the writes drained")
 
 	require.Eventually(t, func() bool {
 		list := &v1.ProxyList{}
