@@ -26,6 +26,7 @@ import (
 	"github.com/egress-proxies/egress-proxies/services/controller/pkg/controllers/proxy/garbagecollection"
 	"github.com/egress-proxies/egress-proxies/services/controller/pkg/controllers/proxy/health"
 	"github.com/egress-proxies/egress-proxies/services/controller/pkg/controllers/proxy/lifecycle"
+	"github.com/egress-proxies/egress-proxies/services/controller/pkg/probehub"
 	"github.com/egress-proxies/egress-proxies/services/controller/pkg/providers"
 	"github.com/egress-proxies/egress-proxies/services/controller/pkg/providers/gcp"
 	"github.com/egress-proxies/egress-proxies/services/controller/pkg/providers/kubernetes"
@@ -212,7 +213,7 @@ func Run(ctx context.Context, log *slog.Logger, o Options) error {
 	if !probeToken.Enabled() {
 		log.Warn("no --probe-token-file: the probe endpoint accepts any prober")
 	}
-	hub := &health.Hub{
+	hub := &probehub.Hub{
 		Engine:   &health.Engine{Client: mgr.GetClient(), Log: log.With("controller", "health"), Workers: o.HealthWriters},
 		Defaults: o.Health, Elected: mgr.Elected(), Addr: o.ProbeAddr, Token: probeToken, Log: log.With("controller", "probe-hub"),
 	}

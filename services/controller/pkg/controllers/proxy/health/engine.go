@@ -98,9 +98,9 @@ func (e *Engine) init() {
 	})
 }
 
-// track (re)arms the counter for a target; a new address (a replacement)
+// Track (re)arms the counter for a target; a new address (a replacement)
 // starts from what status says, which for a new instance is NotProbed.
-func (e *Engine) track(key types.NamespacedName, uid types.UID, addr string, r resolved, healthy *bool, egress string) {
+func (e *Engine) Track(key types.NamespacedName, uid types.UID, addr string, r Settings, healthy *bool, egress string) {
 	e.init()
 	e.mu.Lock()
 	defer e.mu.Unlock()
@@ -115,9 +115,9 @@ func (e *Engine) track(key types.NamespacedName, uid types.UID, addr string, r r
 	c.failureThresh, c.successThresh = r.FailureThreshold, r.SuccessThreshold
 }
 
-// forget drops a target, and its probe-recency series with it: a fleet
+// Forget drops a target, and its probe-recency series with it: a fleet
 // that churns must not leave a series behind for every proxy it ever had.
-func (e *Engine) forget(uid types.UID) {
+func (e *Engine) Forget(uid types.UID) {
 	e.init()
 	e.mu.Lock()
 	defer e.mu.Unlock()
@@ -210,10 +210,10 @@ func (e *Engine) settle(uid types.UID, q uint64) {
 	}
 }
 
-// idle reports whether no write is owed: every verdict and egress IP the
+// Idle reports whether no write is owed: every verdict and egress IP the
 // engine decided is in status, or about a proxy that is gone. Writes
 // waiting out a retry backoff are owed.
-func (e *Engine) idle() bool {
+func (e *Engine) Idle() bool {
 	e.init()
 	e.mu.Lock()
 	defer e.mu.Unlock()
@@ -223,12 +223,6 @@ func (e *Engine) idle() bool {
 		}
 	}
 	return true
-}
-
-// pending is how many proxies wait on the queue for a health write.
-func (e *Engine) pending() int {
-	e.init()
-	return e.queue.Len()
 }
 
 func phase(p probev1.ProbePhase) string {

@@ -68,11 +68,11 @@ func handle(t *testing.T, e *Engine, rs ...*probev1.ProbeResult) {
 	for _, r := range rs {
 		e.Handle(context.Background(), "p1", r)
 	}
-	require.Eventually(t, e.idle, 10*time.Second, 5*time.Millisecond, "the health writes never drained")
+	require.Eventually(t, e.Idle, 10*time.Second, 5*time.Millisecond, "the health writes never drained")
 }
 
-func track(e *Engine, px *v1.Proxy, addr string, r resolved) {
-	e.track(client.ObjectKeyFromObject(px), px.UID, addr, r, nil, "")
+func track(e *Engine, px *v1.Proxy, addr string, r Settings) {
+	e.Track(client.ObjectKeyFromObject(px), px.UID, addr, r, nil, "")
 }
 
 func healthCond(px *v1.Proxy) *metav1.Condition {
@@ -83,7 +83,7 @@ func TestThresholdsAreExactAndWritesTransitionOnly(t *testing.T) {
 	testenv.Require(t)
 	px := readyProxy(t, "thresholds", "127.0.0.5")
 	e := startEngine(t)
-	track(e, px, "127.0.0.5:3128", DefaultDefaults.resolve(&v1.HealthCheck{FailureThreshold: 3, SuccessThreshold: 2}))
+	track(e, px, "127.0.0.5:3128", DefaultDefaults.Resolve(&v1.HealthCheck{FailureThreshold: 3, SuccessThreshold: 2}))
 	writes := func() float64 { return testutil.ToFloat64(metrics.StatusWrites.WithLabelValues("health")) }
 
 	w0 := writes()
@@ -126,7 +126,7 @@ func TestStaleResultsAreDroppedAndEgressIPRecorded(t *testing.T) {
 	testenv.Require(t)
 	px := readyProxy(t, "stale", "127.0.0.6")
 	e := startEngine(t)
-	r := DefaultDefaults.resolve(&v1.HealthCheck{SuccessThreshold: 1})
+	r := DefaultDefaults.Resolve(&v1.HealthCheck{SuccessThreshold: 1})
 	ctx := context.Background()
 
 	handle(t, e, result(px, true))
@@ -147,7 +147,7 @@ func TestStaleResultsAreDroppedAndEgressIPRecorded(t *testing.T) {
 	meta.SetStatusCondition(&got.Status.Conditions, metav1.Condition{Type: v1.ConditionHealthy, Status: metav1.ConditionUnknown, Reason: v1.ReasonNotProbed, Message: "replacement"})
 	require.NoError(t, env.Client.Status().Update(ctx, got))
 	late := result(px, false)
-	track(e, px, "127.0.0.6:3128", DefaultDefaults.resolve(&v1.HealthCheck{FailureThreshold: 1}))
+	track(e, px, "127.0.0.6:3128", DefaultDefaults.Resolve(&v1.HealthCheck{FailureThreshold: 1}))
 	handle(t, e, late)
 	assert.Equal(t, metav1.ConditionUnknown, healthCond(get(t, px)).Status)
 }
@@ -159,7 +159,7 @@ func TestEgressIPRidesWithTheVerdict(t *testing.T) {
 	testenv.Require(t)
 	px := readyProxy(t, "egress", "127.0.0.8")
 	e := startEngine(t)
-	track(e, px, "127.0.0.8:3128", DefaultDefaults.resolve(&v1.HealthCheck{SuccessThreshold: 2}))
+	track(e, px, "127.0.0.8:3128", DefaultDefaults.Resolve(&v1.HealthCheck{SuccessThreshold: 2}))
 	writes := func() float64 { return testutil.ToFloat64(metrics.StatusWrites.WithLabelValues("health")) }
 	w0 := writes()
 	ok := func(ip string) *probev1.ProbeResult { r := result(px, true); r.EgressIp = ip; return r }

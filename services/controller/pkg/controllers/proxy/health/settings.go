@@ -1,7 +1,7 @@
-// Package health is the controller's half of health checking: it assigns
-// every probe-able Proxy to exactly one connected prober, receives the
-// results over the probe stream, applies the thresholds, and writes the
-// Healthy condition on transitions only. The controller stays the one
+// Package health turns probe results into the Healthy condition: it
+// applies the thresholds, notices when results stop coming (ProbeStale),
+// and writes the condition on transitions only. The probe stream itself is
+// the probehub package's. The controller stays the one
 // writer of Proxy status; probers hold no Kubernetes credentials.
 package health
 
@@ -56,13 +56,13 @@ func (d Defaults) Validate() error {
 	return nil
 }
 
-// resolved is the effective settings of one Proxy.
-type resolved struct {
+// Settings is the effective settings of one Proxy.
+type Settings struct {
 	Defaults
 }
 
-func (d Defaults) resolve(hc *v1.HealthCheck) resolved {
-	r := resolved{d}
+func (d Defaults) Resolve(hc *v1.HealthCheck) Settings {
+	r := Settings{d}
 	if hc == nil {
 		return r
 	}
@@ -87,7 +87,7 @@ func (d Defaults) resolve(hc *v1.HealthCheck) resolved {
 	return r
 }
 
-func (r resolved) proto() *probev1.ProbeSettings {
+func (r Settings) Proto() *probev1.ProbeSettings {
 	return &probev1.ProbeSettings{
 		Url: r.URL, ExpectedStatus: int32(r.ExpectedStatus), Interval: durationpb.New(r.Interval),
 		Timeout: durationpb.New(r.Timeout), EchoFormat: r.EchoFormat, Trace: r.Trace,

@@ -1,9 +1,10 @@
-package health
+package probehub
 
 import (
 	"context"
 	"fmt"
 	"log/slog"
+	"os"
 	"sync"
 	"testing"
 	"time"
@@ -14,16 +15,23 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
 
 	v1 "github.com/egress-proxies/egress-proxies/pkg/api/v1alpha1"
 	probev1 "github.com/egress-proxies/egress-proxies/pkg/gen/egressproxies/probe/v1"
 	"github.com/egress-proxies/egress-proxies/pkg/testenv"
+	"github.com/egress-proxies/egress-proxies/services/controller/pkg/controllers/proxy/health"
 	"github.com/egress-proxies/egress-proxies/services/controller/pkg/metrics"
 )
+
+var env *testenv.Env
+
+func TestMain(m *testing.M) { os.Exit(testenv.Main(m, &env)) }
 
 // readyFleet creates n Ready, Healthy External proxies in ns, 16 at a time.
 func readyFleet(t *testing.T, ns string, n int) {
@@ -65,8 +73,8 @@ func TestAFleetWideFlipNeverStallsResultIntake(t *testing.T) {
 	writer, err := client.New(slow, client.Options{Scheme: env.Scheme, Cache: &client.CacheOptions{Reader: c}})
 	require.NoError(t, err)
 
-	e := &Engine{Client: writer, Log: slog.Default()}
-	d := DefaultDefaults
+	e := &health.Engine{Client: writer, Log: slog.Default()}
+	d := health.DefaultDefaults
 	d.FailureThreshold = 1
 	h := &Hub{Engine: e, Defaults: d, Elected: closed(), Addr: "127.0.0.1:0", Log: slog.Default()}
 	addr, err := h.Listen()
@@ -87,18 +95,18 @@ func TestAFleetWideFlipNeverStallsResultIntake(t *testing.T) {
 			Reason: "target answered 503", Latency: durationpb.New(time.Millisecond), FinishedAt: timestamppb.Now()})
 	}
 	p.mu.Unlock()
-	taken := func() float64 { return testutil.ToFloat64(checks.WithLabelValues("failure")) }
+	taken := func() float64 { return resultsCounted(t, "failure") }
 	writes := func() float64 { return testutil.ToFloat64(metrics.StatusWrites.WithLabelValues("health")) }
 	taken0, writes0 := taken(), writes()
 
 	p.report(t, failures)
 	require.Eventually(t, func() bool { return taken() == taken0+n }, 20*time.Second, 5*time.Millisecond, "the stream stopped taking results in")
-	pending := e.pending()
+	pending := queueDepth(t)
 	assert.Greater(t, pending, n/2, "every result was taken in while most of the %d writes still waited", n)
 
 	p.report(t, failures) // the site is still down: a second round
 	require.Eventually(t, func() bool { return taken() == taken0+2*n }, 20*time.Second, 5*time.Millisecond, "the second round was not taken in")
-	assert.Positive(t, e.pending(), "the second round too was taken in before the writes drained")
+	assert.Positive(t, queueDepth(t), "the second round too was taken in before the writes drained")
 
 	require.Eventually(t, func() bool {
 		list := &v1.ProxyList{}
@@ -111,13 +119,37 @@ func TestAFleetWideFlipNeverStallsResultIntake(t *testing.T) {
 		}
 		return down == n
 	}, 60*time.Second, 250*time.Millisecond, "not every proxy went Unhealthy")
-	require.Eventually(t, e.idle, 10*time.Second, 10*time.Millisecond)
+	require.Eventually(t, e.Idle, 10*time.Second, 10*time.Millisecond)
 	assert.Equal(t, writes0+n, writes(), "one write per proxy: the second round coalesced into the first")
 
 	px := &v1.Proxy{}
 	require.NoError(t, env.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: "p00042"}, px))
 	assert.Equal(t, v1.ReasonProbeFailed, healthCond(px).Reason)
 	assert.Equal(t, "status failed: target answered 503", healthCond(px).Message)
+}
+
+// queueDepth is the health write queue's depth, as its metric says.
+func queueDepth(t *testing.T) int {
+	t.Helper()
+	mfs, err := ctrlmetrics.Registry.Gather()
+	require.NoError(t, err)
+	for _, mf := range mfs {
+		if mf.GetName() != "workqueue_depth" {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "name" && l.GetValue() == "proxy_health_status" {
+					return int(m.GetGauge().GetValue())
+				}
+			}
+		}
+	}
+	return -1
+}
+
+func healthCond(px *v1.Proxy) *metav1.Condition {
+	return meta.FindStatusCondition(px.Status.Conditions, v1.ConditionHealthy)
 }
 
 func closed() chan struct{} {

@@ -1,4 +1,4 @@
-package health
+package probehub
 
 import (
 	"context"
@@ -22,6 +22,7 @@ import (
 	"google.golang.org/grpc/status"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
 
 	v1 "github.com/egress-proxies/egress-proxies/pkg/api/v1alpha1"
 	"github.com/egress-proxies/egress-proxies/pkg/assignment"
@@ -29,23 +30,24 @@ import (
 	probev1 "github.com/egress-proxies/egress-proxies/pkg/gen/egressproxies/probe/v1"
 	"github.com/egress-proxies/egress-proxies/pkg/testutil/proc"
 	"github.com/egress-proxies/egress-proxies/pkg/testutil/promtext"
+	"github.com/egress-proxies/egress-proxies/services/controller/pkg/controllers/proxy/health"
 )
 
 // startHub serves a hub on loopback with n targets; leader says whether
 // this replica leads.
 func startHub(t *testing.T, n int, leader bool, tok *auth.Token) (*Hub, string) {
 	t.Helper()
-	return startHubWith(t, DefaultDefaults, "127.0.0.1", n, leader, tok)
+	return startHubWith(t, health.DefaultDefaults, "127.0.0.1", n, leader, tok)
 }
 
 // startHubWith is startHub with the probe defaults and the targets' address.
-func startHubWith(t *testing.T, d Defaults, ip string, n int, leader bool, tok *auth.Token) (*Hub, string) {
+func startHubWith(t *testing.T, d health.Defaults, ip string, n int, leader bool, tok *auth.Token) (*Hub, string) {
 	t.Helper()
 	elected := make(chan struct{})
 	if leader {
 		close(elected)
 	}
-	h := &Hub{Engine: &Engine{Log: slog.Default()}, Defaults: d, Elected: elected, Addr: "127.0.0.1:0", Token: tok, Log: slog.Default()}
+	h := &Hub{Engine: &health.Engine{Log: slog.Default()}, Defaults: d, Elected: elected, Addr: "127.0.0.1:0", Token: tok, Log: slog.Default()}
 	addr, err := h.Listen()
 	require.NoError(t, err)
 	ctx, cancel := context.WithCancel(context.Background())
@@ -246,11 +248,11 @@ func TestARemovedTargetLeavesNoSeries(t *testing.T) {
 	for i := range 3 {
 		h.Engine.Handle(context.Background(), "p", &probev1.ProbeResult{Id: fmt.Sprintf("ns/p%03d", i), Uid: fmt.Sprintf("uid-%d", i), Success: true})
 	}
-	before := testutil.CollectAndCount(lastCheck)
+	before := lastCheckSeries(t)
 	h.remove("ns/p001", "uid-1")
-	assert.Equal(t, before-1, testutil.CollectAndCount(lastCheck))
+	assert.Equal(t, before-1, lastCheckSeries(t))
 	h.Engine.Handle(context.Background(), "p", &probev1.ProbeResult{Id: "ns/p001", Uid: "uid-1", Success: true})
-	assert.Equal(t, before-1, testutil.CollectAndCount(lastCheck), "a late result about it adds none back")
+	assert.Equal(t, before-1, lastCheckSeries(t), "a late result about it adds none back")
 }
 
 func TestFollowerRefusesAndTokenIsRequired(t *testing.T) {
@@ -282,7 +284,7 @@ func TestFollowerRefusesAndTokenIsRequired(t *testing.T) {
 func TestFiftyThousandTargetsReachARealProber(t *testing.T) {
 	proc.RequireProcesses(t)
 	const n = 50000
-	d := DefaultDefaults
+	d := health.DefaultDefaults
 	d.URL = "https://127.0.0.1:1/" + strings.Repeat("x", 2000)
 	d.Interval = time.Hour
 	d.FailureThreshold = 100 // no verdict, so no write: this hub has no API server
@@ -310,7 +312,35 @@ func TestFiftyThousandTargetsReachARealProber(t *testing.T) {
 	require.Eventually(t, func() bool { return metric("prober_assigned_targets") == n }, 60*time.Second, 100*time.Millisecond,
 		"the prober never held all %d targets; log %s", n, prober.LogPath)
 	assert.Equal(t, 1.0, metric("prober_connected"))
-	failedBefore := testutil.ToFloat64(checks.WithLabelValues("failure"))
-	require.Eventually(t, func() bool { return testutil.ToFloat64(checks.WithLabelValues("failure")) > failedBefore+1000 },
+	failedBefore := resultsCounted(t, "failure")
+	require.Eventually(t, func() bool { return resultsCounted(t, "failure") > failedBefore+1000 },
 		60*time.Second, 100*time.Millisecond, "results did not come back from the prober")
+}
+
+// lastCheckSeries counts the engine's per-proxy probe-recency series.
+func lastCheckSeries(t *testing.T) int {
+	t.Helper()
+	n, err := testutil.GatherAndCount(ctrlmetrics.Registry, "proxy_operator_healthcheck_last_timestamp_seconds")
+	require.NoError(t, err)
+	return n
+}
+
+// resultsCounted is how many results of a kind the engine has taken in.
+func resultsCounted(t *testing.T, result string) float64 {
+	t.Helper()
+	mfs, err := ctrlmetrics.Registry.Gather()
+	require.NoError(t, err)
+	for _, mf := range mfs {
+		if mf.GetName() != "proxy_operator_healthcheck_total" {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "result" && l.GetValue() == result {
+					return m.GetCounter().GetValue()
+				}
+			}
+		}
+	}
+	return 0
 }

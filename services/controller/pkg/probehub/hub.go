@@ -1,4 +1,9 @@
-package health
+// Package probehub is the controller's end of the probe stream: a gRPC
+// server the prober fleet connects to, and the assignment that gives every
+// probe-able Proxy to exactly one connected prober. It hands every result
+// to the health engine (controllers/proxy/health), which alone decides and
+// writes health.
+package probehub
 
 import (
 	"context"
@@ -26,6 +31,7 @@ import (
 	"github.com/egress-proxies/egress-proxies/pkg/assignment"
 	"github.com/egress-proxies/egress-proxies/pkg/auth"
 	probev1 "github.com/egress-proxies/egress-proxies/pkg/gen/egressproxies/probe/v1"
+	"github.com/egress-proxies/egress-proxies/services/controller/pkg/controllers/proxy/health"
 )
 
 var (
@@ -45,8 +51,8 @@ func init() { ctrlmetrics.Registry.MustRegister(probersConnected, assignments, r
 // changes to one proxy reaches its prober once.
 type Hub struct {
 	probev1.UnimplementedProbeServiceServer
-	Engine   *Engine
-	Defaults Defaults
+	Engine   *health.Engine
+	Defaults health.Defaults
 	// Elected is closed once this replica leads; followers refuse streams
 	// so probers find the leader.
 	Elected <-chan struct{}
@@ -140,15 +146,15 @@ func (h *Hub) upsert(o any) {
 		h.remove(id, px.UID)
 		return
 	}
-	r := h.Defaults.resolve(px.Spec.HealthCheck)
+	r := h.Defaults.Resolve(px.Spec.HealthCheck)
 	addr := fmt.Sprintf("%s:%d", px.Status.IP, px.Status.Port)
 	var healthy *bool
 	if c := meta.FindStatusCondition(px.Status.Conditions, v1.ConditionHealthy); c != nil && c.Status != "Unknown" {
 		b := c.Status == "True"
 		healthy = &b
 	}
-	h.Engine.track(types.NamespacedName{Namespace: px.Namespace, Name: px.Name}, px.UID, addr, r, healthy, px.Status.EgressIP)
-	t := &probev1.ProbeTarget{Id: id, Uid: string(px.UID), Address: px.Status.IP, Port: px.Status.Port, Settings: r.proto()}
+	h.Engine.Track(types.NamespacedName{Namespace: px.Namespace, Name: px.Name}, px.UID, addr, r, healthy, px.Status.EgressIP)
+	t := &probev1.ProbeTarget{Id: id, Uid: string(px.UID), Address: px.Status.IP, Port: px.Status.Port, Settings: r.Proto()}
 	h.mu.Lock()
 	// Most informer events are status writes that leave the target as it
 	// was: those cost a comparison, not a message.
@@ -161,7 +167,7 @@ func (h *Hub) upsert(o any) {
 }
 
 func (h *Hub) remove(id string, uid types.UID) {
-	h.Engine.forget(uid)
+	h.Engine.Forget(uid)
 	h.mu.Lock()
 	if _, ok := h.targets[id]; ok {
 		delete(h.targets, id)
