@@ -282,6 +282,12 @@ func (r *Reconciler) reconcileNormal(ctx context.Context, s *scope) (ctrl.Result
 }
 
 func (r *Reconciler) reconcileExternal(px *v1.Proxy) (ctrl.Result, error) {
+	// A new address is a new proxy as far as health goes, as a Managed
+	// replacement is: what was proven of the old address must not keep the
+	// new one leasable while the failure threshold catches up.
+	if px.Status.IP != "" && (px.Status.IP != px.Spec.Address || px.Status.Port != px.Spec.Port) {
+		resetHealth(px, fmt.Sprintf("address changed from %s:%d to %s:%d; not probed yet", px.Status.IP, px.Status.Port, px.Spec.Address, px.Spec.Port))
+	}
 	px.Status.IP = px.Spec.Address
 	px.Status.Port = px.Spec.Port
 	px.Status.Phase = v1.PhaseReady

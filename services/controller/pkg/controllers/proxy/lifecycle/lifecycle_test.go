@@ -81,6 +81,44 @@ func TestExternalIsTrackedNotProvisioned(t *testing.T) {
 	}
 }
 
+// An External Proxy moved to another address starts health afresh, in the
+// same write that moves it: the old address's Healthy=True must not keep
+// the new one leasable.
+func TestExternalAddressChangeStartsHealthAfresh(t *testing.T) {
+	h := newHarness(t).start()
+	h.create(&v1.Proxy{
+		ObjectMeta: metav1.ObjectMeta{Name: "moved", Namespace: h.ns},
+		Spec:       v1.ProxySpec{Mode: v1.ModeExternal, Address: "127.0.0.56", Port: 8080},
+	})
+	px := h.waitFor("moved", "Ready", func(px *v1.Proxy) bool { return px.Status.Phase == v1.PhaseReady })
+	// What the health engine writes once the old address is proven.
+	px.Status.Healthy, px.Status.EgressIP = true, "198.51.100.9"
+	meta.SetStatusCondition(&px.Status.Conditions, metav1.Condition{Type: v1.ConditionHealthy, Status: metav1.ConditionTrue, Reason: v1.ReasonProbeSucceeded, Message: "ok"})
+	require.NoError(t, env.Client.Status().Update(context.Background(), px))
+
+	for _, tc := range []struct {
+		name   string
+		mutate func(*v1.Proxy)
+		want   string
+	}{
+		{"address", func(px *v1.Proxy) { px.Spec.Address = "127.0.0.57" }, "127.0.0.57:8080"},
+		{"port", func(px *v1.Proxy) { px.Spec.Port = 8081 }, "127.0.0.57:8081"},
+	} {
+		h.update("moved", tc.mutate)
+		got := h.waitFor("moved", tc.name+" moved", func(px *v1.Proxy) bool {
+			return fmt.Sprintf("%s:%d", px.Status.IP, px.Status.Port) == tc.want
+		})
+		c := meta.FindStatusCondition(got.Status.Conditions, v1.ConditionHealthy)
+		require.NotNil(t, c)
+		assert.Equal(t, metav1.ConditionUnknown, c.Status, "%s change", tc.name)
+		assert.Equal(t, v1.ReasonNotProbed, c.Reason)
+		assert.Contains(t, c.Message, "address changed")
+		assert.Contains(t, c.Message, tc.want)
+		assert.False(t, got.Status.Healthy, "not leasable until the new address is proven")
+		assert.Empty(t, got.Status.EgressIP, "the old address's egress IP is not the new one's")
+	}
+}
+
 func TestReplacementOnEveryImmutableField(t *testing.T) {
 	cases := []struct {
 		name   string
