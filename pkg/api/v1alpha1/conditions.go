@@ -58,6 +58,12 @@ const (
 	// ReasonProbeFailed: the failure threshold was reached; the message
 	// names the failing phase and reason of the last probe.
 	ReasonProbeFailed = "ProbeFailed"
+	// ReasonProbeStale: no probe result arrived for the controller's
+	// --health-stale-intervals of the proxy's interval (default 3); the
+	// condition is Unknown and the proxy is not leasable until a result
+	// arrives. Probing has stopped: no prober runs, or none reaches the
+	// leading controller.
+	ReasonProbeStale = "ProbeStale"
 )
 
 // Labels and annotations the project owns.

@@ -50,6 +50,7 @@ type Options struct {
 	KubeAPIBurst     int
 	Reconcilers      int
 	HealthWriters    int
+	StaleIntervals   int
 	PollInterval     time.Duration
 	ResyncInterval   time.Duration
 	ResyncQPS        float64
@@ -78,6 +79,7 @@ func (o *Options) Register(fs *flag.FlagSet) {
 	fs.IntVar(&o.KubeAPIBurst, "kube-api-burst", DefaultKubeAPIBurst, "requests to the API server allowed above --kube-api-qps in a burst")
 	fs.IntVar(&o.Reconcilers, "max-concurrent-reconciles", lifecycle.DefaultMaxConcurrentReconciles, "Proxies reconciled at once")
 	fs.IntVar(&o.HealthWriters, "health-write-workers", health.DefaultWriteWorkers, "health status writes made at once")
+	fs.IntVar(&o.StaleIntervals, "health-stale-intervals", health.DefaultStaleIntervals, "intervals a proxy may go without a probe result before its health is stale (Healthy=Unknown, reason ProbeStale, not leasable)")
 	fs.DurationVar(&o.PollInterval, "poll-interval", 2*time.Second, "how often a booting or deleting instance is re-read")
 	fs.DurationVar(&o.ResyncInterval, "resync-interval", 5*time.Minute, "how often a Ready instance is re-read to notice it vanished (each time jittered by ±25%)")
 	fs.Float64Var(&o.ResyncQPS, "resync-qps", lifecycle.DefaultResyncQPS, "re-reads of Ready instances per second and provider entry, at most; past --resync-qps × --resync-interval Ready proxies on one entry each is re-read less often")
@@ -146,6 +148,8 @@ func Run(ctx context.Context, log *slog.Logger, o Options) error {
 		return service.Usagef("--kube-api-qps must be positive and --kube-api-burst at least 1 (got %g and %d)", o.KubeAPIQPS, o.KubeAPIBurst)
 	case o.Reconcilers < 1 || o.HealthWriters < 1:
 		return service.Usagef("--max-concurrent-reconciles and --health-write-workers must be at least 1 (got %d and %d)", o.Reconcilers, o.HealthWriters)
+	case o.StaleIntervals < 2:
+		return service.Usagef("--health-stale-intervals must be at least 2 (got %d): one late probe is not a stopped fleet", o.StaleIntervals)
 	case o.ResyncQPS <= 0:
 		return service.Usagef("--resync-qps must be positive (got %g)", o.ResyncQPS)
 	}
@@ -214,7 +218,10 @@ func Run(ctx context.Context, log *slog.Logger, o Options) error {
 		log.Warn("no --probe-token-file: the probe endpoint accepts any prober")
 	}
 	hub := &probehub.Hub{
-		Engine:   &health.Engine{Client: mgr.GetClient(), Log: log.With("controller", "health"), Workers: o.HealthWriters},
+		Engine: &health.Engine{
+			Client: mgr.GetClient(), Log: log.With("controller", "health"), Workers: o.HealthWriters,
+			StaleIntervals: o.StaleIntervals, Recorder: mgr.GetEventRecorder("proxy-health"), Elected: mgr.Elected(),
+		},
 		Defaults: o.Health, Elected: mgr.Elected(), Addr: o.ProbeAddr, Token: probeToken, Log: log.With("controller", "probe-hub"),
 	}
 	if _, err := hub.Listen(); err != nil {

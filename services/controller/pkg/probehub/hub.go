@@ -148,12 +148,8 @@ func (h *Hub) upsert(o any) {
 	}
 	r := h.Defaults.Resolve(px.Spec.HealthCheck)
 	addr := fmt.Sprintf("%s:%d", px.Status.IP, px.Status.Port)
-	var healthy *bool
-	if c := meta.FindStatusCondition(px.Status.Conditions, v1.ConditionHealthy); c != nil && c.Status != "Unknown" {
-		b := c.Status == "True"
-		healthy = &b
-	}
-	h.Engine.Track(types.NamespacedName{Namespace: px.Namespace, Name: px.Name}, px.UID, addr, r, healthy, px.Status.EgressIP)
+	h.Engine.Track(types.NamespacedName{Namespace: px.Namespace, Name: px.Name}, px.UID, addr, r,
+		meta.FindStatusCondition(px.Status.Conditions, v1.ConditionHealthy), px.Status.EgressIP)
 	t := &probev1.ProbeTarget{Id: id, Uid: string(px.UID), Address: px.Status.IP, Port: px.Status.Port, Settings: r.Proto()}
 	h.mu.Lock()
 	// Most informer events are status writes that leave the target as it

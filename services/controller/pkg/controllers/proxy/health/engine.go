@@ -11,6 +11,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/tools/events"
 	"k8s.io/client-go/util/workqueue"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
@@ -31,9 +32,20 @@ var (
 	lastCheck = prometheus.NewGaugeVec(prometheus.GaugeOpts{
 		Name: "proxy_operator_healthcheck_last_timestamp_seconds", Help: "When each proxy was last probed, in seconds with millisecond resolution (true probe recency; status.lastHealthCheckTime moves on transitions only).",
 	}, []string{"namespace", "name"})
+	staleProxies = prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "proxy_operator_proxies_probe_stale", Help: "Proxies whose health is stale (Healthy=Unknown, reason ProbeStale): no probe result for --health-stale-intervals of their interval. Above zero, probing has stopped for them.",
+	})
 )
 
-func init() { ctrlmetrics.Registry.MustRegister(checks, checkDuration, lastCheck) }
+func init() { ctrlmetrics.Registry.MustRegister(checks, checkDuration, lastCheck, staleProxies) }
+
+// DefaultStaleIntervals is how many of its intervals a proxy may go
+// without a result before its health is stale: one lost or late probe is
+// weather, three in a row is probing that has stopped.
+const DefaultStaleIntervals = 3
+
+// sweepEvery is how often the leader looks for proxies gone stale.
+const sweepEvery = 500 * time.Millisecond
 
 // DefaultWriteWorkers is how many health status writes run at once by
 // default: enough to keep a fleet-wide flip within the client's QPS.
@@ -47,12 +59,29 @@ const DefaultWriteWorkers = 16
 // down: every proxy fails at once) therefore never stalls result intake,
 // and a proxy that flips twice before its write is written once, with the
 // newer verdict, or not at all.
+//
+// Results are also the only proof that probing still runs, so the engine
+// keeps, per proxy, when it last had one: a proxy with none for
+// StaleIntervals of its interval becomes Healthy=Unknown (ProbeStale) and
+// so stops being leasable, and its next result decides it again. Without
+// this a stopped probe fleet would leave every proxy Healthy for good,
+// because writes happen on transitions only.
 type Engine struct {
 	// Client reads Proxies (the manager's cache) and patches their status.
 	Client client.Client
 	Log    *slog.Logger
 	// Workers is how many writes run at once; 0 means DefaultWriteWorkers.
 	Workers int
+	// StaleIntervals: intervals without a result before health is stale;
+	// 0 means DefaultStaleIntervals.
+	StaleIntervals int
+	// Recorder, when set, gets an Event when a proxy's health goes stale
+	// and when a result ends the staleness.
+	Recorder events.EventRecorder
+	// Elected is closed once this replica leads. Only the leader writes,
+	// and staleness counts from its election: a new leader has had no
+	// result from anyone yet. nil means leading from the start.
+	Elected <-chan struct{}
 
 	mu    sync.Mutex
 	state map[types.UID]*counter
@@ -67,6 +96,11 @@ type counter struct {
 	succ, fail    int
 	failureThresh int
 	successThresh int
+	interval      time.Duration
+	// last is when the controller last had a result for the proxy, on its
+	// own clock (a prober's clock may be off), or when it started waiting
+	// for one (tracking began, this replica was elected).
+	last time.Time
 	// verdict is what the thresholds decided; nil while they have not
 	// (NotProbed). The writer makes status say it.
 	verdict *verdict
@@ -80,11 +114,33 @@ type counter struct {
 
 // verdict is one health decision and the result that made it.
 type verdict struct {
-	healthy     bool
+	status      metav1.ConditionStatus
 	reason, msg string
 	at          metav1.Time
 	// traceparent of the deciding probe, to link the write's span to it.
 	traceparent string
+}
+
+func (v *verdict) healthy() bool { return v != nil && v.status == metav1.ConditionTrue }
+func (v *verdict) stale() bool   { return v != nil && v.reason == v1.ReasonProbeStale }
+
+// fromCondition is the verdict status already says: nil for none yet.
+func fromCondition(c *metav1.Condition) *verdict {
+	if c == nil || (c.Status == metav1.ConditionUnknown && c.Reason != v1.ReasonProbeStale) {
+		return nil
+	}
+	return &verdict{status: c.Status, reason: c.Reason, msg: c.Message, at: c.LastTransitionTime}
+}
+
+// setVerdict changes c's verdict and keeps the stale gauge true; mu held.
+func setVerdict(c *counter, v *verdict) {
+	if c.verdict.stale() {
+		staleProxies.Dec()
+	}
+	if v.stale() {
+		staleProxies.Inc()
+	}
+	c.verdict = v
 }
 
 func (e *Engine) init() {
@@ -98,21 +154,23 @@ func (e *Engine) init() {
 	})
 }
 
-// Track (re)arms the counter for a target; a new address (a replacement)
-// starts from what status says, which for a new instance is NotProbed.
-func (e *Engine) Track(key types.NamespacedName, uid types.UID, addr string, r Settings, healthy *bool, egress string) {
+// Track (re)arms the counter for a target; a new address (a replacement,
+// an External proxy moved) starts from what status says (cur, the Healthy
+// condition), which for a new address is NotProbed.
+func (e *Engine) Track(key types.NamespacedName, uid types.UID, addr string, r Settings, cur *metav1.Condition, egress string) {
 	e.init()
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	c, ok := e.state[uid]
 	if !ok || c.addr != addr {
-		c = &counter{key: key, addr: addr, egressIP: egress}
-		if healthy != nil {
-			c.verdict = &verdict{healthy: *healthy}
+		if ok {
+			setVerdict(c, nil)
 		}
+		c = &counter{key: key, addr: addr, egressIP: egress, last: time.Now()}
+		setVerdict(c, fromCondition(cur))
 		e.state[uid] = c
 	}
-	c.failureThresh, c.successThresh = r.FailureThreshold, r.SuccessThreshold
+	c.failureThresh, c.successThresh, c.interval = r.FailureThreshold, r.SuccessThreshold, r.Interval
 }
 
 // Forget drops a target, and its probe-recency series with it: a fleet
@@ -123,6 +181,7 @@ func (e *Engine) Forget(uid types.UID) {
 	defer e.mu.Unlock()
 	if c, ok := e.state[uid]; ok {
 		lastCheck.DeleteLabelValues(c.key.Namespace, c.key.Name)
+		setVerdict(c, nil)
 		delete(e.state, uid)
 	}
 }
@@ -146,26 +205,30 @@ func (e *Engine) Handle(_ context.Context, proberID string, r *probev1.ProbeResu
 		return // not (or no longer) a target: a stale result
 	}
 	lastCheck.WithLabelValues(c.key.Namespace, c.key.Name).Set(float64(r.GetFinishedAt().AsTime().UnixMilli()) / 1000)
+	c.last = time.Now()
+	// A stale proxy's first result decides it at once: the thresholds
+	// guard a known verdict against one odd probe, and there is none.
+	wasStale := c.verdict.stale()
 	changed := false
 	at := metav1.NewTime(r.GetFinishedAt().AsTime().Truncate(time.Second))
 	if r.GetSuccess() {
 		c.succ, c.fail = c.succ+1, 0
-		if c.succ >= c.successThresh && (c.verdict == nil || !c.verdict.healthy) {
-			c.verdict = &verdict{healthy: true, reason: v1.ReasonProbeSucceeded, at: at, traceparent: r.GetTraceparent(),
-				msg: fmt.Sprintf("probes through the proxy pass (%s)", r.GetLatency().AsDuration().Round(time.Millisecond))}
+		if (wasStale || c.succ >= c.successThresh) && !c.verdict.healthy() {
+			setVerdict(c, &verdict{status: metav1.ConditionTrue, reason: v1.ReasonProbeSucceeded, at: at, traceparent: r.GetTraceparent(),
+				msg: fmt.Sprintf("probes through the proxy pass (%s)", r.GetLatency().AsDuration().Round(time.Millisecond))})
 			changed = true
 		}
 		// A new egress IP is worth a write of its own only for a proxy
 		// already Healthy; before that it rides along with the verdict.
 		if ip := r.GetEgressIp(); ip != "" && ip != c.egressIP {
 			c.egressIP = ip
-			changed = changed || (c.verdict != nil && c.verdict.healthy)
+			changed = changed || c.verdict.healthy()
 		}
 	} else {
 		c.fail, c.succ = c.fail+1, 0
-		if c.fail >= c.failureThresh && (c.verdict == nil || c.verdict.healthy) {
-			c.verdict = &verdict{healthy: false, reason: v1.ReasonProbeFailed, at: at, traceparent: r.GetTraceparent(),
-				msg: fmt.Sprintf("%s: %s", phase(r.GetPhase()), r.GetReason())}
+		if (wasStale || c.fail >= c.failureThresh) && (c.verdict == nil || c.verdict.status != metav1.ConditionFalse) {
+			setVerdict(c, &verdict{status: metav1.ConditionFalse, reason: v1.ReasonProbeFailed, at: at, traceparent: r.GetTraceparent(),
+				msg: fmt.Sprintf("%s: %s", phase(r.GetPhase()), r.GetReason())})
 			changed = true
 		}
 	}
@@ -223,6 +286,45 @@ func (e *Engine) Idle() bool {
 		}
 	}
 	return true
+}
+
+// staleAfter is how long c may go without a result.
+func (e *Engine) staleAfter(c *counter) time.Duration {
+	n := e.StaleIntervals
+	if n <= 0 {
+		n = DefaultStaleIntervals
+	}
+	return time.Duration(n) * c.interval
+}
+
+// restart starts every proxy's wait for a result afresh: a replica just
+// elected has heard from no prober, and must give them the same time to
+// find it that any proxy gets.
+func (e *Engine) restart(now time.Time) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	for _, c := range e.state {
+		c.last = now
+	}
+}
+
+// sweep makes stale every proxy without a result for its staleAfter. It is
+// one transition: a stale proxy stays stale, unwritten, until a result.
+func (e *Engine) sweep(now time.Time) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	for uid, c := range e.state {
+		after := e.staleAfter(c)
+		if c.interval <= 0 || c.verdict.stale() || now.Sub(c.last) < after {
+			continue
+		}
+		setVerdict(c, &verdict{status: metav1.ConditionUnknown, reason: v1.ReasonProbeStale, at: metav1.NewTime(now.Truncate(time.Second)),
+			msg: fmt.Sprintf("no probe result for %s (%d intervals of %s): probing has stopped for this proxy; check that probers run and reach the leading controller",
+				now.Sub(c.last).Round(time.Second), int(after/c.interval), c.interval)})
+		c.succ, c.fail = 0, 0
+		c.queued++
+		e.queue.Add(uid)
+	}
 }
 
 func phase(p probev1.ProbePhase) string {

@@ -15,6 +15,7 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/tools/events"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	v1 "github.com/egress-proxies/egress-proxies/pkg/api/v1alpha1"
@@ -178,4 +179,59 @@ func TestEgressIPRidesWithTheVerdict(t *testing.T) {
 	assert.Equal(t, "198.51.100.2", get(t, px).Status.EgressIP, "a Healthy proxy's new egress IP is written")
 	handle(t, e, ok("198.51.100.2"))
 	assert.Equal(t, w0+2, writes(), "and only once")
+}
+
+// A proxy that stops getting results goes stale in one write, stops being
+// Healthy, says so in an Event and a metric, and its next result decides it
+// again at once. A replica that does not lead neither sweeps nor writes.
+func TestNoResultsMakeHealthStaleOnceAndAResultRestoresIt(t *testing.T) {
+	testenv.Require(t)
+	px := readyProxy(t, "silent", "127.0.0.9")
+	rec := events.NewFakeRecorder(16)
+	elected := make(chan struct{})
+	e := &Engine{Client: env.Client, Log: slog.Default(), Recorder: rec, Elected: elected}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { e.Run(ctx); close(done) }()
+	t.Cleanup(func() { cancel(); <-done })
+	const interval = 300 * time.Millisecond
+	s := DefaultDefaults.Resolve(&v1.HealthCheck{SuccessThreshold: 1})
+	s.Interval = interval
+	e.Track(client.ObjectKeyFromObject(px), px.UID, "127.0.0.9:3128", s, nil, "")
+	writes := func() float64 { return testutil.ToFloat64(metrics.StatusWrites.WithLabelValues("health")) }
+	w0 := writes()
+
+	e.Handle(ctx, "p1", result(px, true))
+	time.Sleep(5 * DefaultStaleIntervals * interval)
+	assert.Equal(t, w0, writes(), "a follower writes nothing, and does not sweep")
+	assert.Equal(t, 0.0, testutil.ToFloat64(staleProxies))
+
+	close(elected)
+	require.Eventually(t, func() bool { return healthCond(get(t, px)).Status == metav1.ConditionTrue }, 10*time.Second, 10*time.Millisecond,
+		"the leader writes what it decided before it led")
+	// No result since the election: stale after 3 intervals, in one write.
+	require.Eventually(t, func() bool { return healthCond(get(t, px)).Reason == v1.ReasonProbeStale }, 10*time.Second, 10*time.Millisecond)
+	got := get(t, px)
+	c := healthCond(got)
+	assert.Equal(t, metav1.ConditionUnknown, c.Status)
+	assert.False(t, got.Status.Healthy, "a stale proxy is not leasable")
+	assert.Contains(t, c.Message, "no probe result for")
+	assert.Contains(t, c.Message, "3 intervals of 300ms")
+	assert.Equal(t, 1.0, testutil.ToFloat64(staleProxies))
+	assert.Contains(t, <-rec.Events, "Warning ProbeStale no probe result for")
+	require.Eventually(t, e.Idle, 5*time.Second, 5*time.Millisecond)
+	time.Sleep(5 * interval)
+	assert.Equal(t, w0+2, writes(), "staleness is one transition, not a write per sweep")
+	assert.Equal(t, got.ResourceVersion, get(t, px).ResourceVersion)
+
+	// One result, even below the success threshold, decides it again.
+	strict := s
+	strict.SuccessThreshold = 3
+	e.Track(client.ObjectKeyFromObject(px), px.UID, "127.0.0.9:3128", strict, c, "")
+	handle(t, e, result(px, true))
+	back := get(t, px)
+	assert.True(t, back.Status.Healthy)
+	assert.Equal(t, v1.ReasonProbeSucceeded, healthCond(back).Reason)
+	assert.Equal(t, 0.0, testutil.ToFloat64(staleProxies))
+	assert.Contains(t, <-rec.Events, "Normal ProbeResumed")
 }

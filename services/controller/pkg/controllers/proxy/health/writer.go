@@ -5,11 +5,13 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"time"
 
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
+	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
@@ -26,27 +28,46 @@ var tracer = otel.Tracer("egress-proxies/controller/health")
 // errStale: the status the write was decided on changed under it.
 var errStale = errors.New("status changed since it was read")
 
-// Run writes verdicts until ctx ends. It is level-based: a worker compares
-// the verdict with the Proxy as the cache has it and writes only the
+// Run writes verdicts, and watches for proxies gone stale, until ctx ends,
+// once this replica leads. Writing is level-based: a worker compares the
+// verdict with the Proxy as the cache has it and writes only the
 // difference, under an optimistic lock, so a write decided on a stale read
 // never lands (it is retried with backoff on a fresh one) and a verdict
 // status already says is never written again.
 func (e *Engine) Run(ctx context.Context) {
 	e.init()
+	defer e.queue.ShutDown()
+	if e.Elected != nil {
+		select {
+		case <-ctx.Done():
+			return
+		case <-e.Elected:
+		}
+	}
+	e.restart(time.Now())
 	workers := e.Workers
 	if workers <= 0 {
 		workers = DefaultWriteWorkers
 	}
 	var wg sync.WaitGroup
+	defer wg.Wait()
 	for range workers {
 		wg.Go(func() {
 			for e.next(ctx) {
 			}
 		})
 	}
-	<-ctx.Done()
-	e.queue.ShutDown()
-	wg.Wait()
+	tick := time.NewTicker(sweepEvery)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			e.queue.ShutDown()
+			return
+		case now := <-tick.C:
+			e.sweep(now)
+		}
+	}
 }
 
 func (e *Engine) next(ctx context.Context) bool {
@@ -85,20 +106,25 @@ func (e *Engine) write(ctx context.Context, uid types.UID) (uint64, error) {
 		return w.queued, nil // replaced or gone since the probe ran; the informer re-arms the counter
 	}
 	base := px.DeepCopy()
+	cur := meta.FindStatusCondition(px.Status.Conditions, v1.ConditionHealthy)
+	var was string // the reason status had, for the Event
 	transition := false
-	if w.decided {
-		want := metav1.ConditionFalse
-		if w.verdict.healthy {
-			want = metav1.ConditionTrue
-		}
-		cur := meta.FindStatusCondition(px.Status.Conditions, v1.ConditionHealthy)
-		if cur == nil || cur.Status != want || px.Status.Healthy != w.verdict.healthy {
+	if v := w.verdict; w.decided {
+		// A reason of the same status is a transition too (NotProbed to
+		// ProbeStale); the message alone is not (a stale proxy's count
+		// of seconds).
+		if cur == nil || cur.Status != v.status || cur.Reason != v.reason || px.Status.Healthy != v.healthy() {
+			if cur != nil {
+				was = cur.Reason
+			}
 			meta.SetStatusCondition(&px.Status.Conditions, metav1.Condition{
-				Type: v1.ConditionHealthy, Status: want, Reason: w.verdict.reason, Message: w.verdict.msg, ObservedGeneration: px.Generation,
+				Type: v1.ConditionHealthy, Status: v.status, Reason: v.reason, Message: v.msg, ObservedGeneration: px.Generation,
 			})
-			px.Status.Healthy = w.verdict.healthy
-			at := w.verdict.at
-			px.Status.LastHealthCheckTime = &at
+			px.Status.Healthy = v.healthy()
+			if !v.stale() { // no probe happened; the last one stays the last
+				at := v.at
+				px.Status.LastHealthCheckTime = &at
+			}
 			transition = true
 		}
 	}
@@ -109,7 +135,7 @@ func (e *Engine) write(ctx context.Context, uid types.UID) (uint64, error) {
 		return w.queued, nil // coalesced: status already says it
 	}
 
-	opts := []trace.SpanStartOption{trace.WithAttributes(attribute.String("proxy", w.key.String()), attribute.Bool("healthy", w.verdict.healthy))}
+	opts := []trace.SpanStartOption{trace.WithAttributes(attribute.String("proxy", w.key.String()), attribute.String("healthy", string(w.verdict.status)))}
 	if tp := w.verdict.traceparent; tp != "" && transition {
 		remote := otel.GetTextMapPropagator().Extract(context.Background(), propagation.MapCarrier{"traceparent": tp})
 		opts = append(opts, trace.WithLinks(trace.Link{SpanContext: trace.SpanContextFromContext(remote)}))
@@ -127,5 +153,18 @@ func (e *Engine) write(ctx context.Context, uid types.UID) (uint64, error) {
 		return 0, err
 	}
 	metrics.StatusWrites.WithLabelValues("health").Inc()
+	e.announce(px, was, w.verdict)
 	return w.queued, nil
+}
+
+// announce makes an Event of the transitions an SRE is paged for: health
+// gone stale (probing stopped), and its end.
+func (e *Engine) announce(px *v1.Proxy, was string, v verdict) {
+	switch {
+	case e.Recorder == nil:
+	case v.stale():
+		e.Recorder.Eventf(px, nil, corev1.EventTypeWarning, v1.ReasonProbeStale, "Probe", "%s", v.msg)
+	case was == v1.ReasonProbeStale:
+		e.Recorder.Eventf(px, nil, corev1.EventTypeNormal, "ProbeResumed", "Probe", "probe results arrive again: %s (%s)", v.reason, v.msg)
+	}
 }
