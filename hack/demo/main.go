@@ -121,7 +121,7 @@ func main() {
 	sys := system.Start(r, env, system.Options{Probers: 2, Brokers: 2, Step: step})
 	c := env.Client
 	kubeconfig := sys.Kubeconfig
-	r.Logf("controller log: %s", sys.Controller.LogPath)
+	r.Logf("controller log: %s", sys.Controllers[0].Proc.LogPath)
 	var rest []string
 	for i, b := range sys.Brokers {
 		r.Logf("broker-%d log: %s (REST %s, gRPC %s)", i, b.Proc.LogPath, b.REST, b.GRPC)

@@ -161,7 +161,7 @@ func BenchmarkFleet(b *testing.B) {
 		b.Fatal(err)
 	}
 	baselineBin := proc.Build(b, "github.com/egress-proxies/egress-proxies/hack/demo/bench/baseline")
-	rows := []procRow{{"controller", s.Controller.Cmd.Process.Pid, ""}}
+	rows := []procRow{{"controller", s.Controllers[0].Proc.Cmd.Process.Pid, ""}}
 	for i, p := range s.Probers {
 		rows = append(rows, procRow{fmt.Sprintf("prober-%d", i), p.Cmd.Process.Pid, s.ProberOps[i]})
 	}
@@ -221,7 +221,7 @@ func BenchmarkFleet(b *testing.B) {
 		// makes it faster next.
 		go func() {
 			path := dir + "/controller-bringup.cpu.pprof"
-			resp, err := http.Get(fmt.Sprintf("http://%s/debug/pprof/profile?seconds=%d", s.ControllerPprof, int((bound + 20*time.Second).Seconds())))
+			resp, err := http.Get(fmt.Sprintf("http://%s/debug/pprof/profile?seconds=%d", s.Controllers[0].Pprof, int((bound + 20*time.Second).Seconds())))
 			if err != nil {
 				say("profile: %v", err)
 				return
@@ -263,14 +263,14 @@ wait:
 			say("  %s: %d of %d Ready and Healthy (%d seen)", time.Since(start).Round(time.Second), good, n, seen)
 		case <-deadline:
 			good, _ := w.count()
-			b.Fatalf("only %d of %d proxies were Ready and Healthy after %s; logs: controller %s", good, n, limit, s.Controller.LogPath)
+			b.Fatalf("only %d of %d proxies were Ready and Healthy after %s; logs: controller %s", good, n, limit, s.Controllers[0].Proc.LogPath)
 		}
 	}
 	tick.Stop()
 	bringUp := time.Since(start)
 	b.StopTimer()
 	usage1 := usageOf()
-	ctrlMetrics, err := promtext.Scrape(nil, "http://"+s.ControllerMetrics+"/metrics")
+	ctrlMetrics, err := promtext.Scrape(nil, "http://"+s.Controllers[0].Metrics+"/metrics")
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -343,7 +343,7 @@ wait:
 			share[fmt.Sprintf("px-%05d", i)] = true
 		}
 	}
-	metricsURL := "http://" + s.ControllerMetrics + "/metrics"
+	metricsURL := "http://" + s.Controllers[0].Metrics + "/metrics"
 	lastRe := regexp.MustCompile(`^proxy_operator_healthcheck_last_timestamp_seconds\{name="([^"]+)",namespace="` + ns + `"\}$`)
 	say("SIGKILL %s, which held %d proxies", killed, len(share))
 	s.Probers[1].Kill()
@@ -434,7 +434,7 @@ wait:
 
 	// The bring-up's baseline, once every service is stopped so that the
 	// API server (still holding the fleet) does nothing else.
-	s.Controller.Kill()
+	s.Controllers[0].Proc.Kill()
 	for _, p := range s.Probers {
 		p.Kill()
 	}

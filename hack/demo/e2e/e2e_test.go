@@ -239,9 +239,9 @@ func TestDeletingRemovesThePodEvenWhenTheControllerDiesMidCreate(t *testing.T) {
 		_ = env.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: "m"}, &m)
 		return m.UID != "" && len(podsOf(t, &m)) == 1
 	}, 30*time.Second, 20*time.Millisecond)
-	s.Controller.Kill()
+	s.Controllers[0].Proc.Kill()
 	require.NoError(t, env.Client.Delete(ctx, &m))
-	s.StartController()
+	s.StartController(0)
 	require.Eventually(t, func() bool {
 		return apierrors.IsNotFound(env.Client.Get(ctx, client.ObjectKeyFromObject(&m), &v1.Proxy{})) && len(podsOf(t, &m)) == 0
 	}, 60*time.Second, 100*time.Millisecond, "the restarted controller left the pod of a Proxy deleted mid-create")
@@ -424,10 +424,10 @@ func TestAPIServerUnreachableForAWhile(t *testing.T) {
 	}
 
 	s.APILink.Restore(t)
-	if s.Controller.Exited() {
+	if s.Controllers[0].Proc.Exited() {
 		// A controller that lost its lease exits by design and its pod
 		// restarts; here the test is the restarter.
-		s.StartController()
+		s.StartController(0)
 	}
 	waitProxy(t, ns, "during", "healthy after the partition", healthy)
 	require.Eventually(t, func() bool { return listed(t, b)[ns+"/during"] != "" }, 60*time.Second, 100*time.Millisecond, "the broker's inventory caught up")

@@ -20,12 +20,17 @@ import (
 	"github.com/egress-proxies/egress-proxies/pkg/testenv"
 	"github.com/egress-proxies/egress-proxies/pkg/testutil/kubelet"
 	"github.com/egress-proxies/egress-proxies/pkg/testutil/proc"
+	"github.com/egress-proxies/egress-proxies/pkg/testutil/promtext"
 	"github.com/egress-proxies/egress-proxies/pkg/testutil/tlstarget"
 )
 
 // Options size the system.
 type Options struct {
 	Probers, Brokers int
+	// Controllers is how many controller replicas run, electing a leader;
+	// 0 means 1. Probers reach them through one balancer, as through the
+	// chart's Service.
+	Controllers int
 	// HealthInterval between probes of one proxy.
 	HealthInterval time.Duration
 	// HealthTimeout bounds one probe; 0 means 2s.
@@ -54,22 +59,34 @@ type System struct {
 	Redis      *proc.Redis
 	Target     *tlstarget.Target
 	Bins       map[string]string
-	Controller *proc.Process
-	// ControllerArgs restart the controller as it was.
-	ControllerArgs    []string
-	ControllerMetrics string
-	// ControllerPprof serves the controller's /debug/pprof.
-	ControllerPprof string
-	Probers         []*proc.Process
+	// Controllers are the controller replicas, by index.
+	Controllers []*Controller
+	// ProbeBalancer is the one address probers dial: a per-connection
+	// round-robin balancer over every replica's probe endpoint, as the
+	// chart's ClusterIP Service is.
+	ProbeBalancer *proc.Cutter
+	Probers       []*proc.Process
 	// ProberOps are the probers' ops addresses (/metrics), by index.
 	ProberOps []string
 	Brokers   []*Broker
 	Kubelet   *kubelet.StandIn
 	// APILink is the link between the services and the API server, when
 	// Options.CuttableAPIServer is set.
-	APILink *proc.Cutter
-	token   string
-	opts    Options
+	APILink   *proc.Cutter
+	token     string
+	probeAddr string
+	opts      Options
+}
+
+// Controller is one controller replica and its addresses.
+type Controller struct {
+	Proc    *proc.Process
+	Metrics string // host:port of /metrics
+	// Pprof serves the controller's /debug/pprof.
+	Pprof string
+	// Probe is the replica's own probe endpoint.
+	Probe string
+	args  []string
 }
 
 // Broker is one broker process and its addresses.
@@ -134,31 +151,38 @@ func Start(t proc.T, env *testenv.Env, o Options) *System {
 		t.Fatal(err)
 	}
 
-	o.Step("starting the controller (probe endpoint, health checks through every proxy)")
-	probeAddr := proc.Addr(proc.FreePort(t))
-	s.ControllerMetrics = proc.Addr(proc.FreePort(t))
-	s.ControllerPprof = proc.Addr(proc.FreePort(t))
-	s.ControllerArgs = []string{
-		"--kubeconfig", s.Kubeconfig, "--namespace", "egress-proxies-system", "--providers-config", providers,
-		"--metrics-bind-address", s.ControllerMetrics, "--health-probe-bind-address", proc.Addr(proc.FreePort(t)),
-		"--pprof-bind-address", s.ControllerPprof,
-		"--leader-election-lease-duration", "4s", "--poll-interval", "200ms",
-		"--probe-addr", probeAddr, "--probe-token-file", s.token,
-		"--health-url", s.Target.URL + "/ip", "--health-expected-status", "200", "--health-echo-format", "text",
-		"--health-interval", o.HealthInterval.String(), "--health-timeout", o.HealthTimeout.String(),
-		"--gc-interval", o.GCInterval.String(), "--gc-grace-period", o.GCGrace.String(),
+	if o.Controllers == 0 {
+		o.Controllers = 1
 	}
-	s.ControllerArgs = append(s.ControllerArgs, o.ControllerArgs...)
-	s.StartController()
+	o.Step("starting %d controller replica(s) (leader election, probe endpoint, health checks through every proxy)", o.Controllers)
+	for range o.Controllers {
+		c := &Controller{Metrics: proc.Addr(proc.FreePort(t)), Pprof: proc.Addr(proc.FreePort(t)), Probe: proc.Addr(proc.FreePort(t))}
+		c.args = append([]string{
+			"--kubeconfig", s.Kubeconfig, "--namespace", "egress-proxies-system", "--providers-config", providers,
+			"--metrics-bind-address", c.Metrics, "--health-probe-bind-address", proc.Addr(proc.FreePort(t)),
+			"--pprof-bind-address", c.Pprof,
+			"--leader-election-lease-duration", "4s", "--poll-interval", "200ms",
+			"--probe-addr", c.Probe, "--probe-token-file", s.token,
+			"--health-url", s.Target.URL + "/ip", "--health-expected-status", "200", "--health-echo-format", "text",
+			"--health-interval", o.HealthInterval.String(), "--health-timeout", o.HealthTimeout.String(),
+			"--gc-interval", o.GCInterval.String(), "--gc-grace-period", o.GCGrace.String(),
+		}, o.ControllerArgs...)
+		s.Controllers = append(s.Controllers, c)
+		s.StartController(len(s.Controllers) - 1)
+	}
+	probes := make([]string, len(s.Controllers))
+	for i, c := range s.Controllers {
+		probes[i] = c.Probe
+	}
+	s.ProbeBalancer = proc.NewBalancer(t, probes...)
+	probeAddr := s.ProbeBalancer.Addr
 
 	o.Step("starting %d probers", o.Probers)
+	s.probeAddr = probeAddr
 	for i := range o.Probers {
-		ops := proc.Addr(proc.FreePort(t))
-		p := proc.Start(t, fmt.Sprintf("prober-%d", i), s.Bins["prober"], "--controller-addr", probeAddr, "--token-file", s.token,
-			"--id", fmt.Sprintf("prober-%d", i), "--ca-file", s.Target.CAFile, "--ops-addr", ops)
-		proc.WaitHTTP(t, p, "http://"+ops+"/healthz", 30*time.Second)
-		s.Probers = append(s.Probers, p)
-		s.ProberOps = append(s.ProberOps, ops)
+		s.Probers = append(s.Probers, nil)
+		s.ProberOps = append(s.ProberOps, proc.Addr(proc.FreePort(t)))
+		s.StartProber(i)
 	}
 
 	o.Step("starting %d brokers sharing Redis", o.Brokers)
@@ -177,11 +201,38 @@ func Start(t proc.T, env *testenv.Env, o Options) *System {
 	return s
 }
 
-// StartController starts (or restarts) the controller with its arguments.
-func (s *System) StartController() {
+// StartController starts (or restarts) controller replica i with its
+// arguments.
+func (s *System) StartController(i int) {
 	s.T.Helper()
-	s.Controller = proc.Start(s.T, "controller", s.Bins["controller"], s.ControllerArgs...)
-	proc.WaitHTTP(s.T, s.Controller, "http://"+s.ControllerMetrics+"/metrics", 60*time.Second)
+	c := s.Controllers[i]
+	c.Proc = proc.Start(s.T, fmt.Sprintf("controller-%d", i), s.Bins["controller"], c.args...)
+	proc.WaitHTTP(s.T, c.Proc, "http://"+c.Metrics+"/metrics", 60*time.Second)
+}
+
+// StartProber starts (or restarts) prober i under its id and ops address.
+func (s *System) StartProber(i int) {
+	s.T.Helper()
+	ops := s.ProberOps[i]
+	p := proc.Start(s.T, fmt.Sprintf("prober-%d", i), s.Bins["prober"], "--controller-addr", s.probeAddr, "--token-file", s.token,
+		"--id", fmt.Sprintf("prober-%d", i), "--ca-file", s.Target.CAFile, "--ops-addr", ops)
+	proc.WaitHTTP(s.T, p, "http://"+ops+"/healthz", 30*time.Second)
+	s.Probers[i] = p
+}
+
+// Leader is the index of the replica that leads now, by its own word (its
+// leader_election_master_status gauge), or -1 while none does.
+func (s *System) Leader() int {
+	for i, c := range s.Controllers {
+		if c.Proc == nil || c.Proc.Exited() {
+			continue
+		}
+		m, err := promtext.Scrape(nil, "http://"+c.Metrics+"/metrics")
+		if err == nil && m.Sum("leader_election_master_status") == 1 {
+			return i
+		}
+	}
+	return -1
 }
 
 // StartBroker starts (or restarts) broker i on fresh ports.

@@ -158,3 +158,20 @@ func SilentListener(t T) string {
 	})
 	return ln.Addr().String()
 }
+
+// NewBalancer forwards each new connection to the next of backends in
+// turn, as a Kubernetes ClusterIP Service does: it balances connections,
+// not requests or streams, so a client that keeps its connection keeps
+// its backend. A connection to a backend that is down is closed at once.
+func NewBalancer(t T, backends ...string) *Cutter {
+	t.Helper()
+	var mu sync.Mutex
+	next := 0
+	return NewCutterVia(t, "", func(string) (net.Conn, error) {
+		mu.Lock()
+		b := backends[next%len(backends)]
+		next++
+		mu.Unlock()
+		return net.Dial("tcp", b)
+	})
+}

@@ -28,6 +28,9 @@ type Proxy struct {
 	EgressIP   string
 	Attributes map[string]string
 	Healthy    bool
+	// HealthStale: the controller has had no recent probe result for it
+	// (Healthy=Unknown, reason ProbeStale).
+	HealthStale bool
 	// Leasable: Ready, healthy, not deleting, with an address.
 	Leasable bool
 }
@@ -47,10 +50,12 @@ func (p *Proxy) Matches(namespace string, selector map[string]string) bool {
 
 func fromObject(px *v1.Proxy) Proxy {
 	ready := meta.IsStatusConditionTrue(px.Status.Conditions, v1.ConditionReady)
+	h := meta.FindStatusCondition(px.Status.Conditions, v1.ConditionHealthy)
 	return Proxy{
 		ID: px.Namespace + "/" + px.Name, Namespace: px.Namespace,
 		IP: px.Status.IP, Port: px.Status.Port, EgressIP: px.Status.EgressIP,
 		Attributes: px.Spec.Attributes, Healthy: px.Status.Healthy,
+		HealthStale: h != nil && h.Status == "Unknown" && h.Reason == v1.ReasonProbeStale,
 		Leasable: ready && px.Status.Phase == v1.PhaseReady && px.Status.Healthy &&
 			px.DeletionTimestamp.IsZero() && px.Status.IP != "",
 	}

@@ -128,6 +128,7 @@ func storeError(err error) error {
 		st := status.New(codes.ResourceExhausted, "no proxy available: "+nc.Error())
 		st, _ = st.WithDetails(&errdetails.ErrorInfo{Reason: nc.Reason(), Domain: ErrorDomain, Metadata: map[string]string{
 			"candidates": strconv.Itoa(nc.Candidates), "coolingDown": strconv.Itoa(nc.CoolingDown), "atCap": strconv.Itoa(nc.AtCap),
+			"healthStale": strconv.Itoa(nc.Stale),
 		}})
 		return st.Err()
 	case errors.As(err, &un):
@@ -200,6 +201,16 @@ func (s *Service) CreateLease(ctx context.Context, req *leasev1.CreateLeaseReque
 		return nil, err
 	}
 	cands := s.inv.Select(req.GetNamespace(), req.GetSelector(), nil, true)
+	if len(cands) == 0 {
+		// Say why when the reason is the probe fleet, not the selector.
+		stale := 0
+		for _, p := range s.inv.Select(req.GetNamespace(), req.GetSelector(), nil, false) {
+			if p.HealthStale {
+				stale++
+			}
+		}
+		return nil, storeError(&store.NoCandidateError{Stale: stale})
+	}
 	ids := make([]string, len(cands))
 	for i, p := range cands {
 		ids[i] = p.ID

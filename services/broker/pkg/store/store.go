@@ -60,10 +60,16 @@ var (
 // NoCandidateError says why no proxy could be leased.
 type NoCandidateError struct {
 	Candidates, CoolingDown, AtCap int
+	// Stale counts matching proxies left out because their health is
+	// stale (no recent probe result); it matters when no candidate is left.
+	Stale int
 }
 
 func (e *NoCandidateError) Error() string {
-	if e.Candidates == 0 {
+	switch {
+	case e.Candidates == 0 && e.Stale > 0:
+		return fmt.Sprintf("no healthy Ready proxy matches the selector: the health of %d matching proxies is stale (the controller has had no probe result for them lately, so probing has stopped; check the probers)", e.Stale)
+	case e.Candidates == 0:
 		return "no healthy Ready proxy matches the selector"
 	}
 	return fmt.Sprintf("all %d matching proxies are unavailable: %d cooling down for the target, %d at the lease cap", e.Candidates, e.CoolingDown, e.AtCap)
@@ -72,6 +78,8 @@ func (e *NoCandidateError) Error() string {
 // Reason is a stable machine-readable reason.
 func (e *NoCandidateError) Reason() string {
 	switch {
+	case e.Candidates == 0 && e.Stale > 0:
+		return "HEALTH_STALE"
 	case e.Candidates == 0:
 		return "NO_MATCHING_PROXY"
 	case e.AtCap == 0:

@@ -80,11 +80,13 @@ func run(args []string) int {
 		if tok != nil {
 			dial = append(dial, tok.DialOption())
 		}
-		conn, err := grpc.NewClient(o.controllerAddr, dial...)
+		// Checked once here so a bad address is a usage error, not a
+		// reconnect loop.
+		probeConn, err := grpc.NewClient(o.controllerAddr, dial...)
 		if err != nil {
 			return service.Usagef("--controller-addr: %v", err)
 		}
-		defer func() { _ = conn.Close() }()
+		_ = probeConn.Close()
 
 		ops := service.NewOps()
 		ops.Registry.MustRegister(agent.Collectors()...)
@@ -93,7 +95,8 @@ func run(args []string) int {
 			return service.UsageError{Err: err}
 		}
 		env.Log.Info("starting", "id", o.id, "controller", o.controllerAddr, "concurrency", o.concurrency, "commit", version.Commit, "auth", tok.Enabled())
-		a := &agent.Agent{ID: o.id, Concurrency: o.concurrency, Prober: &probe.Prober{RootCAs: roots}, Conn: conn, Log: env.Log}
+		a := &agent.Agent{ID: o.id, Concurrency: o.concurrency, Prober: &probe.Prober{RootCAs: roots}, Log: env.Log,
+			Dial: func() (*grpc.ClientConn, error) { return grpc.NewClient(o.controllerAddr, dial...) }}
 		return errors.Join(a.Run(ctx), waitOps())
 	})
 }

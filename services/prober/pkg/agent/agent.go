@@ -2,7 +2,8 @@
 // the controller, keeps the set of proxies assigned to it, probes each on
 // its interval with bounded concurrency, and streams results back. When the
 // stream breaks (controller restart, leader change) it reconnects with
-// jittered backoff and receives a full assignment again. The schedule
+// jittered backoff, over a new connection, and receives a full assignment
+// again. The schedule
 // outlives the stream: a reconnect keeps every known proxy's place in it,
 // so a controller failover neither pauses probing nor bunches it up.
 package agent
@@ -59,10 +60,14 @@ type Agent struct {
 	// Concurrency bounds probes in flight, and so file descriptors.
 	Concurrency int
 	Prober      *probe.Prober
-	Conn        grpc.ClientConnInterface
+	// Dial opens a new connection to the controller's probe endpoint; each
+	// stream gets its own. A Kubernetes Service balances connections, not
+	// streams: a follower refuses the stream, and a retry over the same
+	// connection would reach the same follower for as long as it lives.
+	Dial        func() (*grpc.ClientConn, error)
 	CallOptions []grpc.CallOption
 	Log         *slog.Logger
-	// BackoffMax caps the reconnect delay.
+	// BackoffMax caps the reconnect delay; 0 means DefaultBackoffMax.
 	BackoffMax time.Duration
 
 	once    sync.Once
@@ -77,20 +82,26 @@ func (a *Agent) init() {
 	})
 }
 
+// DefaultBackoffMax caps the reconnect delay. It is short because every
+// second without a stream is a second of results the leader does not get:
+// after a failover the new leader must hear about every proxy within two
+// intervals, and a refused or failed attempt costs a controller next to
+// nothing (no assignment is sent before the hello is accepted).
+const DefaultBackoffMax = 2 * time.Second
+
 // Run connects and reconnects until ctx ends.
 func (a *Agent) Run(ctx context.Context) error {
 	a.init()
-	client := probev1.NewProbeServiceClient(a.Conn)
 	backoff := 250 * time.Millisecond
 	if a.BackoffMax == 0 {
-		a.BackoffMax = 30 * time.Second
+		a.BackoffMax = DefaultBackoffMax
 	}
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	wg.Go(func() { a.sched.run(ctx, a.Prober, a.results) })
 	for ctx.Err() == nil {
 		started := time.Now()
-		err := a.session(ctx, client)
+		err := a.dialSession(ctx)
 		connected.Set(0)
 		if ctx.Err() != nil {
 			return nil
@@ -108,6 +119,16 @@ func (a *Agent) Run(ctx context.Context) error {
 		backoff = min(backoff*2, a.BackoffMax)
 	}
 	return nil
+}
+
+// dialSession runs one session over a connection of its own.
+func (a *Agent) dialSession(ctx context.Context) error {
+	conn, err := a.Dial()
+	if err != nil {
+		return err
+	}
+	defer func() { _ = conn.Close() }()
+	return a.session(ctx, probev1.NewProbeServiceClient(conn))
 }
 
 func (a *Agent) session(ctx context.Context, client probev1.ProbeServiceClient) error {

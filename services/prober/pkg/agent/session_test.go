@@ -108,7 +108,7 @@ func (h *scriptedHub) probed(id string) int {
 	return h.results[id]
 }
 
-func startScripted(t *testing.T) (*scriptedHub, *grpc.ClientConn) {
+func startScripted(t *testing.T) (*scriptedHub, string) {
 	t.Helper()
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
@@ -117,15 +117,18 @@ func startScripted(t *testing.T) (*scriptedHub, *grpc.ClientConn) {
 	probev1.RegisterProbeServiceServer(srv, h)
 	go func() { _ = srv.Serve(lis) }()
 	t.Cleanup(srv.Stop)
-	conn, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = conn.Close() })
-	return h, conn
+	return h, lis.Addr().String()
 }
 
-func runAgent(t *testing.T, conn *grpc.ClientConn) *Agent {
+func dialer(addr string) func() (*grpc.ClientConn, error) {
+	return func() (*grpc.ClientConn, error) {
+		return grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	}
+}
+
+func runAgent(t *testing.T, addr string) *Agent {
 	t.Helper()
-	a := &Agent{ID: "p", Concurrency: 64, Prober: &probe.Prober{}, Conn: conn, Log: slog.Default(), BackoffMax: 100 * time.Millisecond}
+	a := &Agent{ID: "p", Concurrency: 64, Prober: &probe.Prober{}, Dial: dialer(addr), Log: slog.Default(), BackoffMax: 100 * time.Millisecond}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { _ = a.Run(ctx); close(done) }()
@@ -138,7 +141,7 @@ func runAgent(t *testing.T, conn *grpc.ClientConn) *Agent {
 // 4 MiB receive limit (the agent's client keeps the default), and becomes
 // the agent's set only once whole.
 func TestFiftyThousandTargetsArriveInChunks(t *testing.T) {
-	h, conn := startScripted(t)
+	h, addr := startScripted(t)
 	closed := proc.FreePort(t)
 	url := "https://127.0.0.1:1/" + strings.Repeat("x", 2000)
 	ts := make([]*probev1.ProbeTarget, 50000)
@@ -149,7 +152,7 @@ func TestFiftyThousandTargetsArriveInChunks(t *testing.T) {
 	msgs := assignment.Split(true, ts, nil, 0)
 	require.Greater(t, len(msgs), 50)
 	h.scripts <- msgs
-	a := runAgent(t, conn)
+	a := runAgent(t, addr)
 	<-h.ends
 	require.Eventually(t, func() bool { return a.sched.size() == len(ts) }, 30*time.Second, 20*time.Millisecond)
 	assert.Equal(t, float64(len(ts)), testutil.ToFloat64(assigned))
@@ -161,11 +164,11 @@ func TestFiftyThousandTargetsArriveInChunks(t *testing.T) {
 // prober already holds are not probed again early because the new stream
 // assigned them again, and one that is new is probed at once.
 func TestAReconnectKeepsTheSchedule(t *testing.T) {
-	h, conn := startScripted(t)
+	h, addr := startScripted(t)
 	closed := proc.FreePort(t)
 	known := target("ns/known", closed, time.Hour)
 	h.scripts <- []*probev1.Assignment{{Full: true, Upsert: []*probev1.ProbeTarget{known}}}
-	runAgent(t, conn)
+	runAgent(t, addr)
 	end := <-h.ends
 	require.Eventually(t, func() bool { return h.probed("ns/known") == 1 }, 10*time.Second, 10*time.Millisecond, "a new target is probed within the first-probe window")
 

@@ -1,0 +1,188 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	coordinationv1 "k8s.io/api/coordination/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/egress-proxies/egress-proxies/hack/demo/system"
+	v1 "github.com/egress-proxies/egress-proxies/pkg/api/v1alpha1"
+	"github.com/egress-proxies/egress-proxies/pkg/testutil/promtext"
+)
+
+// proxies creates n managed proxies in ns and waits until each is Healthy.
+func proxies(t *testing.T, ns string, n int) []string {
+	t.Helper()
+	names := make([]string, n)
+	for i := range names {
+		names[i] = fmt.Sprintf("p%d", i)
+		require.NoError(t, env.Client.Create(context.Background(), managed(ns, names[i])))
+	}
+	for _, name := range names {
+		waitProxy(t, ns, name, "Ready and Healthy", healthy)
+	}
+	return names
+}
+
+// election is the leader-election Lease as the API server has it.
+func election(t *testing.T) *coordinationv1.Lease {
+	t.Helper()
+	l := &coordinationv1.Lease{}
+	require.NoError(t, env.Client.Get(context.Background(), client.ObjectKey{Namespace: "egress-proxies-system", Name: "egress-proxies-controller"}, l))
+	return l
+}
+
+// newLeader waits for an election after prev (a new holder of the Lease),
+// and returns the replica that won it and when it did, by the API
+// server's record. The winner may be a restarted replica of any index.
+func newLeader(t *testing.T, s *system.System, prev *coordinationv1.Lease) (int, time.Time) {
+	t.Helper()
+	leader := -1
+	var l *coordinationv1.Lease
+	require.Eventually(t, func() bool {
+		l = election(t)
+		if l.Spec.HolderIdentity == nil || *l.Spec.HolderIdentity == *prev.Spec.HolderIdentity || l.Spec.AcquireTime == nil {
+			return false
+		}
+		leader = s.Leader()
+		return leader >= 0
+	}, 60*time.Second, 50*time.Millisecond, "no new leader after %s", *prev.Spec.HolderIdentity)
+	return leader, l.Spec.AcquireTime.Time
+}
+
+// probedWithin asserts that replica i, once elected at since, received a
+// probe of every named proxy that ended within bound of its election. It
+// reads the leader's own per-proxy probe times, so a slow test process
+// does not move what is measured.
+func probedWithin(t *testing.T, s *system.System, i int, ns string, names []string, since time.Time, bound time.Duration) {
+	t.Helper()
+	first := map[string]time.Time{}
+	require.Eventually(t, func() bool {
+		m, err := promtext.Scrape(nil, "http://"+s.Controllers[i].Metrics+"/metrics")
+		if err != nil {
+			return false
+		}
+		for _, name := range names {
+			v := m[fmt.Sprintf(`proxy_operator_healthcheck_last_timestamp_seconds{name=%q,namespace=%q}`, name, ns)]
+			at := time.UnixMilli(int64(v * 1000))
+			if _, ok := first[name]; !ok && !at.Before(since) {
+				first[name] = at
+			}
+		}
+		return len(first) == len(names)
+	}, 60*time.Second, 100*time.Millisecond, "the new leader never heard of every proxy; probed so far: %v", first)
+	for name, at := range first {
+		assert.LessOrEqual(t, at.Sub(since), bound, "%s was first probed %s after the election", name, at.Sub(since))
+	}
+}
+
+// Two controller replicas behind a per-connection round-robin balancer, as
+// the chart's two replicas are behind their Service: a follower refuses the
+// probe stream, and probers must still find the leader, every time it
+// changes, and every proxy must be probed for the new leader within two
+// intervals of its election.
+func TestProbingFollowsTheLeaderBehindARoundRobinService(t *testing.T) {
+	const interval = 5 * time.Second
+	s, ns := up(t, system.Options{Controllers: 2, Probers: 2, HealthInterval: interval})
+	names := proxies(t, ns, 4)
+
+	// The leader is killed: no goodbye, its Lease runs out.
+	old := s.Leader()
+	require.GreaterOrEqual(t, old, 0)
+	prev := election(t)
+	s.Controllers[old].Proc.Kill()
+	leader, at := newLeader(t, s, prev)
+	probedWithin(t, s, leader, ns, names, at, 2*interval)
+	s.StartController(old) // its pod restarts, as a follower
+
+	// A rollout: both restart in turn, the follower first.
+	prev = election(t)
+	follower := 1 - leader
+	s.Controllers[follower].Proc.Kill()
+	s.StartController(follower)
+	s.Controllers[leader].Proc.Kill()
+	s.StartController(leader)
+	next, at := newLeader(t, s, prev)
+	probedWithin(t, s, next, ns, names, at, 2*interval)
+	for _, name := range names {
+		assert.True(t, waitProxy(t, ns, name, "Healthy throughout", healthy).Status.Healthy)
+	}
+
+	// A prober starting while nothing else dials: the balancer alternates,
+	// so of two starts in a row one lands on the follower first. Each
+	// must reach the leader all the same.
+	for range 2 {
+		s.Probers[0].Kill()
+		s.StartProber(0)
+		require.Eventually(t, func() bool {
+			m, err := promtext.Scrape(nil, "http://"+s.ProberOps[0]+"/metrics")
+			return err == nil && m["prober_connected"] == 1
+		}, 4*interval, 50*time.Millisecond, "the prober never reached the leader; log %s", s.Probers[0].LogPath)
+	}
+}
+
+// Every prober stops: within the stale limit and one interval, no proxy is
+// Healthy, the broker lists none as healthy and refuses leases saying that
+// health is stale; probers coming back make them leasable again.
+func TestAStoppedProbeFleetMakesHealthStale(t *testing.T) {
+	const interval = 2 * time.Second
+	s, ns := up(t, system.Options{Probers: 2, HealthInterval: interval})
+	names := proxies(t, ns, 3)
+	b := s.Brokers[0].REST
+	require.Eventually(t, func() bool { return len(listedIn(t, b, ns)) == len(names) }, 30*time.Second, 50*time.Millisecond)
+
+	stopped := time.Now()
+	for _, p := range s.Probers {
+		p.Kill()
+	}
+	require.Eventually(t, func() bool { return len(listedIn(t, b, ns)) == 0 }, 60*time.Second, 50*time.Millisecond,
+		"the broker still lists healthy proxies with every prober stopped")
+	took := time.Since(stopped)
+	assert.LessOrEqual(t, took, (3+1)*interval, "stale after %s", took)
+	for _, name := range names {
+		px := waitProxy(t, ns, name, "stale", func(px *v1.Proxy) bool { return !px.Status.Healthy })
+		c := healthCondition(px)
+		require.NotNil(t, c)
+		assert.Equal(t, "Unknown", string(c.Status))
+		assert.Equal(t, v1.ReasonProbeStale, c.Reason)
+	}
+	refused := do(t, "POST", b+"/v1/leases", `{"namespace":"`+ns+`"}`)
+	assert.Equal(t, 429, refused.status)
+	assert.Contains(t, string(refused.body), "HEALTH_STALE")
+	assert.Contains(t, string(refused.body), "health of 3 matching proxies is stale")
+	ctrl, err := promtext.Scrape(nil, "http://"+s.Controllers[0].Metrics+"/metrics")
+	require.NoError(t, err)
+	assert.GreaterOrEqual(t, ctrl["proxy_operator_proxies_probe_stale"], float64(len(names)))
+
+	for i := range s.Probers {
+		s.StartProber(i)
+	}
+	require.Eventually(t, func() bool { return len(listedIn(t, b, ns)) == len(names) }, 30*time.Second, 50*time.Millisecond,
+		"probers back, the proxies are leasable again")
+	assert.Equal(t, 200, do(t, "POST", b+"/v1/leases", `{"namespace":"`+ns+`"}`).status)
+}
+
+func healthCondition(px *v1.Proxy) *metav1.Condition {
+	return meta.FindStatusCondition(px.Status.Conditions, v1.ConditionHealthy)
+}
+
+// listedIn is the ids of the healthy proxies of ns the broker lists.
+func listedIn(t *testing.T, rest, ns string) []string {
+	var out []string
+	r := do(t, "GET", rest+"/v1/proxies?healthy=true&namespace="+ns, "")
+	if r.status != 200 {
+		return nil
+	}
+	for _, p := range r.json["proxies"].([]any) {
+		out = append(out, p.(map[string]any)["id"].(string))
+	}
+	return out
+}
