@@ -26,6 +26,7 @@ import (
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/grpc"
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
@@ -42,11 +43,12 @@ var (
 	connected = prometheus.NewGauge(prometheus.GaugeOpts{Name: "prober_connected", Help: "1 while the stream to the controller is up."})
 	inflight  = prometheus.NewGauge(prometheus.GaugeOpts{Name: "prober_probes_in_flight", Help: "Probes running now (bounded by --concurrency)."})
 	dropped   = prometheus.NewCounter(prometheus.CounterOpts{Name: "prober_results_dropped_total", Help: "Results dropped because the controller took them in more slowly than they were made, or no stream was up."})
+	skipped   = prometheus.NewCounter(prometheus.CounterOpts{Name: "prober_probes_skipped_total", Help: "Probes not started because the proxy's previous probe was still running (its timeout is longer than its interval, or the prober is behind)."})
 )
 
 // Collectors are the agent's metrics.
 func Collectors() []prometheus.Collector {
-	return []prometheus.Collector{probes, probeDuration, assigned, connected, inflight, dropped}
+	return []prometheus.Collector{probes, probeDuration, assigned, connected, inflight, dropped, skipped}
 }
 
 // resultBuffer is how many results wait for the stream before new ones
@@ -181,17 +183,23 @@ func (a *Agent) session(ctx context.Context, client probev1.ProbeServiceClient) 
 	}
 }
 
-// sendResults batches results: a batch goes out every 100ms or at 256.
+// maxBatchBytes bounds one results message, far below the 4 MiB the
+// controller accepts, whatever the results hold.
+const maxBatchBytes = 1 << 20
+
+// sendResults batches results: a batch goes out every 100ms, at 256
+// results, or at maxBatchBytes.
 func (a *Agent) sendResults(ctx context.Context, stream probev1.ProbeService_ConnectClient, results <-chan *probev1.ProbeResult) error {
 	tick := time.NewTicker(100 * time.Millisecond)
 	defer tick.Stop()
 	var batch []*probev1.ProbeResult
+	size := 0
 	flush := func() error {
 		if len(batch) == 0 {
 			return nil
 		}
 		err := stream.Send(&probev1.ConnectRequest{Message: &probev1.ConnectRequest_Results{Results: &probev1.ProbeResults{Results: batch}}})
-		batch = nil
+		batch, size = nil, 0
 		return err
 	}
 	for {
@@ -199,7 +207,13 @@ func (a *Agent) sendResults(ctx context.Context, stream probev1.ProbeService_Con
 		case <-ctx.Done():
 			return nil
 		case r := <-results:
+			if n := proto.Size(r) + 8; size+n > maxBatchBytes {
+				if err := flush(); err != nil {
+					return err
+				}
+			}
 			batch = append(batch, r)
+			size += proto.Size(r) + 8
 			if len(batch) >= 256 {
 				if err := flush(); err != nil {
 					return err
@@ -220,6 +234,9 @@ type task struct {
 	index  int
 	// probed: the first probe has been started.
 	probed bool
+	// running: a probe of it is in flight. One at a time: a proxy that
+	// never answers must hold one probe slot, not one per interval.
+	running bool
 }
 
 type queue []*task
@@ -320,11 +337,17 @@ func (s *scheduler) run(ctx context.Context, p *probe.Prober, out chan<- *probev
 	for {
 		s.mu.Lock()
 		var next time.Duration = time.Hour
-		var due []*probev1.ProbeTarget
+		var due []*task
+		var targets []*probev1.ProbeTarget
 		now := time.Now()
 		for s.q.Len() > 0 && !s.q[0].due.After(now) {
 			t := s.q[0]
-			due = append(due, t.target)
+			if t.running {
+				skipped.Inc()
+			} else {
+				t.running = true
+				due, targets = append(due, t), append(targets, t.target)
+			}
 			every := interval(t.target)
 			switch {
 			case !t.probed:
@@ -342,7 +365,7 @@ func (s *scheduler) run(ctx context.Context, p *probe.Prober, out chan<- *probev
 		}
 		s.mu.Unlock()
 
-		for _, t := range due {
+		for i, t := range due {
 			select {
 			case s.sem <- struct{}{}:
 			case <-ctx.Done():
@@ -351,8 +374,15 @@ func (s *scheduler) run(ctx context.Context, p *probe.Prober, out chan<- *probev
 			wg.Add(1)
 			inflight.Inc()
 			go func() {
-				defer func() { <-s.sem; inflight.Dec(); wg.Done() }()
-				r := runOne(ctx, p, t)
+				defer func() {
+					s.mu.Lock()
+					t.running = false
+					s.mu.Unlock()
+					<-s.sem
+					inflight.Dec()
+					wg.Done()
+				}()
+				r := runOne(ctx, p, targets[i])
 				select {
 				case out <- r:
 				default:

@@ -2,10 +2,13 @@ package agent
 
 import (
 	"context"
+	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"google.golang.org/protobuf/types/known/durationpb"
@@ -62,4 +65,49 @@ func TestSchedulerFollowsAssignments(t *testing.T) {
 
 	s.apply(&probev1.Assignment{Full: true})
 	assert.Zero(t, s.size(), "an empty full assignment clears everything")
+}
+
+// A proxy that never answers, probed every 50ms with a 2s timeout, holds
+// one probe slot, not one per interval: the other proxy of a prober with
+// four slots is still probed on time.
+func TestASilentProxyHoldsOneSlot(t *testing.T) {
+	closed := proc.FreePort(t)
+	silent := proc.SilentListener(t)
+	_, port, _ := strings.Cut(silent, ":")
+	slow := target("silent", 0, 50*time.Millisecond)
+	slow.Port = int32(mustAtoi(t, port))
+	slow.Settings.Timeout = durationpb.New(2 * time.Second)
+	s := newScheduler(4)
+	out := make(chan *probev1.ProbeResult, 1024)
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	wg.Go(func() { s.run(ctx, &probe.Prober{}, out) })
+	defer func() { cancel(); wg.Wait() }()
+	skipped0 := testutil.ToFloat64(skipped)
+
+	s.apply(&probev1.Assignment{Full: true, Upsert: []*probev1.ProbeTarget{slow, target("fast", closed, 100*time.Millisecond)}})
+	got := map[string]int{}
+	deadline := time.After(time.Second)
+	maxInflight := 0.0
+	for done := false; !done; {
+		select {
+		case r := <-out:
+			got[r.GetId()]++
+		case <-time.After(10 * time.Millisecond):
+			maxInflight = max(maxInflight, testutil.ToFloat64(inflight))
+		case <-deadline:
+			done = true
+		}
+	}
+	assert.Zero(t, got["silent"], "its one probe is still waiting out its timeout")
+	assert.InDelta(t, 10, got["fast"], 4, "the other proxy is probed on time")
+	assert.LessOrEqual(t, maxInflight, 2.0, "the silent proxy holds one slot")
+	assert.GreaterOrEqual(t, testutil.ToFloat64(skipped)-skipped0, 10.0, "its later probes were skipped, and counted")
+}
+
+func mustAtoi(t *testing.T, s string) int {
+	t.Helper()
+	n, err := strconv.Atoi(s)
+	require.NoError(t, err)
+	return n
 }

@@ -22,6 +22,7 @@ import (
 	"time"
 
 	probev1 "github.com/egress-proxies/egress-proxies/pkg/gen/egressproxies/probe/v1"
+	"github.com/egress-proxies/egress-proxies/pkg/sanitize"
 )
 
 // probeCurves leave out Go's default post-quantum hybrid key exchange
@@ -54,12 +55,44 @@ type Result struct {
 type Prober struct {
 	// RootCAs verifies targets; nil means the system roots.
 	RootCAs *x509.CertPool
-	// MaxBody bounds how much of the answer is read.
+	// MaxBody bounds how much of the answer's body is read; 0 means
+	// DefaultMaxBody.
 	MaxBody int64
 }
 
+// MaxHeaderBytes bounds the status line and headers of each answer a probe
+// reads (the proxy's to CONNECT, the target's). Whoever answers a probe is
+// untrusted: without a bound a 100 MiB status line costs the prober
+// hundreds of MiB, and every other proxy it probes with it.
+const MaxHeaderBytes = 16 << 10
+
+// DefaultMaxBody bounds the body read: an echo of an address, or nothing.
+const DefaultMaxBody = 64 << 10
+
+// fail's reason may quote what the proxy or target said: it is bounded
+// and cleaned here, where it is made, and again where it is written.
 func fail(phase probev1.ProbePhase, start time.Time, format string, args ...any) Result {
-	return Result{Phase: phase, Latency: time.Since(start), Reason: fmt.Sprintf(format, args...)}
+	return Result{Phase: phase, Latency: time.Since(start), Reason: sanitize.Text(fmt.Sprintf(format, args...), sanitize.MaxReason)}
+}
+
+// budget reads at most n bytes from r; exhausted says whether an answer
+// ran into the bound, so the reason can say so rather than "unexpected EOF".
+type budget struct{ io.LimitedReader }
+
+func newBudget(r io.Reader, n int64) *budget { return &budget{io.LimitedReader{R: r, N: n}} }
+func (b *budget) exhausted() bool            { return b.N <= 0 }
+
+// readFailure names why an answer could not be read. The HTTP parser
+// reports a bound or a deadline hit mid-line as a malformed line; the
+// reason says what really happened.
+func readFailure(deadline time.Time, b *budget, err error) string {
+	switch {
+	case b.exhausted():
+		return fmt.Sprintf("status line and headers exceed %d KiB", MaxHeaderBytes>>10)
+	case !time.Now().Before(deadline):
+		return "timed out"
+	}
+	return short(err)
 }
 
 // Do probes target through the proxy at proxyAddr ("host:port").
@@ -77,13 +110,18 @@ func (p *Prober) Do(ctx context.Context, proxyAddr string, s Settings) Result {
 		return fail(probev1.ProbePhase_PROBE_PHASE_DIAL, start, "dial %s: %s", proxyAddr, short(err))
 	}
 	defer func() { _ = conn.Close() }()
-	// One deadline for the whole exchange: a tunnel that never answers
-	// ends at the timeout, whatever phase it hangs in.
+	// One deadline for the whole exchange: a tunnel that never answers,
+	// or answers a byte at a time, ends at the timeout, whatever phase it
+	// is in.
 	deadline, _ := ctx.Deadline()
 	_ = conn.SetDeadline(deadline)
-	br := bufio.NewReader(conn)
+	maxBody := p.MaxBody
+	if maxBody == 0 {
+		maxBody = DefaultMaxBody
+	}
 
 	var resp *http.Response
+	var answer *budget
 	if u.Scheme == "https" {
 		host := u.Host
 		if u.Port() == "" {
@@ -93,9 +131,11 @@ func (p *Prober) Do(ctx context.Context, proxyAddr string, s Settings) Result {
 		if err := connect.Write(conn); err != nil {
 			return fail(probev1.ProbePhase_PROBE_PHASE_CONNECT, start, "sending CONNECT: %s", short(err))
 		}
+		head := newBudget(conn, MaxHeaderBytes)
+		br := bufio.NewReader(head)
 		cr, err := http.ReadResponse(br, connect)
 		if err != nil {
-			return fail(probev1.ProbePhase_PROBE_PHASE_CONNECT, start, "no answer to CONNECT %s: %s", host, short(err))
+			return fail(probev1.ProbePhase_PROBE_PHASE_CONNECT, start, "no answer to CONNECT %s: %s", host, readFailure(deadline, head, err))
 		}
 		_ = cr.Body.Close()
 		if cr.StatusCode != http.StatusOK {
@@ -112,24 +152,23 @@ func (p *Prober) Do(ctx context.Context, proxyAddr string, s Settings) Result {
 		if err := req.Write(tc); err != nil {
 			return fail(probev1.ProbePhase_PROBE_PHASE_HTTP, start, "sending request: %s", short(err))
 		}
-		if resp, err = http.ReadResponse(bufio.NewReader(tc), req); err != nil {
-			return fail(probev1.ProbePhase_PROBE_PHASE_HTTP, start, "reading answer: %s", short(err))
+		answer = newBudget(tc, MaxHeaderBytes+maxBody)
+		if resp, err = http.ReadResponse(bufio.NewReader(answer), req); err != nil {
+			return fail(probev1.ProbePhase_PROBE_PHASE_HTTP, start, "reading answer: %s", readFailure(deadline, answer, err))
 		}
 	} else {
 		req := p.request(ctx, u)
 		if err := req.WriteProxy(conn); err != nil {
 			return fail(probev1.ProbePhase_PROBE_PHASE_HTTP, start, "sending request: %s", short(err))
 		}
-		if resp, err = http.ReadResponse(br, req); err != nil {
-			return fail(probev1.ProbePhase_PROBE_PHASE_HTTP, start, "reading answer: %s", short(err))
+		answer = newBudget(conn, MaxHeaderBytes+maxBody)
+		var err error
+		if resp, err = http.ReadResponse(bufio.NewReader(answer), req); err != nil {
+			return fail(probev1.ProbePhase_PROBE_PHASE_HTTP, start, "reading answer: %s", readFailure(deadline, answer, err))
 		}
 	}
 	defer func() { _ = resp.Body.Close() }()
-	max := p.MaxBody
-	if max == 0 {
-		max = 64 << 10
-	}
-	body, err := io.ReadAll(io.LimitReader(resp.Body, max))
+	body, err := io.ReadAll(io.LimitReader(resp.Body, maxBody))
 	if err != nil {
 		return fail(probev1.ProbePhase_PROBE_PHASE_HTTP, start, "reading body: %s", short(err))
 	}
