@@ -207,13 +207,14 @@ func (a *Agent) sendResults(ctx context.Context, stream probev1.ProbeService_Con
 		case <-ctx.Done():
 			return nil
 		case r := <-results:
-			if n := proto.Size(r) + 8; size+n > maxBatchBytes {
+			n := proto.Size(r) + 8 // and its framing within the batch
+			if size+n > maxBatchBytes {
 				if err := flush(); err != nil {
 					return err
 				}
 			}
 			batch = append(batch, r)
-			size += proto.Size(r) + 8
+			size += n
 			if len(batch) >= 256 {
 				if err := flush(); err != nil {
 					return err
