@@ -31,6 +31,7 @@ import (
 	"github.com/egress-proxies/egress-proxies/pkg/assignment"
 	"github.com/egress-proxies/egress-proxies/pkg/auth"
 	probev1 "github.com/egress-proxies/egress-proxies/pkg/gen/egressproxies/probe/v1"
+	"github.com/egress-proxies/egress-proxies/pkg/sanitize"
 	"github.com/egress-proxies/egress-proxies/services/controller/pkg/controllers/proxy/health"
 )
 
@@ -38,9 +39,13 @@ var (
 	probersConnected = prometheus.NewGauge(prometheus.GaugeOpts{Name: "proxy_operator_probers_connected", Help: "Probers connected to this (leader) controller."})
 	assignments      = prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "proxy_operator_probe_assignments", Help: "Proxies assigned to each connected prober."}, []string{"prober"})
 	reassigned       = prometheus.NewCounter(prometheus.CounterOpts{Name: "proxy_operator_probe_reassignments_total", Help: "Proxies moved from one prober to another by rebalancing."})
+	rejected         = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "proxy_operator_probe_results_rejected_total",
+		Help: "Probe results refused: about a proxy not assigned to the sending stream (unassigned; a moved proxy's late result is one), or malformed (invalid).",
+	}, []string{"reason"})
 )
 
-func init() { ctrlmetrics.Registry.MustRegister(probersConnected, assignments, reassigned) }
+func init() { ctrlmetrics.Registry.MustRegister(probersConnected, assignments, reassigned, rejected) }
 
 // Hub serves the probe stream and keeps the assignment: every probe-able
 // Proxy belongs to exactly one connected prober, chosen by rendezvous
@@ -319,8 +324,12 @@ func (h *Hub) Connect(stream probev1.ProbeService_ConnectServer) error {
 	s := &session{id: hello.GetProberId(), stream: stream, cancel: cancel, full: true, wake: make(chan struct{}, 1),
 		desired: map[string]*probev1.ProbeTarget{}, changed: map[string]struct{}{}}
 	h.mu.Lock()
-	if old, ok := h.sessions[s.id]; ok {
-		old.cancel() // a reconnect under the same id replaces the stale stream
+	if _, ok := h.sessions[s.id]; ok {
+		// A live stream keeps its id: taking it over would evict a prober
+		// and take its share. A prober that reconnects after its old
+		// stream died unnoticed waits out keepalive (15s at most).
+		h.mu.Unlock()
+		return status.Errorf(codes.AlreadyExists, "prober_id %q is connected on another stream; ids must be unique (the pod name), and a restarted prober is let in once keepalive ends its old stream", s.id)
 	}
 	h.sessions[s.id] = s
 	h.regroup = true
@@ -370,11 +379,33 @@ func (h *Hub) Connect(stream probev1.ProbeService_ConnectServer) error {
 		case err := <-errc:
 			return err
 		case m := <-msgs:
-			for _, r := range m.GetResults().GetResults() {
+			for _, r := range h.accepted(s, m.GetResults().GetResults()) {
 				h.Engine.Handle(ctx, s.id, r)
 			}
 		}
 	}
+}
+
+// accepted keeps the results a stream may report: about a proxy assigned
+// to it, and well formed. A prober can neither speak for a proxy it was
+// not given nor write an egress IP that is not one.
+func (h *Hub) accepted(s *session, rs []*probev1.ProbeResult) []*probev1.ProbeResult {
+	out := rs[:0]
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for _, r := range rs {
+		t, mine := s.desired[r.GetId()]
+		switch {
+		case !mine || t.GetUid() != r.GetUid():
+			rejected.WithLabelValues("unassigned").Inc()
+		case r.GetEgressIp() != "" && net.ParseIP(r.GetEgressIp()) == nil:
+			rejected.WithLabelValues("invalid").Inc()
+			h.Log.Warn("a result's egress IP is not an IP; result dropped", "prober", s.id, "proxy", r.GetId(), "egressIP", sanitize.Text(r.GetEgressIp(), 64))
+		default:
+			out = append(out, r)
+		}
+	}
+	return out
 }
 
 // Start serves the probe endpoint until ctx ends (a manager Runnable).

@@ -325,6 +325,32 @@ func lastCheckSeries(t *testing.T) int {
 	return n
 }
 
+// seriesOf is the proxies ("namespace/name") with a probe-recency series.
+func seriesOf(t *testing.T) map[string]bool {
+	t.Helper()
+	mfs, err := ctrlmetrics.Registry.Gather()
+	require.NoError(t, err)
+	out := map[string]bool{}
+	for _, mf := range mfs {
+		if mf.GetName() != "proxy_operator_healthcheck_last_timestamp_seconds" {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			var ns, name string
+			for _, l := range m.GetLabel() {
+				switch l.GetName() {
+				case "namespace":
+					ns = l.GetValue()
+				case "name":
+					name = l.GetValue()
+				}
+			}
+			out[ns+"/"+name] = true
+		}
+	}
+	return out
+}
+
 // resultsCounted is how many results of a kind the engine has taken in.
 func resultsCounted(t *testing.T, result string) float64 {
 	t.Helper()
@@ -343,4 +369,70 @@ func resultsCounted(t *testing.T, result string) float64 {
 		}
 	}
 	return 0
+}
+
+func rejectedCount(t *testing.T, reason string) float64 {
+	t.Helper()
+	return testutil.ToFloat64(rejected.WithLabelValues(reason))
+}
+
+// A stream speaks only for the proxies assigned to it: results about
+// another prober's proxies, or naming a wrong uid, are refused and create
+// no per-proxy series; an egress IP that is not an IP refuses the result;
+// and a second stream under a live prober's id is refused, not let in to
+// evict it.
+func TestAStreamSpeaksOnlyForItsOwnProxies(t *testing.T) {
+	_, addr := startHub(t, 40, true, nil)
+	a, b := connect(t, addr, "trust-a"), connect(t, addr, "trust-b")
+	sets := partition(t, 40, a, b)
+	require.NotEmpty(t, sets[0])
+	require.NotEmpty(t, sets[1])
+	ok := func(id string, p *fakeProber) *probev1.ProbeResult {
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		return &probev1.ProbeResult{Id: id, Uid: p.targets[id].GetUid(), Success: true}
+	}
+	series0, unassigned0, invalid0 := seriesOf(t), rejectedCount(t, "unassigned"), rejectedCount(t, "invalid")
+
+	var foreign []*probev1.ProbeResult
+	for id := range sets[1] {
+		foreign = append(foreign, ok(id, b))
+	}
+	a.report(t, foreign)
+	var own, forged []*probev1.ProbeResult
+	for id := range sets[0] {
+		r := ok(id, a)
+		own = append(own, r)
+		forged = append(forged, &probev1.ProbeResult{Id: id, Uid: "not-its-uid", Success: true})
+	}
+	a.report(t, forged)
+	bad := ok(own[0].GetId(), a)
+	bad.EgressIp = "<script>alert(1)</script>"
+	a.report(t, []*probev1.ProbeResult{bad})
+	a.report(t, own)
+	require.Eventually(t, func() bool {
+		now := seriesOf(t)
+		for _, r := range own {
+			if !now[r.GetId()] {
+				return false
+			}
+		}
+		return true
+	}, 10*time.Second, 10*time.Millisecond, "a's own results made series")
+	now := seriesOf(t)
+	for _, r := range foreign {
+		assert.Equal(t, series0[r.GetId()], now[r.GetId()], "a's results about %s made no series", r.GetId())
+	}
+	assert.Equal(t, unassigned0+float64(len(foreign)+len(forged)), rejectedCount(t, "unassigned"))
+	assert.Equal(t, invalid0+1, rejectedCount(t, "invalid"))
+
+	dup := connect(t, addr, "trust-b")
+	select {
+	case err := <-dup.done:
+		assert.Equal(t, codes.AlreadyExists, status.Code(err))
+		assert.Contains(t, err.Error(), `prober_id "trust-b" is connected`)
+	case <-time.After(5 * time.Second):
+		t.Fatal("a second stream under a live id was let in")
+	}
+	assert.Equal(t, sets, partition(t, 40, a, b), "the live prober kept its share")
 }

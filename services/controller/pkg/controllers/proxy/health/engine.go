@@ -18,6 +18,7 @@ import (
 
 	v1 "github.com/egress-proxies/egress-proxies/pkg/api/v1alpha1"
 	probev1 "github.com/egress-proxies/egress-proxies/pkg/gen/egressproxies/probe/v1"
+	"github.com/egress-proxies/egress-proxies/pkg/sanitize"
 )
 
 var (
@@ -228,7 +229,7 @@ func (e *Engine) Handle(_ context.Context, proberID string, r *probev1.ProbeResu
 		c.fail, c.succ = c.fail+1, 0
 		if (wasStale || c.fail >= c.failureThresh) && (c.verdict == nil || c.verdict.status != metav1.ConditionFalse) {
 			setVerdict(c, &verdict{status: metav1.ConditionFalse, reason: v1.ReasonProbeFailed, at: at, traceparent: r.GetTraceparent(),
-				msg: fmt.Sprintf("%s: %s", phase(r.GetPhase()), r.GetReason())})
+				msg: fmt.Sprintf("%s: %s", phase(r.GetPhase()), sanitize.Text(r.GetReason(), sanitize.MaxReason))})
 			changed = true
 		}
 	}

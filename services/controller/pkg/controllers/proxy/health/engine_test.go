@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"strings"
 	"testing"
 	"time"
 
@@ -20,6 +21,7 @@ import (
 
 	v1 "github.com/egress-proxies/egress-proxies/pkg/api/v1alpha1"
 	probev1 "github.com/egress-proxies/egress-proxies/pkg/gen/egressproxies/probe/v1"
+	"github.com/egress-proxies/egress-proxies/pkg/sanitize"
 	"github.com/egress-proxies/egress-proxies/pkg/testenv"
 	"github.com/egress-proxies/egress-proxies/services/controller/pkg/metrics"
 )
@@ -234,4 +236,23 @@ func TestNoResultsMakeHealthStaleOnceAndAResultRestoresIt(t *testing.T) {
 	assert.Equal(t, v1.ReasonProbeSucceeded, healthCond(back).Reason)
 	assert.Equal(t, 0.0, testutil.ToFloat64(staleProxies))
 	assert.Contains(t, <-rec.Events, "Normal ProbeResumed")
+}
+
+// A reason of 5 MiB from a prober (the API server caps a Condition message
+// at 32 KiB) still makes the proxy Unhealthy, with the reason cut to fit.
+func TestAHugeReasonStillMakesTheProxyUnhealthy(t *testing.T) {
+	testenv.Require(t)
+	px := readyProxy(t, "huge-reason", "127.0.0.10")
+	e := startEngine(t)
+	track(e, px, "127.0.0.10:3128", DefaultDefaults.Resolve(&v1.HealthCheck{FailureThreshold: 1}))
+	r := result(px, false)
+	r.Reason = strings.Repeat("\x1b[31mA", 1<<20)
+	handle(t, e, r)
+	got := get(t, px)
+	assert.False(t, got.Status.Healthy)
+	c := healthCond(got)
+	require.Equal(t, metav1.ConditionFalse, c.Status)
+	assert.LessOrEqual(t, len(c.Message), sanitize.MaxReason+64)
+	assert.NotContains(t, c.Message, "\x1b")
+	assert.True(t, strings.HasSuffix(c.Message, "…"))
 }
