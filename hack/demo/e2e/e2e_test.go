@@ -44,7 +44,7 @@ func up(t *testing.T, o system.Options) (*system.System, string) {
 		o.Brokers = 2
 	}
 	if o.HealthInterval == 0 {
-		o.HealthInterval = 500 * time.Millisecond
+		o.HealthInterval = time.Second
 	}
 	s := system.Start(t, env, o)
 	nsSeq++

@@ -33,7 +33,8 @@ type Options struct {
 	Controllers int
 	// HealthInterval between probes of one proxy.
 	HealthInterval time.Duration
-	// HealthTimeout bounds one probe; 0 means 2s.
+	// HealthTimeout bounds one probe; 0 means three quarters of the
+	// interval, at most 2s (it must be below the interval).
 	HealthTimeout time.Duration
 	// ControllerArgs are appended to the controller's flags (a later flag
 	// wins), to try other settings.
@@ -108,7 +109,7 @@ func Start(t proc.T, env *testenv.Env, o Options) *System {
 		o.HealthInterval = 2 * time.Second
 	}
 	if o.HealthTimeout == 0 {
-		o.HealthTimeout = 2 * time.Second
+		o.HealthTimeout = min(2*time.Second, o.HealthInterval*3/4)
 	}
 	if o.GCInterval == 0 {
 		o.GCInterval, o.GCGrace = 30*time.Second, time.Minute

@@ -145,6 +145,7 @@ type SecretKeyRef struct {
 
 // HealthCheck overrides probe settings for one proxy. Every field is
 // optional; an unset field takes the controller's configured default.
+// +kubebuilder:validation:XValidation:rule="!has(self.intervalSeconds) || !has(self.timeoutSeconds) || self.timeoutSeconds < self.intervalSeconds",message="spec.healthCheck.timeoutSeconds must be less than spec.healthCheck.intervalSeconds: one probe of a proxy runs at a time, so a probe must end before the next is due"
 type HealthCheck struct {
 	// URL fetched through the proxy: https URLs go through a CONNECT
 	// tunnel and verify the target's certificate.
@@ -165,7 +166,10 @@ type HealthCheck struct {
 	// +optional
 	IntervalSeconds int32 `json:"intervalSeconds,omitempty"`
 
-	// TimeoutSeconds bounds one probe, tunnel and request together.
+	// TimeoutSeconds bounds one probe, tunnel and request together. It must
+	// be below the interval; where only one of the two is set and the
+	// controller's default of the other would break that, the timeout is
+	// cut to the interval.
 	// +kubebuilder:validation:Minimum=1
 	// +kubebuilder:validation:Maximum=300
 	// +optional

@@ -93,6 +93,9 @@ func TestInvalidProxiesAreRejectedNamingTheField(t *testing.T) {
 		{"cloudInit with neither", func(p *v1.Proxy) { p.Spec.CloudInit = &v1.CloudInit{} }, managed, []string{"spec.cloudInit", "exactly one"}},
 		{"provider not a DNS label", func(p *v1.Proxy) { p.Spec.Provider = "GCP_EU" }, managed, []string{"spec.provider"}},
 		{"health check url not http", func(p *v1.Proxy) { p.Spec.HealthCheck = &v1.HealthCheck{URL: "ftp://example.com/"} }, managed, []string{"spec.healthCheck.url"}},
+		{"health check timeout not below interval", func(p *v1.Proxy) {
+			p.Spec.HealthCheck = &v1.HealthCheck{IntervalSeconds: 1, TimeoutSeconds: 300}
+		}, managed, []string{"spec.healthCheck.timeoutSeconds must be less than spec.healthCheck.intervalSeconds"}},
 		{"health check threshold 0", func(p *v1.Proxy) { p.Spec.HealthCheck = &v1.HealthCheck{FailureThreshold: -1} }, managed, []string{"spec.healthCheck.failureThreshold"}},
 	}
 	for i, tc := range cases {

@@ -48,6 +48,8 @@ func (d Defaults) Validate() error {
 		return fmt.Errorf("--health-expected-status %d must be an HTTP status", d.ExpectedStatus)
 	case d.Interval <= 0 || d.Timeout <= 0:
 		return fmt.Errorf("--health-interval and --health-timeout must be positive")
+	case d.Timeout >= d.Interval:
+		return fmt.Errorf("--health-timeout %s must be less than --health-interval %s: one probe of a proxy runs at a time", d.Timeout, d.Interval)
 	case d.FailureThreshold < 1 || d.SuccessThreshold < 1:
 		return fmt.Errorf("--health-failure-threshold and --health-success-threshold must be at least 1")
 	case !(d.EchoFormat == "" || d.EchoFormat == "text" || (len(d.EchoFormat) > 5 && d.EchoFormat[:5] == "json:")):
@@ -84,6 +86,9 @@ func (d Defaults) Resolve(hc *v1.HealthCheck) Settings {
 	if hc.SuccessThreshold != 0 {
 		r.SuccessThreshold = int(hc.SuccessThreshold)
 	}
+	// The API refuses a timeout at or above the interval when both are
+	// set; one set against the other's default is cut here.
+	r.Timeout = min(r.Timeout, r.Interval)
 	return r
 }
 
