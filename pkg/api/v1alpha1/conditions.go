@@ -64,6 +64,10 @@ const (
 	// arrives. Probing has stopped: no prober runs, or none reaches the
 	// leading controller.
 	ReasonProbeStale = "ProbeStale"
+	// ReasonProbeDenied: the proxy's address, or its health-check URL's
+	// host, is in the controller's --probe-deny-cidrs; it is never probed
+	// and never leased. The message names the address and the range.
+	ReasonProbeDenied = "ProbeDenied"
 )
 
 // Labels and annotations the project owns.

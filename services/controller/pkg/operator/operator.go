@@ -21,6 +21,7 @@ import (
 
 	"github.com/egress-proxies/egress-proxies/pkg/auth"
 	"github.com/egress-proxies/egress-proxies/pkg/kube"
+	"github.com/egress-proxies/egress-proxies/pkg/netpolicy"
 	"github.com/egress-proxies/egress-proxies/pkg/service"
 	"github.com/egress-proxies/egress-proxies/pkg/version"
 	"github.com/egress-proxies/egress-proxies/services/controller/pkg/controllers/proxy/garbagecollection"
@@ -59,6 +60,7 @@ type Options struct {
 	GCGrace          time.Duration
 	ProbeAddr        string
 	ProbeTokenFile   string
+	ProbeDenyCIDRs   string
 	Health           health.Defaults
 }
 
@@ -88,6 +90,7 @@ func (o *Options) Register(fs *flag.FlagSet) {
 	fs.DurationVar(&o.GCGrace, "gc-grace-period", 10*time.Minute, "instances younger than this are never collected")
 	fs.StringVar(&o.ProbeAddr, "probe-addr", ":9443", "address of the gRPC probe endpoint probers connect to")
 	fs.StringVar(&o.ProbeTokenFile, "probe-token-file", "", "file holding the bearer token probers must send; empty accepts any prober")
+	fs.StringVar(&o.ProbeDenyCIDRs, "probe-deny-cidrs", netpolicy.DefaultDenyCIDRs, "comma-separated CIDRs no probe may reach: a Proxy whose address or health-check URL host is in them is never probed nor leased (Healthy=False, ProbeDenied); private ranges stay allowed")
 	d := health.DefaultDefaults
 	fs.StringVar(&o.Health.URL, "health-url", d.URL, "URL probed through every proxy (per-Proxy: spec.healthCheck.url)")
 	fs.IntVar(&o.Health.ExpectedStatus, "health-expected-status", d.ExpectedStatus, "HTTP status the probe target must answer")
@@ -156,6 +159,10 @@ func Run(ctx context.Context, log *slog.Logger, o Options) error {
 	if err := o.Health.Validate(); err != nil {
 		return service.UsageError{Err: err}
 	}
+	deny, err := netpolicy.Parse(o.ProbeDenyCIDRs)
+	if err != nil {
+		return service.Usagef("--probe-deny-cidrs: %v", err)
+	}
 	entries, err := loadEntries(o.ProvidersConfig)
 	if err != nil {
 		return service.Usagef("--providers-config: %v", err)
@@ -222,7 +229,7 @@ func Run(ctx context.Context, log *slog.Logger, o Options) error {
 			Client: mgr.GetClient(), Log: log.With("controller", "health"), Workers: o.HealthWriters,
 			StaleIntervals: o.StaleIntervals, Recorder: mgr.GetEventRecorder("proxy-health"), Elected: mgr.Elected(),
 		},
-		Defaults: o.Health, Elected: mgr.Elected(), Addr: o.ProbeAddr, Token: probeToken, Log: log.With("controller", "probe-hub"),
+		Defaults: o.Health, Elected: mgr.Elected(), Addr: o.ProbeAddr, Token: probeToken, Deny: deny, Log: log.With("controller", "probe-hub"),
 	}
 	if _, err := hub.Listen(); err != nil {
 		return service.UsageError{Err: err}

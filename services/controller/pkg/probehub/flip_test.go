@@ -24,6 +24,7 @@ import (
 
 	v1 "github.com/egress-proxies/egress-proxies/pkg/api/v1alpha1"
 	probev1 "github.com/egress-proxies/egress-proxies/pkg/gen/egressproxies/probe/v1"
+	"github.com/egress-proxies/egress-proxies/pkg/netpolicy"
 	"github.com/egress-proxies/egress-proxies/pkg/testenv"
 	"github.com/egress-proxies/egress-proxies/services/controller/pkg/controllers/proxy/health"
 	"github.com/egress-proxies/egress-proxies/services/controller/pkg/metrics"
@@ -64,27 +65,12 @@ func TestAFleetWideFlipNeverStallsResultIntake(t *testing.T) {
 	const n, ns = 2000, "flip"
 	readyFleet(t, ns, n)
 
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	c, err := cache.New(env.Config, cache.Options{Scheme: env.Scheme, DefaultNamespaces: map[string]cache.Config{ns: {}}})
-	require.NoError(t, err)
+	ctx := context.Background()
 	slow := rest.CopyConfig(env.Config)
 	slow.QPS, slow.Burst = 200, 20
-	writer, err := client.New(slow, client.Options{Scheme: env.Scheme, Cache: &client.CacheOptions{Reader: c}})
-	require.NoError(t, err)
-
-	e := &health.Engine{Client: writer, Log: slog.Default()}
 	d := health.DefaultDefaults
 	d.FailureThreshold = 1
-	h := &Hub{Engine: e, Defaults: d, Elected: closed(), Addr: "127.0.0.1:0", Log: slog.Default()}
-	addr, err := h.Listen()
-	require.NoError(t, err)
-	require.NoError(t, h.Watch(ctx, c))
-	go func() { _ = c.Start(ctx) }()
-	require.True(t, c.WaitForCacheSync(ctx))
-	done := make(chan struct{})
-	go func() { _ = h.Start(ctx); close(done) }()
-	defer func() { cancel(); <-done }()
+	e, addr := watchingHub(t, ns, slow, &Hub{Defaults: d})
 
 	p := connect(t, addr, "prober-0")
 	partitionWithin(t, 30*time.Second, n, p)
@@ -128,6 +114,28 @@ func TestAFleetWideFlipNeverStallsResultIntake(t *testing.T) {
 	assert.Equal(t, "status failed: target answered 503", healthCond(px).Message)
 }
 
+// watchingHub runs h as the controller does, fed by an informer on ns,
+// its engine writing through a client made from cfg, until the test ends.
+func watchingHub(t *testing.T, ns string, cfg *rest.Config, h *Hub) (*health.Engine, string) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	c, err := cache.New(env.Config, cache.Options{Scheme: env.Scheme, DefaultNamespaces: map[string]cache.Config{ns: {}}})
+	require.NoError(t, err)
+	writer, err := client.New(cfg, client.Options{Scheme: env.Scheme, Cache: &client.CacheOptions{Reader: c}})
+	require.NoError(t, err)
+	h.Engine = &health.Engine{Client: writer, Log: slog.Default()}
+	h.Elected, h.Addr, h.Log = closed(), "127.0.0.1:0", slog.Default()
+	addr, err := h.Listen()
+	require.NoError(t, err)
+	require.NoError(t, h.Watch(ctx, c))
+	go func() { _ = c.Start(ctx) }()
+	require.True(t, c.WaitForCacheSync(ctx))
+	done := make(chan struct{})
+	go func() { _ = h.Start(ctx); close(done) }()
+	t.Cleanup(func() { cancel(); <-done })
+	return h.Engine, addr
+}
+
 // queueDepth is the health write queue's depth, as its metric says.
 func queueDepth(t *testing.T) int {
 	t.Helper()
@@ -156,4 +164,39 @@ func closed() chan struct{} {
 	c := make(chan struct{})
 	close(c)
 	return c
+}
+
+// A Proxy whose address, or whose health-check URL's host, is in the deny
+// list is never given to a prober; it is Healthy=False, ProbeDenied, so it
+// is never leased, and the message names the address and the range.
+func TestDeniedDestinationsAreNeverProbed(t *testing.T) {
+	testenv.Require(t)
+	const ns = "deny"
+	ctx := context.Background()
+	require.NoError(t, env.Client.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}))
+	env.ReadyProxy(t, ns, "metadata", "169.254.169.254", 80, nil, true)
+	env.ReadyProxy(t, ns, "fine", "127.0.0.50", 3128, nil, false)
+	viaURL := env.ReadyProxy(t, ns, "via-url", "127.0.0.51", 3128, nil, true)
+	viaURL.Spec.HealthCheck = &v1.HealthCheck{URL: "http://169.254.169.254/computeMetadata/v1/"}
+	require.NoError(t, env.Client.Update(ctx, viaURL))
+	deny, err := netpolicy.Parse(netpolicy.DefaultDenyCIDRs)
+	require.NoError(t, err)
+	_, addr := watchingHub(t, ns, env.Config, &Hub{Defaults: health.DefaultDefaults, Deny: deny})
+
+	p := connect(t, addr, "deny-prober")
+	assert.Equal(t, map[string]bool{ns + "/fine": true}, partition(t, 1, p)[0], "only the allowed proxy is probed")
+	for name, want := range map[string]string{
+		"metadata": "the proxy's address 169.254.169.254 is in --probe-deny-cidrs (169.254.0.0/16)",
+		"via-url":  "the health-check URL's host 169.254.169.254 is in --probe-deny-cidrs (169.254.0.0/16)",
+	} {
+		px := &v1.Proxy{}
+		require.Eventually(t, func() bool {
+			require.NoError(t, env.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, px))
+			c := healthCond(px)
+			return c != nil && c.Reason == v1.ReasonProbeDenied
+		}, 10*time.Second, 10*time.Millisecond, "%s was not refused", name)
+		assert.False(t, px.Status.Healthy, "%s is not leasable", name)
+		assert.Equal(t, metav1.ConditionFalse, healthCond(px).Status)
+		assert.Contains(t, healthCond(px).Message, want)
+	}
 }

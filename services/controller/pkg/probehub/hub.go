@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"net/url"
 	"sort"
 	"sync"
 	"time"
@@ -31,6 +32,7 @@ import (
 	"github.com/egress-proxies/egress-proxies/pkg/assignment"
 	"github.com/egress-proxies/egress-proxies/pkg/auth"
 	probev1 "github.com/egress-proxies/egress-proxies/pkg/gen/egressproxies/probe/v1"
+	"github.com/egress-proxies/egress-proxies/pkg/netpolicy"
 	"github.com/egress-proxies/egress-proxies/pkg/sanitize"
 	"github.com/egress-proxies/egress-proxies/services/controller/pkg/controllers/proxy/health"
 )
@@ -63,7 +65,10 @@ type Hub struct {
 	Elected <-chan struct{}
 	Addr    string
 	Token   *auth.Token
-	Log     *slog.Logger
+	// Deny lists where probes may not go: a Proxy whose address or
+	// health-check URL is in it is refused (ProbeDenied), not assigned.
+	Deny netpolicy.DenyList
+	Log  *slog.Logger
 	// MaxMessageBytes bounds one assignment message; 0 means
 	// assignment.MaxMessageBytes.
 	MaxMessageBytes int
@@ -153,6 +158,11 @@ func (h *Hub) upsert(o any) {
 	}
 	r := h.Defaults.Resolve(px.Spec.HealthCheck)
 	addr := fmt.Sprintf("%s:%d", px.Status.IP, px.Status.Port)
+	if why := h.denied(px.Status.IP, r.URL); why != "" {
+		h.Engine.Refuse(types.NamespacedName{Namespace: px.Namespace, Name: px.Name}, px.UID, addr, why)
+		h.drop(id)
+		return
+	}
 	h.Engine.Track(types.NamespacedName{Namespace: px.Namespace, Name: px.Name}, px.UID, addr, r,
 		meta.FindStatusCondition(px.Status.Conditions, v1.ConditionHealthy), px.Status.EgressIP)
 	t := &probev1.ProbeTarget{Id: id, Uid: string(px.UID), Address: px.Status.IP, Port: px.Status.Port, Settings: r.Proto()}
@@ -169,6 +179,11 @@ func (h *Hub) upsert(o any) {
 
 func (h *Hub) remove(id string, uid types.UID) {
 	h.Engine.Forget(uid)
+	h.drop(id)
+}
+
+// drop takes id out of every prober's share.
+func (h *Hub) drop(id string) {
 	h.mu.Lock()
 	if _, ok := h.targets[id]; ok {
 		delete(h.targets, id)
@@ -176,6 +191,20 @@ func (h *Hub) remove(id string, uid types.UID) {
 		h.trigger()
 	}
 	h.mu.Unlock()
+}
+
+// denied says why a proxy at ip, checked with url, must not be probed, or
+// "". Names are let through here: the prober checks what they resolve to.
+func (h *Hub) denied(ip, rawURL string) string {
+	if p, ok := h.Deny.DeniesHost(ip); ok {
+		return fmt.Sprintf("the proxy's address %s is in --probe-deny-cidrs (%s); it is never probed", ip, p)
+	}
+	if u, err := url.Parse(rawURL); err == nil {
+		if p, ok := h.Deny.DeniesHost(u.Hostname()); ok {
+			return fmt.Sprintf("the health-check URL's host %s is in --probe-deny-cidrs (%s); it is never probed", u.Hostname(), p)
+		}
+	}
+	return ""
 }
 
 // trigger asks the rebalancer to run; callers hold mu or not, it never blocks.

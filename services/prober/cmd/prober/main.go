@@ -18,6 +18,7 @@ import (
 	"google.golang.org/grpc/keepalive"
 
 	"github.com/egress-proxies/egress-proxies/pkg/auth"
+	"github.com/egress-proxies/egress-proxies/pkg/netpolicy"
 	"github.com/egress-proxies/egress-proxies/pkg/service"
 	"github.com/egress-proxies/egress-proxies/pkg/version"
 	"github.com/egress-proxies/egress-proxies/services/prober/pkg/agent"
@@ -36,6 +37,7 @@ type options struct {
 	id             string
 	concurrency    int
 	caFile         string
+	denyCIDRs      string
 }
 
 func run(args []string) int {
@@ -49,12 +51,17 @@ func run(args []string) int {
 	fs.StringVar(&o.id, "id", host, "this prober's stable id (the pod name in-cluster)")
 	fs.IntVar(&o.concurrency, "concurrency", 256, "probes in flight at most (bounds file descriptors); size it to at least assigned proxies x timeout / interval")
 	fs.StringVar(&o.caFile, "ca-file", "", "PEM CA bundle to verify probe targets with instead of the system roots")
+	fs.StringVar(&o.denyCIDRs, "deny-cidrs", netpolicy.DefaultDenyCIDRs, "comma-separated CIDRs no probe dials, checked after name resolution (keep it equal to the controller's --probe-deny-cidrs); private ranges stay allowed")
 	return service.Run("prober", "PROBER", args, os.Stderr, fs, &o.common, func(ctx context.Context, env service.Env) error {
 		if o.controllerAddr == "" {
 			return service.Usagef("--controller-addr is required (PROBER_CONTROLLER_ADDR)")
 		}
 		if o.id == "" || o.concurrency < 1 {
 			return service.Usagef("--id must not be empty and --concurrency must be at least 1")
+		}
+		deny, err := netpolicy.Parse(o.denyCIDRs)
+		if err != nil {
+			return service.Usagef("--deny-cidrs: %v", err)
 		}
 		var roots *x509.CertPool
 		if o.caFile != "" {
@@ -95,7 +102,7 @@ func run(args []string) int {
 			return service.UsageError{Err: err}
 		}
 		env.Log.Info("starting", "id", o.id, "controller", o.controllerAddr, "concurrency", o.concurrency, "commit", version.Commit, "auth", tok.Enabled())
-		a := &agent.Agent{ID: o.id, Concurrency: o.concurrency, Prober: &probe.Prober{RootCAs: roots}, Log: env.Log,
+		a := &agent.Agent{ID: o.id, Concurrency: o.concurrency, Prober: &probe.Prober{RootCAs: roots, Deny: deny}, Log: env.Log,
 			Dial: func() (*grpc.ClientConn, error) { return grpc.NewClient(o.controllerAddr, dial...) }}
 		return errors.Join(a.Run(ctx), waitOps())
 	})

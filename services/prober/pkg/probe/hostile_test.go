@@ -17,6 +17,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	probev1 "github.com/egress-proxies/egress-proxies/pkg/gen/egressproxies/probe/v1"
+	"github.com/egress-proxies/egress-proxies/pkg/netpolicy"
 	"github.com/egress-proxies/egress-proxies/pkg/sanitize"
 	"github.com/egress-proxies/egress-proxies/pkg/testutil/proc"
 	"github.com/egress-proxies/egress-proxies/services/prober/pkg/probe"
@@ -179,5 +180,33 @@ func TestAHostileAnswerCostsOneProbeAndAFewKiB(t *testing.T) {
 			assert.NotContains(t, r.Reason, "\x1b")
 			assert.Less(t, after.TotalAlloc-before.TotalAlloc, uint64(1<<20), "the probe allocated %d KiB", (after.TotalAlloc-before.TotalAlloc)>>10)
 		})
+	}
+}
+
+// A proxy whose name resolves into the deny list is refused at dial, after
+// resolution, before a byte is sent.
+func TestADeniedProxyIsNeverDialed(t *testing.T) {
+	accepted := make(chan struct{}, 1)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	defer func() { _ = ln.Close() }()
+	go func() {
+		if c, err := ln.Accept(); err == nil {
+			accepted <- struct{}{}
+			_ = c.Close()
+		}
+	}()
+	deny, err := netpolicy.Parse("127.0.0.1/32,::1/128")
+	require.NoError(t, err)
+	_, port, _ := net.SplitHostPort(ln.Addr().String())
+	r := (&probe.Prober{Deny: deny}).Do(context.Background(), net.JoinHostPort("localhost", port),
+		probe.Settings{URL: "https://127.0.0.1:1/", ExpectedStatus: 200, Timeout: time.Second})
+	assert.False(t, r.Success)
+	assert.Equal(t, probev1.ProbePhase_PROBE_PHASE_DIAL, r.Phase)
+	assert.Contains(t, r.Reason, "is in the probe deny list")
+	select {
+	case <-accepted:
+		t.Fatal("the denied address was dialed")
+	case <-time.After(100 * time.Millisecond):
 	}
 }

@@ -22,6 +22,7 @@ import (
 	"time"
 
 	probev1 "github.com/egress-proxies/egress-proxies/pkg/gen/egressproxies/probe/v1"
+	"github.com/egress-proxies/egress-proxies/pkg/netpolicy"
 	"github.com/egress-proxies/egress-proxies/pkg/sanitize"
 )
 
@@ -58,6 +59,9 @@ type Prober struct {
 	// MaxBody bounds how much of the answer's body is read; 0 means
 	// DefaultMaxBody.
 	MaxBody int64
+	// Deny lists where no probe dials, checked on the address a proxy's
+	// name resolves to.
+	Deny netpolicy.DenyList
 }
 
 // MaxHeaderBytes bounds the status line and headers of each answer a probe
@@ -104,9 +108,13 @@ func (p *Prober) Do(ctx context.Context, proxyAddr string, s Settings) Result {
 	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
 		return fail(probev1.ProbePhase_PROBE_PHASE_HTTP, start, "probe URL %q is not an absolute http(s) URL", s.URL)
 	}
-	var d net.Dialer
+	d := net.Dialer{Control: p.Deny.Control}
 	conn, err := d.DialContext(ctx, "tcp", proxyAddr)
-	if err != nil {
+	var denied *netpolicy.DeniedError
+	switch {
+	case errors.As(err, &denied):
+		return fail(probev1.ProbePhase_PROBE_PHASE_DIAL, start, "proxy %s: %s", proxyAddr, denied)
+	case err != nil:
 		return fail(probev1.ProbePhase_PROBE_PHASE_DIAL, start, "dial %s: %s", proxyAddr, short(err))
 	}
 	defer func() { _ = conn.Close() }()

@@ -174,6 +174,30 @@ func (e *Engine) Track(key types.NamespacedName, uid types.UID, addr string, r S
 	c.failureThresh, c.successThresh, c.interval = r.FailureThreshold, r.SuccessThreshold, r.Interval
 }
 
+// Refuse records that the proxy is never probed, and why (its address or
+// its health-check URL is in the probe deny list): Healthy=False with
+// reason ProbeDenied, so it is never leased, and never stale.
+func (e *Engine) Refuse(key types.NamespacedName, uid types.UID, addr, why string) {
+	e.init()
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	c, ok := e.state[uid]
+	if !ok || c.addr != addr {
+		if ok {
+			setVerdict(c, nil)
+		}
+		c = &counter{key: key, addr: addr}
+		e.state[uid] = c
+	}
+	c.interval = 0
+	if v := c.verdict; v != nil && v.reason == v1.ReasonProbeDenied && v.msg == why {
+		return
+	}
+	setVerdict(c, &verdict{status: metav1.ConditionFalse, reason: v1.ReasonProbeDenied, msg: why, at: metav1.Now()})
+	c.queued++
+	e.queue.Add(uid)
+}
+
 // Forget drops a target, and its probe-recency series with it: a fleet
 // that churns must not leave a series behind for every proxy it ever had.
 func (e *Engine) Forget(uid types.UID) {
