@@ -1,7 +1,12 @@
 // Package auth is the shared bearer-token authentication of the project's
 // gRPC servers (the broker's lease API, the controller's probe endpoint):
-// a token read from a file (a mounted Secret), re-read when the file
+// tokens read from a file (a mounted Secret), re-read when the file
 // changes, compared in constant time.
+//
+// The file holds one token per line. A client sends the first; a server
+// accepts any. That makes rotation gapless: add the new token as a second
+// line, then (once every replica has re-read the file) move it first, then
+// drop the old one. At every step each sender's token is accepted.
 package auth
 
 import (
@@ -21,17 +26,19 @@ import (
 	"google.golang.org/grpc/status"
 )
 
-// Token holds the current token. The zero value (and a nil *Token) allows
-// every call: no token configured.
+// Token holds the current tokens. The zero value (and a nil *Token)
+// allows every call: no token configured.
 type Token struct {
 	path string
 	mu   sync.RWMutex
-	tok  []byte
+	// toks: the first is sent, any is accepted.
+	toks [][]byte
+	raw  []byte
 }
 
-// FromFile reads the token at path and re-reads it every interval until
+// FromFile reads the tokens at path and re-reads them every interval until
 // ctx ends, so a rotated Secret takes effect without a restart. The file
-// must hold a non-empty token.
+// must hold at least one token.
 func FromFile(ctx context.Context, log *slog.Logger, path string, interval time.Duration) (*Token, error) {
 	t := &Token{path: path}
 	if err := t.reload(); err != nil {
@@ -58,8 +65,14 @@ func FromFile(ctx context.Context, log *slog.Logger, path string, interval time.
 	return t, nil
 }
 
-// Static returns a fixed token (tests, flags).
-func Static(tok string) *Token { return &Token{tok: []byte(tok)} }
+// Static returns fixed tokens, the first sent, any accepted (tests).
+func Static(toks ...string) *Token {
+	t := &Token{}
+	for _, s := range toks {
+		t.toks = append(t.toks, []byte(s))
+	}
+	return t
+}
 
 func (t *Token) read() ([]byte, error) {
 	b, err := os.ReadFile(t.path)
@@ -73,13 +86,24 @@ func (t *Token) read() ([]byte, error) {
 	return b, nil
 }
 
+// parse splits a file's content into its tokens, one per non-empty line.
+func parse(b []byte) [][]byte {
+	var toks [][]byte
+	for _, line := range bytes.Split(b, []byte("\n")) {
+		if line = bytes.TrimSpace(line); len(line) > 0 {
+			toks = append(toks, line)
+		}
+	}
+	return toks
+}
+
 func (t *Token) reload() error {
 	b, err := t.read()
 	if err != nil {
 		return err
 	}
 	t.mu.Lock()
-	t.tok = b
+	t.raw, t.toks = b, parse(b)
 	t.mu.Unlock()
 	return nil
 }
@@ -93,10 +117,10 @@ func (t *Token) reloadIfChanged() (bool, error) {
 	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if subtle.ConstantTimeCompare(b, t.tok) == 1 {
+	if subtle.ConstantTimeCompare(b, t.raw) == 1 {
 		return false, nil
 	}
-	t.tok = b
+	t.raw, t.toks = b, parse(b)
 	return true, nil
 }
 
@@ -107,17 +131,20 @@ func (t *Token) Enabled() bool {
 	}
 	t.mu.RLock()
 	defer t.mu.RUnlock()
-	return len(t.tok) > 0
+	return len(t.toks) > 0
 }
 
-// Value returns the current token (for clients).
+// Value returns the token a client sends: the first.
 func (t *Token) Value() string {
 	if t == nil {
 		return ""
 	}
 	t.mu.RLock()
 	defer t.mu.RUnlock()
-	return string(t.tok)
+	if len(t.toks) == 0 {
+		return ""
+	}
+	return string(t.toks[0])
 }
 
 // Check verifies "Bearer <token>" from an Authorization value.
@@ -130,9 +157,15 @@ func (t *Token) Check(authorization string) error {
 		return status.Error(codes.Unauthenticated, "missing bearer token: send the header \"Authorization: Bearer <token>\"")
 	}
 	t.mu.RLock()
-	want := t.tok
+	want := t.toks
 	t.mu.RUnlock()
-	if subtle.ConstantTimeCompare([]byte(got), want) != 1 {
+	// Every token is compared, so the time taken does not say which
+	// matched.
+	match := 0
+	for _, w := range want {
+		match |= subtle.ConstantTimeCompare([]byte(got), w)
+	}
+	if match != 1 {
 		return status.Error(codes.Unauthenticated, "invalid bearer token")
 	}
 	return nil

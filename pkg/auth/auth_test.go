@@ -53,3 +53,37 @@ func TestFileIsReloadedWhenItChanges(t *testing.T) {
 	_, err = FromFile(ctx, slog.Default(), filepath.Join(t.TempDir(), "absent"), time.Second)
 	assert.ErrorContains(t, err, "absent")
 }
+
+// A rotation in three steps, each read by server and client at their own
+// time: at no step is the client's token refused.
+func TestRotationHasNoGap(t *testing.T) {
+	dir := t.TempDir()
+	serverFile, clientFile := filepath.Join(dir, "server"), filepath.Join(dir, "client")
+	write := func(path, content string) { require.NoError(t, os.WriteFile(path, []byte(content), 0o600)) }
+	write(serverFile, "old\n")
+	write(clientFile, "old\n")
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	server, err := FromFile(ctx, slog.Default(), serverFile, 5*time.Millisecond)
+	require.NoError(t, err)
+	client, err := FromFile(ctx, slog.Default(), clientFile, 5*time.Millisecond)
+	require.NoError(t, err)
+	accepted := func() bool { return server.Check("Bearer "+client.Value()) == nil }
+	require.True(t, accepted())
+
+	// Each step reaches the client first, then the server, or the other
+	// way round; both orders must hold.
+	for _, order := range [][2]string{{clientFile, serverFile}, {serverFile, clientFile}} {
+		write(serverFile, "old\n")
+		write(clientFile, "old\n")
+		for _, step := range []string{"old\nnew\n", "new\nold\n", "new\n"} {
+			for _, f := range order {
+				write(f, step)
+				time.Sleep(30 * time.Millisecond)
+				assert.True(t, accepted(), "step %q with %s updated first", step, filepath.Base(order[0]))
+			}
+		}
+	}
+	assert.Equal(t, "new", client.Value())
+	assert.Error(t, server.Check("Bearer old"), "the old token is gone at the end")
+}
