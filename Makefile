@@ -43,8 +43,8 @@ RUN_DEV_PROVIDERS ?=
 run-dev: build ## Run the three services locally against the current kubeconfig context (Redis at RUN_DEV_REDIS).
 	@echo "controller, one prober and one broker against $$(kubectl config current-context 2>/dev/null || echo 'the current kubeconfig context'); Ctrl-C stops all"
 	@trap 'kill 0' EXIT INT TERM; \
-	$(BIN)/controller --leader-elect=false --probe-addr 127.0.0.1:9443 --metrics-bind-address 127.0.0.1:8080 --health-probe-bind-address 127.0.0.1:8081 $(if $(RUN_DEV_PROVIDERS),--providers-config $(RUN_DEV_PROVIDERS)) & \
-	$(BIN)/prober --controller-addr 127.0.0.1:9443 --ops-addr 127.0.0.1:8082 & \
+	$(BIN)/controller --leader-elect=false --probe-addr 127.0.0.1:9443 --probe-insecure --metrics-bind-address 127.0.0.1:8080 --health-probe-bind-address 127.0.0.1:8081 $(if $(RUN_DEV_PROVIDERS),--providers-config $(RUN_DEV_PROVIDERS)) & \
+	$(BIN)/prober --controller-addr 127.0.0.1:9443 --controller-insecure --ops-addr 127.0.0.1:8082 & \
 	$(BIN)/broker --redis-addrs $(RUN_DEV_REDIS) --grpc-addr 127.0.0.1:9090 --http-addr 127.0.0.1:8090 --ops-addr 127.0.0.1:8083 & \
 	wait
 

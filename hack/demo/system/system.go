@@ -17,6 +17,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/egress-proxies/egress-proxies/pkg/certs"
 	"github.com/egress-proxies/egress-proxies/pkg/testenv"
 	"github.com/egress-proxies/egress-proxies/pkg/testutil/kubelet"
 	"github.com/egress-proxies/egress-proxies/pkg/testutil/proc"
@@ -76,6 +77,7 @@ type System struct {
 	APILink   *proc.Cutter
 	token     string
 	probeAddr string
+	probeTLS  certs.Files
 	opts      Options
 }
 
@@ -155,6 +157,15 @@ func Start(t proc.T, env *testenv.Env, o Options) *System {
 	if o.Controllers == 0 {
 		o.Controllers = 1
 	}
+	// The probe stream runs over TLS, as in a cluster: one CA, one
+	// certificate every replica serves.
+	probeCA, err := certs.NewCA("egress-proxies probe CA")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.probeTLS, err = probeCA.WriteServer(dir, "127.0.0.1"); err != nil {
+		t.Fatal(err)
+	}
 	o.Step("starting %d controller replica(s) (leader election, probe endpoint, health checks through every proxy)", o.Controllers)
 	for range o.Controllers {
 		c := &Controller{Metrics: proc.Addr(proc.FreePort(t)), Pprof: proc.Addr(proc.FreePort(t)), Probe: proc.Addr(proc.FreePort(t))}
@@ -164,6 +175,7 @@ func Start(t proc.T, env *testenv.Env, o Options) *System {
 			"--pprof-bind-address", c.Pprof,
 			"--leader-election-lease-duration", "4s", "--poll-interval", "200ms",
 			"--probe-addr", c.Probe, "--probe-token-file", s.token,
+			"--probe-tls-cert-file", s.probeTLS.Cert, "--probe-tls-key-file", s.probeTLS.Key,
 			"--health-url", s.Target.URL + "/ip", "--health-expected-status", "200", "--health-echo-format", "text",
 			"--health-interval", o.HealthInterval.String(), "--health-timeout", o.HealthTimeout.String(),
 			"--gc-interval", o.GCInterval.String(), "--gc-grace-period", o.GCGrace.String(),
@@ -215,7 +227,7 @@ func (s *System) StartController(i int) {
 func (s *System) StartProber(i int) {
 	s.T.Helper()
 	ops := s.ProberOps[i]
-	p := proc.Start(s.T, fmt.Sprintf("prober-%d", i), s.Bins["prober"], "--controller-addr", s.probeAddr, "--token-file", s.token,
+	p := proc.Start(s.T, fmt.Sprintf("prober-%d", i), s.Bins["prober"], "--controller-addr", s.probeAddr, "--controller-ca-file", s.probeTLS.CA, "--token-file", s.token,
 		"--id", fmt.Sprintf("prober-%d", i), "--ca-file", s.Target.CAFile, "--ops-addr", ops)
 	proc.WaitHTTP(s.T, p, "http://"+ops+"/healthz", 30*time.Second)
 	s.Probers[i] = p

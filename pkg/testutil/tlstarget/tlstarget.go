@@ -4,21 +4,17 @@
 package tlstarget
 
 import (
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/tls"
 	"crypto/x509"
-	"crypto/x509/pkix"
-	"encoding/pem"
 	"fmt"
-	"math/big"
 	"net"
 	"net/http"
 	"os"
 	"path/filepath"
 	"testing"
 	"time"
+
+	"github.com/egress-proxies/egress-proxies/pkg/certs"
 )
 
 // Target is a running HTTPS echo server.
@@ -49,37 +45,16 @@ func Handler() http.Handler {
 // Start listens on addr (e.g. 127.0.0.1:0) with a fresh CA whose PEM is
 // written into dir.
 func Start(addr, dir string) (*Target, error) {
-	caKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	ca, err := certs.NewCA("egress-proxies test CA")
 	if err != nil {
 		return nil, err
 	}
-	now := time.Now()
-	caTmpl := &x509.Certificate{
-		SerialNumber: big.NewInt(now.UnixNano()), Subject: pkix.Name{CommonName: "egress-proxies test CA"},
-		NotBefore: now.Add(-time.Hour), NotAfter: now.Add(24 * time.Hour),
-		IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign,
-	}
-	caDER, err := x509.CreateCertificate(rand.Reader, caTmpl, caTmpl, &caKey.PublicKey, caKey)
-	if err != nil {
-		return nil, err
-	}
-	ca, _ := x509.ParseCertificate(caDER)
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		return nil, err
-	}
-	leafTmpl := &x509.Certificate{
-		SerialNumber: big.NewInt(now.UnixNano() + 1), Subject: pkix.Name{CommonName: "127.0.0.1"},
-		NotBefore: now.Add(-time.Hour), NotAfter: now.Add(24 * time.Hour),
-		IPAddresses: []net.IP{net.ParseIP("127.0.0.1"), net.IPv6loopback}, DNSNames: []string{"localhost"},
-		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
-	}
-	leafDER, err := x509.CreateCertificate(rand.Reader, leafTmpl, ca, &key.PublicKey, caKey)
+	leaf, err := ca.Issue("127.0.0.1", "::1", "localhost")
 	if err != nil {
 		return nil, err
 	}
 	caFile := filepath.Join(dir, "probe-target-ca.pem")
-	if err := os.WriteFile(caFile, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: caDER}), 0o644); err != nil {
+	if err := os.WriteFile(caFile, ca.PEM, 0o644); err != nil {
 		return nil, err
 	}
 	ln, err := net.Listen("tcp", addr)
@@ -87,10 +62,10 @@ func Start(addr, dir string) (*Target, error) {
 		return nil, err
 	}
 	srv := &http.Server{Handler: Handler(), ReadHeaderTimeout: 5 * time.Second, TLSConfig: &tls.Config{
-		Certificates: []tls.Certificate{{Certificate: [][]byte{leafDER}, PrivateKey: key}}, MinVersion: tls.VersionTLS12,
+		Certificates: []tls.Certificate{leaf}, MinVersion: tls.VersionTLS12,
 	}}
 	go func() { _ = srv.ServeTLS(ln, "", "") }()
-	return &Target{URL: "https://" + ln.Addr().String(), CAFile: caFile, CA: ca, srv: srv, ln: ln}, nil
+	return &Target{URL: "https://" + ln.Addr().String(), CAFile: caFile, CA: ca.Cert, srv: srv, ln: ln}, nil
 }
 
 // Pool is a CertPool holding only the target's CA.

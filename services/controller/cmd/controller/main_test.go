@@ -27,7 +27,7 @@ func TestBinaryLifecycle(t *testing.T) {
 		"--kubeconfig", kubeconfig,
 		"--metrics-bind-address", proc.Addr(metrics),
 		"--health-probe-bind-address", proc.Addr(health),
-		"--leader-election-namespace", "default", "--probe-addr", proc.Addr(proc.FreePort(t)),
+		"--leader-election-namespace", "default", "--probe-addr", proc.Addr(proc.FreePort(t)), "--probe-insecure",
 	}, fmt.Sprintf("http://%s/healthz", proc.Addr(health)), fmt.Sprintf("http://%s/metrics", proc.Addr(metrics)))
 }
 
@@ -36,7 +36,7 @@ func TestBadFlagsExitNonZero(t *testing.T) {
 	bin := proc.Build(t, pkgPath)
 	proc.BadFlag(t, "controller-unknown-flag", bin, []string{"--no-such-flag"}, "flag provided but not defined: -no-such-flag")
 	proc.BadFlag(t, "controller-bad-duration", bin, []string{"--leader-election-lease-duration", "soon"}, "invalid value", "leader-election-lease-duration")
-	proc.BadFlag(t, "controller-missing-kubeconfig", bin, []string{"--kubeconfig", "/nonexistent/kubeconfig"}, "--kubeconfig", "/nonexistent/kubeconfig")
+	proc.BadFlag(t, "controller-missing-kubeconfig", bin, []string{"--kubeconfig", "/nonexistent/kubeconfig", "--probe-insecure"}, "--kubeconfig", "/nonexistent/kubeconfig")
 	for _, tc := range []struct {
 		name string
 		args []string
@@ -47,6 +47,12 @@ func TestBadFlagsExitNonZero(t *testing.T) {
 		{"reconciles", []string{"--max-concurrent-reconciles", "0"}, "--max-concurrent-reconciles"},
 		{"writers", []string{"--health-write-workers", "-1"}, "--health-write-workers must be at least 1"},
 		{"resync", []string{"--resync-qps", "-2"}, "--resync-qps must be positive (got -2)"},
+		{"stale", []string{"--health-stale-intervals", "1"}, "--health-stale-intervals must be at least 2 (got 1)"},
+		{"timeout", []string{"--health-timeout", "30s"}, "--health-timeout 30s must be less than --health-interval 30s"},
+		{"no-tls", nil, "--probe-tls-cert-file and --probe-tls-key-file are required"},
+		{"tls-and-insecure", []string{"--probe-insecure", "--probe-tls-cert-file", "x.pem", "--probe-tls-key-file", "x.key"}, "--probe-insecure contradicts"},
+		{"tls-missing", []string{"--probe-tls-cert-file", "/nonexistent/tls.crt", "--probe-tls-key-file", "/nonexistent/tls.key"}, "/nonexistent/tls.crt"},
+		{"deny", []string{"--probe-insecure", "--probe-deny-cidrs", "169.254.0.0/99"}, `--probe-deny-cidrs: "169.254.0.0/99" is not a CIDR`},
 	} {
 		proc.BadFlag(t, "controller-bad-"+tc.name, bin, tc.args, tc.want)
 	}
@@ -83,7 +89,7 @@ func TestBadProvidersConfigFailsStartup(t *testing.T) {
 				kubeconfig = kc
 			}
 			proc.BadFlag(t, "controller-config", bin, []string{"--providers-config", path, "--kubeconfig", kubeconfig,
-				"--metrics-bind-address", "0", "--health-probe-bind-address", "0", "--probe-addr", "127.0.0.1:0"}, "--providers-config", tc.want)
+				"--metrics-bind-address", "0", "--health-probe-bind-address", "0", "--probe-addr", "127.0.0.1:0", "--probe-insecure"}, "--providers-config", tc.want)
 		})
 	}
 }

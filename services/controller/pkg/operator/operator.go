@@ -5,6 +5,7 @@ package operator
 
 import (
 	"context"
+	"crypto/tls"
 	"flag"
 	"fmt"
 	"log/slog"
@@ -20,6 +21,7 @@ import (
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	"github.com/egress-proxies/egress-proxies/pkg/auth"
+	"github.com/egress-proxies/egress-proxies/pkg/certs"
 	"github.com/egress-proxies/egress-proxies/pkg/kube"
 	"github.com/egress-proxies/egress-proxies/pkg/netpolicy"
 	"github.com/egress-proxies/egress-proxies/pkg/service"
@@ -61,6 +63,9 @@ type Options struct {
 	ProbeAddr        string
 	ProbeTokenFile   string
 	ProbeDenyCIDRs   string
+	ProbeTLSCert     string
+	ProbeTLSKey      string
+	ProbeInsecure    bool
 	Health           health.Defaults
 }
 
@@ -90,6 +95,9 @@ func (o *Options) Register(fs *flag.FlagSet) {
 	fs.DurationVar(&o.GCGrace, "gc-grace-period", 10*time.Minute, "instances younger than this are never collected")
 	fs.StringVar(&o.ProbeAddr, "probe-addr", ":9443", "address of the gRPC probe endpoint probers connect to")
 	fs.StringVar(&o.ProbeTokenFile, "probe-token-file", "", "file holding the bearer token probers must send; empty accepts any prober")
+	fs.StringVar(&o.ProbeTLSCert, "probe-tls-cert-file", "", "PEM certificate the probe endpoint serves (re-read when it changes, so cert-manager can rotate it)")
+	fs.StringVar(&o.ProbeTLSKey, "probe-tls-key-file", "", "PEM key of --probe-tls-cert-file")
+	fs.BoolVar(&o.ProbeInsecure, "probe-insecure", false, "serve the probe endpoint in plaintext, without TLS: for local development only")
 	fs.StringVar(&o.ProbeDenyCIDRs, "probe-deny-cidrs", netpolicy.DefaultDenyCIDRs, "comma-separated CIDRs no probe may reach: a Proxy whose address or health-check URL host is in them is never probed nor leased (Healthy=False, ProbeDenied); private ranges stay allowed")
 	d := health.DefaultDefaults
 	fs.StringVar(&o.Health.URL, "health-url", d.URL, "URL probed through every proxy (per-Proxy: spec.healthCheck.url)")
@@ -159,6 +167,22 @@ func Run(ctx context.Context, log *slog.Logger, o Options) error {
 	if err := o.Health.Validate(); err != nil {
 		return service.UsageError{Err: err}
 	}
+	switch {
+	case o.ProbeInsecure && (o.ProbeTLSCert != "" || o.ProbeTLSKey != ""):
+		return service.Usagef("--probe-insecure contradicts --probe-tls-cert-file and --probe-tls-key-file: choose one")
+	case !o.ProbeInsecure && (o.ProbeTLSCert == "" || o.ProbeTLSKey == ""):
+		return service.Usagef("--probe-tls-cert-file and --probe-tls-key-file are required: the probe stream decides which proxies are leased (--probe-insecure serves plaintext, for local development only)")
+	}
+	var probeTLS *tls.Config
+	if o.ProbeInsecure {
+		log.Warn("--probe-insecure: the probe endpoint serves plaintext")
+	} else {
+		cert, err := certs.NewReloading(ctx, log, o.ProbeTLSCert, o.ProbeTLSKey)
+		if err != nil {
+			return service.Usagef("--probe-tls-cert-file, --probe-tls-key-file: %v", err)
+		}
+		probeTLS = cert.ServerConfig()
+	}
 	deny, err := netpolicy.Parse(o.ProbeDenyCIDRs)
 	if err != nil {
 		return service.Usagef("--probe-deny-cidrs: %v", err)
@@ -224,12 +248,13 @@ func Run(ctx context.Context, log *slog.Logger, o Options) error {
 	if !probeToken.Enabled() {
 		log.Warn("no --probe-token-file: the probe endpoint accepts any prober")
 	}
+
 	hub := &probehub.Hub{
 		Engine: &health.Engine{
 			Client: mgr.GetClient(), Log: log.With("controller", "health"), Workers: o.HealthWriters,
 			StaleIntervals: o.StaleIntervals, Recorder: mgr.GetEventRecorder("proxy-health"), Elected: mgr.Elected(),
 		},
-		Defaults: o.Health, Elected: mgr.Elected(), Addr: o.ProbeAddr, Token: probeToken, Deny: deny, Log: log.With("controller", "probe-hub"),
+		Defaults: o.Health, Elected: mgr.Elected(), Addr: o.ProbeAddr, TLS: probeTLS, Token: probeToken, Deny: deny, Log: log.With("controller", "probe-hub"),
 	}
 	if _, err := hub.Listen(); err != nil {
 		return service.UsageError{Err: err}
@@ -240,7 +265,7 @@ func Run(ctx context.Context, log *slog.Logger, o Options) error {
 	if err := mgr.Add(hub); err != nil {
 		return err
 	}
-	log.Info("starting", "providers", registry.Names(), "namespace", namespace, "commit", version.Commit, "probeAuth", probeToken.Enabled())
+	log.Info("starting", "providers", registry.Names(), "namespace", namespace, "commit", version.Commit, "probeAuth", probeToken.Enabled(), "probeTLS", probeTLS != nil)
 	return mgr.Start(ctx)
 }
 

@@ -7,6 +7,7 @@ package probehub
 
 import (
 	"context"
+	"crypto/tls"
 	"fmt"
 	"log/slog"
 	"net"
@@ -19,6 +20,7 @@ import (
 	"go.opentelemetry.io/contrib/instrumentation/google.golang.org/grpc/otelgrpc"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
@@ -64,7 +66,10 @@ type Hub struct {
 	// so probers find the leader.
 	Elected <-chan struct{}
 	Addr    string
-	Token   *auth.Token
+	// TLS serves the stream over TLS; nil serves plaintext (local
+	// development and tests of the hub alone).
+	TLS   *tls.Config
+	Token *auth.Token
 	// Deny lists where probes may not go: a Proxy whose address or
 	// health-check URL is in it is refused (ProbeDenied), not assigned.
 	Deny netpolicy.DenyList
@@ -449,12 +454,16 @@ func (h *Hub) Start(ctx context.Context) error {
 			return fmt.Errorf("--probe-addr %s: %w", h.Addr, err)
 		}
 	}
-	srv := grpc.NewServer(
+	opts := []grpc.ServerOption{
 		grpc.StatsHandler(otelgrpc.NewServerHandler()),
 		grpc.ChainStreamInterceptor(h.Token.StreamInterceptor()),
 		grpc.KeepaliveParams(keepalive.ServerParameters{Time: 10 * time.Second, Timeout: 5 * time.Second}),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 5 * time.Second, PermitWithoutStream: true}),
-	)
+	}
+	if h.TLS != nil {
+		opts = append(opts, grpc.Creds(credentials.NewTLS(h.TLS)))
+	}
+	srv := grpc.NewServer(opts...)
 	probev1.RegisterProbeServiceServer(srv, h)
 	go h.rebalancer(ctx)
 	go h.Engine.Run(ctx)

@@ -2,6 +2,7 @@ package probehub
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -17,6 +18,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
@@ -27,6 +29,7 @@ import (
 	v1 "github.com/egress-proxies/egress-proxies/pkg/api/v1alpha1"
 	"github.com/egress-proxies/egress-proxies/pkg/assignment"
 	"github.com/egress-proxies/egress-proxies/pkg/auth"
+	"github.com/egress-proxies/egress-proxies/pkg/certs"
 	probev1 "github.com/egress-proxies/egress-proxies/pkg/gen/egressproxies/probe/v1"
 	"github.com/egress-proxies/egress-proxies/pkg/testutil/proc"
 	"github.com/egress-proxies/egress-proxies/pkg/testutil/promtext"
@@ -90,7 +93,12 @@ func (p *fakeProber) report(t *testing.T, rs []*probev1.ProbeResult) {
 
 func connect(t *testing.T, addr, id string, md ...string) *fakeProber {
 	t.Helper()
-	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	return connectWith(t, addr, id, insecure.NewCredentials(), md...)
+}
+
+func connectWith(t *testing.T, addr, id string, creds credentials.TransportCredentials, md ...string) *fakeProber {
+	t.Helper()
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(creds))
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = conn.Close() })
 	ctx, cancel := context.WithCancel(context.Background())
@@ -99,7 +107,11 @@ func connect(t *testing.T, addr, id string, md ...string) *fakeProber {
 	}
 	p := &fakeProber{id: id, set: map[string]bool{}, targets: map[string]*probev1.ProbeTarget{}, cancel: cancel, done: make(chan error, 1)}
 	stream, err := probev1.NewProbeServiceClient(conn).Connect(ctx)
-	require.NoError(t, err)
+	if err != nil { // no transport: a TLS handshake refused, say
+		p.done <- err
+		t.Cleanup(cancel)
+		return p
+	}
 	p.stream = stream
 	// A hub that refuses the stream may end it before the hello is sent:
 	// gRPC reports that as EOF on Send, and the status reaches Recv below.
@@ -300,7 +312,7 @@ func TestFiftyThousandTargetsReachARealProber(t *testing.T) {
 
 	ops := proc.Addr(proc.FreePort(t))
 	prober := proc.Start(t, "prober", proc.Build(t, "github.com/egress-proxies/egress-proxies/services/prober/cmd/prober"),
-		"--controller-addr", addr, "--id", "real", "--ops-addr", ops)
+		"--controller-addr", addr, "--controller-insecure", "--id", "real", "--ops-addr", ops)
 	proc.WaitHTTP(t, prober, "http://"+ops+"/healthz", 60*time.Second)
 	metric := func(name string) float64 {
 		m, err := promtext.Scrape(nil, "http://"+ops+"/metrics")
@@ -435,4 +447,44 @@ func TestAStreamSpeaksOnlyForItsOwnProxies(t *testing.T) {
 		t.Fatal("a second stream under a live id was let in")
 	}
 	assert.Equal(t, sets, partition(t, 40, a, b), "the live prober kept its share")
+}
+
+// The stream served over TLS admits a prober that trusts the controller's
+// CA, and no other: not one in plaintext, not one trusting another CA.
+func TestTheStreamRunsOverTLS(t *testing.T) {
+	ca, err := certs.NewCA("probe CA")
+	require.NoError(t, err)
+	files, err := ca.WriteServer(t.TempDir(), "127.0.0.1")
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	served, err := certs.NewReloading(ctx, slog.Default(), files.Cert, files.Key)
+	require.NoError(t, err)
+	h := &Hub{Engine: &health.Engine{Log: slog.Default()}, Defaults: health.DefaultDefaults, Elected: closed(), Addr: "127.0.0.1:0", TLS: served.ServerConfig(), Log: slog.Default()}
+	addr, err := h.Listen()
+	require.NoError(t, err)
+	done := make(chan struct{})
+	go func() { _ = h.Start(ctx); close(done) }()
+	defer func() { cancel(); <-done }()
+	require.Eventually(t, func() bool { h.mu.Lock(); defer h.mu.Unlock(); return h.targets != nil }, 5*time.Second, 10*time.Millisecond)
+	h.upsert(&v1.Proxy{ObjectMeta: metav1.ObjectMeta{Name: "tls", Namespace: "ns", UID: "uid-tls"}, Status: v1.ProxyStatus{Phase: v1.PhaseReady, IP: "127.0.0.1", Port: 1}})
+
+	other, err := certs.NewCA("another CA")
+	require.NoError(t, err)
+	for name, creds := range map[string]credentials.TransportCredentials{
+		"plaintext":  insecure.NewCredentials(),
+		"another CA": credentials.NewTLS(&tls.Config{RootCAs: other.Pool(), MinVersion: tls.VersionTLS12}),
+	} {
+		p := connectWith(t, addr, "refused", creds)
+		select {
+		case err := <-p.done:
+			assert.Equal(t, codes.Unavailable, status.Code(err), "%s: %v", name, err)
+		case <-time.After(10 * time.Second):
+			t.Fatalf("a prober connecting with %s was let in", name)
+		}
+	}
+	cfg, err := certs.ClientConfig(files.CA, "")
+	require.NoError(t, err)
+	p := connectWith(t, addr, "trusted", credentials.NewTLS(cfg))
+	assert.Equal(t, map[string]bool{"ns/tls": true}, partition(t, 1, p)[0])
 }

@@ -22,6 +22,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	v1 "github.com/egress-proxies/egress-proxies/pkg/api/v1alpha1"
+	"github.com/egress-proxies/egress-proxies/pkg/certs"
 	"github.com/egress-proxies/egress-proxies/pkg/testenv"
 	"github.com/egress-proxies/egress-proxies/pkg/testutil/proc"
 	"github.com/egress-proxies/egress-proxies/pkg/testutil/promtext"
@@ -35,7 +36,7 @@ func TestMain(m *testing.M) { os.Exit(testenv.Main(m, &env)) }
 const (
 	controllerPkg = "github.com/egress-proxies/egress-proxies/services/controller/cmd/controller"
 	proberPkg     = "github.com/egress-proxies/egress-proxies/services/prober/cmd/prober"
-	interval      = 500 * time.Millisecond
+	interval      = time.Second
 )
 
 func external(t *testing.T, ns, name, addr string, hc *v1.HealthCheck) {
@@ -113,10 +114,14 @@ func TestProbeFleetEndToEnd(t *testing.T) {
 	kc, err := env.WriteKubeconfig(t.TempDir())
 	require.NoError(t, err)
 	probeAddr, metrics := proc.Addr(proc.FreePort(t)), proc.FreePort(t)
+	probeCA, err := certs.NewCA("probe CA")
+	require.NoError(t, err)
+	probeTLS, err := probeCA.WriteServer(t.TempDir(), "127.0.0.1")
+	require.NoError(t, err)
 	ctrlArgs := []string{"--kubeconfig", kc, "--leader-election-namespace", "default", "--leader-election-lease-duration", "5s",
 		"--metrics-bind-address", proc.Addr(metrics), "--health-probe-bind-address", proc.Addr(proc.FreePort(t)),
-		"--probe-addr", probeAddr, "--health-url", target.URL + "/ip", "--health-expected-status", "200",
-		"--health-echo-format", "text", "--health-interval", interval.String(), "--health-timeout", "1s",
+		"--probe-addr", probeAddr, "--probe-tls-cert-file", probeTLS.Cert, "--probe-tls-key-file", probeTLS.Key, "--health-url", target.URL + "/ip", "--health-expected-status", "200",
+		"--health-echo-format", "text", "--health-interval", interval.String(), "--health-timeout", "750ms",
 		"--health-failure-threshold", "3", "--health-success-threshold", "2"}
 	ctrl := proc.Start(t, "controller", proc.Build(t, controllerPkg), ctrlArgs...)
 	metricsURL := "http://" + proc.Addr(metrics) + "/metrics"
@@ -125,7 +130,7 @@ func TestProbeFleetEndToEnd(t *testing.T) {
 	var probers []*proc.Process
 	for i := range 3 {
 		ops := proc.FreePort(t)
-		p := proc.Start(t, fmt.Sprintf("prober-%d", i), proc.Build(t, proberPkg), "--controller-addr", probeAddr,
+		p := proc.Start(t, fmt.Sprintf("prober-%d", i), proc.Build(t, proberPkg), "--controller-addr", probeAddr, "--controller-ca-file", probeTLS.CA,
 			"--id", fmt.Sprintf("prober-%d", i), "--ca-file", caFile, "--ops-addr", proc.Addr(ops), "--concurrency", "16")
 		proc.WaitHTTP(t, p, "http://"+proc.Addr(ops)+"/healthz", 30*time.Second)
 		probers = append(probers, p)

@@ -9,15 +9,18 @@ import (
 	"crypto/x509"
 	"errors"
 	"flag"
+	"fmt"
 	"os"
 	"time"
 
 	"go.opentelemetry.io/contrib/instrumentation/google.golang.org/grpc/otelgrpc"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/keepalive"
 
 	"github.com/egress-proxies/egress-proxies/pkg/auth"
+	"github.com/egress-proxies/egress-proxies/pkg/certs"
 	"github.com/egress-proxies/egress-proxies/pkg/netpolicy"
 	"github.com/egress-proxies/egress-proxies/pkg/service"
 	"github.com/egress-proxies/egress-proxies/pkg/version"
@@ -38,6 +41,9 @@ type options struct {
 	concurrency    int
 	caFile         string
 	denyCIDRs      string
+	controllerCA   string
+	serverName     string
+	insecure       bool
 }
 
 func run(args []string) int {
@@ -51,6 +57,9 @@ func run(args []string) int {
 	fs.StringVar(&o.id, "id", host, "this prober's stable id (the pod name in-cluster)")
 	fs.IntVar(&o.concurrency, "concurrency", 256, "probes in flight at most (bounds file descriptors); size it to at least assigned proxies x timeout / interval")
 	fs.StringVar(&o.caFile, "ca-file", "", "PEM CA bundle to verify probe targets with instead of the system roots")
+	fs.StringVar(&o.controllerCA, "controller-ca-file", "", "PEM CA bundle the controller's probe endpoint certificate is verified with (re-read on every reconnect)")
+	fs.StringVar(&o.serverName, "controller-server-name", "", "name the controller's certificate must hold; empty means the host of --controller-addr")
+	fs.BoolVar(&o.insecure, "controller-insecure", false, "connect to the controller in plaintext, without TLS: for local development only")
 	fs.StringVar(&o.denyCIDRs, "deny-cidrs", netpolicy.DefaultDenyCIDRs, "comma-separated CIDRs no probe dials, checked after name resolution (keep it equal to the controller's --probe-deny-cidrs); private ranges stay allowed")
 	return service.Run("prober", "PROBER", args, os.Stderr, fs, &o.common, func(ctx context.Context, env service.Env) error {
 		if o.controllerAddr == "" {
@@ -58,6 +67,12 @@ func run(args []string) int {
 		}
 		if o.id == "" || o.concurrency < 1 {
 			return service.Usagef("--id must not be empty and --concurrency must be at least 1")
+		}
+		switch {
+		case o.insecure && o.controllerCA != "":
+			return service.Usagef("--controller-insecure contradicts --controller-ca-file: choose one")
+		case !o.insecure && o.controllerCA == "":
+			return service.Usagef("--controller-ca-file is required: the probe stream runs over TLS (--controller-insecure connects in plaintext, for local development only)")
 		}
 		deny, err := netpolicy.Parse(o.denyCIDRs)
 		if err != nil {
@@ -78,8 +93,22 @@ func run(args []string) int {
 		if err != nil {
 			return service.UsageError{Err: err}
 		}
+		// TLS is built per connection, so a rotated CA bundle is read at
+		// the next reconnect.
+		transport := func() (grpc.DialOption, error) {
+			if o.insecure {
+				return grpc.WithTransportCredentials(insecure.NewCredentials()), nil
+			}
+			cfg, err := certs.ClientConfig(o.controllerCA, o.serverName)
+			if err != nil {
+				return nil, fmt.Errorf("--controller-ca-file: %w", err)
+			}
+			return grpc.WithTransportCredentials(credentials.NewTLS(cfg)), nil
+		}
+		if _, err := transport(); err != nil {
+			return service.UsageError{Err: err}
+		}
 		dial := []grpc.DialOption{
-			grpc.WithTransportCredentials(insecure.NewCredentials()),
 			grpc.WithStatsHandler(otelgrpc.NewClientHandler()),
 			// Notice a controller that vanished without closing the connection.
 			grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: 10 * time.Second, Timeout: 5 * time.Second, PermitWithoutStream: true}),
@@ -89,7 +118,14 @@ func run(args []string) int {
 		}
 		// Checked once here so a bad address is a usage error, not a
 		// reconnect loop.
-		probeConn, err := grpc.NewClient(o.controllerAddr, dial...)
+		connect := func() (*grpc.ClientConn, error) {
+			creds, err := transport()
+			if err != nil {
+				return nil, err
+			}
+			return grpc.NewClient(o.controllerAddr, append(dial, creds)...)
+		}
+		probeConn, err := connect()
 		if err != nil {
 			return service.Usagef("--controller-addr: %v", err)
 		}
@@ -103,7 +139,7 @@ func run(args []string) int {
 		}
 		env.Log.Info("starting", "id", o.id, "controller", o.controllerAddr, "concurrency", o.concurrency, "commit", version.Commit, "auth", tok.Enabled())
 		a := &agent.Agent{ID: o.id, Concurrency: o.concurrency, Prober: &probe.Prober{RootCAs: roots, Deny: deny}, Log: env.Log,
-			Dial: func() (*grpc.ClientConn, error) { return grpc.NewClient(o.controllerAddr, dial...) }}
+			Dial: connect}
 		return errors.Join(a.Run(ctx), waitOps())
 	})
 }

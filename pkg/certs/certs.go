@@ -1,0 +1,218 @@
+// Package certs makes and serves the TLS of the probe stream: a small CA
+// that issues server certificates (the demo's and the tests' own, never a
+// production CA), and a server certificate that follows its files, so a
+// Secret rotated by cert-manager takes effect without a restart.
+package certs
+
+import (
+	"bytes"
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
+	"fmt"
+	"log/slog"
+	"math/big"
+	"net"
+	"os"
+	"path/filepath"
+	"sync"
+	"time"
+)
+
+// CA issues certificates.
+type CA struct {
+	Cert *x509.Certificate
+	key  *ecdsa.PrivateKey
+	// PEM is the CA certificate, for clients to trust.
+	PEM []byte
+}
+
+func serial() *big.Int {
+	n, _ := rand.Int(rand.Reader, new(big.Int).Lsh(big.NewInt(1), 126))
+	return n
+}
+
+// NewCA makes a CA valid for a day: long enough for any test or demo.
+func NewCA(name string) (*CA, error) {
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return nil, err
+	}
+	now := time.Now()
+	tmpl := &x509.Certificate{
+		SerialNumber: serial(), Subject: pkix.Name{CommonName: name},
+		NotBefore: now.Add(-time.Hour), NotAfter: now.Add(24 * time.Hour),
+		IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign,
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		return nil, err
+	}
+	cert, err := x509.ParseCertificate(der)
+	if err != nil {
+		return nil, err
+	}
+	return &CA{Cert: cert, key: key, PEM: pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})}, nil
+}
+
+// Pool holds only the CA.
+func (ca *CA) Pool() *x509.CertPool {
+	p := x509.NewCertPool()
+	p.AddCert(ca.Cert)
+	return p
+}
+
+// Issue makes a server certificate for hosts (IP addresses or DNS names).
+func (ca *CA) Issue(hosts ...string) (tls.Certificate, error) {
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return tls.Certificate{}, err
+	}
+	now := time.Now()
+	tmpl := &x509.Certificate{
+		SerialNumber: serial(), Subject: pkix.Name{CommonName: hosts[0]},
+		NotBefore: now.Add(-time.Hour), NotAfter: now.Add(24 * time.Hour),
+		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+	}
+	for _, h := range hosts {
+		if ip := net.ParseIP(h); ip != nil {
+			tmpl.IPAddresses = append(tmpl.IPAddresses, ip)
+		} else {
+			tmpl.DNSNames = append(tmpl.DNSNames, h)
+		}
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.Cert, &key.PublicKey, ca.key)
+	if err != nil {
+		return tls.Certificate{}, err
+	}
+	leaf, err := x509.ParseCertificate(der)
+	if err != nil {
+		return tls.Certificate{}, err
+	}
+	return tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key, Leaf: leaf}, nil
+}
+
+// Files are the PEM files of a server certificate, its key, and its CA,
+// named as a kubernetes.io/tls Secret's keys are.
+type Files struct{ Cert, Key, CA string }
+
+// WriteServer issues a certificate for hosts and writes it, its key and
+// the CA into dir as tls.crt, tls.key and ca.crt.
+func (ca *CA) WriteServer(dir string, hosts ...string) (Files, error) {
+	c, err := ca.Issue(hosts...)
+	if err != nil {
+		return Files{}, err
+	}
+	keyDER, err := x509.MarshalPKCS8PrivateKey(c.PrivateKey)
+	if err != nil {
+		return Files{}, err
+	}
+	f := Files{Cert: filepath.Join(dir, "tls.crt"), Key: filepath.Join(dir, "tls.key"), CA: filepath.Join(dir, "ca.crt")}
+	for path, b := range map[string][]byte{
+		f.Cert: pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: c.Certificate[0]}),
+		f.Key:  pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: keyDER}),
+		f.CA:   ca.PEM,
+	} {
+		if err := os.WriteFile(path, b, 0o600); err != nil {
+			return Files{}, err
+		}
+	}
+	return f, nil
+}
+
+// Reloading serves the certificate in a pair of files and re-reads them
+// when their content changes.
+type Reloading struct {
+	certFile, keyFile string
+	mu                sync.RWMutex
+	cert              *tls.Certificate
+	certPEM, keyPEM   []byte
+}
+
+// reloadEvery is how often the files are compared with what is served.
+const reloadEvery = 5 * time.Second
+
+// NewReloading loads the pair, failing if it does not load, and follows
+// it until ctx ends.
+func NewReloading(ctx context.Context, log *slog.Logger, certFile, keyFile string) (*Reloading, error) {
+	r := &Reloading{certFile: certFile, keyFile: keyFile}
+	if _, err := r.reload(); err != nil {
+		return nil, err
+	}
+	go func() {
+		tick := time.NewTicker(reloadEvery)
+		defer tick.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-tick.C:
+				changed, err := r.reload()
+				switch {
+				case err != nil:
+					log.Warn("TLS certificate files unreadable; serving the previous certificate", "cert", certFile, "err", err)
+				case changed:
+					log.Info("TLS certificate reloaded", "cert", certFile)
+				}
+			}
+		}
+	}()
+	return r, nil
+}
+
+// reload compares content, not mtime: a mounted Secret changes through a
+// symlink swap.
+func (r *Reloading) reload() (bool, error) {
+	certPEM, err := os.ReadFile(r.certFile)
+	if err != nil {
+		return false, err
+	}
+	keyPEM, err := os.ReadFile(r.keyFile)
+	if err != nil {
+		return false, err
+	}
+	r.mu.RLock()
+	same := bytes.Equal(certPEM, r.certPEM) && bytes.Equal(keyPEM, r.keyPEM)
+	r.mu.RUnlock()
+	if same {
+		return false, nil
+	}
+	c, err := tls.X509KeyPair(certPEM, keyPEM)
+	if err != nil {
+		return false, fmt.Errorf("%s and %s: %w", r.certFile, r.keyFile, err)
+	}
+	r.mu.Lock()
+	r.cert, r.certPEM, r.keyPEM = &c, certPEM, keyPEM
+	r.mu.Unlock()
+	return true, nil
+}
+
+// ServerConfig is a TLS 1.2+ server configuration serving the current
+// certificate.
+func (r *Reloading) ServerConfig() *tls.Config {
+	return &tls.Config{MinVersion: tls.VersionTLS12, GetCertificate: func(*tls.ClientHelloInfo) (*tls.Certificate, error) {
+		r.mu.RLock()
+		defer r.mu.RUnlock()
+		return r.cert, nil
+	}}
+}
+
+// ClientConfig trusts only the CA bundle in caFile, read now: a client
+// that makes a connection per stream reads it per stream, and so follows
+// a rotated CA. serverName "" verifies the dialed host.
+func ClientConfig(caFile, serverName string) (*tls.Config, error) {
+	b, err := os.ReadFile(caFile)
+	if err != nil {
+		return nil, err
+	}
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(b) {
+		return nil, fmt.Errorf("%s holds no PEM certificate", caFile)
+	}
+	return &tls.Config{MinVersion: tls.VersionTLS12, RootCAs: pool, ServerName: serverName}, nil
+}
