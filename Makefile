@@ -101,9 +101,11 @@ install: ## Install the CRD into the current cluster.
 	kubectl apply --server-side -f deploy/crds/
 
 .PHONY: deploy
-deploy: install ## Plain manifests, no Helm release: render the chart and kubectl apply it (IMG, TAG as for docker-build).
+deploy: install ## Plain manifests, no Helm release: render the chart and kubectl apply it (IMG, TAG as for docker-build; needs openssl).
 	kubectl create namespace $(DEPLOY_NS) --dry-run=client -o yaml | kubectl apply -f -
+	bash hack/deploy-secrets.sh $(DEPLOY_NS) egress-proxies
 	$(HELM) template egress-proxies charts/egress-proxies --namespace $(DEPLOY_NS) \
+	  --set auth.createProbeTokenSecret=false --set auth.probeTLS.source=existing --set auth.probeTLS.secretName=egress-proxies-probe-tls \
 	  --set image.repository=$(IMG) --set image.tag=$(TAG) | kubectl apply --server-side -f -
 
 .PHONY: helm-install

@@ -38,3 +38,12 @@ securityContext:
 {{- define "ep.redisAddrs" -}}
 {{- if .Values.redis.internal.enabled -}}{{ include "ep.name" . }}-redis:6379{{- else -}}{{ required "redis.external.addrs is required when redis.internal.enabled is false" .Values.redis.external.addrs }}{{- end -}}
 {{- end }}
+
+{{/* The probe stream's TLS Secret: the user's own when source is "existing". */}}
+{{- define "ep.probeTLSSecret" -}}
+{{- if eq .Values.auth.probeTLS.source "existing" -}}
+{{ .Values.auth.probeTLS.secretName }}
+{{- else -}}
+{{ include "ep.name" . }}-{{ .Values.auth.probeTLS.secretName }}
+{{- end -}}
+{{- end }}

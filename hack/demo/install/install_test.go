@@ -7,6 +7,9 @@ package install
 import (
 	"bytes"
 	"context"
+	cryptotls "crypto/tls"
+	"crypto/x509"
+	"encoding/pem"
 	"debug/elf"
 	"errors"
 	"io"
@@ -100,8 +103,8 @@ func TestRenderedObjectsAreAcceptedByAnAPIServer(t *testing.T) {
 			kinds := map[string]int{}
 			for _, u := range objs {
 				kinds[u.GetKind()]++
-				if u.GetKind() == "ServiceMonitor" {
-					continue // prometheus-operator's CRD is not installed on envtest
+				if u.GetKind() == "ServiceMonitor" || u.GetKind() == "Certificate" {
+					continue // prometheus-operator's and cert-manager's CRDs are not installed on envtest
 				}
 				err := env.Client.Patch(ctx, u, client.Apply, client.DryRunAll, client.FieldOwner("chart-test"), client.ForceOwnership)
 				assert.NoError(t, err, "%s %s", u.GetKind(), u.GetName())
@@ -110,12 +113,21 @@ func TestRenderedObjectsAreAcceptedByAnAPIServer(t *testing.T) {
 			for _, k := range []string{"ServiceAccount", "ClusterRole", "Role", "ConfigMap", "Service", "PodDisruptionBudget"} {
 				assert.Positive(t, kinds[k], k)
 			}
+			tlsSecrets := 0
+			for _, u := range objs {
+				if u.GetKind() == "Secret" && u.Object["type"] == "kubernetes.io/tls" {
+					tlsSecrets++
+				}
+			}
 			if name == "all options" {
+				assert.Equal(t, 1, kinds["Certificate"], "cert-manager issues the probe certificate")
+				assert.Zero(t, tlsSecrets, "so the chart makes none")
 				assert.Equal(t, 1, kinds["HorizontalPodAutoscaler"])
 				assert.Equal(t, 2, kinds["ServiceMonitor"])
 				assert.Positive(t, kinds["NetworkPolicy"])
 				assert.Zero(t, kinds["StatefulSet"], "external Redis: the chart runs none")
 			} else {
+				assert.Equal(t, 1, tlsSecrets, "the chart makes the probe certificate")
 				assert.Equal(t, 1, kinds["StatefulSet"], "the quick-start Redis")
 			}
 			for _, u := range objs {
@@ -204,6 +216,10 @@ func TestValuesThatBreakTheSchemaAreNamed(t *testing.T) {
 		{"prober.replcas=3", "replcas"},
 		{"controller.scale.kubeAPIQPS=0", "controller/scale/kubeAPIQPS"},
 		{"controller.scale.resyncInterval=often", "controller/scale/resyncInterval"},
+		{"auth.probeTLS.source=cert-manager", "auth/probeTLS/issuerRef/name"},
+		{"auth.probeTLS.source=self", "auth/probeTLS/source"},
+		{"controller.health.staleIntervals=1", "controller/health/staleIntervals"},
+		{"controller.health.denyCIDRs=metadata", "controller/health/denyCIDRs"},
 	} {
 		out, err := helm(t, "template", "ep", chart, "--set", c.set)
 		require.Error(t, err, c.set)
@@ -261,4 +277,51 @@ func TestBinariesBuildStatically(t *testing.T) {
 		assert.Contains(t, string(df), "distroless/static")
 		assert.Contains(t, string(df), "version.Commit=${GIT_COMMIT}")
 	}
+}
+
+// make deploy renders the chart with helm template, which cannot look up
+// existing Secrets; hack/deploy-secrets.sh makes the probe token and the
+// probe TLS Secret once, so a second deploy changes neither, and the
+// certificate it makes names the probe Service and verifies with its CA.
+func TestDeploySecretsAreMadeOnce(t *testing.T) {
+	testenv.Require(t)
+	if _, err := exec.LookPath("kubectl"); err != nil {
+		t.Skip("kubectl is not installed; make deploy needs it, and this test runs the script make deploy runs")
+	}
+	ctx := context.Background()
+	const dns = "deploy-secrets"
+	require.NoError(t, env.Client.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: dns}}))
+	kc, err := env.WriteKubeconfig(t.TempDir())
+	require.NoError(t, err)
+	run := func() {
+		cmd := exec.Command("bash", filepath.Join(testenv.RepoRoot(), "hack", "deploy-secrets.sh"), dns, "egress-proxies")
+		cmd.Env = append(os.Environ(), "KUBECONFIG="+kc)
+		out, err := cmd.CombinedOutput()
+		require.NoError(t, err, string(out))
+	}
+	get := func(name string) *corev1.Secret {
+		s := &corev1.Secret{}
+		require.NoError(t, env.Client.Get(ctx, client.ObjectKey{Namespace: dns, Name: name}, s))
+		return s
+	}
+	run()
+	token, tls := get("egress-proxies-probe-token"), get("egress-proxies-probe-tls")
+	assert.Len(t, token.Data["token"], 48)
+	assert.Equal(t, corev1.SecretTypeTLS, tls.Type)
+	run()
+	assert.Equal(t, token.Data, get("egress-proxies-probe-token").Data, "a second deploy keeps the token")
+	assert.Equal(t, tls.Data, get("egress-proxies-probe-tls").Data, "and the certificate")
+
+	block, _ := pem.Decode(tls.Data["tls.crt"])
+	require.NotNil(t, block)
+	cert, err := x509.ParseCertificate(block.Bytes)
+	require.NoError(t, err)
+	pool := x509.NewCertPool()
+	require.True(t, pool.AppendCertsFromPEM(tls.Data["ca.crt"]))
+	for _, name := range []string{"egress-proxies-controller-probe", "egress-proxies-controller-probe." + dns + ".svc"} {
+		_, err := cert.Verify(x509.VerifyOptions{DNSName: name, Roots: pool, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}})
+		assert.NoError(t, err, name)
+	}
+	_, err = cryptotls.X509KeyPair(tls.Data["tls.crt"], tls.Data["tls.key"])
+	assert.NoError(t, err, "the key matches the certificate")
 }
