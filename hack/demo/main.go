@@ -118,10 +118,14 @@ func main() {
 		r.Fatalf("%v", err)
 	}
 	r.Cleanup(func() { _ = env.Stop() })
-	sys := system.Start(r, env, system.Options{Probers: 2, Brokers: 2, Step: step})
+	// Two controller replicas, as the chart runs: one leads, probers find
+	// it through a round-robin balancer, the probe stream over TLS.
+	sys := system.Start(r, env, system.Options{Controllers: 2, Probers: 2, Brokers: 2, Step: step})
 	c := env.Client
 	kubeconfig := sys.Kubeconfig
-	r.Logf("controller log: %s", sys.Controllers[0].Proc.LogPath)
+	for i, ctl := range sys.Controllers {
+		r.Logf("controller-%d log: %s", i, ctl.Proc.LogPath)
+	}
 	var rest []string
 	for i, b := range sys.Brokers {
 		r.Logf("broker-%d log: %s (REST %s, gRPC %s)", i, b.Proc.LogPath, b.REST, b.GRPC)
