@@ -24,6 +24,8 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
+
+	"github.com/egress-proxies/egress-proxies/pkg/filewatch"
 )
 
 // Token holds the current tokens. The zero value (and a nil *Token)
@@ -44,24 +46,7 @@ func FromFile(ctx context.Context, log *slog.Logger, path string, interval time.
 	if err := t.reload(); err != nil {
 		return nil, err
 	}
-	go func() {
-		tick := time.NewTicker(interval)
-		defer tick.Stop()
-		for {
-			select {
-			case <-ctx.Done():
-				return
-			case <-tick.C:
-				changed, err := t.reloadIfChanged()
-				switch {
-				case err != nil:
-					log.Warn("token file unreadable; keeping the previous token", "path", path, "err", err)
-				case changed:
-					log.Info("token reloaded", "path", path)
-				}
-			}
-		}
-	}()
+	filewatch.Follow(ctx, log, interval, "token file", path, t.reloadIfChanged)
 	return t, nil
 }
 

@@ -22,6 +22,8 @@ import (
 	"path/filepath"
 	"sync"
 	"time"
+
+	"github.com/egress-proxies/egress-proxies/pkg/filewatch"
 )
 
 // CA issues certificates.
@@ -144,24 +146,7 @@ func NewReloading(ctx context.Context, log *slog.Logger, certFile, keyFile strin
 	if _, err := r.reload(); err != nil {
 		return nil, err
 	}
-	go func() {
-		tick := time.NewTicker(reloadEvery)
-		defer tick.Stop()
-		for {
-			select {
-			case <-ctx.Done():
-				return
-			case <-tick.C:
-				changed, err := r.reload()
-				switch {
-				case err != nil:
-					log.Warn("TLS certificate files unreadable; serving the previous certificate", "cert", certFile, "err", err)
-				case changed:
-					log.Info("TLS certificate reloaded", "cert", certFile)
-				}
-			}
-		}
-	}()
+	filewatch.Follow(ctx, log, reloadEvery, "TLS certificate", certFile, r.reload)
 	return r, nil
 }
 

@@ -20,7 +20,6 @@ import (
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
 
 	v1 "github.com/egress-proxies/egress-proxies/pkg/api/v1alpha1"
 	probev1 "github.com/egress-proxies/egress-proxies/pkg/gen/egressproxies/probe/v1"
@@ -138,22 +137,7 @@ func watchingHub(t *testing.T, ns string, cfg *rest.Config, h *Hub) (*health.Eng
 
 // queueDepth is the health write queue's depth, as its metric says.
 func queueDepth(t *testing.T) int {
-	t.Helper()
-	mfs, err := ctrlmetrics.Registry.Gather()
-	require.NoError(t, err)
-	for _, mf := range mfs {
-		if mf.GetName() != "workqueue_depth" {
-			continue
-		}
-		for _, m := range mf.GetMetric() {
-			for _, l := range m.GetLabel() {
-				if l.GetName() == "name" && l.GetValue() == "proxy_health_status" {
-					return int(m.GetGauge().GetValue())
-				}
-			}
-		}
-	}
-	return -1
+	return int(sample(t, "workqueue_depth", "name", "proxy_health_status"))
 }
 
 func healthCond(px *v1.Proxy) *metav1.Condition {

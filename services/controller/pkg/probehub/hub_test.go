@@ -365,16 +365,25 @@ func seriesOf(t *testing.T) map[string]bool {
 
 // resultsCounted is how many results of a kind the engine has taken in.
 func resultsCounted(t *testing.T, result string) float64 {
+	return sample(t, "proxy_operator_healthcheck_total", "result", result)
+}
+
+// sample is the value of the series of name whose label is value, read
+// from the registry the controller serves; 0 if there is none.
+func sample(t *testing.T, name, label, value string) float64 {
 	t.Helper()
 	mfs, err := ctrlmetrics.Registry.Gather()
 	require.NoError(t, err)
 	for _, mf := range mfs {
-		if mf.GetName() != "proxy_operator_healthcheck_total" {
+		if mf.GetName() != name {
 			continue
 		}
 		for _, m := range mf.GetMetric() {
 			for _, l := range m.GetLabel() {
-				if l.GetName() == "result" && l.GetValue() == result {
+				if l.GetName() == label && l.GetValue() == value {
+					if g := m.GetGauge(); g != nil {
+						return g.GetValue()
+					}
 					return m.GetCounter().GetValue()
 				}
 			}

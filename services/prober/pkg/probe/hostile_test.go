@@ -117,7 +117,7 @@ func hostileTarget(t *testing.T, h hostile) (string, *x509.CertPool) {
 func TestAHostileAnswerCostsOneProbeAndAFewKiB(t *testing.T) {
 	squid := proc.StartSquid(t, "127.0.0.1", false)
 	plainTarget := "http://127.0.0.1:1/"
-	cases := []struct {
+	type hostileCase struct {
 		name    string
 		proxy   string
 		url     string
@@ -125,7 +125,8 @@ func TestAHostileAnswerCostsOneProbeAndAFewKiB(t *testing.T) {
 		timeout time.Duration
 		phase   probev1.ProbePhase
 		reason  string
-	}{
+	}
+	cases := []hostileCase{
 		{name: "proxy answers CONNECT with a 100 MiB status line", proxy: hostileProxy(t, hugeStatus), url: "https://127.0.0.1:1/",
 			phase: probev1.ProbePhase_PROBE_PHASE_CONNECT, reason: "status line and headers exceed 16 KiB"},
 		{name: "proxy answers CONNECT with endless headers", proxy: hostileProxy(t, endlessHeaders), url: "https://127.0.0.1:1/",
@@ -149,15 +150,7 @@ func TestAHostileAnswerCostsOneProbeAndAFewKiB(t *testing.T) {
 		{"a drip", drip, "timed out"},
 	} {
 		url, pool := hostileTarget(t, h.h)
-		cases = append(cases, struct {
-			name    string
-			proxy   string
-			url     string
-			pool    *x509.CertPool
-			timeout time.Duration
-			phase   probev1.ProbePhase
-			reason  string
-		}{name: "target answers through a real Squid tunnel with " + h.name, proxy: squid.Addr, url: url, pool: pool, timeout: time.Second,
+		cases = append(cases, hostileCase{name: "target answers through a real Squid tunnel with " + h.name, proxy: squid.Addr, url: url, pool: pool, timeout: time.Second,
 			phase: probev1.ProbePhase_PROBE_PHASE_HTTP, reason: h.reason})
 	}
 	for _, tc := range cases {

@@ -162,16 +162,28 @@ func (e *Engine) Track(key types.NamespacedName, uid types.UID, addr string, r S
 	e.init()
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	c, ok := e.state[uid]
-	if !ok || c.addr != addr {
-		if ok {
-			setVerdict(c, nil)
-		}
-		c = &counter{key: key, addr: addr, egressIP: egress, last: time.Now()}
+	c, fresh := e.counterFor(key, uid, addr)
+	if fresh {
+		c.egressIP = egress
 		setVerdict(c, fromCondition(cur))
-		e.state[uid] = c
 	}
 	c.failureThresh, c.successThresh, c.interval = r.FailureThreshold, r.SuccessThreshold, r.Interval
+}
+
+// counterFor returns uid's counter, a fresh one when there is none or it
+// is about another address (whatever was known of that address does not
+// carry over); mu held.
+func (e *Engine) counterFor(key types.NamespacedName, uid types.UID, addr string) (*counter, bool) {
+	old, ok := e.state[uid]
+	if ok && old.addr == addr {
+		return old, false
+	}
+	if ok {
+		setVerdict(old, nil)
+	}
+	c := &counter{key: key, addr: addr, last: time.Now()}
+	e.state[uid] = c
+	return c, true
 }
 
 // Refuse records that the proxy is never probed, and why (its address or
@@ -181,14 +193,7 @@ func (e *Engine) Refuse(key types.NamespacedName, uid types.UID, addr, why strin
 	e.init()
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	c, ok := e.state[uid]
-	if !ok || c.addr != addr {
-		if ok {
-			setVerdict(c, nil)
-		}
-		c = &counter{key: key, addr: addr}
-		e.state[uid] = c
-	}
+	c, _ := e.counterFor(key, uid, addr)
 	c.interval = 0
 	if v := c.verdict; v != nil && v.reason == v1.ReasonProbeDenied && v.msg == why {
 		return
