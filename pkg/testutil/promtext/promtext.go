@@ -1,6 +1,7 @@
-// Package promtext reads a process's /metrics from the outside, as the
-// end-to-end tests and benchmarks do: Prometheus' text exposition, one
-// sample a line.
+// Package promtext reads metrics in tests: a process's /metrics from the
+// outside, as the end-to-end tests and benchmarks do (Prometheus' text
+// exposition, one sample a line), or one series from a registry in
+// process.
 package promtext
 
 import (
@@ -9,6 +10,8 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+
+	"github.com/prometheus/client_golang/prometheus"
 )
 
 // Samples maps a series, "name{labels}" as exposed, to its value.
@@ -53,4 +56,30 @@ func (s Samples) Sum(prefix string) float64 {
 		}
 	}
 	return total
+}
+
+// Gathered is the value of the series of name whose label is value, read
+// in process from g (a registry a test shares with the code under test);
+// 0 when there is none. Counters and gauges alike.
+func Gathered(g prometheus.Gatherer, name, label, value string) (float64, error) {
+	families, err := g.Gather()
+	if err != nil {
+		return 0, err
+	}
+	for _, f := range families {
+		if f.GetName() != name {
+			continue
+		}
+		for _, m := range f.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == label && l.GetValue() == value {
+					if gauge := m.GetGauge(); gauge != nil {
+						return gauge.GetValue(), nil
+					}
+					return m.GetCounter().GetValue(), nil
+				}
+			}
+		}
+	}
+	return 0, nil
 }

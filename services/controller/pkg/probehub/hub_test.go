@@ -368,28 +368,12 @@ func resultsCounted(t *testing.T, result string) float64 {
 	return sample(t, "proxy_operator_healthcheck_total", "result", result)
 }
 
-// sample is the value of the series of name whose label is value, read
-// from the registry the controller serves; 0 if there is none.
+// sample is one series of the registry the controller serves.
 func sample(t *testing.T, name, label, value string) float64 {
 	t.Helper()
-	mfs, err := ctrlmetrics.Registry.Gather()
+	v, err := promtext.Gathered(ctrlmetrics.Registry, name, label, value)
 	require.NoError(t, err)
-	for _, mf := range mfs {
-		if mf.GetName() != name {
-			continue
-		}
-		for _, m := range mf.GetMetric() {
-			for _, l := range m.GetLabel() {
-				if l.GetName() == label && l.GetValue() == value {
-					if g := m.GetGauge(); g != nil {
-						return g.GetValue()
-					}
-					return m.GetCounter().GetValue()
-				}
-			}
-		}
-	}
-	return 0
+	return v
 }
 
 func rejectedCount(t *testing.T, reason string) float64 {

@@ -19,6 +19,7 @@ import (
 	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
 
 	v1 "github.com/egress-proxies/egress-proxies/pkg/api/v1alpha1"
+	"github.com/egress-proxies/egress-proxies/pkg/testutil/promtext"
 	"github.com/egress-proxies/egress-proxies/services/controller/pkg/metrics"
 	"github.com/egress-proxies/egress-proxies/services/controller/pkg/providers"
 )
@@ -443,19 +444,7 @@ func TestResyncsOfAFleetStayWithinTheBudget(t *testing.T) {
 // gathered reads one series from the controller's metrics registry.
 func gathered(t *testing.T, name, label, value string) float64 {
 	t.Helper()
-	families, err := ctrlmetrics.Registry.Gather()
+	v, err := promtext.Gathered(ctrlmetrics.Registry, name, label, value)
 	require.NoError(t, err)
-	for _, f := range families {
-		if f.GetName() != name {
-			continue
-		}
-		for _, m := range f.GetMetric() {
-			for _, l := range m.GetLabel() {
-				if l.GetName() == label && l.GetValue() == value {
-					return m.GetCounter().GetValue()
-				}
-			}
-		}
-	}
-	return 0
+	return v
 }
