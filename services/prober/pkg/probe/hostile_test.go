@@ -113,7 +113,8 @@ func hostileTarget(t *testing.T, h hostile) (string, *x509.CertPool) {
 
 // Whatever a proxy or a target answers, a probe costs its bounds: it
 // fails in the right phase, with a reason that fits a Condition message,
-// having allocated a few hundred KiB at most, and it ends by its timeout.
+// having allocated a few MiB at most of the 100 MiB thrown at it, and it
+// ends by its timeout.
 func TestAHostileAnswerCostsOneProbeAndAFewKiB(t *testing.T) {
 	squid := proc.StartSquid(t, "127.0.0.1", false)
 	plainTarget := "http://127.0.0.1:1/"
@@ -171,7 +172,10 @@ func TestAHostileAnswerCostsOneProbeAndAFewKiB(t *testing.T) {
 			assert.LessOrEqual(t, len(r.Reason), sanitize.MaxReason)
 			assert.True(t, utf8.ValidString(r.Reason))
 			assert.NotContains(t, r.Reason, "\x1b")
-			assert.Less(t, after.TotalAlloc-before.TotalAlloc, uint64(1<<20), "the probe allocated %d KiB", (after.TotalAlloc-before.TotalAlloc)>>10)
+			// The count is the process's: it includes the hostile server's
+			// own TLS writes (it runs in this process) and -race's
+			// bookkeeping. Unbounded, it was hundreds of MiB.
+			assert.Less(t, after.TotalAlloc-before.TotalAlloc, uint64(4<<20), "the probe allocated %d KiB", (after.TotalAlloc-before.TotalAlloc)>>10)
 		})
 	}
 }
