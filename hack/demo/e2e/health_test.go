@@ -79,9 +79,12 @@ func probedWithin(t *testing.T, s *system.System, i int, ns string, names []stri
 		}
 		return len(first) == len(names)
 	}, 60*time.Second, 100*time.Millisecond, "the new leader never heard of every proxy; probed so far: %v", first)
+	var latest time.Duration
 	for name, at := range first {
 		assert.LessOrEqual(t, at.Sub(since), bound, "%s was first probed %s after the election", name, at.Sub(since))
+		latest = max(latest, at.Sub(since))
 	}
+	t.Logf("every proxy probed for the new leader within %s of its election (bound %s)", latest.Round(time.Millisecond), bound)
 }
 
 // Two controller replicas behind a per-connection round-robin balancer, as
@@ -147,6 +150,7 @@ func TestAStoppedProbeFleetMakesHealthStale(t *testing.T) {
 		"the broker still lists healthy proxies with every prober stopped")
 	took := time.Since(stopped)
 	assert.LessOrEqual(t, took, (3+1)*interval, "stale after %s", took)
+	t.Logf("no proxy listed healthy %s after every prober stopped (bound %s)", took.Round(time.Millisecond), (3+1)*interval)
 	for _, name := range names {
 		px := waitProxy(t, ns, name, "stale", func(px *v1.Proxy) bool { return !px.Status.Healthy })
 		c := healthCondition(px)

@@ -175,6 +175,7 @@ func TestAHostileAnswerCostsOneProbeAndAFewKiB(t *testing.T) {
 			// The count is the process's: it includes the hostile server's
 			// own TLS writes (it runs in this process) and -race's
 			// bookkeeping. Unbounded, it was hundreds of MiB.
+			t.Logf("%s: %d KiB allocated, reason %q", r.Phase, (after.TotalAlloc-before.TotalAlloc)>>10, r.Reason)
 			assert.Less(t, after.TotalAlloc-before.TotalAlloc, uint64(4<<20), "the probe allocated %d KiB", (after.TotalAlloc-before.TotalAlloc)>>10)
 		})
 	}
