@@ -183,4 +183,17 @@ func TestDeniedDestinationsAreNeverProbed(t *testing.T) {
 		assert.Equal(t, metav1.ConditionFalse, healthCond(px).Status)
 		assert.Contains(t, healthCond(px).Message, want)
 	}
+
+	// Its URL fixed, the proxy is probed from scratch, and status no
+	// longer says it is refused.
+	require.NoError(t, env.Client.Get(ctx, client.ObjectKeyFromObject(viaURL), viaURL))
+	viaURL.Spec.HealthCheck.URL = "https://127.0.0.1:1/"
+	require.NoError(t, env.Client.Update(ctx, viaURL))
+	assert.Equal(t, map[string]bool{ns + "/fine": true, ns + "/via-url": true}, partition(t, 2, p)[0])
+	require.Eventually(t, func() bool {
+		px := &v1.Proxy{}
+		require.NoError(t, env.Client.Get(ctx, client.ObjectKeyFromObject(viaURL), px))
+		c := healthCond(px)
+		return c.Status == metav1.ConditionUnknown && c.Reason == v1.ReasonNotProbed
+	}, 10*time.Second, 10*time.Millisecond, "status still says the proxy is refused")
 }

@@ -163,9 +163,17 @@ func (e *Engine) Track(key types.NamespacedName, uid types.UID, addr string, r S
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	c, fresh := e.counterFor(key, uid, addr)
-	if fresh {
+	switch {
+	case fresh:
 		c.egressIP = egress
 		setVerdict(c, fromCondition(cur))
+	case c.verdict != nil && c.verdict.reason == v1.ReasonProbeDenied:
+		// No longer denied (the deny list or the URL changed): probed
+		// from scratch, and status must stop saying it is refused.
+		setVerdict(c, &verdict{status: metav1.ConditionUnknown, reason: v1.ReasonNotProbed, msg: "no longer in --probe-deny-cidrs; not probed yet", at: metav1.Now()})
+		c.last = time.Now()
+		c.queued++
+		e.queue.Add(uid)
 	}
 	c.failureThresh, c.successThresh, c.interval = r.FailureThreshold, r.SuccessThreshold, r.Interval
 }

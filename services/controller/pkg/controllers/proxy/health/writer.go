@@ -121,7 +121,7 @@ func (e *Engine) write(ctx context.Context, uid types.UID) (uint64, error) {
 				Type: v1.ConditionHealthy, Status: v.status, Reason: v.reason, Message: v.msg, ObservedGeneration: px.Generation,
 			})
 			px.Status.Healthy = v.healthy()
-			if !v.stale() { // no probe happened; the last one stays the last
+			if v.status != metav1.ConditionUnknown { // no probe decided it; the last one stays the last
 				at := v.at
 				px.Status.LastHealthCheckTime = &at
 			}
