@@ -191,13 +191,22 @@ func (r *Reloading) ServerConfig() *tls.Config {
 // that makes a connection per stream reads it per stream, and so follows
 // a rotated CA. serverName "" verifies the dialed host.
 func ClientConfig(caFile, serverName string) (*tls.Config, error) {
-	b, err := os.ReadFile(caFile)
+	pool, err := LoadPool(caFile)
+	if err != nil {
+		return nil, err
+	}
+	return &tls.Config{MinVersion: tls.VersionTLS12, RootCAs: pool, ServerName: serverName}, nil
+}
+
+// LoadPool reads a PEM CA bundle; the error names the file.
+func LoadPool(file string) (*x509.CertPool, error) {
+	b, err := os.ReadFile(file)
 	if err != nil {
 		return nil, err
 	}
 	pool := x509.NewCertPool()
 	if !pool.AppendCertsFromPEM(b) {
-		return nil, fmt.Errorf("%s holds no PEM certificate", caFile)
+		return nil, fmt.Errorf("%s holds no PEM certificate", file)
 	}
-	return &tls.Config{MinVersion: tls.VersionTLS12, RootCAs: pool, ServerName: serverName}, nil
+	return pool, nil
 }

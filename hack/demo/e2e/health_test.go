@@ -146,18 +146,24 @@ func TestAStoppedProbeFleetMakesHealthStale(t *testing.T) {
 	for _, p := range s.Probers {
 		p.Kill()
 	}
-	require.Eventually(t, func() bool { return len(listedIn(t, b, ns)) == 0 }, 60*time.Second, 50*time.Millisecond,
-		"the broker still lists healthy proxies with every prober stopped")
-	took := time.Since(stopped)
-	assert.LessOrEqual(t, took, (3+1)*interval, "stale after %s", took)
-	t.Logf("no proxy listed healthy %s after every prober stopped (bound %s)", took.Round(time.Millisecond), (3+1)*interval)
+	// What is timed is the controller's decision, by the time it wrote on
+	// the condition (to the second, rounded down), not how soon this test
+	// gets to look: the bound holds on a busy machine.
+	var latest time.Duration
 	for _, name := range names {
-		px := waitProxy(t, ns, name, "stale", func(px *v1.Proxy) bool { return !px.Status.Healthy })
+		px := waitProxy(t, ns, name, "stale", func(px *v1.Proxy) bool {
+			c := healthCondition(px)
+			return c != nil && c.Reason == v1.ReasonProbeStale
+		})
 		c := healthCondition(px)
-		require.NotNil(t, c)
 		assert.Equal(t, "Unknown", string(c.Status))
-		assert.Equal(t, v1.ReasonProbeStale, c.Reason)
+		assert.False(t, px.Status.Healthy)
+		latest = max(latest, c.LastTransitionTime.Sub(stopped))
 	}
+	assert.LessOrEqual(t, latest, (3+1)*interval, "stale %s after every prober stopped", latest)
+	t.Logf("every proxy stale %s after every prober stopped (bound %s; the transition time is to the second)", latest, (3+1)*interval)
+	require.Eventually(t, func() bool { return len(listedIn(t, b, ns)) == 0 }, 30*time.Second, 50*time.Millisecond,
+		"the broker still lists healthy proxies with every proxy stale")
 	refused := do(t, "POST", b+"/v1/leases", `{"namespace":"`+ns+`"}`)
 	assert.Equal(t, 429, refused.status)
 	assert.Contains(t, string(refused.body), "HEALTH_STALE")

@@ -22,6 +22,7 @@ type Target struct {
 	URL    string // https://127.0.0.1:port
 	CAFile string // PEM of its own CA
 	CA     *x509.Certificate
+	ca     *certs.CA
 	srv    *http.Server
 	ln     net.Listener
 }
@@ -65,15 +66,11 @@ func Start(addr, dir string) (*Target, error) {
 		Certificates: []tls.Certificate{leaf}, MinVersion: tls.VersionTLS12,
 	}}
 	go func() { _ = srv.ServeTLS(ln, "", "") }()
-	return &Target{URL: "https://" + ln.Addr().String(), CAFile: caFile, CA: ca.Cert, srv: srv, ln: ln}, nil
+	return &Target{URL: "https://" + ln.Addr().String(), CAFile: caFile, CA: ca.Cert, ca: ca, srv: srv, ln: ln}, nil
 }
 
 // Pool is a CertPool holding only the target's CA.
-func (t *Target) Pool() *x509.CertPool {
-	p := x509.NewCertPool()
-	p.AddCert(t.CA)
-	return p
-}
+func (t *Target) Pool() *x509.CertPool { return t.ca.Pool() }
 
 // Close stops the server.
 func (t *Target) Close() error { return t.srv.Close() }

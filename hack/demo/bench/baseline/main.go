@@ -38,6 +38,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client/config"
 
 	v1 "github.com/egress-proxies/egress-proxies/pkg/api/v1alpha1"
+	"github.com/egress-proxies/egress-proxies/pkg/certs"
 	"github.com/egress-proxies/egress-proxies/pkg/kube"
 )
 
@@ -98,13 +99,9 @@ func probes(proxies []string, target, caFile string, n int) error {
 	if err != nil || u.Scheme != "https" {
 		return fmt.Errorf("--url %q: want an https URL", target)
 	}
-	pem, err := os.ReadFile(caFile)
+	roots, err := certs.LoadPool(caFile)
 	if err != nil {
-		return err
-	}
-	roots := x509.NewCertPool()
-	if !roots.AppendCertsFromPEM(pem) {
-		return fmt.Errorf("--ca-file %s holds no certificate", caFile)
+		return fmt.Errorf("--ca-file: %w", err)
 	}
 	before := cpu()
 	for i := range n {

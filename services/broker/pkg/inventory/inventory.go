@@ -11,6 +11,7 @@ import (
 	"sync/atomic"
 
 	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/rest"
 	toolscache "k8s.io/client-go/tools/cache"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
@@ -55,7 +56,7 @@ func fromObject(px *v1.Proxy) Proxy {
 		ID: px.Namespace + "/" + px.Name, Namespace: px.Namespace,
 		IP: px.Status.IP, Port: px.Status.Port, EgressIP: px.Status.EgressIP,
 		Attributes: px.Spec.Attributes, Healthy: px.Status.Healthy,
-		HealthStale: h != nil && h.Status == "Unknown" && h.Reason == v1.ReasonProbeStale,
+		HealthStale: h != nil && h.Status == metav1.ConditionUnknown && h.Reason == v1.ReasonProbeStale,
 		Leasable: ready && px.Status.Phase == v1.PhaseReady && px.Status.Healthy &&
 			px.DeletionTimestamp.IsZero() && px.Status.IP != "",
 	}

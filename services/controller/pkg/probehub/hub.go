@@ -95,7 +95,6 @@ type Hub struct {
 type session struct {
 	id     string
 	stream probev1.ProbeService_ConnectServer
-	cancel context.CancelFunc
 	// desired is the prober's share.
 	desired map[string]*probev1.ProbeTarget
 	// changed: ids of desired that changed since the sender last looked.
@@ -162,14 +161,14 @@ func (h *Hub) upsert(o any) {
 		return
 	}
 	r := h.Defaults.Resolve(px.Spec.HealthCheck)
+	key := types.NamespacedName{Namespace: px.Namespace, Name: px.Name}
 	addr := fmt.Sprintf("%s:%d", px.Status.IP, px.Status.Port)
 	if why := h.denied(px.Status.IP, r.URL); why != "" {
-		h.Engine.Refuse(types.NamespacedName{Namespace: px.Namespace, Name: px.Name}, px.UID, addr, why)
+		h.Engine.Refuse(key, px.UID, addr, why)
 		h.drop(id)
 		return
 	}
-	h.Engine.Track(types.NamespacedName{Namespace: px.Namespace, Name: px.Name}, px.UID, addr, r,
-		meta.FindStatusCondition(px.Status.Conditions, v1.ConditionHealthy), px.Status.EgressIP)
+	h.Engine.Track(key, px.UID, addr, r, meta.FindStatusCondition(px.Status.Conditions, v1.ConditionHealthy), px.Status.EgressIP)
 	t := &probev1.ProbeTarget{Id: id, Uid: string(px.UID), Address: px.Status.IP, Port: px.Status.Port, Settings: r.Proto()}
 	h.mu.Lock()
 	// Most informer events are status writes that leave the target as it
@@ -201,6 +200,9 @@ func (h *Hub) drop(id string) {
 // denied says why a proxy at ip, checked with url, must not be probed, or
 // "". Names are let through here: the prober checks what they resolve to.
 func (h *Hub) denied(ip, rawURL string) string {
+	if len(h.Deny) == 0 {
+		return ""
+	}
 	if p, ok := h.Deny.DeniesHost(ip); ok {
 		return fmt.Sprintf("the proxy's address %s is in --probe-deny-cidrs (%s); it is never probed", ip, p)
 	}
@@ -355,7 +357,7 @@ func (h *Hub) Connect(stream probev1.ProbeService_ConnectServer) error {
 	}
 	ctx, cancel := context.WithCancel(stream.Context())
 	defer cancel()
-	s := &session{id: hello.GetProberId(), stream: stream, cancel: cancel, full: true, wake: make(chan struct{}, 1),
+	s := &session{id: hello.GetProberId(), stream: stream, full: true, wake: make(chan struct{}, 1),
 		desired: map[string]*probev1.ProbeTarget{}, changed: map[string]struct{}{}}
 	h.mu.Lock()
 	if _, ok := h.sessions[s.id]; ok {
@@ -409,7 +411,7 @@ func (h *Hub) Connect(stream probev1.ProbeService_ConnectServer) error {
 	for {
 		select {
 		case <-ctx.Done():
-			return status.Error(codes.Aborted, "stream replaced or closed")
+			return status.Error(codes.Aborted, "stream closed")
 		case err := <-errc:
 			return err
 		case m := <-msgs:

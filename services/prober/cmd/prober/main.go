@@ -11,6 +11,7 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"slices"
 	"time"
 
 	"go.opentelemetry.io/contrib/instrumentation/google.golang.org/grpc/otelgrpc"
@@ -80,13 +81,8 @@ func run(args []string) int {
 		}
 		var roots *x509.CertPool
 		if o.caFile != "" {
-			pem, err := os.ReadFile(o.caFile)
-			if err != nil {
+			if roots, err = certs.LoadPool(o.caFile); err != nil {
 				return service.Usagef("--ca-file: %v", err)
-			}
-			roots = x509.NewCertPool()
-			if !roots.AppendCertsFromPEM(pem) {
-				return service.Usagef("--ca-file %s holds no PEM certificate", o.caFile)
 			}
 		}
 		tok, err := auth.FromFlag(ctx, env.Log, "--token-file", o.tokenFile)
@@ -105,9 +101,6 @@ func run(args []string) int {
 			}
 			return grpc.WithTransportCredentials(credentials.NewTLS(cfg)), nil
 		}
-		if _, err := transport(); err != nil {
-			return service.UsageError{Err: err}
-		}
 		dial := []grpc.DialOption{
 			grpc.WithStatsHandler(otelgrpc.NewClientHandler()),
 			// Notice a controller that vanished without closing the connection.
@@ -116,18 +109,22 @@ func run(args []string) int {
 		if tok != nil {
 			dial = append(dial, tok.DialOption())
 		}
-		// Checked once here so a bad address is a usage error, not a
-		// reconnect loop.
 		connect := func() (*grpc.ClientConn, error) {
 			creds, err := transport()
 			if err != nil {
 				return nil, err
 			}
-			return grpc.NewClient(o.controllerAddr, append(dial, creds)...)
+			conn, err := grpc.NewClient(o.controllerAddr, append(slices.Clip(dial), creds)...)
+			if err != nil {
+				return nil, fmt.Errorf("--controller-addr: %w", err)
+			}
+			return conn, nil
 		}
+		// Once here, so a bad address or CA file is a usage error, not a
+		// reconnect loop.
 		probeConn, err := connect()
 		if err != nil {
-			return service.Usagef("--controller-addr: %v", err)
+			return service.UsageError{Err: err}
 		}
 		_ = probeConn.Close()
 

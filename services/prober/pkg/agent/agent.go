@@ -3,9 +3,9 @@
 // its interval with bounded concurrency, and streams results back. When the
 // stream breaks (controller restart, leader change) it reconnects with
 // jittered backoff, over a new connection, and receives a full assignment
-// again. The schedule
-// outlives the stream: a reconnect keeps every known proxy's place in it,
-// so a controller failover neither pauses probing nor bunches it up.
+// again. The schedule outlives the stream: a reconnect keeps every known
+// proxy's place in it, so a controller failover neither pauses probing nor
+// bunches it up.
 package agent
 
 import (
@@ -338,8 +338,12 @@ func (s *scheduler) run(ctx context.Context, p *probe.Prober, out chan<- *probev
 	for {
 		s.mu.Lock()
 		var next time.Duration = time.Hour
-		var due []*task
-		var targets []*probev1.ProbeTarget
+		// The target is taken now: apply may change the task's meanwhile.
+		type start struct {
+			task   *task
+			target *probev1.ProbeTarget
+		}
+		var due []start
 		now := time.Now()
 		for s.q.Len() > 0 && !s.q[0].due.After(now) {
 			t := s.q[0]
@@ -347,7 +351,7 @@ func (s *scheduler) run(ctx context.Context, p *probe.Prober, out chan<- *probev
 				skipped.Inc()
 			} else {
 				t.running = true
-				due, targets = append(due, t), append(targets, t.target)
+				due = append(due, start{t, t.target})
 			}
 			every := interval(t.target)
 			switch {
@@ -366,7 +370,7 @@ func (s *scheduler) run(ctx context.Context, p *probe.Prober, out chan<- *probev
 		}
 		s.mu.Unlock()
 
-		for i, t := range due {
+		for _, d := range due {
 			select {
 			case s.sem <- struct{}{}:
 			case <-ctx.Done():
@@ -377,13 +381,13 @@ func (s *scheduler) run(ctx context.Context, p *probe.Prober, out chan<- *probev
 			go func() {
 				defer func() {
 					s.mu.Lock()
-					t.running = false
+					d.task.running = false
 					s.mu.Unlock()
 					<-s.sem
 					inflight.Dec()
 					wg.Done()
 				}()
-				r := runOne(ctx, p, targets[i])
+				r := runOne(ctx, p, d.target)
 				select {
 				case out <- r:
 				default:

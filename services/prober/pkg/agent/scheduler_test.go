@@ -100,9 +100,11 @@ func TestASilentProxyHoldsOneSlot(t *testing.T) {
 		}
 	}
 	assert.Zero(t, got["silent"], "its one probe is still waiting out its timeout")
-	assert.InDelta(t, 10, got["fast"], 4, "the other proxy is probed on time")
+	// Counts, not timings: four probes of the silent proxy would have
+	// held every slot within 200ms, and the other proxy would have none.
+	assert.GreaterOrEqual(t, got["fast"], 4, "the other proxy is still probed")
 	assert.LessOrEqual(t, maxInflight, 2.0, "the silent proxy holds one slot")
-	assert.GreaterOrEqual(t, testutil.ToFloat64(skipped)-skipped0, 10.0, "its later probes were skipped, and counted")
+	assert.GreaterOrEqual(t, testutil.ToFloat64(skipped)-skipped0, 4.0, "its later probes were skipped, and counted")
 }
 
 func mustAtoi(t *testing.T, s string) int {

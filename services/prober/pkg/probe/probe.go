@@ -128,8 +128,10 @@ func (p *Prober) Do(ctx context.Context, proxyAddr string, s Settings) Result {
 		maxBody = DefaultMaxBody
 	}
 
-	var resp *http.Response
-	var answer *budget
+	// The exchange the answer comes back on: the tunnel's TLS for https,
+	// the proxy's connection for http.
+	var exchange io.Reader = conn
+	req := p.request(ctx, u)
 	if u.Scheme == "https" {
 		host := u.Host
 		if u.Port() == "" {
@@ -156,25 +158,21 @@ func (p *Prober) Do(ctx context.Context, proxyAddr string, s Settings) Result {
 		if err := tc.HandshakeContext(ctx); err != nil {
 			return fail(probev1.ProbePhase_PROBE_PHASE_TLS, start, "TLS with %s: %s", u.Hostname(), short(err))
 		}
-		req := p.request(ctx, u)
 		if err := req.Write(tc); err != nil {
 			return fail(probev1.ProbePhase_PROBE_PHASE_HTTP, start, "sending request: %s", short(err))
 		}
-		answer = newBudget(tc, MaxHeaderBytes+maxBody)
-		if resp, err = http.ReadResponse(bufio.NewReader(answer), req); err != nil {
-			return fail(probev1.ProbePhase_PROBE_PHASE_HTTP, start, "reading answer: %s", readFailure(deadline, answer, err))
-		}
-	} else {
-		req := p.request(ctx, u)
-		if err := req.WriteProxy(conn); err != nil {
-			return fail(probev1.ProbePhase_PROBE_PHASE_HTTP, start, "sending request: %s", short(err))
-		}
-		answer = newBudget(conn, MaxHeaderBytes+maxBody)
-		var err error
-		if resp, err = http.ReadResponse(bufio.NewReader(answer), req); err != nil {
-			return fail(probev1.ProbePhase_PROBE_PHASE_HTTP, start, "reading answer: %s", readFailure(deadline, answer, err))
-		}
+		exchange = tc
+	} else if err := req.WriteProxy(conn); err != nil {
+		return fail(probev1.ProbePhase_PROBE_PHASE_HTTP, start, "sending request: %s", short(err))
 	}
+	// The head gets its own budget; the body's is added once the head is
+	// read, so "exceed" in a reason is exact.
+	answer := newBudget(exchange, MaxHeaderBytes)
+	resp, err := http.ReadResponse(bufio.NewReader(answer), req)
+	if err != nil {
+		return fail(probev1.ProbePhase_PROBE_PHASE_HTTP, start, "reading answer: %s", readFailure(deadline, answer, err))
+	}
+	answer.N += maxBody
 	defer func() { _ = resp.Body.Close() }()
 	body, err := io.ReadAll(io.LimitReader(resp.Body, maxBody))
 	if err != nil {

@@ -172,8 +172,7 @@ func (e *Engine) Track(key types.NamespacedName, uid types.UID, addr string, r S
 		// from scratch, and status must stop saying it is refused.
 		setVerdict(c, &verdict{status: metav1.ConditionUnknown, reason: v1.ReasonNotProbed, msg: "no longer in --probe-deny-cidrs; not probed yet", at: metav1.Now()})
 		c.last = time.Now()
-		c.queued++
-		e.queue.Add(uid)
+		e.owe(uid, c)
 	}
 	c.failureThresh, c.successThresh, c.interval = r.FailureThreshold, r.SuccessThreshold, r.Interval
 }
@@ -207,8 +206,7 @@ func (e *Engine) Refuse(key types.NamespacedName, uid types.UID, addr, why strin
 		return
 	}
 	setVerdict(c, &verdict{status: metav1.ConditionFalse, reason: v1.ReasonProbeDenied, msg: why, at: metav1.Now()})
-	c.queued++
-	e.queue.Add(uid)
+	e.owe(uid, c)
 }
 
 // Forget drops a target, and its probe-recency series with it: a fleet
@@ -271,9 +269,15 @@ func (e *Engine) Handle(_ context.Context, proberID string, r *probev1.ProbeResu
 		}
 	}
 	if changed {
-		c.queued++
-		e.queue.Add(uid)
+		e.owe(uid, c)
 	}
+}
+
+// owe puts uid on the write queue: status no longer says what c does;
+// mu held.
+func (e *Engine) owe(uid types.UID, c *counter) {
+	c.queued++
+	e.queue.Add(uid)
 }
 
 // wanted is a copy of what status should say for uid, taken under the lock
@@ -326,13 +330,12 @@ func (e *Engine) Idle() bool {
 	return true
 }
 
-// staleAfter is how long c may go without a result.
-func (e *Engine) staleAfter(c *counter) time.Duration {
-	n := e.StaleIntervals
-	if n <= 0 {
-		n = DefaultStaleIntervals
+// staleIntervals is how many intervals a proxy may go without a result.
+func (e *Engine) staleIntervals() int {
+	if e.StaleIntervals > 0 {
+		return e.StaleIntervals
 	}
-	return time.Duration(n) * c.interval
+	return DefaultStaleIntervals
 }
 
 // restart starts every proxy's wait for a result afresh: a replica just
@@ -346,22 +349,22 @@ func (e *Engine) restart(now time.Time) {
 	}
 }
 
-// sweep makes stale every proxy without a result for its staleAfter. It is
-// one transition: a stale proxy stays stale, unwritten, until a result.
+// sweep makes stale every proxy without a result for staleIntervals of
+// its interval. It is one transition: a stale proxy stays stale,
+// unwritten, until a result.
 func (e *Engine) sweep(now time.Time) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
+	n := e.staleIntervals()
 	for uid, c := range e.state {
-		after := e.staleAfter(c)
-		if c.interval <= 0 || c.verdict.stale() || now.Sub(c.last) < after {
+		if c.interval <= 0 || c.verdict.stale() || now.Sub(c.last) < time.Duration(n)*c.interval {
 			continue
 		}
 		setVerdict(c, &verdict{status: metav1.ConditionUnknown, reason: v1.ReasonProbeStale, at: metav1.NewTime(now.Truncate(time.Second)),
 			msg: fmt.Sprintf("no probe result for %s (%d intervals of %s): probing has stopped for this proxy; check that probers run and reach the leading controller",
-				now.Sub(c.last).Round(time.Second), int(after/c.interval), c.interval)})
+				now.Sub(c.last).Round(time.Second), n, c.interval)})
 		c.succ, c.fail = 0, 0
-		c.queued++
-		e.queue.Add(uid)
+		e.owe(uid, c)
 	}
 }
 

@@ -36,10 +36,10 @@ var errStale = errors.New("status changed since it was read")
 // status already says is never written again.
 func (e *Engine) Run(ctx context.Context) {
 	e.init()
-	defer e.queue.ShutDown()
 	if e.Elected != nil {
 		select {
 		case <-ctx.Done():
+			e.queue.ShutDown()
 			return
 		case <-e.Elected:
 		}
@@ -153,7 +153,9 @@ func (e *Engine) write(ctx context.Context, uid types.UID) (uint64, error) {
 		return 0, err
 	}
 	metrics.StatusWrites.WithLabelValues("health").Inc()
-	e.announce(px, was, w.verdict)
+	if transition {
+		e.announce(px, was, w.verdict)
+	}
 	return w.queued, nil
 }
 
