@@ -74,11 +74,10 @@ type System struct {
 	Kubelet   *kubelet.StandIn
 	// APILink is the link between the services and the API server, when
 	// Options.CuttableAPIServer is set.
-	APILink   *proc.Cutter
-	token     string
-	probeAddr string
-	probeTLS  certs.Files
-	opts      Options
+	APILink  *proc.Cutter
+	token    string
+	probeTLS certs.Files
+	opts     Options
 }
 
 // Controller is one controller replica and its addresses.
@@ -188,10 +187,8 @@ func Start(t proc.T, env *testenv.Env, o Options) *System {
 		probes[i] = c.Probe
 	}
 	s.ProbeBalancer = proc.NewBalancer(t, probes...)
-	probeAddr := s.ProbeBalancer.Addr
 
 	o.Step("starting %d probers", o.Probers)
-	s.probeAddr = probeAddr
 	for i := range o.Probers {
 		s.Probers = append(s.Probers, nil)
 		s.ProberOps = append(s.ProberOps, proc.Addr(proc.FreePort(t)))
@@ -227,7 +224,7 @@ func (s *System) StartController(i int) {
 func (s *System) StartProber(i int) {
 	s.T.Helper()
 	ops := s.ProberOps[i]
-	p := proc.Start(s.T, fmt.Sprintf("prober-%d", i), s.Bins["prober"], "--controller-addr", s.probeAddr, "--controller-ca-file", s.probeTLS.CA, "--token-file", s.token,
+	p := proc.Start(s.T, fmt.Sprintf("prober-%d", i), s.Bins["prober"], "--controller-addr", s.ProbeBalancer.Addr, "--controller-ca-file", s.probeTLS.CA, "--token-file", s.token,
 		"--id", fmt.Sprintf("prober-%d", i), "--ca-file", s.Target.CAFile, "--ops-addr", ops)
 	proc.WaitHTTP(s.T, p, "http://"+ops+"/healthz", 30*time.Second)
 	s.Probers[i] = p
