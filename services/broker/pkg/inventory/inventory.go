@@ -13,7 +13,6 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/rest"
-	toolscache "k8s.io/client-go/tools/cache"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 
 	v1 "github.com/egress-proxies/egress-proxies/pkg/api/v1alpha1"
@@ -88,18 +87,10 @@ func (i *Inventory) Run(ctx context.Context, cfg *rest.Config, namespace string)
 	if err != nil {
 		return fmt.Errorf("getting the Proxy informer: %w", err)
 	}
-	if _, err := inf.AddEventHandler(toolscache.ResourceEventHandlerFuncs{
-		AddFunc:    func(o any) { i.upsert(o) },
-		UpdateFunc: func(_, o any) { i.upsert(o) },
-		DeleteFunc: func(o any) {
-			if d, ok := o.(toolscache.DeletedFinalStateUnknown); ok {
-				o = d.Obj
-			}
-			if px, ok := o.(*v1.Proxy); ok {
-				i.Delete(px.Namespace + "/" + px.Name)
-			}
-		},
-	}); err != nil {
+	if _, err := inf.AddEventHandler(kube.ProxyEvents(
+		func(px *v1.Proxy) { i.Set(fromObject(px)) },
+		func(px *v1.Proxy) { i.Delete(px.Namespace + "/" + px.Name) },
+	)); err != nil {
 		return err
 	}
 	go func() { _ = c.Start(ctx) }()
@@ -109,12 +100,6 @@ func (i *Inventory) Run(ctx context.Context, cfg *rest.Config, namespace string)
 		}
 	}()
 	return nil
-}
-
-func (i *Inventory) upsert(o any) {
-	if px, ok := o.(*v1.Proxy); ok {
-		i.Set(fromObject(px))
-	}
 }
 
 // Set adds or replaces a proxy.

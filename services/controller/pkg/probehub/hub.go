@@ -26,7 +26,6 @@ import (
 	"google.golang.org/protobuf/proto"
 	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/types"
-	toolscache "k8s.io/client-go/tools/cache"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
 
@@ -34,6 +33,7 @@ import (
 	"github.com/egress-proxies/egress-proxies/pkg/assignment"
 	"github.com/egress-proxies/egress-proxies/pkg/auth"
 	probev1 "github.com/egress-proxies/egress-proxies/pkg/gen/egressproxies/probe/v1"
+	"github.com/egress-proxies/egress-proxies/pkg/kube"
 	"github.com/egress-proxies/egress-proxies/pkg/netpolicy"
 	"github.com/egress-proxies/egress-proxies/pkg/sanitize"
 	"github.com/egress-proxies/egress-proxies/services/controller/pkg/controllers/proxy/health"
@@ -130,18 +130,7 @@ func (h *Hub) Watch(ctx context.Context, c cache.Cache) error {
 	if err != nil {
 		return err
 	}
-	_, err = inf.AddEventHandler(toolscache.ResourceEventHandlerFuncs{
-		AddFunc:    func(o any) { h.upsert(o) },
-		UpdateFunc: func(_, o any) { h.upsert(o) },
-		DeleteFunc: func(o any) {
-			if d, ok := o.(toolscache.DeletedFinalStateUnknown); ok {
-				o = d.Obj
-			}
-			if px, ok := o.(*v1.Proxy); ok {
-				h.remove(px.Namespace+"/"+px.Name, px.UID)
-			}
-		},
-	})
+	_, err = inf.AddEventHandler(kube.ProxyEvents(h.upsert, func(px *v1.Proxy) { h.remove(px.Namespace+"/"+px.Name, px.UID) }))
 	return err
 }
 
@@ -150,11 +139,7 @@ func probeable(px *v1.Proxy) bool {
 	return px.DeletionTimestamp.IsZero() && px.Status.IP != "" && px.Status.Port != 0 && px.Status.Phase == v1.PhaseReady
 }
 
-func (h *Hub) upsert(o any) {
-	px, ok := o.(*v1.Proxy)
-	if !ok {
-		return
-	}
+func (h *Hub) upsert(px *v1.Proxy) {
 	id := px.Namespace + "/" + px.Name
 	if !probeable(px) {
 		h.remove(id, px.UID)

@@ -60,10 +60,7 @@ func TestManagedHappyPath(t *testing.T) {
 
 func TestExternalIsTrackedNotProvisioned(t *testing.T) {
 	h := newHarness(t).start()
-	h.create(&v1.Proxy{
-		ObjectMeta: metav1.ObjectMeta{Name: "ext", Namespace: h.ns},
-		Spec:       v1.ProxySpec{Mode: v1.ModeExternal, Address: "127.0.0.55", Port: 8080},
-	})
+	h.create(h.external("ext", "127.0.0.55", 8080))
 	px := h.waitFor("ext", "Ready", func(px *v1.Proxy) bool { return px.Status.Phase == v1.PhaseReady })
 	assert.Equal(t, "127.0.0.55", px.Status.IP)
 	assert.Equal(t, int32(8080), px.Status.Port)
@@ -87,10 +84,7 @@ func TestExternalIsTrackedNotProvisioned(t *testing.T) {
 // the new one leasable.
 func TestExternalAddressChangeStartsHealthAfresh(t *testing.T) {
 	h := newHarness(t).start()
-	h.create(&v1.Proxy{
-		ObjectMeta: metav1.ObjectMeta{Name: "moved", Namespace: h.ns},
-		Spec:       v1.ProxySpec{Mode: v1.ModeExternal, Address: "127.0.0.56", Port: 8080},
-	})
+	h.create(h.external("moved", "127.0.0.56", 8080))
 	px := h.waitFor("moved", "Ready", func(px *v1.Proxy) bool { return px.Status.Phase == v1.PhaseReady })
 	// What the health engine writes once the old address is proven.
 	px.Status.Healthy, px.Status.EgressIP = true, "198.51.100.9"

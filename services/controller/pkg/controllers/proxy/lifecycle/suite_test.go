@@ -134,6 +134,13 @@ func (h *harness) managed(name, provider string) *v1.Proxy {
 	}
 }
 
+func (h *harness) external(name, address string, port int32) *v1.Proxy {
+	return &v1.Proxy{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: h.ns},
+		Spec:       v1.ProxySpec{Mode: v1.ModeExternal, Address: address, Port: port},
+	}
+}
+
 func (h *harness) create(px *v1.Proxy) *v1.Proxy {
 	require.NoError(h.t, env.Client.Create(context.Background(), px))
 	return px
