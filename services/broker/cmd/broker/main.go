@@ -9,6 +9,7 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"regexp"
 	"strings"
 	"time"
 
@@ -19,11 +20,14 @@ import (
 	"github.com/egress-proxies/egress-proxies/pkg/kube"
 	"github.com/egress-proxies/egress-proxies/pkg/service"
 	"github.com/egress-proxies/egress-proxies/pkg/version"
+	"github.com/egress-proxies/egress-proxies/services/broker/pkg/index"
 	"github.com/egress-proxies/egress-proxies/services/broker/pkg/inventory"
 	"github.com/egress-proxies/egress-proxies/services/broker/pkg/leases"
 	"github.com/egress-proxies/egress-proxies/services/broker/pkg/server"
 	"github.com/egress-proxies/egress-proxies/services/broker/pkg/store"
 )
+
+var hashTag = regexp.MustCompile(`\{[^{}]+\}`)
 
 func main() {
 	os.Exit(run(os.Args[1:]))
@@ -40,8 +44,11 @@ type options struct {
 	redisMaster       string
 	redisPasswordFile string
 	redisDB           int
+	redisPrefix       string
+	redisWait         store.Wait
 	tokenFile         string
 	leases            leases.Config
+	indexes           index.Maintainer
 	maxBody           int64
 }
 
@@ -57,6 +64,12 @@ func (o *options) register(fs *flag.FlagSet) {
 	fs.StringVar(&o.redisMaster, "redis-master-name", "", "Sentinel master name (makes --redis-addrs Sentinel addresses)")
 	fs.StringVar(&o.redisPasswordFile, "redis-password-file", "", "file holding the Redis password")
 	fs.IntVar(&o.redisDB, "redis-db", 0, "Redis database (not in Cluster mode)")
+	fs.StringVar(&o.redisPrefix, "redis-key-prefix", store.DefaultPrefix, "prefix of every key; it must hold a {hash tag}. Brokers with different prefixes (say, one Deployment per namespace) keep separate state, on different Cluster shards")
+	fs.IntVar(&o.redisWait.Replicas, "redis-wait-replicas", 0, "after each lease change, wait for this many replicas to acknowledge it (Redis WAIT), so a failover cannot lose it; 0 answers at once")
+	fs.DurationVar(&o.redisWait.Timeout, "redis-wait-timeout", 100*time.Millisecond, "longest wait for --redis-wait-replicas; a lease change not acknowledged in time is still answered, and counted in broker_redis_wait_shortfalls_total")
+	fs.DurationVar(&o.indexes.Resync, "index-resync", index.DefaultResync, "how often every selector index is checked against the inventory")
+	fs.DurationVar(&o.indexes.Idle, "index-idle", index.DefaultIdle, "how long a selector index nobody leases from is kept")
+	fs.IntVar(&o.indexes.MaxIndexes, "max-indexes", index.DefaultMaxIndexes, "most selector indexes kept at once (distinct namespace and selector pairs in use); the least recently used go first")
 	fs.StringVar(&o.tokenFile, "token-file", "", "file holding the bearer token clients must send; empty serves unauthenticated")
 	fs.DurationVar(&o.leases.DefaultTTL, "default-ttl", d.DefaultTTL, "lease TTL when a request gives ttlSeconds 0")
 	fs.DurationVar(&o.leases.MinTTL, "min-ttl", d.MinTTL, "shortest lease TTL a request may ask for")
@@ -79,6 +92,12 @@ func (o *options) validate() error {
 		return fmt.Errorf("--lease-cap must not be negative")
 	case o.maxBody <= 0:
 		return fmt.Errorf("--max-body-bytes must be positive")
+	case !hashTag.MatchString(o.redisPrefix):
+		return fmt.Errorf("--redis-key-prefix %q must hold a non-empty {hash tag}, so each script's keys share one Cluster slot", o.redisPrefix)
+	case o.redisWait.Replicas < 0 || o.redisWait.Timeout <= 0:
+		return fmt.Errorf("--redis-wait-replicas must not be negative and --redis-wait-timeout must be positive")
+	case o.indexes.Resync <= 0 || o.indexes.Idle <= 0 || o.indexes.MaxIndexes < 1:
+		return fmt.Errorf("--index-resync and --index-idle must be positive and --max-indexes at least 1")
 	}
 	return nil
 }
@@ -123,19 +142,24 @@ func run(args []string) int {
 			return err
 		}
 
-		inv := inventory.New()
+		st := store.New(rdb, o.redisPrefix)
+		st.Wait = o.redisWait
+		idx := &o.indexes
+		idx.Store, idx.Log, idx.Scope = st, log, o.namespace
+		inv := inventory.New(idx.Changed)
+		idx.Inv = inv
 		if err := inv.Run(ctx, cfg, o.namespace); err != nil {
 			return err
 		}
-		st := store.New(rdb)
-		svc := leases.New(inv, st, o.leases)
+		go idx.Run(ctx)
+		svc := leases.New(inv, st, idx, o.leases)
 		srv, err := server.New(ctx, log, server.Options{GRPCAddr: o.grpcAddr, HTTPAddr: o.httpAddr, MaxBodyBytes: o.maxBody, MaxRecvBytes: 1 << 20}, svc, tok)
 		if err != nil {
 			return service.UsageError{Err: err}
 		}
 
 		ops := service.NewOps()
-		ops.Registry.MustRegister(append(leases.Collectors(), server.Collectors()...)...)
+		ops.Registry.MustRegister(append(append(append(leases.Collectors(), server.Collectors()...), index.Collectors()...), store.Collectors()...)...)
 		ops.AddReadyCheck("redis", st.Ping)
 		ops.AddReadyCheck("inventory", func(context.Context) error {
 			if !inv.Synced() {

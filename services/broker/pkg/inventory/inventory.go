@@ -6,7 +6,9 @@ package inventory
 import (
 	"context"
 	"fmt"
+	"net"
 	"sort"
+	"strconv"
 	"sync"
 	"sync/atomic"
 
@@ -21,6 +23,9 @@ import (
 
 // Proxy is what the broker needs of one Proxy object.
 type Proxy struct {
+	// UID names the proxy in the lease store, so a Proxy re-created under
+	// the same name starts with no leases and no cooldowns.
+	UID        string
 	ID         string // namespace/name
 	Namespace  string
 	IP         string
@@ -31,8 +36,30 @@ type Proxy struct {
 	// HealthStale: the controller has had no recent probe result for it
 	// (Healthy=Unknown, reason ProbeStale).
 	HealthStale bool
+	Ready       bool
+	Deleting    bool
 	// Leasable: Ready, healthy, not deleting, with an address.
 	Leasable bool
+}
+
+// Addr is ip:port.
+func (p *Proxy) Addr() string { return net.JoinHostPort(p.IP, strconv.Itoa(int(p.Port))) }
+
+// NotLeasable says why p is not leasable, as a stable reason and a
+// sentence; it returns "" when p is leasable.
+func (p *Proxy) NotLeasable() (reason, why string) {
+	switch {
+	case p.Leasable:
+		return "", ""
+	case p.Deleting:
+		return "PROXY_DELETING", "the proxy is being deleted"
+	case p.HealthStale:
+		return "PROXY_HEALTH_STALE", "the proxy's health is stale (no recent probe result)"
+	case !p.Healthy:
+		return "PROXY_UNHEALTHY", "the proxy failed its health checks"
+	default:
+		return "PROXY_NOT_READY", "the proxy is not Ready"
+	}
 }
 
 // Matches reports whether p's attributes contain every selector pair.
@@ -49,27 +76,35 @@ func (p *Proxy) Matches(namespace string, selector map[string]string) bool {
 }
 
 func fromObject(px *v1.Proxy) Proxy {
-	ready := meta.IsStatusConditionTrue(px.Status.Conditions, v1.ConditionReady)
+	ready := meta.IsStatusConditionTrue(px.Status.Conditions, v1.ConditionReady) && px.Status.Phase == v1.PhaseReady && px.Status.IP != ""
 	h := meta.FindStatusCondition(px.Status.Conditions, v1.ConditionHealthy)
 	return Proxy{
-		ID: px.Namespace + "/" + px.Name, Namespace: px.Namespace,
+		UID: string(px.UID), ID: px.Namespace + "/" + px.Name, Namespace: px.Namespace,
 		IP: px.Status.IP, Port: px.Status.Port, EgressIP: px.Status.EgressIP,
 		Attributes: px.Spec.Attributes, Healthy: px.Status.Healthy,
 		HealthStale: h != nil && h.Status == metav1.ConditionUnknown && h.Reason == v1.ReasonProbeStale,
-		Leasable: ready && px.Status.Phase == v1.PhaseReady && px.Status.Healthy &&
-			px.DeletionTimestamp.IsZero() && px.Status.IP != "",
+		Ready:       ready, Deleting: !px.DeletionTimestamp.IsZero(),
+		Leasable: ready && px.Status.Healthy && px.DeletionTimestamp.IsZero(),
 	}
 }
 
-// Inventory is the snapshot.
+// Inventory is the snapshot, keyed by UID.
 type Inventory struct {
 	mu      sync.RWMutex
 	proxies map[string]Proxy
 	synced  atomic.Bool
+	changed func(uid string)
 }
 
-// New returns an empty inventory; Run fills it from an informer.
-func New() *Inventory { return &Inventory{proxies: map[string]Proxy{}} }
+// New returns an empty inventory; Run fills it from an informer. changed
+// (may be nil) is called after every change with the proxy's UID, to keep
+// what is derived from the inventory (the selector indexes) in step.
+func New(changed func(uid string)) *Inventory {
+	if changed == nil {
+		changed = func(string) {}
+	}
+	return &Inventory{proxies: map[string]Proxy{}, changed: changed}
+}
 
 // Run watches Proxies (in namespace, or all when empty) until ctx ends.
 // It returns once the informer is running; Synced turns true after the
@@ -89,7 +124,7 @@ func (i *Inventory) Run(ctx context.Context, cfg *rest.Config, namespace string)
 	}
 	if _, err := inf.AddEventHandler(kube.ProxyEvents(
 		func(px *v1.Proxy) { i.Set(fromObject(px)) },
-		func(px *v1.Proxy) { i.Delete(px.Namespace + "/" + px.Name) },
+		func(px *v1.Proxy) { i.Delete(string(px.UID)) },
 	)); err != nil {
 		return err
 	}
@@ -105,15 +140,17 @@ func (i *Inventory) Run(ctx context.Context, cfg *rest.Config, namespace string)
 // Set adds or replaces a proxy.
 func (i *Inventory) Set(p Proxy) {
 	i.mu.Lock()
-	i.proxies[p.ID] = p
+	i.proxies[p.UID] = p
 	i.mu.Unlock()
+	i.changed(p.UID)
 }
 
 // Delete removes a proxy.
-func (i *Inventory) Delete(id string) {
+func (i *Inventory) Delete(uid string) {
 	i.mu.Lock()
-	delete(i.proxies, id)
+	delete(i.proxies, uid)
 	i.mu.Unlock()
+	i.changed(uid)
 }
 
 // Synced reports whether the first full list has arrived.
@@ -135,10 +172,10 @@ func (i *Inventory) Select(namespace string, selector map[string]string, healthy
 	return out
 }
 
-// Get returns one proxy.
-func (i *Inventory) Get(id string) (Proxy, bool) {
+// Get returns one proxy by UID.
+func (i *Inventory) Get(uid string) (Proxy, bool) {
 	i.mu.RLock()
 	defer i.mu.RUnlock()
-	p, ok := i.proxies[id]
+	p, ok := i.proxies[uid]
 	return p, ok
 }

@@ -8,9 +8,10 @@ var (
 	leasesReleased = prometheus.NewCounter(prometheus.CounterOpts{Name: "broker_leases_released_total", Help: "Live leases released (releases of unknown leases are not counted). Leases that expire instead are created minus released."})
 	reports        = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "broker_reports_total", Help: "Reports by result."}, []string{"result"})
 	noCandidate    = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "broker_no_candidate_total", Help: "CreateLease answers with no proxy available, by reason."}, []string{"reason"})
+	renewRefused   = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "broker_renew_refused_total", Help: "RenewLease answers refusing a live lease because its proxy left the leasable set, by reason."}, []string{"reason"})
 )
 
 // Collectors are the service's metrics, for the binary's registry.
 func Collectors() []prometheus.Collector {
-	return []prometheus.Collector{leasesCreated, leasesRenewed, leasesReleased, reports, noCandidate}
+	return []prometheus.Collector{leasesCreated, leasesRenewed, leasesReleased, reports, noCandidate, renewRefused}
 }

@@ -4,9 +4,12 @@ package leases
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"regexp"
+	"sort"
 	"strconv"
 	"time"
 
@@ -16,6 +19,7 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	leasev1 "github.com/egress-proxies/egress-proxies/pkg/gen/egressproxies/lease/v1"
+	"github.com/egress-proxies/egress-proxies/services/broker/pkg/index"
 	"github.com/egress-proxies/egress-proxies/services/broker/pkg/inventory"
 	"github.com/egress-proxies/egress-proxies/services/broker/pkg/store"
 )
@@ -41,12 +45,13 @@ type Service struct {
 	leasev1.UnimplementedLeaseServiceServer
 	inv   *inventory.Inventory
 	store *store.Store
+	idx   *index.Maintainer
 	cfg   Config
 }
 
 // New returns a Service.
-func New(inv *inventory.Inventory, st *store.Store, cfg Config) *Service {
-	return &Service{inv: inv, store: st, cfg: cfg}
+func New(inv *inventory.Inventory, st *store.Store, idx *index.Maintainer, cfg Config) *Service {
+	return &Service{inv: inv, store: st, idx: idx, cfg: cfg}
 }
 
 // ErrorDomain is the domain of the ErrorInfo details the service returns.
@@ -57,7 +62,15 @@ var (
 	keyPattern     = regexp.MustCompile(`^[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$`)
 	dnsLabel       = regexp.MustCompile(`^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$`)
 	hostPattern    = regexp.MustCompile(`^[A-Za-z0-9]([-A-Za-z0-9.:\[\]]{0,251}[A-Za-z0-9\]])?$`)
+	requestPattern = regexp.MustCompile(`^[A-Za-z0-9_.:-]{1,64}$`)
 )
+
+func checkRequestID(id string) error {
+	if id != "" && !requestPattern.MatchString(id) {
+		return invalid("requestId", "must be 1-64 letters, digits, '-', '_', '.' or ':' (a UUID is a good choice)")
+	}
+	return nil
+}
 
 func invalid(field, format string, args ...any) error {
 	st := status.New(codes.InvalidArgument, field+": "+fmt.Sprintf(format, args...))
@@ -120,9 +133,12 @@ func (s *Service) ttl(secs int32) (time.Duration, error) {
 func storeError(err error) error {
 	var nc *store.NoCandidateError
 	var un *store.UnavailableError
+	var reused *store.RequestReusedError
 	switch {
 	case errors.Is(err, store.ErrLeaseNotFound):
 		return status.Error(codes.NotFound, "lease not found or expired")
+	case errors.As(err, &reused):
+		return status.Error(codes.AlreadyExists, reused.Error())
 	case errors.As(err, &nc):
 		noCandidate.WithLabelValues(nc.Reason()).Inc()
 		st := status.New(codes.ResourceExhausted, "no proxy available: "+nc.Error())
@@ -167,17 +183,17 @@ func (s *Service) ListProxies(ctx context.Context, req *leasev1.ListProxiesReque
 		healthy = &h
 	}
 	ps := s.inv.Select(req.GetNamespace(), req.GetSelector(), healthy, false)
-	ids := make([]string, len(ps))
+	uids := make([]string, len(ps))
 	for i, p := range ps {
-		ids[i] = p.ID
+		uids[i] = p.UID
 	}
-	loads, err := s.store.Loads(ctx, ids)
+	loads, err := s.store.Loads(ctx, uids)
 	if err != nil {
 		return nil, storeError(err)
 	}
 	resp := &leasev1.ListProxiesResponse{Proxies: make([]*leasev1.Proxy, 0, len(ps))}
 	for _, p := range ps {
-		resp.Proxies = append(resp.Proxies, toProto(p, loads[p.ID]))
+		resp.Proxies = append(resp.Proxies, toProto(p, loads[p.UID]))
 	}
 	return resp, nil
 }
@@ -191,51 +207,135 @@ func firstErr(errs ...error) error {
 	return nil
 }
 
+// attempts bounds how often CreateLease retries after finding the store
+// out of step with the inventory (an index to rebuild, a proxy that just
+// stopped being leasable).
+const attempts = 3
+
 // CreateLease implements LeaseService.
 func (s *Service) CreateLease(ctx context.Context, req *leasev1.CreateLeaseRequest) (*leasev1.CreateLeaseResponse, error) {
 	ttl, err := s.ttl(req.GetTtlSeconds())
-	if err := firstErr(err, checkSelector(req.GetSelector()), checkNamespace(req.GetNamespace()), checkTarget(req.GetTarget())); err != nil {
+	if err := firstErr(err, checkSelector(req.GetSelector()), checkNamespace(req.GetNamespace()), checkTarget(req.GetTarget()), checkRequestID(req.GetRequestId())); err != nil {
 		return nil, err
 	}
 	if err := s.checkSynced(); err != nil {
 		return nil, err
 	}
-	cands := s.inv.Select(req.GetNamespace(), req.GetSelector(), nil, true)
-	if len(cands) == 0 {
-		// Say why when the reason is the probe fleet, not the selector.
-		stale := 0
-		for _, p := range s.inv.Select(req.GetNamespace(), req.GetSelector(), nil, false) {
-			if p.HealthStale {
-				stale++
-			}
+	sel := index.Selector{Namespace: req.GetNamespace(), Labels: req.GetSelector()}
+	a := store.Acquire{Target: req.GetTarget(), Cap: s.cfg.LeaseCap, TTL: ttl, LeaseID: store.NewLeaseID(), RequestID: req.GetRequestId()}
+	if a.RequestID != "" {
+		a.Fingerprint = fingerprint(req)
+	}
+	for range attempts {
+		if a.Index, err = s.idx.Ensure(ctx, sel); err != nil {
+			return nil, storeError(err)
 		}
-		return nil, storeError(&store.NoCandidateError{Stale: stale})
+		l, err := s.store.Acquire(ctx, a)
+		var stale *store.StaleIndexError
+		var none *store.NoCandidateError
+		switch {
+		case errors.Is(err, store.ErrNoIndex):
+			s.idx.Forget(a.Index)
+			continue
+		case errors.As(err, &stale):
+			s.idx.Changed(stale.Proxy)
+			s.idx.Forget(a.Index)
+			continue
+		case errors.As(err, &none) && none.Candidates == 0:
+			none.Stale = s.staleMatching(sel)
+			return nil, storeError(none)
+		case err != nil:
+			return nil, storeError(err)
+		}
+		p, ok := s.inv.Get(l.Proxy)
+		if ok && p.Leasable {
+			leasesCreated.Inc()
+			return &leasev1.CreateLeaseResponse{LeaseId: l.ID, Proxy: toProto(p, l.Load), ExpiresAt: timestamppb.New(l.Expires)}, nil
+		}
+		// The index still holds a proxy this broker has seen leave the
+		// leasable set: hand the lease back, fix the index, pick again.
+		if _, err := s.store.Release(ctx, l.ID); err != nil {
+			return nil, storeError(err)
+		}
+		s.idx.Changed(l.Proxy)
+		a.LeaseID = store.NewLeaseID()
 	}
-	ids := make([]string, len(cands))
-	for i, p := range cands {
-		ids[i] = p.ID
-	}
-	l, err := s.store.Acquire(ctx, ids, req.GetTarget(), ttl, s.cfg.LeaseCap)
-	if err != nil {
-		return nil, storeError(err)
-	}
-	leasesCreated.Inc()
-	p, _ := s.inv.Get(l.Proxy)
-	return &leasev1.CreateLeaseResponse{LeaseId: l.ID, Proxy: toProto(p, l.Load), ExpiresAt: timestamppb.New(l.Expires)}, nil
+	return nil, status.Error(codes.Unavailable, "the lease store and this broker's view of the fleet disagree; retry")
 }
 
-// RenewLease implements LeaseService.
+// staleMatching counts the proxies sel matches whose health is stale: it
+// runs only when no proxy matched, to say whether probing stopped.
+func (s *Service) staleMatching(sel index.Selector) int {
+	n := 0
+	for _, p := range s.inv.Select(sel.Namespace, sel.Labels, nil, false) {
+		if p.HealthStale {
+			n++
+		}
+	}
+	return n
+}
+
+// fingerprint is what a request id's retries must repeat.
+func fingerprint(req *leasev1.CreateLeaseRequest) string {
+	keys := make([]string, 0, len(req.GetSelector()))
+	for k := range req.GetSelector() {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	h := sha256.New()
+	fmt.Fprintf(h, "%q %q %d", req.GetNamespace(), req.GetTarget(), req.GetTtlSeconds())
+	for _, k := range keys {
+		fmt.Fprintf(h, " %q=%q", k, req.GetSelector()[k])
+	}
+	return hex.EncodeToString(h.Sum(nil)[:12])
+}
+
+// RenewLease implements LeaseService. A lease is renewed only while its
+// proxy is leasable at the address it was leased at.
 func (s *Service) RenewLease(ctx context.Context, req *leasev1.RenewLeaseRequest) (*leasev1.RenewLeaseResponse, error) {
 	ttl, err := s.ttl(req.GetTtlSeconds())
 	if err := firstErr(checkLeaseID(req.GetLeaseId()), err); err != nil {
 		return nil, err
 	}
-	l, err := s.store.Renew(ctx, req.GetLeaseId(), ttl)
+	if err := s.checkSynced(); err != nil {
+		return nil, err
+	}
+	l, err := s.store.Get(ctx, req.GetLeaseId())
 	if err != nil {
+		return nil, storeError(err)
+	}
+	if err := s.renewable(l); err != nil {
+		renewRefused.WithLabelValues(err.reason).Inc()
+		return nil, err.status()
+	}
+	if l, err = s.store.Renew(ctx, l, ttl); err != nil {
 		return nil, storeError(err)
 	}
 	leasesRenewed.Inc()
 	return &leasev1.RenewLeaseResponse{LeaseId: l.ID, ExpiresAt: timestamppb.New(l.Expires)}, nil
+}
+
+// proxyLost says why a lease's proxy can no longer be renewed.
+type proxyLost struct{ reason, why string }
+
+func (e *proxyLost) status() error {
+	st := status.New(codes.FailedPrecondition, "the lease can no longer be renewed: "+e.why+"; release it and lease another proxy")
+	st, _ = st.WithDetails(&errdetails.ErrorInfo{Reason: e.reason, Domain: ErrorDomain})
+	return st.Err()
+}
+
+func (s *Service) renewable(l *store.Lease) *proxyLost {
+	p, ok := s.inv.Get(l.Proxy)
+	if !ok {
+		return &proxyLost{"PROXY_GONE", "the proxy was deleted"}
+	}
+	if reason, why := p.NotLeasable(); reason != "" {
+		return &proxyLost{reason, why}
+	}
+	if p.Addr() != l.Addr {
+		return &proxyLost{"PROXY_ADDRESS_CHANGED", fmt.Sprintf("the proxy moved from %s to %s", l.Addr, p.Addr())}
+	}
+	return nil
 }
 
 // ReleaseLease implements LeaseService; releasing an unknown or released

@@ -1,8 +1,15 @@
--- End a lease. KEYS: lease, load set. ARGV: lease_id, proxy.
--- Returns 1 when a lease was released, 0 when there was none.
-if redis.call('HGET', KEYS[1], 'proxy') ~= ARGV[2] then
+-- Ends a lease. ARGV: lease_id. Returns 1 when a live lease was released.
+local id = ARGV[1]
+local now = now_ms()
+drain(now, DRAIN)
+local l = live_lease(id, now)
+if not l then
   return 0
 end
-redis.call('DEL', KEYS[1])
-redis.call('ZREM', KEYS[2], ARGV[1])
+redis.call('DEL', P .. 'lease:' .. id)
+redis.call('ZREM', P .. 'exp', id .. '|' .. l[1])
+if l[4] ~= '' then
+  redis.call('DEL', P .. 'req:' .. l[4])
+end
+add_load(l[1], -1)
 return 1

@@ -1,12 +1,19 @@
--- Extend a live lease. KEYS: lease, load set. ARGV: lease_id, proxy, now_ms, ttl_ms.
--- Returns the new expiry, or 0 when the lease is gone or expired.
-local exp = tonumber(redis.call('HGET', KEYS[1], 'expires') or '0')
-local now = tonumber(ARGV[3])
-if exp <= now or redis.call('HGET', KEYS[1], 'proxy') ~= ARGV[2] then
+-- Extends a live lease of proxy to now + ttl.
+-- ARGV: lease_id, proxy, ttl_ms. Returns the new expiry, or 0 when the
+-- lease is gone, expired or not on proxy.
+local id, uid, ttl = ARGV[1], ARGV[2], tonumber(ARGV[3])
+local now = now_ms()
+drain(now, DRAIN)
+local l = live_lease(id, now)
+if not l or l[1] ~= uid then
   return 0
 end
-local expires = now + tonumber(ARGV[4])
-redis.call('HSET', KEYS[1], 'expires', expires)
-redis.call('PEXPIREAT', KEYS[1], expires)
-redis.call('ZADD', KEYS[2], expires, ARGV[1])
+local expires = now + ttl
+local lease = P .. 'lease:' .. id
+redis.call('HSET', lease, 'expires', expires)
+redis.call('PEXPIREAT', lease, expires)
+redis.call('ZADD', P .. 'exp', expires, id .. '|' .. uid)
+if l[4] ~= '' then
+  redis.call('PEXPIREAT', P .. 'req:' .. l[4], expires)
+end
 return expires

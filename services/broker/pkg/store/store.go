@@ -1,25 +1,34 @@
-// Package store keeps every lease, per-proxy load and cooldown in Redis,
-// so any broker replica, or a restarted one, sees the same state.
+// Package store keeps every lease, per-proxy load, cooldown and selector
+// index in Redis, so any broker replica, or a restarted one, sees the same
+// state, and every decision is one atomic script on Redis's clock.
 //
-// Keys (one hash tag, so every multi-key script runs in one Cluster slot):
+// Keys (one hash tag, so every script runs in one Cluster slot). A proxy is
+// named by its Proxy's UID, so a Proxy re-created under the same name
+// starts clean:
 //
-//	{ep}:lease:<leaseID>        hash {proxy, target, expires}; expires itself at lease end
-//	{ep}:load:<proxyID>         sorted set of leaseIDs scored by expiry (ms)
-//	{ep}:cool:<proxyID>:<target> present while the proxy cools down for target
+//	{ep}:lease:<leaseID>   hash {proxy, target, expires, req, addr}; expires itself at lease end
+//	{ep}:exp               sorted set "<leaseID>|<uid>" by expiry: the scripts apply due expiries
+//	{ep}:req:<requestID>   "<leaseID>|<fingerprint>" while that lease lives (CreateLease idempotency)
+//	{ep}:load              hash uid -> live lease count
+//	{ep}:slot, ns, addr    hash uid -> unique number (ties in index scores), namespace, ip:port
+//	{ep}:cool:<uid>        hash target -> cooldown end; {ep}:coolend sorted set "<uid>|<target>" by end
+//	{ep}:ixs, {ep}:ixused  hash index -> definition; sorted set index -> last use
+//	{ep}:ix:<index>        sorted set uid -> load * 2^32 + slot: the leasable proxies a selector matches
+//	{ep}:cx:<index>:<t>    the members of ix:<index> cooling down for target t, same scores
+//	{ep}:cxs:<index>       set of targets with a cx key; {ep}:in:<uid> set of indexes holding uid
 //
-// A proxy's load is the number of members of its load set scored after
-// now: an expired lease stops counting the moment it expires, without a
-// sweeper; the scripts prune expired members as they pass.
+// lib.lua explains how an index answers "least loaded, not cooling, below
+// the cap, random among ties" in time independent of the fleet's size.
 package store
 
 import (
 	"context"
 	"crypto/rand"
 	_ "embed"
+	"encoding/binary"
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"math/big"
 	"strconv"
 	"time"
 
@@ -29,33 +38,50 @@ import (
 	"go.opentelemetry.io/otel/trace"
 )
 
-const prefix = "{ep}:"
-
-func leaseKey(id string) string           { return prefix + "lease:" + id }
-func loadKey(proxy string) string         { return prefix + "load:" + proxy }
-func coolKey(proxy, target string) string { return prefix + "cool:" + proxy + ":" + target }
+// DefaultPrefix holds every key under one hash tag.
+const DefaultPrefix = "{ep}:"
 
 var (
+	//go:embed lib.lua
+	libSrc string
 	//go:embed acquire.lua
 	acquireSrc string
 	//go:embed renew.lua
 	renewSrc string
 	//go:embed release.lua
 	releaseSrc string
-	//go:embed report.lua
-	reportSrc string
+	//go:embed get.lua
+	getSrc string
+	//go:embed cooldown.lua
+	cooldownSrc string
+	//go:embed join.lua
+	joinSrc string
+	//go:embed leave.lua
+	leaveSrc string
+	//go:embed drop.lua
+	dropSrc string
+	//go:embed loads.lua
+	loadsSrc string
 
-	acquireScript = redis.NewScript(acquireSrc)
-	renewScript   = redis.NewScript(renewSrc)
-	releaseScript = redis.NewScript(releaseSrc)
-	reportScript  = redis.NewScript(reportSrc)
+	acquireScript  = script(acquireSrc)
+	renewScript    = script(renewSrc)
+	releaseScript  = script(releaseSrc)
+	getScript      = script(getSrc)
+	cooldownScript = script(cooldownSrc)
+	joinScript     = script(joinSrc)
+	leaveScript    = script(leaveSrc)
+	dropScript     = script(dropSrc)
+	loadsScript    = script(loadsSrc)
 )
 
-// Errors the API maps to status codes.
-var (
-	// ErrLeaseNotFound: unknown or expired lease.
-	ErrLeaseNotFound = errors.New("lease not found or expired")
-)
+func script(body string) *redis.Script { return redis.NewScript(libSrc + "\n" + body) }
+
+// ErrLeaseNotFound: unknown or expired lease.
+var ErrLeaseNotFound = errors.New("lease not found or expired")
+
+// ErrNoIndex: the selector index is not in Redis (never built, or dropped
+// as idle); build it with Join and retry.
+var ErrNoIndex = errors.New("selector index not in the store")
 
 // NoCandidateError says why no proxy could be leased.
 type NoCandidateError struct {
@@ -91,22 +117,59 @@ func (e *NoCandidateError) Reason() string {
 	}
 }
 
-// UnavailableError wraps a Redis failure: nothing was written.
+// RequestReusedError: a request id already names a lease made with other
+// parameters.
+type RequestReusedError struct{ LeaseID string }
+
+func (e *RequestReusedError) Error() string {
+	return "requestId already names a live lease created with a different selector, namespace, target or ttlSeconds"
+}
+
+// StaleIndexError: an index offered a proxy that is cooling down for the
+// target, so the index is out of step with the cooldowns; nothing was
+// written. Rebuild the index and retry.
+type StaleIndexError struct{ Proxy string }
+
+func (e *StaleIndexError) Error() string {
+	return "selector index out of step with the cooldowns of proxy " + e.Proxy
+}
+
+// UnavailableError wraps a Redis failure.
 type UnavailableError struct{ Err error }
 
 func (e *UnavailableError) Error() string { return "lease store unavailable: " + e.Err.Error() }
 func (e *UnavailableError) Unwrap() error { return e.Err }
 
+// IsUnavailable reports whether err is a Redis failure.
+func IsUnavailable(err error) bool {
+	var u *UnavailableError
+	return errors.As(err, &u)
+}
+
+// Wait makes every write wait for replicas (Redis WAIT), trading latency
+// for not losing a lease to a failover: replication is asynchronous.
+type Wait struct {
+	// Replicas to wait for; 0 waits for none.
+	Replicas int
+	// Timeout bounds the wait. A write not acknowledged in time stands,
+	// and is counted in broker_redis_wait_shortfalls_total.
+	Timeout time.Duration
+}
+
 // Store is the Redis-backed lease store.
 type Store struct {
 	rdb    redis.UniversalClient
-	now    func() time.Time
+	prefix string
+	route  []string
 	tracer trace.Tracer
+	// Wait, when Replicas > 0, applies to every script that writes.
+	Wait Wait
 }
 
-// New returns a Store on rdb.
-func New(rdb redis.UniversalClient) *Store {
-	return &Store{rdb: rdb, now: time.Now, tracer: otel.Tracer("egress-proxies/broker/store")}
+// New returns a Store on rdb with every key under prefix, which must hold
+// a hash tag ("{...}") so each script's keys share one Cluster slot.
+func New(rdb redis.UniversalClient, prefix string) *Store {
+	return &Store{rdb: rdb, prefix: prefix, route: []string{prefix + "exp"}, tracer: otel.Tracer("egress-proxies/broker/store")}
 }
 
 // Ping checks Redis, for readiness.
@@ -114,10 +177,13 @@ func (s *Store) Ping(ctx context.Context) error { return s.rdb.Ping(ctx).Err() }
 
 // Lease is a granted lease.
 type Lease struct {
-	ID      string
+	ID string
+	// Proxy is the leased Proxy's UID.
 	Proxy   string
 	Target  string
 	Expires time.Time
+	// Addr is the proxy's ip:port when the lease was granted (set by Get).
+	Addr string
 	// Load is the proxy's live lease count including this lease (set by
 	// Acquire only).
 	Load int
@@ -140,72 +206,114 @@ func wrap(err error) error {
 	return &UnavailableError{err}
 }
 
-// Acquire atomically picks the least-loaded of candidates that is not
-// cooling down for target and is below cap (0: no cap), ties broken at
-// random, and records the lease. With several brokers racing, the script
-// runs one at a time in Redis, so no proxy ever passes its cap.
-func (s *Store) Acquire(ctx context.Context, candidates []string, target string, ttl time.Duration, cap int) (*Lease, error) {
-	ctx, span := s.tracer.Start(ctx, "store.Acquire", trace.WithAttributes(attribute.Int("candidates", len(candidates))))
+func (s *Store) run(ctx context.Context, sc *redis.Script, args ...any) *redis.Cmd {
+	if s.Wait.Replicas == 0 || sc == getScript || sc == loadsScript {
+		return sc.Run(ctx, s.rdb, s.route, args...)
+	}
+	// WAIT covers the writes made on its own connection, so the script and
+	// the WAIT go down one pipeline, to the node that owns the keys.
+	var node redis.Cmdable = s.rdb
+	if c, ok := s.rdb.(*redis.ClusterClient); ok {
+		m, err := c.MasterForKey(ctx, s.route[0])
+		if err != nil {
+			cmd := redis.NewCmd(ctx)
+			cmd.SetErr(err)
+			return cmd
+		}
+		node = m
+	}
+	var cmd *redis.Cmd
+	var acked *redis.Cmd
+	exec := func(eval func(redis.Pipeliner) *redis.Cmd) error {
+		_, err := node.Pipelined(ctx, func(p redis.Pipeliner) error {
+			cmd = eval(p)
+			acked = p.Do(ctx, "WAIT", s.Wait.Replicas, s.Wait.Timeout.Milliseconds())
+			return nil
+		})
+		return err
+	}
+	err := exec(func(p redis.Pipeliner) *redis.Cmd { return sc.EvalSha(ctx, p, s.route, args...) })
+	if err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
+		err = exec(func(p redis.Pipeliner) *redis.Cmd { return sc.Eval(ctx, p, s.route, args...) })
+	}
+	if n, werr := acked.Int64(); cmd.Err() == nil && werr == nil && n < int64(s.Wait.Replicas) {
+		waitShortfalls.Inc()
+	}
+	return cmd
+}
+
+// Acquire is one lease request against a selector index.
+type Acquire struct {
+	Index  string
+	Target string
+	// Cap is the most live leases one proxy may hold; 0: no cap.
+	Cap int
+	TTL time.Duration
+	// LeaseID names the new lease; a retry with the same id (go-redis
+	// retries a script after a read timeout) returns the lease the first
+	// try made instead of making a second.
+	LeaseID string
+	// RequestID, when set, makes a client's retry return the lease its
+	// first try made, for as long as that lease lives; Fingerprint (the
+	// request's other parameters) tells a retry from a reuse.
+	RequestID, Fingerprint string
+}
+
+// Acquire atomically leases the least-loaded proxy of the index that is
+// not cooling down for the target and is below the cap, ties broken
+// uniformly at random. Scripts run one at a time in Redis, so with any
+// number of brokers no proxy passes its cap.
+func (s *Store) Acquire(ctx context.Context, a Acquire) (*Lease, error) {
+	ctx, span := s.tracer.Start(ctx, "store.Acquire", trace.WithAttributes(attribute.String("index", a.Index)))
 	defer span.End()
-	if len(candidates) == 0 {
-		return nil, &NoCandidateError{}
-	}
-	id := NewLeaseID()
-	n := len(candidates)
-	keys := make([]string, 0, 2*n+1)
-	for _, c := range candidates {
-		keys = append(keys, loadKey(c))
-	}
-	for _, c := range candidates {
-		keys = append(keys, coolKey(c, target))
-	}
-	keys = append(keys, leaseKey(id))
-	r, _ := rand.Int(rand.Reader, big.NewInt(1<<30))
-	args := make([]any, 0, 7+n)
-	args = append(args, n, s.now().UnixMilli(), ttl.Milliseconds(), cap, id, target, r.Int64())
-	for _, c := range candidates {
-		args = append(args, c)
-	}
-	res, err := acquireScript.Run(ctx, s.rdb, keys, args...).Int64Slice()
+	var rnd [8]byte
+	_, _ = rand.Read(rnd[:])
+	res, err := s.run(ctx, acquireScript, a.Index, a.Target, a.Cap, a.TTL.Milliseconds(), a.LeaseID,
+		binary.BigEndian.Uint64(rnd[:])>>12, a.RequestID, a.Fingerprint).Slice()
 	if err != nil {
 		return nil, wrap(err)
 	}
-	if res[0] == 0 {
-		return nil, &NoCandidateError{Candidates: n, CoolingDown: int(res[1]), AtCap: int(res[2])}
+	switch res[0] {
+	case "ok":
+		return &Lease{ID: res[4].(string), Proxy: res[1].(string), Target: a.Target, Expires: time.UnixMilli(res[2].(int64)), Load: int(res[3].(int64))}, nil
+	case "none":
+		return nil, &NoCandidateError{Candidates: int(res[1].(int64)), CoolingDown: int(res[2].(int64)), AtCap: int(res[3].(int64))}
+	case "noindex":
+		return nil, ErrNoIndex
+	case "reused":
+		return nil, &RequestReusedError{LeaseID: res[1].(string)}
+	case "stale":
+		return nil, &StaleIndexError{Proxy: res[1].(string)}
 	}
-	return &Lease{ID: id, Proxy: candidates[res[0]-1], Target: target, Expires: time.UnixMilli(res[3]), Load: int(res[4])}, nil
+	return nil, fmt.Errorf("acquire script: unexpected reply %v", res)
 }
 
 // Get returns a live lease.
 func (s *Store) Get(ctx context.Context, id string) (*Lease, error) {
-	v, err := s.rdb.HGetAll(ctx, leaseKey(id)).Result()
+	res, err := s.run(ctx, getScript, id).Slice()
 	if err != nil {
 		return nil, wrap(err)
 	}
-	exp, _ := strconv.ParseInt(v["expires"], 10, 64)
-	if v["proxy"] == "" || exp <= s.now().UnixMilli() {
+	if len(res) == 0 {
 		return nil, ErrLeaseNotFound
 	}
-	return &Lease{ID: id, Proxy: v["proxy"], Target: v["target"], Expires: time.UnixMilli(exp)}, nil
+	return &Lease{ID: id, Proxy: res[0].(string), Target: res[1].(string), Expires: time.UnixMilli(res[2].(int64)), Addr: res[3].(string)}, nil
 }
 
-// Renew extends a live lease to now+ttl.
-func (s *Store) Renew(ctx context.Context, id string, ttl time.Duration) (*Lease, error) {
+// Renew extends a live lease on proxy (a UID) to now+ttl.
+func (s *Store) Renew(ctx context.Context, l *Lease, ttl time.Duration) (*Lease, error) {
 	ctx, span := s.tracer.Start(ctx, "store.Renew")
 	defer span.End()
-	l, err := s.Get(ctx, id)
-	if err != nil {
-		return nil, err
-	}
-	res, err := renewScript.Run(ctx, s.rdb, []string{leaseKey(id), loadKey(l.Proxy)}, id, l.Proxy, s.now().UnixMilli(), ttl.Milliseconds()).Int64()
+	exp, err := s.run(ctx, renewScript, l.ID, l.Proxy, ttl.Milliseconds()).Int64()
 	if err != nil {
 		return nil, wrap(err)
 	}
-	if res == 0 {
+	if exp == 0 {
 		return nil, ErrLeaseNotFound
 	}
-	l.Expires = time.UnixMilli(res)
-	return l, nil
+	r := *l
+	r.Expires = time.UnixMilli(exp)
+	return &r, nil
 }
 
 // Release ends a lease; releasing an unknown lease is not an error.
@@ -213,57 +321,143 @@ func (s *Store) Renew(ctx context.Context, id string, ttl time.Duration) (*Lease
 func (s *Store) Release(ctx context.Context, id string) (bool, error) {
 	ctx, span := s.tracer.Start(ctx, "store.Release")
 	defer span.End()
-	proxy, err := s.rdb.HGet(ctx, leaseKey(id), "proxy").Result()
-	if errors.Is(err, redis.Nil) {
-		return false, nil
-	}
-	if err != nil {
-		return false, wrap(err)
-	}
-	n, err := releaseScript.Run(ctx, s.rdb, []string{leaseKey(id), loadKey(proxy)}, id, proxy).Int64()
+	n, err := s.run(ctx, releaseScript, id).Int64()
 	if err != nil {
 		return false, wrap(err)
 	}
 	return n == 1, nil
 }
 
-// Cooldown puts the lease's proxy in a cooldown for target, if the lease
-// is live. It returns the cooldown's end.
+// Cooldown keeps the lease's proxy away from target for d from now (or
+// longer, when it already cools down longer), if the lease is live. It
+// returns the cooldown's end.
 func (s *Store) Cooldown(ctx context.Context, id, target string, d time.Duration) (time.Time, error) {
 	ctx, span := s.tracer.Start(ctx, "store.Cooldown")
 	defer span.End()
-	l, err := s.Get(ctx, id)
-	if err != nil {
-		return time.Time{}, err
-	}
-	now := s.now().UnixMilli()
-	n, err := reportScript.Run(ctx, s.rdb, []string{leaseKey(id), coolKey(l.Proxy, target)}, l.Proxy, now, d.Milliseconds()).Int64()
+	end, err := s.run(ctx, cooldownScript, id, target, d.Milliseconds()).Int64()
 	if err != nil {
 		return time.Time{}, wrap(err)
 	}
-	if n == 0 {
+	if end == 0 {
 		return time.Time{}, ErrLeaseNotFound
 	}
-	return time.UnixMilli(now + d.Milliseconds()), nil
+	return time.UnixMilli(end), nil
 }
 
-// Loads returns the live lease count of each proxy.
+// batch bounds the arguments of one script call.
+const batch = 500
+
+// Loads returns the live lease count of each proxy (by UID).
 func (s *Store) Loads(ctx context.Context, proxies []string) (map[string]int, error) {
-	if len(proxies) == 0 {
-		return map[string]int{}, nil
-	}
-	now := strconv.FormatInt(s.now().UnixMilli(), 10)
-	pipe := s.rdb.Pipeline()
-	cmds := make([]*redis.IntCmd, len(proxies))
-	for i, p := range proxies {
-		cmds[i] = pipe.ZCount(ctx, loadKey(p), "("+now, "+inf")
-	}
-	if _, err := pipe.Exec(ctx); err != nil {
-		return nil, wrap(err)
-	}
 	out := make(map[string]int, len(proxies))
-	for i, p := range proxies {
-		out[p] = int(cmds[i].Val())
+	for lo := 0; lo < len(proxies); lo += batch {
+		chunk := proxies[lo:min(lo+batch, len(proxies))]
+		args := make([]any, len(chunk))
+		for i, p := range chunk {
+			args[i] = p
+		}
+		res, err := s.run(ctx, loadsScript, args...).Slice()
+		if err != nil {
+			return nil, wrap(err)
+		}
+		for i, v := range res {
+			if v != nil {
+				out[chunk[i]], _ = strconv.Atoi(v.(string))
+			}
+		}
 	}
 	return out, nil
+}
+
+// Member is a proxy as the indexes know it.
+type Member struct{ UID, Namespace, Addr string }
+
+// Join adds members to indexes at their current loads and cooldowns.
+// With def set it first registers the one index named (def is its
+// definition, for other brokers to read back); otherwise indexes that are
+// not registered are skipped.
+func (s *Store) Join(ctx context.Context, def string, members []Member, indexes []string) error {
+	for lo := 0; lo < len(members); lo += batch {
+		chunk := members[lo:min(lo+batch, len(members))]
+		args := make([]any, 0, 2+3*len(chunk)+len(indexes))
+		args = append(args, def, len(chunk))
+		for _, m := range chunk {
+			args = append(args, m.UID, m.Namespace, m.Addr)
+		}
+		for _, h := range indexes {
+			args = append(args, h)
+		}
+		if err := s.run(ctx, joinScript, args...).Err(); err != nil {
+			return wrap(err)
+		}
+	}
+	if len(members) == 0 && def != "" {
+		return wrap(s.run(ctx, joinScript, def, 0, indexes[0]).Err())
+	}
+	return nil
+}
+
+// Leave takes a proxy out of indexes (all of them when none are named).
+func (s *Store) Leave(ctx context.Context, uid string, indexes ...string) error {
+	return s.leave(ctx, uid, "0", indexes)
+}
+
+// Forget takes a proxy out of every index and drops its load, cooldowns
+// and number: its Proxy is gone. Its leases end at their expiry; they can
+// no longer be renewed.
+func (s *Store) Forget(ctx context.Context, uid string) error { return s.leave(ctx, uid, "1", nil) }
+
+func (s *Store) leave(ctx context.Context, uid, forget string, indexes []string) error {
+	args := make([]any, 0, 2+len(indexes))
+	args = append(args, uid, forget)
+	for _, h := range indexes {
+		args = append(args, h)
+	}
+	return wrap(s.run(ctx, leaveScript, args...).Err())
+}
+
+// Drop removes an index.
+func (s *Store) Drop(ctx context.Context, index string) error {
+	return wrap(s.run(ctx, dropScript, index).Err())
+}
+
+// Index is a registered selector index.
+type Index struct {
+	Def      string
+	LastUsed time.Time
+}
+
+// Indexes returns every registered index.
+func (s *Store) Indexes(ctx context.Context) (map[string]Index, error) {
+	defs, err := s.rdb.HGetAll(ctx, s.prefix+"ixs").Result()
+	if err != nil {
+		return nil, wrap(err)
+	}
+	used, err := s.rdb.ZRangeWithScores(ctx, s.prefix+"ixused", 0, -1).Result()
+	if err != nil {
+		return nil, wrap(err)
+	}
+	out := make(map[string]Index, len(defs))
+	for h, d := range defs {
+		out[h] = Index{Def: d}
+	}
+	for _, z := range used {
+		if ix, ok := out[z.Member.(string)]; ok {
+			ix.LastUsed = time.UnixMilli(int64(z.Score))
+			out[z.Member.(string)] = ix
+		}
+	}
+	return out, nil
+}
+
+// Members returns the proxies an index holds.
+func (s *Store) Members(ctx context.Context, index string) ([]string, error) {
+	m, err := s.rdb.ZRange(ctx, s.prefix+"ix:"+index, 0, -1).Result()
+	return m, wrap(err)
+}
+
+// Known returns every proxy the store keeps state for, with its namespace.
+func (s *Store) Known(ctx context.Context) (map[string]string, error) {
+	m, err := s.rdb.HGetAll(ctx, s.prefix+"ns").Result()
+	return m, wrap(err)
 }

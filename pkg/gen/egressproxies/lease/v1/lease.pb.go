@@ -246,7 +246,13 @@ type CreateLeaseRequest struct {
 	// cooling down for it are skipped. Optional.
 	Target string `protobuf:"bytes,3,opt,name=target,proto3" json:"target,omitempty"`
 	// namespace, when set, restricts candidates to that namespace.
-	Namespace     string `protobuf:"bytes,4,opt,name=namespace,proto3" json:"namespace,omitempty"`
+	Namespace string `protobuf:"bytes,4,opt,name=namespace,proto3" json:"namespace,omitempty"`
+	// request_id makes the call safe to retry: while the lease it created
+	// lives, the same request_id with the same parameters returns that lease
+	// instead of taking a second proxy, and with other parameters fails
+	// with ALREADY_EXISTS. Use a fresh random id (a UUID) per lease wanted;
+	// 1-64 letters, digits, '-', '_', '.' or ':'. Optional.
+	RequestId     string `protobuf:"bytes,5,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -305,6 +311,13 @@ func (x *CreateLeaseRequest) GetTarget() string {
 func (x *CreateLeaseRequest) GetNamespace() string {
 	if x != nil {
 		return x.Namespace
+	}
+	return ""
+}
+
+func (x *CreateLeaseRequest) GetRequestId() string {
+	if x != nil {
+		return x.RequestId
 	}
 	return ""
 }
@@ -708,13 +721,15 @@ const file_egressproxies_lease_v1_lease_proto_rawDesc = "" +
 	"\n" +
 	"\b_healthy\"N\n" +
 	"\x13ListProxiesResponse\x127\n" +
-	"\aproxies\x18\x01 \x03(\v2\x1d.egressproxies.lease.v1.ProxyR\aproxies\"\xfe\x01\n" +
+	"\aproxies\x18\x01 \x03(\v2\x1d.egressproxies.lease.v1.ProxyR\aproxies\"\x9d\x02\n" +
 	"\x12CreateLeaseRequest\x12T\n" +
 	"\bselector\x18\x01 \x03(\v28.egressproxies.lease.v1.CreateLeaseRequest.SelectorEntryR\bselector\x12\x1f\n" +
 	"\vttl_seconds\x18\x02 \x01(\x05R\n" +
 	"ttlSeconds\x12\x16\n" +
 	"\x06target\x18\x03 \x01(\tR\x06target\x12\x1c\n" +
-	"\tnamespace\x18\x04 \x01(\tR\tnamespace\x1a;\n" +
+	"\tnamespace\x18\x04 \x01(\tR\tnamespace\x12\x1d\n" +
+	"\n" +
+	"request_id\x18\x05 \x01(\tR\trequestId\x1a;\n" +
 	"\rSelectorEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xa0\x01\n" +

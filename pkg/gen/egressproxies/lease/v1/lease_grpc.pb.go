@@ -40,7 +40,9 @@ type LeaseServiceClient interface {
 	// CreateLease picks the least-loaded healthy proxy matching the selector
 	// that is not cooling down for the target and not at its lease cap.
 	CreateLease(ctx context.Context, in *CreateLeaseRequest, opts ...grpc.CallOption) (*CreateLeaseResponse, error)
-	// RenewLease extends a live lease.
+	// RenewLease extends a live lease whose proxy is still leasable: it
+	// fails with FAILED_PRECONDITION once the proxy is gone, unhealthy,
+	// stale, deleting or at another address.
 	RenewLease(ctx context.Context, in *RenewLeaseRequest, opts ...grpc.CallOption) (*RenewLeaseResponse, error)
 	// ReleaseLease ends a lease. Idempotent: releasing an unknown or
 	// already released lease succeeds.
@@ -122,7 +124,9 @@ type LeaseServiceServer interface {
 	// CreateLease picks the least-loaded healthy proxy matching the selector
 	// that is not cooling down for the target and not at its lease cap.
 	CreateLease(context.Context, *CreateLeaseRequest) (*CreateLeaseResponse, error)
-	// RenewLease extends a live lease.
+	// RenewLease extends a live lease whose proxy is still leasable: it
+	// fails with FAILED_PRECONDITION once the proxy is gone, unhealthy,
+	// stale, deleting or at another address.
 	RenewLease(context.Context, *RenewLeaseRequest) (*RenewLeaseResponse, error)
 	// ReleaseLease ends a lease. Idempotent: releasing an unknown or
 	// already released lease succeeds.

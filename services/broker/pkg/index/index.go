@@ -1,0 +1,341 @@
+// Package index keeps the lease store's selector indexes in step with the
+// broker's inventory. An index is the set of leasable proxies one selector
+// (namespace and attribute pairs) matches, ordered in Redis by load; a
+// lease request reads only its own index, so its cost does not grow with
+// the fleet. Indexes are built the first time a selector is asked for,
+// kept current from the inventory's events by every broker replica (the
+// writes are idempotent), checked against the inventory every Resync, and
+// dropped when idle.
+package index
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"log/slog"
+	"sort"
+	"sync"
+	"time"
+
+	"golang.org/x/sync/singleflight"
+
+	"github.com/egress-proxies/egress-proxies/services/broker/pkg/inventory"
+	"github.com/egress-proxies/egress-proxies/services/broker/pkg/store"
+)
+
+// Selector is what a lease request asks for.
+type Selector struct {
+	// Scope is the broker's --namespace: brokers serving different
+	// namespaces may share a Redis, and must not share indexes.
+	Scope     string            `json:"scope,omitempty"`
+	Namespace string            `json:"namespace,omitempty"`
+	Labels    map[string]string `json:"selector,omitempty"`
+}
+
+// Key names the selector's index: equal selectors have equal keys.
+func (s Selector) Key() string {
+	b, _ := json.Marshal(s) // maps marshal with sorted keys
+	sum := sha256.Sum256(b)
+	return hex.EncodeToString(sum[:16])
+}
+
+// Matches reports whether p belongs in the selector's index.
+func (s Selector) Matches(p inventory.Proxy) bool {
+	return p.Leasable && p.Matches(s.Namespace, s.Labels)
+}
+
+// Defaults for Maintainer.
+const (
+	DefaultResync     = 30 * time.Second
+	DefaultIdle       = time.Hour
+	DefaultMaxIndexes = 256
+)
+
+// Maintainer builds and maintains the indexes.
+type Maintainer struct {
+	Inv   *inventory.Inventory
+	Store *store.Store
+	Log   *slog.Logger
+	// Scope is the broker's --namespace ("" for all).
+	Scope string
+	// Resync is how often every index is checked against the inventory
+	// and the state of deleted proxies is dropped; Idle is how long an
+	// unused index lives; MaxIndexes bounds how many exist at once (each
+	// lease change updates every index holding the proxy), the least
+	// recently used going first.
+	Resync, Idle time.Duration
+	MaxIndexes   int
+
+	mu      sync.RWMutex
+	known   map[string]Selector
+	dirty   map[string]struct{}
+	wake    chan struct{}
+	build   singleflight.Group
+	missing map[string]bool // UIDs in the store but not the inventory at the last resync
+}
+
+func (m *Maintainer) init() {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.known == nil {
+		m.known, m.dirty, m.wake, m.missing = map[string]Selector{}, map[string]struct{}{}, make(chan struct{}, 1), map[string]bool{}
+	}
+}
+
+// Changed marks a proxy for an update; the inventory calls it on every
+// change. It never blocks.
+func (m *Maintainer) Changed(uid string) {
+	m.init()
+	m.mu.Lock()
+	m.dirty[uid] = struct{}{}
+	m.mu.Unlock()
+	select {
+	case m.wake <- struct{}{}:
+	default:
+	}
+}
+
+// Ensure returns the key of sel's index, building the index from the
+// inventory if no broker has yet.
+func (m *Maintainer) Ensure(ctx context.Context, sel Selector) (string, error) {
+	m.init()
+	sel.Scope = m.Scope
+	key := sel.Key()
+	m.mu.RLock()
+	_, ok := m.known[key]
+	m.mu.RUnlock()
+	if ok {
+		return key, nil
+	}
+	_, err, _ := m.build.Do(key, func() (any, error) {
+		def, _ := json.Marshal(sel)
+		if err := m.Store.Join(ctx, string(def), m.members(sel), []string{key}); err != nil {
+			return nil, err
+		}
+		m.mu.Lock()
+		m.known[key] = sel
+		m.mu.Unlock()
+		indexesBuilt.Inc()
+		return nil, nil
+	})
+	return key, err
+}
+
+// Forget drops what this broker knows of an index (the store no longer
+// has it), so the next Ensure rebuilds it.
+func (m *Maintainer) Forget(key string) {
+	m.init()
+	m.mu.Lock()
+	delete(m.known, key)
+	m.mu.Unlock()
+}
+
+func (m *Maintainer) members(sel Selector) []store.Member {
+	var out []store.Member
+	for _, p := range m.Inv.Select(sel.Namespace, sel.Labels, nil, true) {
+		out = append(out, member(p))
+	}
+	return out
+}
+
+func member(p inventory.Proxy) store.Member {
+	return store.Member{UID: p.UID, Namespace: p.Namespace, Addr: p.Addr()}
+}
+
+// Run applies changes as they come and resyncs every Resync, until ctx
+// ends. Redis failures are retried; they only delay index updates, and a
+// lease that lands on a proxy this broker no longer finds leasable is
+// handed back by the caller.
+func (m *Maintainer) Run(ctx context.Context) {
+	m.init()
+	resync := time.NewTicker(m.Resync)
+	defer resync.Stop()
+	retry := time.NewTimer(0)
+	defer retry.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-m.wake:
+		case <-retry.C:
+		case <-resync.C:
+			if m.Inv.Synced() {
+				if err := m.resync(ctx); err != nil && ctx.Err() == nil {
+					m.Log.Warn("resyncing the selector indexes", "err", err)
+				}
+			}
+		}
+		if err := m.flush(ctx); err != nil && ctx.Err() == nil {
+			m.Log.Warn("updating the selector indexes; retrying", "err", err)
+			retry.Reset(time.Second)
+		}
+	}
+}
+
+// flush applies every pending change.
+func (m *Maintainer) flush(ctx context.Context) error {
+	m.mu.Lock()
+	dirty := m.dirty
+	m.dirty = map[string]struct{}{}
+	m.mu.Unlock()
+	for uid := range dirty {
+		if err := m.apply(ctx, uid); err != nil {
+			m.mu.Lock()
+			for u := range dirty {
+				m.dirty[u] = struct{}{}
+			}
+			m.mu.Unlock()
+			return err
+		}
+		delete(dirty, uid)
+	}
+	return nil
+}
+
+// apply brings one proxy's index memberships in line with the inventory.
+// Only indexes this broker knows are touched, so one that lags another
+// never takes a proxy out of an index it has not heard of yet.
+func (m *Maintainer) apply(ctx context.Context, uid string) error {
+	p, ok := m.Inv.Get(uid)
+	switch {
+	case !ok:
+		return m.Store.Forget(ctx, uid)
+	case !p.Leasable:
+		return m.Store.Leave(ctx, uid)
+	}
+	var in, out []string
+	m.mu.RLock()
+	for key, sel := range m.known {
+		if sel.Matches(p) {
+			in = append(in, key)
+		} else {
+			out = append(out, key)
+		}
+	}
+	m.mu.RUnlock()
+	if err := m.Store.Join(ctx, "", []store.Member{member(p)}, in); err != nil {
+		return err
+	}
+	if len(out) == 0 {
+		return nil
+	}
+	return m.Store.Leave(ctx, uid, out...)
+}
+
+// resync learns the indexes other brokers built, drops idle ones, checks
+// each against the inventory, and forgets proxies that are gone.
+func (m *Maintainer) resync(ctx context.Context) error {
+	all, err := m.Store.Indexes(ctx)
+	if err != nil {
+		return err
+	}
+	type used struct {
+		key string
+		at  time.Time
+	}
+	var mine []used
+	for key, ix := range all {
+		var sel Selector
+		if json.Unmarshal([]byte(ix.Def), &sel) != nil || sel.Scope != m.Scope {
+			continue
+		}
+		if time.Since(ix.LastUsed) > m.Idle {
+			if err := m.drop(ctx, key); err != nil {
+				return err
+			}
+			continue
+		}
+		m.mu.Lock()
+		m.known[key] = sel
+		m.mu.Unlock()
+		mine = append(mine, used{key, ix.LastUsed})
+	}
+	sort.Slice(mine, func(i, j int) bool { return mine[i].at.After(mine[j].at) })
+	for i, u := range mine {
+		if i >= m.MaxIndexes {
+			if err := m.drop(ctx, u.key); err != nil {
+				return err
+			}
+			continue
+		}
+		if err := m.check(ctx, u.key); err != nil {
+			return err
+		}
+	}
+	m.mu.Lock()
+	for key := range m.known {
+		if _, ok := all[key]; !ok {
+			delete(m.known, key)
+		}
+	}
+	m.mu.Unlock()
+	return m.collect(ctx)
+}
+
+func (m *Maintainer) drop(ctx context.Context, key string) error {
+	m.Forget(key)
+	indexesDropped.Inc()
+	return m.Store.Drop(ctx, key)
+}
+
+// check repairs one index: members the inventory says belong are added,
+// others removed.
+func (m *Maintainer) check(ctx context.Context, key string) error {
+	m.mu.RLock()
+	sel := m.known[key]
+	m.mu.RUnlock()
+	have, err := m.Store.Members(ctx, key)
+	if err != nil {
+		return err
+	}
+	want := map[string]store.Member{}
+	for _, mb := range m.members(sel) {
+		want[mb.UID] = mb
+	}
+	for _, uid := range have {
+		if _, ok := want[uid]; ok {
+			delete(want, uid)
+			continue
+		}
+		indexRepairs.Inc()
+		if err := m.Store.Leave(ctx, uid, key); err != nil {
+			return err
+		}
+	}
+	var add []store.Member
+	for _, mb := range want {
+		add = append(add, mb)
+	}
+	indexRepairs.Add(float64(len(add)))
+	return m.Store.Join(ctx, "", add, []string{key})
+}
+
+// collect forgets proxies of this broker's scope that the store knows and
+// the inventory has not had at two resyncs in a row: deleted while no
+// broker was watching. Two, because another broker's informer may be a
+// moment ahead of this one's.
+func (m *Maintainer) collect(ctx context.Context) error {
+	known, err := m.Store.Known(ctx)
+	if err != nil {
+		return err
+	}
+	missing := map[string]bool{}
+	for uid, ns := range known {
+		if m.Scope != "" && ns != m.Scope {
+			continue
+		}
+		if _, ok := m.Inv.Get(uid); ok {
+			continue
+		}
+		if m.missing[uid] {
+			if err := m.Store.Forget(ctx, uid); err != nil {
+				return err
+			}
+			continue
+		}
+		missing[uid] = true
+	}
+	m.missing = missing
+	return nil
+}
