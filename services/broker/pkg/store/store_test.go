@@ -1,0 +1,437 @@
+package store_test
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"net"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/egress-proxies/egress-proxies/pkg/testutil/proc"
+	"github.com/egress-proxies/egress-proxies/services/broker/pkg/store"
+)
+
+// fixture is a Store on its own real redis-server.
+type fixture struct {
+	t   *testing.T
+	rdb *redis.Client
+	st  *store.Store
+	ctx context.Context
+}
+
+func newFixture(t *testing.T) *fixture {
+	r := proc.StartRedis(t, false)
+	rdb := redis.NewClient(&redis.Options{Addr: r.Addr})
+	t.Cleanup(func() { _ = rdb.Close() })
+	return &fixture{t: t, rdb: rdb, st: store.New(rdb, store.DefaultPrefix), ctx: context.Background()}
+}
+
+// index builds index key holding proxies named uid-0..uid-(n-1).
+func (f *fixture) index(key string, uids ...string) {
+	f.t.Helper()
+	ms := make([]store.Member, len(uids))
+	for i, u := range uids {
+		ms[i] = store.Member{UID: u, Namespace: "ns", Addr: "127.0.0.1:" + fmt.Sprint(3000+i)}
+	}
+	require.NoError(f.t, f.st.Join(f.ctx, `{"def":"`+key+`"}`, ms, []string{key}))
+}
+
+func uids(n int) []string {
+	out := make([]string, n)
+	for i := range out {
+		out[i] = fmt.Sprintf("uid-%03d", i)
+	}
+	return out
+}
+
+func (f *fixture) acquire(key, target string, capacity int) (*store.Lease, error) {
+	return f.st.Acquire(f.ctx, store.Acquire{Index: key, Target: target, Cap: capacity, TTL: time.Hour, LeaseID: store.NewLeaseID()})
+}
+
+func (f *fixture) mustAcquire(key, target string, capacity int) *store.Lease {
+	f.t.Helper()
+	l, err := f.acquire(key, target, capacity)
+	require.NoError(f.t, err)
+	return l
+}
+
+// TestAcquireMatchesAModel drives random acquires, releases and cooldowns
+// on two overlapping indexes and checks every answer against a plain
+// in-memory model of the rule: the least-loaded proxy not cooling down for
+// the target and below the cap, or a refusal that counts the cooling and
+// the full ones exactly.
+func TestAcquireMatchesAModel(t *testing.T) {
+	f := newFixture(t)
+	all := uids(40)
+	var even []string
+	for i := 0; i < len(all); i += 2 {
+		even = append(even, all[i])
+	}
+	f.index("all", all...)
+	f.index("even", even...)
+	members := map[string][]string{"all": all, "even": even}
+	load := map[string]int{}
+	cooling := map[string]map[string]bool{"a": {}, "b": {}}
+	leases := map[string]string{}
+	var ids []string
+	const capacity = 3
+	rng := rand.New(rand.NewPCG(1, 2))
+	for step := range 3000 {
+		switch op := rng.IntN(100); {
+		case op < 60:
+			key := []string{"all", "even"}[rng.IntN(2)]
+			target := []string{"", "a", "b"}[rng.IntN(3)]
+			best, cool, full := -1, 0, 0
+			var ties []string
+			for _, u := range members[key] {
+				switch {
+				case target != "" && cooling[target][u]:
+					cool++
+				case load[u] >= capacity:
+					full++
+				case best == -1 || load[u] < best:
+					best, ties = load[u], []string{u}
+				case load[u] == best:
+					ties = append(ties, u)
+				}
+			}
+			l, err := f.acquire(key, target, capacity)
+			if best == -1 {
+				var nc *store.NoCandidateError
+				require.ErrorAs(t, err, &nc, "step %d", step)
+				require.Equal(t, store.NoCandidateError{Candidates: len(members[key]), CoolingDown: cool, AtCap: full}, *nc, "step %d", step)
+				continue
+			}
+			require.NoError(t, err, "step %d", step)
+			require.Contains(t, ties, l.Proxy, "step %d: %s has load %d, the least is %d", step, l.Proxy, load[l.Proxy], best)
+			load[l.Proxy]++
+			require.Equal(t, load[l.Proxy], l.Load, "step %d", step)
+			leases[l.ID] = l.Proxy
+			ids = append(ids, l.ID)
+		case op < 85 && len(ids) > 0:
+			i := rng.IntN(len(ids))
+			id := ids[i]
+			ids = append(ids[:i], ids[i+1:]...)
+			ok, err := f.st.Release(f.ctx, id)
+			require.NoError(t, err)
+			require.True(t, ok)
+			load[leases[id]]--
+			delete(leases, id)
+		case len(ids) > 0:
+			id := ids[rng.IntN(len(ids))]
+			target := []string{"a", "b"}[rng.IntN(2)]
+			_, err := f.st.Cooldown(f.ctx, id, target, time.Hour)
+			require.NoError(t, err)
+			cooling[target][leases[id]] = true
+		}
+	}
+	loads, err := f.st.Loads(f.ctx, all)
+	require.NoError(t, err)
+	for _, u := range all {
+		assert.Equal(t, load[u], loads[u], u)
+	}
+}
+
+// TestTiesAreUniform: among equally loaded free proxies each is picked
+// equally often, also when cooling proxies sit between them in the index.
+func TestTiesAreUniform(t *testing.T) {
+	f := newFixture(t)
+	all := uids(8)
+	f.index("ix", all...)
+	for _, u := range []string{"uid-000", "uid-002", "uid-004", "uid-006"} {
+		f.coolDown(u, "t")
+	}
+	const rounds = 4000
+	seen := map[string]int{}
+	for range rounds {
+		l := f.mustAcquire("ix", "t", 0)
+		seen[l.Proxy]++
+		_, err := f.st.Release(f.ctx, l.ID)
+		require.NoError(t, err)
+	}
+	require.Len(t, seen, 4, "only the four free proxies: %v", seen)
+	for u, n := range seen {
+		// 1,000 expected each; 4.5 standard deviations is ±123.
+		assert.InDelta(t, rounds/4, n, 123, "%s picked %d times of %d", u, n, rounds)
+	}
+}
+
+// coolDown cools uid down for target through a lease on it.
+func (f *fixture) coolDown(uid, target string) {
+	f.t.Helper()
+	for range 100 {
+		l := f.mustAcquire("ix", "", 0)
+		if l.Proxy == uid {
+			_, err := f.st.Cooldown(f.ctx, l.ID, target, time.Hour)
+			require.NoError(f.t, err)
+			_, _ = f.st.Release(f.ctx, l.ID)
+			return
+		}
+		defer func() { _, _ = f.st.Release(f.ctx, l.ID) }()
+	}
+	f.t.Fatalf("never leased %s", uid)
+}
+
+func TestAcquireIsIdempotent(t *testing.T) {
+	f := newFixture(t)
+	f.index("ix", uids(4)...)
+	t.Run("by lease id", func(t *testing.T) {
+		a := store.Acquire{Index: "ix", TTL: time.Hour, LeaseID: store.NewLeaseID()}
+		first, err := f.st.Acquire(f.ctx, a)
+		require.NoError(t, err)
+		again, err := f.st.Acquire(f.ctx, a)
+		require.NoError(t, err)
+		assert.Equal(t, first.Proxy, again.Proxy)
+		assert.Equal(t, 1, again.Load, "the retry took no second slot")
+		_, _ = f.st.Release(f.ctx, first.ID)
+	})
+	t.Run("by request id", func(t *testing.T) {
+		a := store.Acquire{Index: "ix", TTL: time.Hour, LeaseID: store.NewLeaseID(), RequestID: "req-1", Fingerprint: "fp"}
+		first, err := f.st.Acquire(f.ctx, a)
+		require.NoError(t, err)
+		a.LeaseID = store.NewLeaseID() // a client retry reaches another broker call
+		again, err := f.st.Acquire(f.ctx, a)
+		require.NoError(t, err)
+		assert.Equal(t, first.ID, again.ID)
+		assert.Equal(t, 1, again.Load)
+
+		a.Fingerprint, a.LeaseID = "other", store.NewLeaseID()
+		_, err = f.st.Acquire(f.ctx, a)
+		var reused *store.RequestReusedError
+		require.ErrorAs(t, err, &reused)
+		assert.Equal(t, first.ID, reused.LeaseID)
+
+		ok, err := f.st.Release(f.ctx, first.ID)
+		require.NoError(t, err)
+		require.True(t, ok)
+		a.Fingerprint = "fp"
+		fresh, err := f.st.Acquire(f.ctx, a)
+		require.NoError(t, err)
+		assert.NotEqual(t, first.ID, fresh.ID, "once its lease ended the request id is free")
+	})
+}
+
+// TestRetryAfterReadTimeoutLeavesNoPhantom reproduces go-redis's retry of
+// a script after a read timeout: Redis is stalled (a long script holds
+// it), so the call times out on the client while its command waits in the
+// socket; go-redis sends it again; Redis then runs every copy. The later
+// runs must find the lease the first made, not take more proxies.
+func TestRetryAfterReadTimeoutLeavesNoPhantom(t *testing.T) {
+	f := newFixture(t)
+	f.index("ix", uids(4)...)
+	flaky := redis.NewClient(&redis.Options{Addr: f.rdb.Options().Addr, ReadTimeout: 200 * time.Millisecond, MaxRetries: 3,
+		MinRetryBackoff: time.Millisecond, MaxRetryBackoff: 2 * time.Millisecond})
+	defer func() { _ = flaky.Close() }()
+	var dials atomic.Int32
+	flaky.AddHook(dialCounter{&dials})
+	st := store.New(flaky, store.DefaultPrefix)
+	var l *store.Lease
+	// A busy machine can start the stall late, missing the call: then no
+	// retry happened, so hand the lease back and stall again.
+	for try := 0; dials.Load() == 0 && try < 5; try++ {
+		if l != nil {
+			_, _ = f.st.Release(f.ctx, l.ID)
+		}
+		_, err := st.Acquire(f.ctx, store.Acquire{Index: "none", LeaseID: store.NewLeaseID()}) // connected, script loaded
+		require.ErrorIs(t, err, store.ErrNoIndex)
+		dials.Store(0)
+		stalled := make(chan error, 1)
+		go func() {
+			// 300 ms: the first try times out at 200, and the retry's
+			// connection is answered once Redis resumes.
+			stalled <- f.rdb.Eval(f.ctx, `local t = redis.call('TIME')
+local stop = tonumber(t[1]) * 1e6 + tonumber(t[2]) + 300000
+repeat t = redis.call('TIME') until tonumber(t[1]) * 1e6 + tonumber(t[2]) > stop
+return 1`, nil).Err()
+		}()
+		time.Sleep(50 * time.Millisecond)
+		l, err = st.Acquire(f.ctx, store.Acquire{Index: "ix", TTL: time.Hour, LeaseID: store.NewLeaseID()})
+		require.NoError(t, err, "the retry outlasts the stall")
+		require.NoError(t, <-stalled)
+	}
+	require.Positive(t, dials.Load(), "go-redis retried on a new connection")
+	loads, err := f.st.Loads(f.ctx, uids(4))
+	require.NoError(t, err)
+	total := 0
+	for _, n := range loads {
+		total += n
+	}
+	assert.Equal(t, 1, total, "one lease in Redis, the one the caller got (%s): %v", l.Proxy, loads)
+	assert.Equal(t, 1, loads[l.Proxy])
+}
+
+// dialCounter counts connections: go-redis retries a timed-out command on
+// a new one.
+type dialCounter struct{ n *atomic.Int32 }
+
+func (h dialCounter) DialHook(next redis.DialHook) redis.DialHook {
+	return func(ctx context.Context, network, addr string) (net.Conn, error) {
+		h.n.Add(1)
+		return next(ctx, network, addr)
+	}
+}
+func (dialCounter) ProcessHook(next redis.ProcessHook) redis.ProcessHook { return next }
+func (dialCounter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+
+// TestTimeIsRedisTime: expiries are Redis's clock plus the TTL, whatever
+// the caller's clock says.
+func TestTimeIsRedisTime(t *testing.T) {
+	f := newFixture(t)
+	f.index("ix", uids(1)...)
+	before, err := f.rdb.Time(f.ctx).Result()
+	require.NoError(t, err)
+	l := f.mustAcquire("ix", "", 0)
+	after, err := f.rdb.Time(f.ctx).Result()
+	require.NoError(t, err)
+	assert.False(t, l.Expires.Before(before.Add(time.Hour).Truncate(time.Millisecond)))
+	assert.False(t, l.Expires.After(after.Add(time.Hour)))
+}
+
+func TestExpiredLeasesFreeTheirSlots(t *testing.T) {
+	f := newFixture(t)
+	many := uids(600)
+	f.index("many", many[:599]...)
+	f.index("one", many[599])
+	// 599 short leases on the others, then the one on uid-599 expiring
+	// last: more expiries are due than a script applies in passing.
+	for range 599 {
+		_, err := f.st.Acquire(f.ctx, store.Acquire{Index: "many", Cap: 1, TTL: 150 * time.Millisecond, LeaseID: store.NewLeaseID()})
+		require.NoError(t, err)
+	}
+	_, err := f.st.Acquire(f.ctx, store.Acquire{Index: "one", Cap: 1, TTL: 150 * time.Millisecond, LeaseID: store.NewLeaseID()})
+	require.NoError(t, err)
+	_, err = f.acquire("one", "", 1)
+	var nc *store.NoCandidateError
+	require.ErrorAs(t, err, &nc)
+	assert.Equal(t, 1, nc.AtCap)
+	time.Sleep(300 * time.Millisecond)
+	l, err := f.acquire("one", "", 1)
+	require.NoError(t, err, "the expired lease no longer counts against the cap")
+	assert.Equal(t, 1, l.Load)
+	loads, err := f.st.Loads(f.ctx, many)
+	require.NoError(t, err)
+	for _, u := range many[:599] {
+		require.Zero(t, loads[u], u)
+	}
+}
+
+func TestRenew(t *testing.T) {
+	f := newFixture(t)
+	f.index("ix", uids(2)...)
+	l := f.mustAcquire("ix", "", 0)
+	got, err := f.st.Get(f.ctx, l.ID)
+	require.NoError(t, err)
+	assert.Equal(t, l.Proxy, got.Proxy)
+	assert.Regexp(t, `^127\.0\.0\.1:300[01]$`, got.Addr)
+
+	renewed, err := f.st.Renew(f.ctx, got, 2*time.Hour)
+	require.NoError(t, err)
+	assert.True(t, renewed.Expires.After(l.Expires))
+
+	other := *got
+	other.Proxy = "uid-999"
+	_, err = f.st.Renew(f.ctx, &other, time.Hour)
+	require.ErrorIs(t, err, store.ErrLeaseNotFound, "a lease is renewed only on its own proxy")
+
+	_, err = f.st.Release(f.ctx, l.ID)
+	require.NoError(t, err)
+	_, err = f.st.Renew(f.ctx, got, time.Hour)
+	require.ErrorIs(t, err, store.ErrLeaseNotFound)
+	_, err = f.st.Get(f.ctx, l.ID)
+	require.ErrorIs(t, err, store.ErrLeaseNotFound)
+}
+
+// keysNaming lists the keys whose name or hash fields mention s.
+func (f *fixture) keysNaming(s string) []string {
+	f.t.Helper()
+	var out []string
+	keys, err := f.rdb.Keys(f.ctx, "*").Result()
+	require.NoError(f.t, err)
+	for _, k := range keys {
+		if strings.Contains(k, s) {
+			out = append(out, k)
+			continue
+		}
+		switch f.rdb.Type(f.ctx, k).Val() {
+		case "hash":
+			if f.rdb.HExists(f.ctx, k, s).Val() {
+				out = append(out, k+"["+s+"]")
+			}
+		case "zset":
+			if f.rdb.ZScore(f.ctx, k, s).Err() == nil {
+				out = append(out, k+"{"+s+"}")
+			}
+		case "set":
+			if f.rdb.SIsMember(f.ctx, k, s).Val() {
+				out = append(out, k+"("+s+")")
+			}
+		}
+	}
+	return out
+}
+
+func TestForgetDropsEverythingAboutAProxy(t *testing.T) {
+	f := newFixture(t)
+	f.index("a", uids(2)...)
+	f.index("b", uids(2)...)
+	var mine *store.Lease
+	for mine == nil || mine.Proxy != "uid-000" {
+		mine = f.mustAcquire("a", "", 0)
+	}
+	_, err := f.st.Cooldown(f.ctx, mine.ID, "example.com", time.Hour)
+	require.NoError(t, err)
+	require.NotEmpty(t, f.keysNaming("uid-000"))
+
+	require.NoError(t, f.st.Forget(f.ctx, "uid-000"))
+	// Its live lease stays until it expires (it can no longer be renewed
+	// by the broker); nothing else names the proxy.
+	for _, k := range f.keysNaming("uid-000") {
+		assert.True(t, strings.HasPrefix(k, store.DefaultPrefix+"lease:") || strings.HasPrefix(k, store.DefaultPrefix+"exp"), "left behind: %s", k)
+	}
+	ok, err := f.st.Release(f.ctx, mine.ID)
+	require.NoError(t, err)
+	assert.True(t, ok)
+	assert.Empty(t, f.keysNaming("uid-000"))
+	for range 3 {
+		l := f.mustAcquire("b", "example.com", 0)
+		assert.Equal(t, "uid-001", l.Proxy)
+	}
+}
+
+func TestJoinCarriesCooldownsAndDropRemovesAnIndex(t *testing.T) {
+	f := newFixture(t)
+	f.index("a", uids(2)...)
+	var l *store.Lease
+	for l == nil || l.Proxy != "uid-000" {
+		l = f.mustAcquire("a", "", 0)
+	}
+	_, err := f.st.Cooldown(f.ctx, l.ID, "t", time.Hour)
+	require.NoError(t, err)
+	// An index built after the cooldown began still skips the proxy.
+	f.index("late", uids(2)...)
+	for range 4 {
+		assert.Equal(t, "uid-001", f.mustAcquire("late", "t", 0).Proxy)
+	}
+	// Join without a definition does not create an index.
+	require.NoError(t, f.st.Join(f.ctx, "", []store.Member{{UID: "uid-000"}}, []string{"nobody"}))
+	_, err = f.acquire("nobody", "", 0)
+	require.ErrorIs(t, err, store.ErrNoIndex)
+
+	require.NoError(t, f.st.Drop(f.ctx, "late"))
+	_, err = f.acquire("late", "t", 0)
+	require.ErrorIs(t, err, store.ErrNoIndex)
+	assert.Empty(t, f.keysNaming("late"), "no key or membership names the dropped index")
+	ix, err := f.st.Indexes(f.ctx)
+	require.NoError(t, err)
+	assert.Contains(t, ix, "a")
+	assert.NotContains(t, ix, "late")
+}
