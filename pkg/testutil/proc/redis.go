@@ -2,7 +2,10 @@ package proc
 
 import (
 	"fmt"
+	"net"
+	"os"
 	"os/exec"
+	"path/filepath"
 	"strconv"
 	"testing"
 	"time"
@@ -14,6 +17,8 @@ type Redis struct {
 	Port int
 	Dir  string
 	AOF  bool
+	// Args are extra redis-server arguments ("--replicaof", ...).
+	Args []string
 	Proc *Process
 	t    T
 }
@@ -32,12 +37,12 @@ func RedisBinary(t T) string {
 
 // StartRedis starts redis-server on a free loopback port; with aof, every
 // write is appended and fsynced, so a restart keeps the data.
-func StartRedis(t T, aof bool) *Redis {
+func StartRedis(t T, aof bool, args ...string) *Redis {
 	t.Helper()
 	if tb, ok := t.(testing.TB); ok {
 		RequireProcesses(tb)
 	}
-	r := &Redis{Port: FreePort(t), Dir: t.TempDir(), AOF: aof, t: t}
+	r := &Redis{Port: FreePort(t), Dir: t.TempDir(), AOF: aof, Args: args, t: t}
 	r.Addr = Addr(r.Port)
 	r.Start()
 	return r
@@ -53,8 +58,31 @@ func (r *Redis) Start() {
 	} else {
 		args = append(args, "--appendonly", "no")
 	}
-	r.Proc = Start(r.t, fmt.Sprintf("redis-%d", r.Port), RedisBinary(r.t), args...)
+	r.Proc = Start(r.t, fmt.Sprintf("redis-%d", r.Port), RedisBinary(r.t), append(args, r.Args...)...)
 	WaitTCP(r.t, r.Addr, 10*time.Second)
+}
+
+// StartSentinels starts n Redis Sentinels (redis-server --sentinel) on
+// loopback watching the primary at primaryAddr as master, with a quorum of
+// n/2+1 and a one-second down-after, and returns their addresses.
+func StartSentinels(t T, master, primaryAddr string, n int) []string {
+	t.Helper()
+	host, port, _ := net.SplitHostPort(primaryAddr)
+	var addrs []string
+	for range n {
+		p := FreePort(t)
+		dir := t.TempDir()
+		conf := filepath.Join(dir, "sentinel.conf")
+		body := fmt.Sprintf("port %d\nbind 127.0.0.1\nprotected-mode no\ndir %s\nsentinel monitor %s %s %s %d\n", p, dir, master, host, port, n/2+1) +
+			fmt.Sprintf("sentinel down-after-milliseconds %s 1000\nsentinel failover-timeout %s 5000\n", master, master)
+		if err := os.WriteFile(conf, []byte(body), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		Start(t, fmt.Sprintf("sentinel-%d", p), RedisBinary(t), conf, "--sentinel")
+		WaitTCP(t, Addr(p), 10*time.Second)
+		addrs = append(addrs, Addr(p))
+	}
+	return addrs
 }
 
 // Kill stops the server with SIGKILL (data since the last fsync is lost

@@ -4,7 +4,7 @@ import "github.com/prometheus/client_golang/prometheus"
 
 var waitShortfalls = prometheus.NewCounter(prometheus.CounterOpts{
 	Name: "broker_redis_wait_shortfalls_total",
-	Help: "Lease changes that fewer replicas than --redis-wait-replicas acknowledged within --redis-wait-timeout: a failover now could lose them.",
+	Help: "Lease changes that fewer replicas than --redis-wait-replicas acknowledged within --redis-wait-timeout: answered as unavailable, since a failover could lose them.",
 })
 
 // Collectors are the package's metrics.

@@ -151,8 +151,9 @@ func IsUnavailable(err error) bool {
 type Wait struct {
 	// Replicas to wait for; 0 waits for none.
 	Replicas int
-	// Timeout bounds the wait. A write not acknowledged in time stands,
-	// and is counted in broker_redis_wait_shortfalls_total.
+	// Timeout bounds the wait. A change not acknowledged in time fails as
+	// unavailable (though Redis applied it, and a retry finds it), and is
+	// counted in broker_redis_wait_shortfalls_total.
 	Timeout time.Duration
 }
 
@@ -213,8 +214,9 @@ func (s *Store) run(ctx context.Context, sc *redis.Script, args ...any) *redis.C
 	// WAIT covers the writes made on its own connection, so the script and
 	// the WAIT go down one pipeline, to the node that owns the keys.
 	var node redis.Cmdable = s.rdb
-	if c, ok := s.rdb.(*redis.ClusterClient); ok {
-		m, err := c.MasterForKey(ctx, s.route[0])
+	cluster, isCluster := s.rdb.(*redis.ClusterClient)
+	if isCluster {
+		m, err := cluster.MasterForKey(ctx, s.route[0])
 		if err != nil {
 			cmd := redis.NewCmd(ctx)
 			cmd.SetErr(err)
@@ -233,11 +235,26 @@ func (s *Store) run(ctx context.Context, sc *redis.Script, args ...any) *redis.C
 		return err
 	}
 	err := exec(func(p redis.Pipeliner) *redis.Cmd { return sc.EvalSha(ctx, p, s.route, args...) })
-	if err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
+	if redis.HasErrorPrefix(cmd.Err(), "NOSCRIPT") {
 		err = exec(func(p redis.Pipeliner) *redis.Cmd { return sc.Eval(ctx, p, s.route, args...) })
 	}
-	if n, werr := acked.Int64(); cmd.Err() == nil && werr == nil && n < int64(s.Wait.Replicas) {
+	if err != nil && isCluster {
+		// Talking to the node directly bypasses the Cluster client's own
+		// reaction to a dead node or a MOVED slot: ask it to relearn the
+		// slots, so the next call finds the new owner.
+		cluster.ReloadState(ctx)
+	}
+	if cmd.Err() != nil {
+		return cmd
+	}
+	if n, err := acked.Int64(); err != nil || n < int64(s.Wait.Replicas) {
+		// Redis applied the change, but it may not outlive a failover: say
+		// so rather than answer as if it were safe. Every write is
+		// idempotent (lease id, request id), so a retry is harmless.
 		waitShortfalls.Inc()
+		failed := redis.NewCmd(ctx)
+		failed.SetErr(fmt.Errorf("%d of %d replicas acknowledged the change within %s (%v); retry with the same requestId", n, s.Wait.Replicas, s.Wait.Timeout, err))
+		return failed
 	}
 	return cmd
 }
