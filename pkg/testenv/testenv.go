@@ -166,13 +166,23 @@ func (e *Env) WriteKubeconfigVia(dir, hostPort string) (string, error) {
 // readers of Proxy status (broker, health engine) that run no controller.
 func (e *Env) ReadyProxy(t testing.TB, namespace, name, ip string, port int32, attrs map[string]string, healthy bool) *crawlv1alpha1.Proxy {
 	t.Helper()
+	px, err := e.ReadyProxyE(namespace, name, ip, port, attrs, healthy)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return px
+}
+
+// ReadyProxyE is ReadyProxy returning its error, for callers that make
+// many Proxies from several goroutines.
+func (e *Env) ReadyProxyE(namespace, name, ip string, port int32, attrs map[string]string, healthy bool) (*crawlv1alpha1.Proxy, error) {
 	ctx := context.Background()
 	px := &crawlv1alpha1.Proxy{
 		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: namespace},
 		Spec:       crawlv1alpha1.ProxySpec{Mode: crawlv1alpha1.ModeExternal, Address: ip, Port: port, Attributes: attrs},
 	}
 	if err := e.Client.Create(ctx, px); err != nil {
-		t.Fatalf("creating Proxy %s/%s: %v", namespace, name, err)
+		return nil, fmt.Errorf("creating Proxy %s/%s: %w", namespace, name, err)
 	}
 	px.Status = crawlv1alpha1.ProxyStatus{Phase: crawlv1alpha1.PhaseReady, IP: ip, Port: port, Healthy: healthy}
 	meta.SetStatusCondition(&px.Status.Conditions, metav1.Condition{Type: crawlv1alpha1.ConditionReady, Status: metav1.ConditionTrue, Reason: crawlv1alpha1.ReasonTracking, Message: "written by the test"})
@@ -182,7 +192,7 @@ func (e *Env) ReadyProxy(t testing.TB, namespace, name, ip string, port int32, a
 	}
 	meta.SetStatusCondition(&px.Status.Conditions, h)
 	if err := e.Client.Status().Update(ctx, px); err != nil {
-		t.Fatalf("writing status of %s/%s: %v", namespace, name, err)
+		return nil, fmt.Errorf("writing status of %s/%s: %w", namespace, name, err)
 	}
-	return px
+	return px, nil
 }

@@ -200,10 +200,10 @@ func BenchmarkFleet(b *testing.B) {
 	go func() { _ = c.Start(cctx) }()
 	c.WaitForCacheSync(cctx)
 
-	usageOf := func() map[string]usage {
-		m := map[string]usage{}
+	usageOf := func() map[string]proc.Usage {
+		m := map[string]proc.Usage{}
 		for _, r := range rows {
-			u, err := procUsage(r.pid)
+			u, err := proc.ProcUsage(r.pid)
 			if err != nil {
 				b.Fatalf("%s: %v", r.name, err)
 			}
@@ -302,7 +302,7 @@ wait:
 		b.Fatal(err)
 	}
 	usage2 := usageOf()
-	informerUsage, err := procUsage(informer.Cmd.Process.Pid)
+	informerUsage, err := proc.ProcUsage(informer.Cmd.Process.Pid)
 	if err != nil || !strings.Contains(informer.Log(), "synced") {
 		b.Fatalf("the informer baseline did not sync (%v): %s", err, informer.Log())
 	}

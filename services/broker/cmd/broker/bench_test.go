@@ -4,11 +4,16 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"math/rand/v2"
+	"net"
 	"net/http"
+	"os"
 	"sort"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
+	"text/tabwriter"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -28,29 +33,36 @@ import (
 
 const (
 	benchClients = 64
-	benchProxies = 1000
 	benchPhase   = 5 * time.Second
+	// benchCap is the capped broker's --lease-cap.
+	benchCap = 20
+	// rareEvery: one proxy in rareEvery of the 10,000 carries tier=rare.
+	rareEvery = 100
 )
 
+// benchFleets are namespaces of leasable Proxies; the brokers watch all.
+var benchFleets = []struct {
+	ns string
+	n  int
+}{{"bench-100", 100}, {"bench-1k", 1000}, {"bench-10k", 10000}}
+
 // drive runs call from benchClients goroutines for benchPhase and returns
-// the rate and latency percentiles of successful calls.
+// the rate and latency percentiles of the calls.
 func drive(b *testing.B, call func() error) (perSec float64, p50, p99 time.Duration) {
 	var mu sync.Mutex
 	var lat []time.Duration
-	errs := 0
+	var failed atomic.Int64
+	var firstErr atomic.Value
 	deadline := time.Now().Add(benchPhase)
 	var wg sync.WaitGroup
 	for range benchClients {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
+		wg.Go(func() {
 			local := make([]time.Duration, 0, 4096)
 			for time.Now().Before(deadline) {
 				t := time.Now()
 				if err := call(); err != nil {
-					mu.Lock()
-					errs++
-					mu.Unlock()
+					failed.Add(1)
+					firstErr.CompareAndSwap(nil, err)
 					continue
 				}
 				local = append(local, time.Since(t))
@@ -58,95 +70,324 @@ func drive(b *testing.B, call func() error) (perSec float64, p50, p99 time.Durat
 			mu.Lock()
 			lat = append(lat, local...)
 			mu.Unlock()
-		}()
+		})
 	}
 	wg.Wait()
-	if errs > 0 {
-		b.Fatalf("%d calls failed", errs)
+	if n := failed.Load(); n > 0 {
+		b.Fatalf("%d calls failed; the first: %v", n, firstErr.Load())
 	}
 	sort.Slice(lat, func(i, j int) bool { return lat[i] < lat[j] })
 	return float64(len(lat)) / benchPhase.Seconds(), lat[len(lat)/2], lat[len(lat)*99/100]
 }
 
-// BenchmarkLeases is `make bench-broker`: lease throughput and latency over
-// gRPC and REST against a real broker process and redis-server with 1,000
-// leasable proxies, and in the same run the ceiling: the same Lua script
-// driven straight at Redis by the same number of clients.
-func BenchmarkLeases(b *testing.B) {
-	testenv.Require(b)
+// makeFleets creates the bench's Proxies (those an earlier -count made
+// are kept) and returns the UIDs and addresses of the 10,000.
+func makeFleets(b *testing.B) []store.Member {
 	ctx := context.Background()
-	ns := "bench"
-	_ = env.Client.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}})
-	ids := make([]string, benchProxies)
-	for i := range benchProxies {
-		name := fmt.Sprintf("p%04d", i)
-		ids[i] = ns + "/" + name
-		ip := fmt.Sprintf("127.0.%d.%d", 100+i/250, i%250+1)
-		if err := env.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, &v1.Proxy{}); err == nil {
-			continue // left from an earlier -count
+	for fi, f := range benchFleets {
+		_ = env.Client.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: f.ns}})
+		var have v1.ProxyList
+		require.NoError(b, env.Client.List(ctx, &have, client.InNamespace(f.ns)))
+		exists := map[string]bool{}
+		for _, p := range have.Items {
+			exists[p.Name] = true
 		}
-		env.ReadyProxy(b, ns, name, ip, 3128, nil, true)
+		work := make(chan int)
+		var wg sync.WaitGroup
+		var failed atomic.Value
+		for range 16 {
+			wg.Go(func() {
+				for i := range work {
+					var attrs map[string]string
+					if i%rareEvery == 0 {
+						attrs = map[string]string{"tier": "rare"}
+					}
+					ip := fmt.Sprintf("127.%d.%d.%d", 10+fi, i/250, i%250+1)
+					if _, err := env.ReadyProxyE(f.ns, fmt.Sprintf("p%05d", i), ip, 3128, attrs, true); err != nil {
+						failed.CompareAndSwap(nil, err)
+					}
+				}
+			})
+		}
+		for i := range f.n {
+			if !exists[fmt.Sprintf("p%05d", i)] {
+				work <- i
+			}
+		}
+		close(work)
+		wg.Wait()
+		if err := failed.Load(); err != nil {
+			b.Fatal(err)
+		}
 	}
-	r := proc.StartRedis(b, false)
+	var big v1.ProxyList
+	require.NoError(b, env.Client.List(ctx, &big, client.InNamespace(benchFleets[2].ns)))
+	out := make([]store.Member, len(big.Items))
+	for i, p := range big.Items {
+		out[i] = store.Member{UID: string(p.UID), Namespace: p.Namespace, Addr: net.JoinHostPort(p.Spec.Address, fmt.Sprint(p.Spec.Port))}
+	}
+	return out
+}
+
+type benchBroker struct {
+	api  leasev1.LeaseServiceClient
+	rest string
+	pid  int
+}
+
+func startBenchBroker(b *testing.B, r *proc.Redis, leaseCap int, prefix string) *benchBroker {
 	kc, err := env.WriteKubeconfig(b.TempDir())
 	require.NoError(b, err)
 	g, h, ops := proc.FreePort(b), proc.FreePort(b), proc.FreePort(b)
-	p := proc.Start(b, "broker", proc.Build(b, pkgPath), "--kubeconfig", kc, "--namespace", ns, "--redis-addrs", r.Addr,
-		"--lease-cap", "0", "--grpc-addr", proc.Addr(g), "--http-addr", proc.Addr(h), "--ops-addr", proc.Addr(ops), "--log-level", "warn")
+	p := proc.Start(b, "broker", proc.Build(b, pkgPath), "--kubeconfig", kc, "--redis-addrs", r.Addr, "--redis-key-prefix", prefix,
+		"--lease-cap", fmt.Sprint(leaseCap), "--grpc-addr", proc.Addr(g), "--http-addr", proc.Addr(h), "--ops-addr", proc.Addr(ops), "--log-level", "warn")
 	proc.WaitHTTP(b, p, "http://"+proc.Addr(ops)+"/readyz", 60*time.Second)
-	rest := "http://" + proc.Addr(h)
-	require.Eventually(b, func() bool {
-		resp, err := http.Get(rest + "/v1/proxies?healthy=true")
-		if err != nil {
-			return false
-		}
-		body, _ := io.ReadAll(resp.Body)
-		_ = resp.Body.Close()
-		return strings.Count(string(body), `"id"`) == benchProxies
-	}, 60*time.Second, 200*time.Millisecond)
-
 	conn, err := grpc.NewClient(proc.Addr(g), grpc.WithTransportCredentials(insecure.NewCredentials()))
 	require.NoError(b, err)
-	defer func() { _ = conn.Close() }()
-	api := leasev1.NewLeaseServiceClient(conn)
-	httpc := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: benchClients}}
+	b.Cleanup(func() { _ = conn.Close() })
+	bb := &benchBroker{api: leasev1.NewLeaseServiceClient(conn), rest: "http://" + proc.Addr(h), pid: p.Cmd.Process.Pid}
+	total := 0
+	for _, f := range benchFleets {
+		total += f.n
+	}
+	require.Eventually(b, func() bool {
+		resp, err := bb.api.ListProxies(context.Background(), &leasev1.ListProxiesRequest{})
+		return err == nil && len(resp.GetProxies()) >= total
+	}, 120*time.Second, 500*time.Millisecond, "the broker never listed the %d proxies", total)
+	return bb
+}
 
-	b.ResetTimer()
-	grpcRate, grpcP50, grpcP99 := drive(b, func() error {
-		_, err := api.CreateLease(ctx, &leasev1.CreateLeaseRequest{TtlSeconds: 600})
-		return err
-	})
-	restRate, restP50, restP99 := drive(b, func() error {
-		resp, err := httpc.Post(rest+"/v1/leases", "application/json", strings.NewReader(`{"ttlSeconds":600}`))
-		if err != nil {
+// baseline is the minimal gRPC unary handler that runs one small Lua
+// script on the same Redis: the ceiling a lease call can approach.
+type baseline struct {
+	leasev1.UnimplementedLeaseServiceServer
+	rdb *redis.Client
+}
+
+var baselineScript = redis.NewScript(`local n = redis.call('INCR', KEYS[1])
+redis.call('HSET', KEYS[2], 'n', n)
+redis.call('PEXPIRE', KEYS[2], 60000)
+return n`)
+
+func (s *baseline) CreateLease(ctx context.Context, _ *leasev1.CreateLeaseRequest) (*leasev1.CreateLeaseResponse, error) {
+	id := store.NewLeaseID()
+	if err := baselineScript.Run(ctx, s.rdb, []string{"{base}:seq", "{base}:lease:" + id}).Err(); err != nil {
+		return nil, err
+	}
+	return &leasev1.CreateLeaseResponse{LeaseId: id}, nil
+}
+
+func startBaseline(b *testing.B, redisAddr string) leasev1.LeaseServiceClient {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(b, err)
+	rdb := redis.NewClient(&redis.Options{Addr: redisAddr})
+	srv := grpc.NewServer()
+	leasev1.RegisterLeaseServiceServer(srv, &baseline{rdb: rdb})
+	go func() { _ = srv.Serve(ln) }()
+	b.Cleanup(func() { srv.Stop(); _ = rdb.Close() })
+	conn, err := grpc.NewClient(ln.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	require.NoError(b, err)
+	b.Cleanup(func() { _ = conn.Close() })
+	return leasev1.NewLeaseServiceClient(conn)
+}
+
+// loadFleet puts the capped broker's 10,000 in the contended state: 30%
+// cooling down for target, 30% at the cap. It writes through the store
+// on private indexes, as leases from other crawlers would.
+func loadFleet(b *testing.B, r *proc.Redis, prefix, target string, fleet []store.Member) {
+	ctx := context.Background()
+	rdb := redis.NewClient(&redis.Options{Addr: r.Addr})
+	defer func() { _ = rdb.Close() }()
+	st := store.New(rdb, prefix)
+	shuffled := append([]store.Member(nil), fleet...)
+	rand.New(rand.NewPCG(1, 1)).Shuffle(len(shuffled), func(i, j int) { shuffled[i], shuffled[j] = shuffled[j], shuffled[i] })
+	third := len(fleet) * 3 / 10
+	cooling, full := shuffled[:third], shuffled[third:2*third]
+	require.NoError(b, st.Join(ctx, "{}", cooling, []string{"bench-cool"}))
+	require.NoError(b, st.Join(ctx, "{}", full, []string{"bench-full"}))
+	var wg sync.WaitGroup
+	var failed atomic.Value
+	for range 16 {
+		wg.Go(func() {
+			for {
+				_, err := st.Acquire(ctx, store.Acquire{Index: "bench-full", Cap: benchCap, TTL: time.Hour, LeaseID: store.NewLeaseID()})
+				if err != nil {
+					if _, ok := err.(*store.NoCandidateError); !ok {
+						failed.CompareAndSwap(nil, err)
+					}
+					return
+				}
+			}
+		})
+		wg.Go(func() {
+			for {
+				l, err := st.Acquire(ctx, store.Acquire{Index: "bench-cool", Target: target, TTL: time.Hour, LeaseID: store.NewLeaseID()})
+				if err != nil {
+					if _, ok := err.(*store.NoCandidateError); !ok {
+						failed.CompareAndSwap(nil, err)
+					}
+					return
+				}
+				if _, err := st.Cooldown(ctx, l.ID, target, time.Hour); err != nil {
+					failed.CompareAndSwap(nil, err)
+				}
+				if _, err := st.Release(ctx, l.ID); err != nil {
+					failed.CompareAndSwap(nil, err)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	if err := failed.Load(); err != nil {
+		b.Fatal(err)
+	}
+	require.NoError(b, st.Drop(ctx, "bench-cool"))
+	require.NoError(b, st.Drop(ctx, "bench-full"))
+}
+
+type benchRow struct {
+	name     string
+	rate     float64
+	p50, p99 time.Duration
+	vs       string
+	ratio    float64
+	goal     string
+	// CPU per call of the bench process (clients, and the baseline's
+	// server), the broker and Redis.
+	cpu [3]time.Duration
+}
+
+// cpuOf reads the CPU time of the given processes.
+func cpuOf(b *testing.B, pids ...int) []time.Duration {
+	out := make([]time.Duration, len(pids))
+	for i, pid := range pids {
+		u, err := proc.ProcUsage(pid)
+		require.NoError(b, err)
+		out[i] = u.CPU
+	}
+	return out
+}
+
+// BenchmarkLeases is `make bench-broker`: leases/s and latency over gRPC
+// and REST against real broker processes and redis-server, at 100, 1,000
+// and 10,000 matching proxies, with a 1% selector, and with 30% of the
+// fleet cooling down and 30% at the cap; each figure is printed beside the
+// baseline measured in the same run, a minimal gRPC handler running one
+// small script on the same Redis.
+func BenchmarkLeases(b *testing.B) {
+	testenv.Require(b)
+	ctx := context.Background()
+	start := time.Now()
+	fleet := makeFleets(b)
+	b.Logf("fleet of %d Proxies ready in %s", 11100, time.Since(start).Round(time.Second))
+	r := proc.StartRedis(b, false)
+	open := startBenchBroker(b, r, 0, store.DefaultPrefix)
+	capped := startBenchBroker(b, r, benchCap, "{bench-cap}:")
+	base := startBaseline(b, r.Addr)
+
+	grpcLease := func(api leasev1.LeaseServiceClient, req *leasev1.CreateLeaseRequest) func() error {
+		return func() error { _, err := api.CreateLease(ctx, req); return err }
+	}
+	// leaseRelease keeps loads steady under the cap: each lease is handed
+	// back at once, and a figure counts lease-and-release cycles.
+	leaseRelease := func(api leasev1.LeaseServiceClient, req *leasev1.CreateLeaseRequest) func() error {
+		return func() error {
+			resp, err := api.CreateLease(ctx, req)
+			if err != nil {
+				return err
+			}
+			_, err = api.ReleaseLease(ctx, &leasev1.ReleaseLeaseRequest{LeaseId: resp.GetLeaseId()})
 			return err
 		}
-		_, _ = io.Copy(io.Discard, resp.Body)
-		_ = resp.Body.Close()
-		if resp.StatusCode != 200 {
-			return fmt.Errorf("status %d", resp.StatusCode)
+	}
+	flush := redis.NewClient(&redis.Options{Addr: r.Addr})
+	defer func() { _ = flush.Close() }()
+	// phase measures call; every figure but the contended one starts from
+	// an empty store, so leases left by one figure do not weigh on the next.
+	phase := func(bb *benchBroker, call func() error, fresh bool) benchRow {
+		if fresh {
+			require.NoError(b, flush.FlushAll(ctx).Err())
 		}
-		return nil
-	})
-	rdb := redis.NewClient(&redis.Options{Addr: r.Addr, PoolSize: benchClients})
-	defer func() { _ = rdb.Close() }()
-	st := store.New(rdb, store.DefaultPrefix)
-	_ = ids
-	ceilRate, ceilP50, ceilP99 := drive(b, func() error {
-		_, err := st.Get(ctx, "x")
-		return err
-	})
+		require.NoError(b, call()) // builds the selector's index
+		pids := []int{os.Getpid(), r.Proc.Cmd.Process.Pid, os.Getpid()}
+		if bb != nil {
+			pids[2] = bb.pid
+		}
+		before := cpuOf(b, pids...)
+		rate, p50, p99 := drive(b, call)
+		after := cpuOf(b, pids...)
+		row := benchRow{rate: rate, p50: p50, p99: p99}
+		calls := time.Duration(rate * benchPhase.Seconds())
+		row.cpu = [3]time.Duration{(after[0] - before[0]) / calls, (after[2] - before[2]) / calls, (after[1] - before[1]) / calls}
+		if bb == nil {
+			row.cpu[1] = 0
+		}
+		return row
+	}
+	restLease := func(body string) func() error {
+		httpc := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: benchClients}}
+		return func() error {
+			resp, err := httpc.Post(open.rest+"/v1/leases", "application/json", strings.NewReader(body))
+			if err != nil {
+				return err
+			}
+			_, _ = io.Copy(io.Discard, resp.Body)
+			_ = resp.Body.Close()
+			if resp.StatusCode != 200 {
+				return fmt.Errorf("status %d", resp.StatusCode)
+			}
+			return nil
+		}
+	}
+
+	b.ResetTimer()
+	baseRow := phase(nil, grpcLease(base, &leasev1.CreateLeaseRequest{}), true)
+	baseRow.name = "baseline: gRPC unary + one 3-command script"
+	rows := []benchRow{baseRow}
+	byFleet := map[int]benchRow{}
+	for _, f := range benchFleets {
+		row := phase(open, grpcLease(open.api, &leasev1.CreateLeaseRequest{Namespace: f.ns, TtlSeconds: 600}), true)
+		row.name = fmt.Sprintf("gRPC lease, %d matching proxies", f.n)
+		row.vs, row.ratio, row.goal = "baseline", row.rate/baseRow.rate, "≥ 0.60, p99 ≤ 10 ms"
+		byFleet[f.n] = row
+		rows = append(rows, row)
+	}
+	flat := byFleet[10000]
+	rows = append(rows, benchRow{name: "  flat in fleet size: 10,000 against 100", rate: flat.rate, p50: flat.p50, p99: flat.p99,
+		vs: "100 proxies", ratio: flat.rate / byFleet[100].rate, goal: "≥ 0.85"})
+	rest := phase(open, restLease(`{"namespace":"bench-1k","ttlSeconds":600}`), true)
+	rest.name, rest.vs, rest.ratio, rest.goal = "REST lease, 1,000 matching proxies", "baseline", rest.rate/baseRow.rate, "≥ 0.35"
+	rows = append(rows, rest)
+	rare := phase(open, grpcLease(open.api, &leasev1.CreateLeaseRequest{Namespace: "bench-10k", Selector: map[string]string{"tier": "rare"}, TtlSeconds: 600}), true)
+	rare.name, rare.vs, rare.ratio, rare.goal = "gRPC lease, selector matching 1% of 10,000", "all 10,000", rare.rate/flat.rate, "≥ 0.80"
+	rows = append(rows, rare)
+
+	req := &leasev1.CreateLeaseRequest{Namespace: "bench-10k", Target: "example.com", TtlSeconds: 600}
+	clean := phase(capped, leaseRelease(capped.api, req), true)
+	clean.name, clean.vs, clean.ratio = fmt.Sprintf("gRPC lease+release, 10,000, cap %d, target set", benchCap), "baseline", clean.rate/baseRow.rate
+	rows = append(rows, clean)
+	loadFleet(b, r, "{bench-cap}:", "example.com", fleet)
+	loaded := phase(capped, leaseRelease(capped.api, req), false)
+	loaded.name, loaded.vs, loaded.ratio, loaded.goal = "  same, 30% cooling down for the target, 30% at the cap", "clean", loaded.rate/clean.rate, "≥ 0.80"
+	rows = append(rows, loaded)
 	b.StopTimer()
 
-	b.ReportMetric(grpcRate, "grpc-leases/s")
-	b.ReportMetric(float64(grpcP50.Microseconds()), "grpc-p50-µs")
-	b.ReportMetric(float64(grpcP99.Microseconds()), "grpc-p99-µs")
-	b.ReportMetric(restRate, "rest-leases/s")
-	b.ReportMetric(float64(restP50.Microseconds()), "rest-p50-µs")
-	b.ReportMetric(float64(restP99.Microseconds()), "rest-p99-µs")
-	b.ReportMetric(ceilRate, "redis-script-leases/s")
-	b.ReportMetric(float64(ceilP50.Microseconds()), "redis-p50-µs")
-	b.ReportMetric(float64(ceilP99.Microseconds()), "redis-p99-µs")
-	b.ReportMetric(grpcRate/ceilRate, "grpc/ceiling")
-	b.ReportMetric(restRate/ceilRate, "rest/ceiling")
+	w := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintf(w, "\t%d clients, %s per figure\tleases/s\tp50\tp99\tratio\tto\tgoal\tCPU/call: bench\tbroker\tredis\t\n", benchClients, benchPhase)
+	for _, r := range rows {
+		ratio := ""
+		if r.vs != "" {
+			ratio = fmt.Sprintf("%.2f", r.ratio)
+		}
+		fmt.Fprintf(w, "%s\t\t%.0f\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t\n", r.name, r.rate, r.p50.Round(10*time.Microsecond), r.p99.Round(10*time.Microsecond), ratio, r.vs, r.goal,
+			r.cpu[0].Round(time.Microsecond), r.cpu[1].Round(time.Microsecond), r.cpu[2].Round(time.Microsecond))
+	}
+	_ = w.Flush()
+	b.ReportMetric(baseRow.rate, "baseline/s")
+	b.ReportMetric(byFleet[1000].rate/baseRow.rate, "grpc/baseline")
+	b.ReportMetric(float64(byFleet[1000].p99.Microseconds()), "grpc-p99-µs")
+	b.ReportMetric(rest.rate/baseRow.rate, "rest/baseline")
+	b.ReportMetric(flat.rate/byFleet[100].rate, "10k/100")
+	b.ReportMetric(rare.rate/flat.rate, "1%-selector/all")
+	b.ReportMetric(loaded.rate/clean.rate, "contended/clean")
 }

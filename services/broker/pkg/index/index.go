@@ -15,6 +15,7 @@ import (
 	"encoding/json"
 	"log/slog"
 	"sort"
+	"strconv"
 	"sync"
 	"time"
 
@@ -33,11 +34,22 @@ type Selector struct {
 	Labels    map[string]string `json:"selector,omitempty"`
 }
 
-// Key names the selector's index: equal selectors have equal keys.
+// Key names the selector's index: equal selectors have equal keys, on
+// every broker. It runs on every lease, so it hashes a quoted rendering
+// rather than marshalling JSON.
 func (s Selector) Key() string {
-	b, _ := json.Marshal(s) // maps marshal with sorted keys
-	sum := sha256.Sum256(b)
-	return hex.EncodeToString(sum[:16])
+	labels := make([]string, 0, len(s.Labels))
+	for k := range s.Labels {
+		labels = append(labels, k)
+	}
+	sort.Strings(labels)
+	h := sha256.New()
+	buf := strconv.AppendQuote(strconv.AppendQuote(make([]byte, 0, 128), s.Scope), s.Namespace)
+	for _, k := range labels {
+		buf = strconv.AppendQuote(strconv.AppendQuote(buf, k), s.Labels[k])
+	}
+	h.Write(buf)
+	return hex.EncodeToString(h.Sum(nil)[:16])
 }
 
 // Matches reports whether p belongs in the selector's index.
@@ -67,6 +79,7 @@ type Maintainer struct {
 	Resync, Idle time.Duration
 	MaxIndexes   int
 
+	used    sync.Map // keys leased from since the last resync
 	mu      sync.RWMutex
 	known   map[string]Selector
 	dirty   map[string]struct{}
@@ -102,6 +115,9 @@ func (m *Maintainer) Ensure(ctx context.Context, sel Selector) (string, error) {
 	m.init()
 	sel.Scope = m.Scope
 	key := sel.Key()
+	if _, ok := m.used.Load(key); !ok {
+		m.used.Store(key, struct{}{})
+	}
 	m.mu.RLock()
 	_, ok := m.known[key]
 	m.mu.RUnlock()
@@ -226,6 +242,15 @@ func (m *Maintainer) apply(ctx context.Context, uid string) error {
 // resync learns the indexes other brokers built, drops idle ones, checks
 // each against the inventory, and forgets proxies that are gone.
 func (m *Maintainer) resync(ctx context.Context) error {
+	var touched []string
+	m.used.Range(func(k, _ any) bool {
+		touched = append(touched, k.(string))
+		m.used.Delete(k)
+		return true
+	})
+	if err := m.Store.Touch(ctx, time.Now(), touched...); err != nil {
+		return err
+	}
 	all, err := m.Store.Indexes(ctx)
 	if err != nil {
 		return err

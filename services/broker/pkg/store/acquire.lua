@@ -11,7 +11,8 @@ local id, rnd, req, fp = ARGV[5], tonumber(ARGV[6]), ARGV[7], ARGV[8]
 local now = now_ms()
 
 local function granted(lid, l)
-  return {'ok', l[1], tonumber(l[2]), tonumber(redis.call('HGET', P .. 'load', l[1]) or '0'), lid}
+  local s = tonumber(redis.call('HGET', P .. 'score', l[1]) or '0')
+  return {'ok', l[1], tonumber(l[2]), math.floor(s / SHIFT), lid}
 end
 local l = live_lease(id, now)
 if l then
@@ -32,73 +33,108 @@ if req ~= '' then
 end
 
 local more = drain(now, DRAIN)
-if redis.call('HEXISTS', P .. 'ixs', h) == 0 then
-  return {'noindex'}
-end
-redis.call('ZADD', P .. 'ixused', now, h)
 local ix, cx = P .. 'ix:' .. h, P .. 'cx:' .. h .. ':' .. target
 
+-- free(i): how many of the members ranked 0..i are not cooling (nc > 0).
+local function free(i)
+  local sc = redis.call('ZRANGE', ix, i, i, 'WITHSCORES')[2]
+  return i + 1 - redis.call('ZCOUNT', cx, '-inf', sc)
+end
+
+-- The smallest rank in [lo, hi] (hi below the index's size) with
+-- free(rank) >= want.
+local function search(lo, hi, want)
+  while lo < hi do
+    local mid = math.floor((lo + hi) / 2)
+    if free(mid) >= want then
+      hi = mid
+    else
+      lo = mid + 1
+    end
+  end
+  return lo
+end
+
+-- A uniformly random free member among the tied members ranked from first
+-- on (every member ranked below first cools down for the target).
+local function tied_member(first, tied, cooling)
+  if cooling == 0 then
+    local k = rnd % tied
+    return redis.call('ZRANGE', ix, first + k, first + k)[1]
+  end
+  -- Draw until a free one comes up: uniform, and cheap unless nearly
+  -- all of them cool down; then count instead.
+  math.randomseed(rnd % 2147483647)
+  for _ = 1, 8 do
+    local r = first + math.random(0, tied - 1)
+    local m = redis.call('ZRANGE', ix, r, r)[1]
+    if not redis.call('ZSCORE', cx, m) then
+      return m
+    end
+  end
+  local k = rnd % (tied - cooling)
+  local i = search(first, first + k + cooling, 1 + k)
+  return redis.call('ZRANGE', ix, i, i)[1]
+end
+
+local function refusal(nc)
+  local n, full = redis.call('ZCARD', ix), 0
+  if cap > 0 then
+    full = redis.call('ZCOUNT', ix, num(cap * SHIFT), '+inf')
+    if nc > 0 then
+      full = full - redis.call('ZCOUNT', cx, num(cap * SHIFT), '+inf')
+    end
+  end
+  return {'none', n, nc, full}
+end
+
+-- Walks up the load levels from the least loaded to the first that has a
+-- member free for the target; past a few levels where every member cools
+-- down, a binary search over ranks finds it in O(log² n).
 local function pick()
-  local n = redis.call('ZCARD', ix)
-  if n == 0 then
+  local at = redis.call('ZRANGE', ix, 0, 0, 'WITHSCORES')
+  if #at == 0 then
+    if redis.call('HEXISTS', P .. 'ixs', h) == 0 then
+      return nil, {'noindex'}
+    end
     return nil, {'none', 0, 0, 0}
   end
   local nc = 0
   if target ~= '' then
     nc = redis.call('ZCARD', cx)
   end
-  local function score(i)
-    return tonumber(redis.call('ZRANGE', ix, i, i, 'WITHSCORES')[2])
-  end
-  -- free(i): how many of the members ranked 0..i are not cooling.
-  local function free(i)
-    if nc == 0 then
-      return i + 1
-    end
-    return i + 1 - redis.call('ZCOUNT', cx, '-inf', num(score(i)))
-  end
-  -- The smallest rank in [lo, hi] with free(rank) >= want, or nil.
-  local function search(lo, hi, want)
-    if hi > n - 1 then
-      hi = n - 1
-    end
-    if free(hi) < want then
-      return nil
-    end
-    while lo < hi do
-      local mid = math.floor((lo + hi) / 2)
-      if free(mid) >= want then
-        hi = mid
-      else
-        lo = mid + 1
+  local first = 0
+  for step = 1, 9 do
+    if step == 9 then
+      local n = redis.call('ZCARD', ix)
+      if free(n - 1) == 0 then
+        return nil, refusal(nc)
       end
+      first = search(first, math.min(first + nc, n - 1), 1)
+      at = redis.call('ZRANGE', ix, first, first, 'WITHSCORES')
     end
-    return lo
-  end
-  local first = search(0, nc, 1)
-  if not first then
-    return nil, {'none', n, nc, 0}
-  end
-  local level = math.floor(score(first) / SHIFT)
-  if cap > 0 and level >= cap then
-    local full = redis.call('ZCOUNT', ix, num(cap * SHIFT), '+inf')
+    local level = math.floor(tonumber(at[2]) / SHIFT)
+    if cap > 0 and level >= cap then
+      return nil, refusal(nc)
+    end
+    local lo, hi = at[2], '(' .. num((level + 1) * SHIFT)
+    local tied, cooling = redis.call('ZCOUNT', ix, lo, hi), 0
     if nc > 0 then
-      full = full - redis.call('ZCOUNT', cx, num(cap * SHIFT), '+inf')
+      cooling = redis.call('ZCOUNT', cx, lo, hi)
     end
-    return nil, {'none', n, nc, full}
+    if tied > cooling then
+      return tied_member(first, tied, cooling), nil
+    end
+    first = first + tied
+    at = redis.call('ZRANGE', ix, first, first, 'WITHSCORES')
+    if #at == 0 then
+      return nil, refusal(nc)
+    end
   end
-  local lo, hi = num(level * SHIFT), '(' .. num((level + 1) * SHIFT)
-  local tied, tied_cooling = redis.call('ZCOUNT', ix, lo, hi), 0
-  if nc > 0 then
-    tied_cooling = redis.call('ZCOUNT', cx, lo, hi)
-  end
-  local k = rnd % (tied - tied_cooling)
-  local i = search(first, first + k + tied_cooling, 1 + k)
-  return redis.call('ZRANGE', ix, i, i)[1], nil
 end
 
 local uid, refused = pick()
-if refused and more then
+if refused and refused[1] == 'none' and more then
   -- Expiries still due may be what holds proxies at the cap: apply them all.
   while drain(now, DRAIN) do end
   uid, refused = pick()
@@ -110,11 +146,9 @@ if target ~= '' and tonumber(redis.call('HGET', P .. 'cool:' .. uid, target) or 
   return {'stale', uid}
 end
 local expires = now + ttl
-local lease = P .. 'lease:' .. id
-redis.call('HSET', lease, 'proxy', uid, 'target', target, 'expires', expires, 'req', req,
+redis.call('HSET', P .. 'lease:' .. id, 'proxy', uid, 'target', target, 'expires', expires, 'req', req,
   'addr', redis.call('HGET', P .. 'addr', uid) or '')
-redis.call('PEXPIREAT', lease, expires)
-redis.call('ZADD', P .. 'exp', expires, id .. '|' .. uid)
+redis.call('ZADD', DUE, expires, 'l|' .. id .. '|' .. uid)
 if req ~= '' then
   redis.call('SET', P .. 'req:' .. req, id .. '|' .. fp, 'PXAT', expires)
 end

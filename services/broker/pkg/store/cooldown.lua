@@ -15,11 +15,16 @@ if prev > ends then
   return prev
 end
 redis.call('HSET', P .. 'cool:' .. uid, target, ends)
-redis.call('ZADD', P .. 'coolend', ends, uid .. '|' .. target)
-for _, h in ipairs(redis.call('SMEMBERS', P .. 'in:' .. uid)) do
-  local s = redis.call('ZSCORE', P .. 'ix:' .. h, uid)
-  if s then
-    redis.call('ZADD', P .. 'cx:' .. h .. ':' .. target, s, uid)
+redis.call('ZADD', DUE, ends, 'c|' .. uid .. '|' .. target)
+if prev > now then
+  return ends -- already in the cooling indexes
+end
+for _, k in ipairs(redis.call('SMEMBERS', P .. 'in:' .. uid)) do
+  if k:sub(1, 3) == 'ix:' then
+    local h = k:sub(4)
+    local cx = 'cx:' .. h .. ':' .. target
+    redis.call('ZADD', P .. cx, redis.call('ZSCORE', P .. k, uid), uid)
+    redis.call('SADD', P .. 'in:' .. uid, cx)
     redis.call('SADD', P .. 'cxs:' .. h, target)
   end
 end

@@ -167,6 +167,7 @@ func TestSentinelFailoverUnderTraffic(t *testing.T) {
 			waitReplicated(t, primary.Addr, 1)
 			st := store.New(rdb, store.DefaultPrefix)
 			st.Wait = tc.wait
+			st.Pipeline(t.Context(), 2)
 			tr := startTraffic(t, st, 50)
 			require.Eventually(t, func() bool { return tr.granted.Load() > 200 }, 20*time.Second, 20*time.Millisecond)
 
@@ -285,6 +286,7 @@ func TestClusterFailoverUnderTraffic(t *testing.T) {
 
 	st := store.New(rdb, store.DefaultPrefix)
 	st.Wait = store.Wait{Replicas: 1, Timeout: time.Second}
+	st.Pipeline(t.Context(), 2)
 	tr := startTraffic(t, st, 50)
 	require.Eventually(t, func() bool { return tr.granted.Load() > 200 }, 20*time.Second, 20*time.Millisecond)
 	owner.Kill()

@@ -1,9 +1,9 @@
 -- Adds proxies to selector indexes, at their current load and with their
 -- live cooldowns, and records each one's namespace and address. ARGV:
 -- definition ('' when the indexes exist), count k, k {proxy, namespace,
--- address} triples... then the index hashes. A definition
--- registers the (single) index first; indexes not registered are skipped,
--- so a join racing a drop cannot resurrect half an index.
+-- address} triples... then the index hashes. A definition registers the
+-- (single) index first; indexes not registered are skipped, so a join
+-- racing a drop cannot resurrect half an index.
 local def, k = ARGV[1], tonumber(ARGV[2])
 local now = now_ms()
 local hs = {}
@@ -18,24 +18,16 @@ for i = 3 + 3 * k, #ARGV do
 end
 for i = 0, k - 1 do
   local uid = ARGV[3 + 3 * i]
-  local slot = redis.call('HGET', P .. 'slot', uid)
-  if not slot then
-    slot = redis.call('INCR', P .. 'seq')
-    redis.call('HSET', P .. 'slot', uid, slot)
+  local s = redis.call('HGET', P .. 'score', uid)
+  if not s then
+    s = redis.call('INCR', P .. 'seq') % SHIFT
+    redis.call('HSET', P .. 'score', uid, s)
   end
   redis.call('HSET', P .. 'ns', uid, ARGV[4 + 3 * i])
   redis.call('HSET', P .. 'addr', uid, ARGV[5 + 3 * i])
-  local s = num(tonumber(redis.call('HGET', P .. 'load', uid) or '0') * SHIFT + tonumber(slot))
   local cooling = redis.call('HGETALL', P .. 'cool:' .. uid)
   for _, h in ipairs(hs) do
-    redis.call('ZADD', P .. 'ix:' .. h, s, uid)
-    redis.call('SADD', P .. 'in:' .. uid, h)
-    for j = 1, #cooling, 2 do
-      if tonumber(cooling[j + 1]) > now then
-        redis.call('ZADD', P .. 'cx:' .. h .. ':' .. cooling[j], s, uid)
-        redis.call('SADD', P .. 'cxs:' .. h, cooling[j])
-      end
-    end
+    join(uid, h, s, cooling, now)
   end
 end
 return #hs

@@ -2,29 +2,24 @@
 -- with forget = '1' also drops everything kept about it: the Proxy is gone.
 -- ARGV: proxy, forget, index hashes...
 local uid = ARGV[1]
-local hs = {}
-for i = 3, #ARGV do
-  hs[#hs + 1] = ARGV[i]
-end
-if #hs == 0 then
-  hs = redis.call('SMEMBERS', P .. 'in:' .. uid)
-end
-local cooling = redis.call('HKEYS', P .. 'cool:' .. uid)
-for _, h in ipairs(hs) do
-  redis.call('ZREM', P .. 'ix:' .. h, uid)
-  redis.call('SREM', P .. 'in:' .. uid, h)
-  for _, t in ipairs(cooling) do
-    redis.call('ZREM', P .. 'cx:' .. h .. ':' .. t, uid)
+local targets = redis.call('HKEYS', P .. 'cool:' .. uid)
+if #ARGV > 2 then
+  for i = 3, #ARGV do
+    leave(uid, ARGV[i], targets)
   end
+else
+  for _, k in ipairs(redis.call('SMEMBERS', P .. 'in:' .. uid)) do
+    redis.call('ZREM', P .. k, uid)
+  end
+  redis.call('DEL', P .. 'in:' .. uid)
 end
 if ARGV[2] == '1' then
-  for _, t in ipairs(cooling) do
-    redis.call('ZREM', P .. 'coolend', uid .. '|' .. t)
+  for _, t in ipairs(targets) do
+    redis.call('ZREM', DUE, 'c|' .. uid .. '|' .. t)
   end
   redis.call('DEL', P .. 'cool:' .. uid, P .. 'in:' .. uid)
-  redis.call('HDEL', P .. 'slot', uid)
-  redis.call('HDEL', P .. 'load', uid)
+  redis.call('HDEL', P .. 'score', uid)
   redis.call('HDEL', P .. 'ns', uid)
   redis.call('HDEL', P .. 'addr', uid)
 end
-return #hs
+return 1

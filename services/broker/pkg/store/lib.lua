@@ -1,6 +1,6 @@
 -- Shared by every script: store.go prepends it to each one. Every key
 -- lives under the one hash tag in P, so each script runs in one Cluster
--- slot; KEYS[1] (the lease expiry set) is passed only to route the call.
+-- slot; KEYS[1] (the due set) is passed only to route the call.
 --
 -- A selector index ix:<h> holds the leasable proxies matching one selector,
 -- each scored load * SHIFT + slot: ordered by live lease count, and unique,
@@ -10,7 +10,11 @@
 -- many members of ix:<h> below it are free: the least-loaded free proxy and
 -- a uniformly random one among its ties are found by binary search, in
 -- O(log² n) whatever the fleet size and however many proxies are cooling.
-local P = KEYS[1]:sub(1, -4) -- the prefix: KEYS[1] is P .. 'exp'
+--
+-- Hot paths count redis.call()s: each costs about as much as the work it
+-- does, so a lease makes a dozen of them.
+local P = KEYS[1]:sub(1, -4) -- the prefix: KEYS[1] is P .. 'due'
+local DUE = KEYS[1]
 local SHIFT = 4294967296
 
 local function now_ms()
@@ -29,61 +33,92 @@ local function split(s)
 end
 
 -- Changes uid's live lease count by delta and moves it to its new place in
--- every index and cooling index holding it. Returns the new count.
+-- every index and cooling index holding it (in:<uid> lists their keys).
+-- Returns the new count.
 local function add_load(uid, delta)
-  local slot = redis.call('HGET', P .. 'slot', uid)
-  if not slot then
-    return 0 -- forgotten: the Proxy is gone
+  local s = redis.call('HINCRBY', P .. 'score', uid, delta * SHIFT)
+  local slot = s % SHIFT
+  if slot == 0 then
+    redis.call('HDEL', P .. 'score', uid) -- forgotten: the Proxy is gone
+    return 0
   end
-  local n = redis.call('HINCRBY', P .. 'load', uid, delta)
-  if n < 0 then
-    n = 0
-    redis.call('HSET', P .. 'load', uid, 0)
+  if s < 0 then
+    s = slot
+    redis.call('HSET', P .. 'score', uid, s)
   end
-  local s = num(n * SHIFT + tonumber(slot))
-  local cooling = redis.call('HKEYS', P .. 'cool:' .. uid)
-  for _, h in ipairs(redis.call('SMEMBERS', P .. 'in:' .. uid)) do
-    redis.call('ZADD', P .. 'ix:' .. h, 'XX', s, uid)
-    for _, t in ipairs(cooling) do
-      redis.call('ZADD', P .. 'cx:' .. h .. ':' .. t, 'XX', s, uid)
-    end
+  local score = num(s)
+  for _, k in ipairs(redis.call('SMEMBERS', P .. 'in:' .. uid)) do
+    redis.call('ZADD', P .. k, 'XX', score, uid)
   end
-  return n
+  return math.floor(s / SHIFT)
 end
 
--- Applies up to limit lease expiries and cooldown ends that are due.
--- Returns true when more are due.
-local function drain(now, limit)
-  local due = redis.call('ZRANGEBYSCORE', P .. 'exp', '-inf', now, 'LIMIT', 0, limit)
-  for _, m in ipairs(due) do
-    local id, uid = split(m)
-    redis.call('ZREM', P .. 'exp', m)
-    redis.call('DEL', P .. 'lease:' .. id)
-    add_load(uid, -1)
-  end
-  local ended = redis.call('ZRANGEBYSCORE', P .. 'coolend', '-inf', now, 'LIMIT', 0, limit)
-  for _, m in ipairs(ended) do
-    local uid, target = split(m)
-    redis.call('ZREM', P .. 'coolend', m)
-    redis.call('HDEL', P .. 'cool:' .. uid, target)
-    for _, h in ipairs(redis.call('SMEMBERS', P .. 'in:' .. uid)) do
-      local cx = P .. 'cx:' .. h .. ':' .. target
-      redis.call('ZREM', cx, uid)
-      if redis.call('EXISTS', cx) == 0 then
+-- Stops uid cooling down for target: out of every cooling index.
+local function end_cooldown(uid, target)
+  redis.call('HDEL', P .. 'cool:' .. uid, target)
+  for _, k in ipairs(redis.call('SMEMBERS', P .. 'in:' .. uid)) do
+    if k:sub(1, 3) == 'ix:' then
+      local h = k:sub(4)
+      local cx = 'cx:' .. h .. ':' .. target
+      redis.call('ZREM', P .. cx, uid)
+      redis.call('SREM', P .. 'in:' .. uid, cx)
+      if redis.call('EXISTS', P .. cx) == 0 then
         redis.call('SREM', P .. 'cxs:' .. h, target)
       end
     end
   end
-  return #due == limit or #ended == limit
+end
+
+-- Applies up to limit lease expiries and cooldown ends that are due
+-- ("l|<lease>|<uid>" and "c|<uid>|<target>" in the due set). Returns true
+-- when more are due.
+local function drain(now, limit)
+  local due = redis.call('ZRANGEBYSCORE', DUE, '-inf', now, 'LIMIT', 0, limit)
+  for _, m in ipairs(due) do
+    redis.call('ZREM', DUE, m)
+    local a, b = split(m:sub(3))
+    if m:sub(1, 1) == 'l' then
+      redis.call('DEL', P .. 'lease:' .. a)
+      add_load(b, -1)
+    else
+      end_cooldown(a, b)
+    end
+  end
+  return #due == limit
 end
 
 local DRAIN = 256
 
--- A live lease's fields, or nil.
+-- A live lease's fields {proxy, expires, target, req, addr}, or nil.
 local function live_lease(id, now)
   local l = redis.call('HMGET', P .. 'lease:' .. id, 'proxy', 'expires', 'target', 'req', 'addr')
   if l[1] and tonumber(l[2]) > now then
     return l
   end
   return nil
+end
+
+-- Puts uid in index h at its score, with its live cooldowns.
+local function join(uid, h, score, cooling, now)
+  redis.call('ZADD', P .. 'ix:' .. h, score, uid)
+  redis.call('SADD', P .. 'in:' .. uid, 'ix:' .. h)
+  for j = 1, #cooling, 2 do
+    if tonumber(cooling[j + 1]) > now then
+      local cx = 'cx:' .. h .. ':' .. cooling[j]
+      redis.call('ZADD', P .. cx, score, uid)
+      redis.call('SADD', P .. 'in:' .. uid, cx)
+      redis.call('SADD', P .. 'cxs:' .. h, cooling[j])
+    end
+  end
+end
+
+-- Takes uid out of index h and its cooling indexes.
+local function leave(uid, h, targets)
+  redis.call('ZREM', P .. 'ix:' .. h, uid)
+  redis.call('SREM', P .. 'in:' .. uid, 'ix:' .. h)
+  for _, t in ipairs(targets) do
+    local cx = 'cx:' .. h .. ':' .. t
+    redis.call('ZREM', P .. cx, uid)
+    redis.call('SREM', P .. 'in:' .. uid, cx)
+  end
 end

@@ -1,6 +1,9 @@
 -- Live lease counts of proxies, after applying due expiries. ARGV: proxies...
 drain(now_ms(), DRAIN)
-if #ARGV == 0 then
-  return {}
+local out = {}
+if #ARGV > 0 then
+  for i, s in ipairs(redis.call('HMGET', P .. 'score', unpack(ARGV))) do
+    out[i] = math.floor(tonumber(s or '0') / SHIFT)
+  end
 end
-return redis.call('HMGET', P .. 'load', unpack(ARGV))
+return out

@@ -7,7 +7,7 @@ if not l then
   return 0
 end
 redis.call('DEL', P .. 'lease:' .. id)
-redis.call('ZREM', P .. 'exp', id .. '|' .. l[1])
+redis.call('ZREM', DUE, 'l|' .. id .. '|' .. l[1])
 if l[4] ~= '' then
   redis.call('DEL', P .. 'req:' .. l[4])
 end

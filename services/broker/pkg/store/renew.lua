@@ -9,10 +9,8 @@ if not l or l[1] ~= uid then
   return 0
 end
 local expires = now + ttl
-local lease = P .. 'lease:' .. id
-redis.call('HSET', lease, 'expires', expires)
-redis.call('PEXPIREAT', lease, expires)
-redis.call('ZADD', P .. 'exp', expires, id .. '|' .. uid)
+redis.call('HSET', P .. 'lease:' .. id, 'expires', expires)
+redis.call('ZADD', DUE, expires, 'l|' .. id .. '|' .. uid)
 if l[4] ~= '' then
   redis.call('PEXPIREAT', P .. 'req:' .. l[4], expires)
 end

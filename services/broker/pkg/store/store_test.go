@@ -30,7 +30,9 @@ func newFixture(t *testing.T) *fixture {
 	r := proc.StartRedis(t, false)
 	rdb := redis.NewClient(&redis.Options{Addr: r.Addr})
 	t.Cleanup(func() { _ = rdb.Close() })
-	return &fixture{t: t, rdb: rdb, st: store.New(rdb, store.DefaultPrefix), ctx: context.Background()}
+	st := store.New(rdb, store.DefaultPrefix)
+	st.Pipeline(t.Context(), 2)
+	return &fixture{t: t, rdb: rdb, st: st, ctx: context.Background()}
 }
 
 // index builds index key holding proxies named uid-0..uid-(n-1).
@@ -232,6 +234,7 @@ func TestRetryAfterReadTimeoutLeavesNoPhantom(t *testing.T) {
 	var dials atomic.Int32
 	flaky.AddHook(dialCounter{&dials})
 	st := store.New(flaky, store.DefaultPrefix)
+	st.Pipeline(t.Context(), 1)
 	var l *store.Lease
 	// A busy machine can start the stall late, missing the call: then no
 	// retry happened, so hand the lease back and stall again.
@@ -434,4 +437,71 @@ func TestJoinCarriesCooldownsAndDropRemovesAnIndex(t *testing.T) {
 	require.NoError(t, err)
 	assert.Contains(t, ix, "a")
 	assert.NotContains(t, ix, "late")
+}
+
+// TestCoolingDeepInTheIndex: the proxies that cool down for a target sink
+// to the bottom of the index (they get no leases for it). Lease for the
+// target past many such levels, and past a level where one member of a
+// hundred is free: the answer is still exact.
+func TestCoolingDeepInTheIndex(t *testing.T) {
+	f := newFixture(t)
+	all := uids(130)
+	f.index("all", all...)
+	leaseOn := func(uid string, n int) *store.Lease {
+		f.index("just-"+uid, uid)
+		var l *store.Lease
+		for range n {
+			l = f.mustAcquire("just-"+uid, "", 0)
+		}
+		return l
+	}
+	coolOn := func(uid string) {
+		l := leaseOn(uid, 1)
+		_, err := f.st.Cooldown(f.ctx, l.ID, "t", time.Hour)
+		require.NoError(t, err)
+		ok, err := f.st.Release(f.ctx, l.ID)
+		require.NoError(t, err)
+		require.True(t, ok)
+	}
+	// uid-000..uid-011 carry loads 0..11 and cool down: twelve levels with
+	// no free member. uid-012..uid-029 carry load 12 and more.
+	for i, u := range all[:30] {
+		if i > 0 {
+			leaseOn(u, i)
+		}
+		if i < 12 {
+			coolOn(u)
+		}
+	}
+	// The other hundred sit at load 40, all but uid-129 cooling down.
+	for i, u := range all[30:] {
+		leaseOn(u, 40)
+		if i < 99 {
+			coolOn(u)
+		}
+	}
+	for range 5 {
+		l := f.mustAcquire("all", "t", 0)
+		assert.Equal(t, "uid-012", l.Proxy, "the least-loaded proxy not cooling down")
+		_, _ = f.st.Release(f.ctx, l.ID)
+	}
+	// With a cap of 13, uid-012 (load 12) is the only one below it.
+	l := f.mustAcquire("all", "t", 13)
+	assert.Equal(t, "uid-012", l.Proxy)
+	_, err := f.acquire("all", "t", 13)
+	var nc *store.NoCandidateError
+	require.ErrorAs(t, err, &nc)
+	assert.Equal(t, store.NoCandidateError{Candidates: 130, CoolingDown: 111, AtCap: 19}, *nc)
+	_, _ = f.st.Release(f.ctx, l.ID)
+
+	// Only the level at 40 is left free for "t" once 12..29 cool down too:
+	// one member in a hundred.
+	for _, u := range all[12:30] {
+		coolOn(u)
+	}
+	for range 5 {
+		l := f.mustAcquire("all", "t", 0)
+		assert.Equal(t, "uid-129", l.Proxy)
+		_, _ = f.st.Release(f.ctx, l.ID)
+	}
 }
