@@ -15,8 +15,10 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"sync/atomic"
 	"testing"
 
+	corev1 "k8s.io/api/core/v1"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
@@ -159,6 +161,18 @@ func (e *Env) WriteKubeconfigVia(dir, hostPort string) (string, error) {
 	cfg.CurrentContext = "envtest"
 	path := filepath.Join(dir, "kubeconfig")
 	return path, clientcmd.WriteToFile(*cfg, path)
+}
+
+var namespaces atomic.Int64
+
+// Namespace creates a namespace named prefix-N, unique in this process.
+func (e *Env) Namespace(t testing.TB, prefix string) string {
+	t.Helper()
+	name := fmt.Sprintf("%s-%d", prefix, namespaces.Add(1))
+	if err := e.Client.Create(context.Background(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name}}); err != nil {
+		t.Fatalf("creating namespace %s: %v", name, err)
+	}
+	return name
 }
 
 // ReadyProxy creates an External Proxy at ip:port and writes the status

@@ -79,7 +79,10 @@ type Maintainer struct {
 	Resync, Idle time.Duration
 	MaxIndexes   int
 
-	used    sync.Map // keys leased from since the last resync
+	used sync.Map // keys leased from since the last resync
+	// writing serializes building an index with applying a change, so a
+	// change read before the build cannot land after it and undo it.
+	writing sync.Mutex
 	mu      sync.RWMutex
 	known   map[string]Selector
 	dirty   map[string]struct{}
@@ -125,6 +128,8 @@ func (m *Maintainer) Ensure(ctx context.Context, sel Selector) (string, error) {
 		return key, nil
 	}
 	_, err, _ := m.build.Do(key, func() (any, error) {
+		m.writing.Lock()
+		defer m.writing.Unlock()
 		def, _ := json.Marshal(sel)
 		if err := m.Store.Join(ctx, string(def), m.members(sel), []string{key}); err != nil {
 			return nil, err
@@ -211,14 +216,14 @@ func (m *Maintainer) flush(ctx context.Context) error {
 
 // apply brings one proxy's index memberships in line with the inventory.
 // Only indexes this broker knows are touched, so one that lags another
-// never takes a proxy out of an index it has not heard of yet.
+// never takes a proxy out of (or puts it in) an index it has not heard of
+// yet: the index's builder, which knows it, applies the same change.
 func (m *Maintainer) apply(ctx context.Context, uid string) error {
+	m.writing.Lock()
+	defer m.writing.Unlock()
 	p, ok := m.Inv.Get(uid)
-	switch {
-	case !ok:
+	if !ok {
 		return m.Store.Forget(ctx, uid)
-	case !p.Leasable:
-		return m.Store.Leave(ctx, uid)
 	}
 	var in, out []string
 	m.mu.RLock()
@@ -230,8 +235,10 @@ func (m *Maintainer) apply(ctx context.Context, uid string) error {
 		}
 	}
 	m.mu.RUnlock()
-	if err := m.Store.Join(ctx, "", []store.Member{member(p)}, in); err != nil {
-		return err
+	if len(in) > 0 {
+		if err := m.Store.Join(ctx, "", []store.Member{member(p)}, in); err != nil {
+			return err
+		}
 	}
 	if len(out) == 0 {
 		return nil
