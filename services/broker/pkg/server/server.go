@@ -252,7 +252,7 @@ func (w *noContentWriter) Write(b []byte) (int, error) {
 // attributeQueryParser lets GET /v1/proxies take attribute filters as
 // plain query parameters (?geo=eu), as the seed's API did: every parameter
 // that is not a field of the request becomes a selector pair. Other
-// requests reject unknown parameters.
+// requests parse as the gateway's default parser does.
 type attributeQueryParser struct{}
 
 var known = map[string]bool{"healthy": true, "namespace": true}
