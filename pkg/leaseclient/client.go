@@ -12,6 +12,8 @@ package leaseclient
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"net"
@@ -81,6 +83,19 @@ type Request struct {
 	Namespace string
 	// TTL is rounded down to seconds; 0 means the broker's default.
 	TTL time.Duration
+	// RequestID names this request, so that a retry after a timeout gets
+	// the lease the first try made instead of a second proxy. Empty: Lease
+	// makes a random one and uses it for its own retries.
+	RequestID string
+}
+
+// attempts bounds Lease's tries when the broker is unavailable.
+const attempts = 3
+
+func newRequestID() string {
+	b := make([]byte, 16)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
 }
 
 // ErrNoProxy is returned (wrapped in a *NoProxyError) when no proxy is
@@ -89,8 +104,8 @@ var ErrNoProxy = errors.New("no proxy available")
 
 // NoProxyError says why no proxy could be leased.
 type NoProxyError struct {
-	// Reason is NO_MATCHING_PROXY, ALL_COOLING_DOWN, ALL_AT_CAP or
-	// ALL_COOLING_DOWN_OR_AT_CAP.
+	// Reason is NO_MATCHING_PROXY, HEALTH_STALE, ALL_COOLING_DOWN,
+	// ALL_AT_CAP or ALL_COOLING_DOWN_OR_AT_CAP.
 	Reason  string
 	Message string
 }
@@ -109,11 +124,27 @@ type Lease struct {
 	released bool
 }
 
-// Lease takes a proxy.
+// Lease takes a proxy. A broker that is unavailable (restarting, or its
+// Redis failing over) is tried again, with the same request id.
 func (c *Client) Lease(ctx context.Context, r Request) (*Lease, error) {
-	resp, err := c.api.CreateLease(ctx, &leasev1.CreateLeaseRequest{
-		Selector: r.Selector, Target: r.Target, Namespace: r.Namespace, TtlSeconds: int32(r.TTL / time.Second),
-	})
+	if r.RequestID == "" {
+		r.RequestID = newRequestID()
+	}
+	req := &leasev1.CreateLeaseRequest{
+		Selector: r.Selector, Target: r.Target, Namespace: r.Namespace, TtlSeconds: int32(r.TTL / time.Second), RequestId: r.RequestID,
+	}
+	var resp *leasev1.CreateLeaseResponse
+	var err error
+	for try := range attempts {
+		if resp, err = c.api.CreateLease(ctx, req); status.Code(err) != codes.Unavailable || try == attempts-1 {
+			break
+		}
+		select {
+		case <-ctx.Done():
+			return nil, err
+		case <-time.After(time.Duration(try+1) * 100 * time.Millisecond):
+		}
+	}
 	if err != nil {
 		if st, ok := status.FromError(err); ok && st.Code() == codes.ResourceExhausted {
 			ne := &NoProxyError{Message: st.Message()}
@@ -153,10 +184,44 @@ func (l *Lease) Renew(ctx context.Context, ttl time.Duration) error {
 	return nil
 }
 
+// ErrLeaseLost is returned (wrapped in a *LostError) when a lease can no
+// longer be renewed: it expired, or its proxy left the leasable set.
+var ErrLeaseLost = errors.New("lease lost")
+
+// LostError says why a lease was lost.
+type LostError struct {
+	LeaseID string
+	// Reason is PROXY_GONE, PROXY_DELETING, PROXY_UNHEALTHY,
+	// PROXY_HEALTH_STALE, PROXY_NOT_READY or PROXY_ADDRESS_CHANGED when
+	// the proxy left the leasable set; empty when the lease expired.
+	Reason string
+	Err    error
+}
+
+func (e *LostError) Error() string   { return fmt.Sprintf("lease %s lost: %v", e.LeaseID, e.Err) }
+func (e *LostError) Unwrap() []error { return []error{ErrLeaseLost, e.Err} }
+
+// lost turns a renewal's error into a *LostError when the lease is gone
+// for good, or nil when a retry may succeed.
+func (l *Lease) lost(err error) *LostError {
+	st, ok := status.FromError(err)
+	if !ok || (st.Code() != codes.NotFound && st.Code() != codes.FailedPrecondition) {
+		return nil
+	}
+	le := &LostError{LeaseID: l.ID, Err: err}
+	for _, d := range st.Details() {
+		if info, ok := d.(*errdetails.ErrorInfo); ok {
+			le.Reason = info.GetReason()
+		}
+	}
+	return le
+}
+
 // AutoRenew renews the lease every interval, each time for ttl, until the
-// returned stop is called, ctx ends, or a renewal finds the lease gone
-// (onLost, if given, hears why). Transient errors are retried at the next
-// tick; pick interval well below the TTL.
+// returned stop is called, ctx ends, or a renewal finds the lease lost: it
+// expired, or its proxy left the leasable set (onLost, if given, hears why,
+// as a *LostError). Transient errors are retried at the next tick; pick
+// interval well below the TTL.
 func (l *Lease) AutoRenew(ctx context.Context, interval, ttl time.Duration, onLost func(error)) (stop func()) {
 	ctx, cancel := context.WithCancel(ctx)
 	done := make(chan struct{})
@@ -170,10 +235,9 @@ func (l *Lease) AutoRenew(ctx context.Context, interval, ttl time.Duration, onLo
 				return
 			case <-t.C:
 			}
-			err := l.Renew(ctx, ttl)
-			if status.Code(err) == codes.NotFound {
+			if lost := l.lost(l.Renew(ctx, ttl)); lost != nil {
 				if onLost != nil {
-					onLost(fmt.Errorf("lease %s lost: %w", l.ID, err))
+					onLost(lost)
 				}
 				return
 			}

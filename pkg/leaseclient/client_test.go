@@ -9,7 +9,11 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	v1 "github.com/egress-proxies/egress-proxies/pkg/api/v1alpha1"
 	"github.com/egress-proxies/egress-proxies/pkg/leaseclient"
 	"github.com/egress-proxies/egress-proxies/pkg/testenv"
 	"github.com/egress-proxies/egress-proxies/pkg/testutil/proc"
@@ -62,4 +66,31 @@ func TestLeaseRenewReportRelease(t *testing.T) {
 
 	require.NoError(t, l.Release(ctx))
 	require.NoError(t, l.Release(ctx))
+
+	// A retried request gets the lease the first try made.
+	req := leaseclient.Request{Selector: map[string]string{"geo": "eu"}, RequestID: "crawl-42"}
+	mine, err := c.Lease(ctx, req)
+	require.NoError(t, err)
+	again, err := c.Lease(ctx, req)
+	require.NoError(t, err)
+	assert.Equal(t, mine.ID, again.ID)
+
+	// Auto-renew stops, saying why, once the proxy turns unhealthy.
+	lost := make(chan error, 1)
+	stop = mine.AutoRenew(ctx, 100*time.Millisecond, 2*time.Second, func(err error) { lost <- err })
+	defer stop()
+	var px v1.Proxy
+	require.NoError(t, env.Client.Get(ctx, client.ObjectKey{Namespace: "default", Name: "client-p"}, &px))
+	px.Status.Healthy = false
+	meta.SetStatusCondition(&px.Status.Conditions, metav1.Condition{Type: v1.ConditionHealthy, Status: metav1.ConditionFalse, Reason: v1.ReasonProbeFailed, Message: "test"})
+	require.NoError(t, env.Client.Status().Update(ctx, &px))
+	select {
+	case err := <-lost:
+		var le *leaseclient.LostError
+		require.ErrorAs(t, err, &le)
+		assert.Equal(t, "PROXY_UNHEALTHY", le.Reason)
+		assert.ErrorIs(t, err, leaseclient.ErrLeaseLost)
+	case <-time.After(10 * time.Second):
+		t.Fatal("auto-renew never reported the lease lost")
+	}
 }
