@@ -157,8 +157,8 @@ func (t *Token) Check(authorization string) error {
 }
 
 func (t *Token) checkContext(ctx context.Context) error {
-	md, _ := metadata.FromIncomingContext(ctx)
-	v := md.Get("authorization")
+	// One key, not the whole map: FromIncomingContext copies every key.
+	v := metadata.ValueFromIncomingContext(ctx, "authorization")
 	if len(v) == 0 {
 		return t.Check("")
 	}

@@ -28,6 +28,9 @@ func (c *Common) Register(fs *flag.FlagSet) {
 // Env is what Run hands a service's body.
 type Env struct {
 	Log *slog.Logger
+	// Tracing: an exporter is configured, so instrumentation that only
+	// feeds traces is worth its cost.
+	Tracing bool
 }
 
 // Run is the body of every main: it parses flags (exit 2 with a message
@@ -54,7 +57,8 @@ func Run(name, envPrefix string, args []string, stderr io.Writer, fs *flag.FlagS
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
 
-	shutdown, err := telemetry.SetupTracing(ctx, name, telemetry.TracingConfigFromEnv())
+	tracing := telemetry.TracingConfigFromEnv()
+	shutdown, err := telemetry.SetupTracing(ctx, name, tracing)
 	if err != nil {
 		log.Error("tracing setup failed", "err", err)
 		return 2
@@ -67,7 +71,7 @@ func Run(name, envPrefix string, args []string, stderr io.Writer, fs *flag.FlagS
 		}
 	}()
 
-	if err := body(ctx, Env{Log: log}); err != nil {
+	if err := body(ctx, Env{Log: log, Tracing: tracing.Exporter != telemetry.ExporterNone}); err != nil {
 		var ue UsageError
 		if errors.As(err, &ue) {
 			log.Error("bad configuration", "err", err)

@@ -234,7 +234,7 @@ func TestRedisDownAnswers503ThenRecovers(t *testing.T) {
 	} {
 		resp := call()
 		assert.Equal(t, http.StatusServiceUnavailable, resp.Status, string(resp.Body))
-		assert.Contains(t, string(resp.Body), "nothing was changed")
+		assert.Contains(t, string(resp.Body), "lease store unavailable; retry")
 	}
 	rz, err := http.Get(b.opsURL + "/readyz")
 	require.NoError(t, err)
@@ -358,4 +358,37 @@ func TestNoTokenServesUnauthenticatedAndWarns(t *testing.T) {
 	b := startBroker(t, f, proc.StartRedis(t, false))
 	assert.Equal(t, 200, b.do("GET", "/v1/proxies", "").Status)
 	assert.Contains(t, b.p.Log(), "NO TOKEN CONFIGURED")
+}
+
+// With an exporter configured, a lease over REST and one over gRPC leave
+// spans from every layer: the HTTP handler, the gRPC server, the store
+// and Redis. Without one the broker adds no instrumentation at all.
+func TestTracesWhenAnExporterIsSet(t *testing.T) {
+	f := newFleet(t)
+	f.add("p", "127.0.0.31", nil)
+	r := proc.StartRedis(t, false)
+	kc, err := env.WriteKubeconfig(t.TempDir())
+	require.NoError(t, err)
+	ops, g, h := proc.FreePort(t), proc.FreePort(t), proc.FreePort(t)
+	p := proc.StartEnv(t, "broker", []string{"OTEL_TRACES_EXPORTER=console"}, proc.Build(t, pkgPath),
+		"--kubeconfig", kc, "--namespace", f.ns, "--redis-addrs", r.Addr,
+		"--ops-addr", proc.Addr(ops), "--grpc-addr", proc.Addr(g), "--http-addr", proc.Addr(h))
+	proc.WaitHTTP(t, p, "http://"+proc.Addr(ops)+"/readyz", 60*time.Second)
+	b := &broker{t: t, p: p, rest: "http://" + proc.Addr(h), grpc: proc.Addr(g), opsURL: "http://" + proc.Addr(ops)}
+	b.waitListed(1)
+	require.Equal(t, 200, b.lease(`{}`).Status)
+	conn, err := grpc.NewClient(b.grpc, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	require.NoError(t, err)
+	defer func() { _ = conn.Close() }()
+	_, err = leasev1.NewLeaseServiceClient(conn).CreateLease(context.Background(), &leasev1.CreateLeaseRequest{})
+	require.NoError(t, err)
+	require.Eventually(t, func() bool {
+		log := p.Log()
+		for _, span := range []string{`"Name":"POST /"`, `"Name":"egressproxies.lease.v1.LeaseService/CreateLease"`, `"Name":"store.Acquire"`, `"Name":"redis.pipeline evalsha"`} {
+			if !strings.Contains(log, span) {
+				return false
+			}
+		}
+		return true
+	}, 20*time.Second, 100*time.Millisecond, "spans from every layer")
 }

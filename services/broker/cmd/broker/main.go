@@ -140,11 +140,13 @@ func run(args []string) int {
 		}
 		rdb := redis.NewUniversalClient(ropts)
 		defer func() { _ = rdb.Close() }()
-		// No caller or statement attributes: finding the caller walks the
-		// stack on every command, a tenth of a lease's CPU, and statements
-		// would put lease ids in traces.
-		if err := redisotel.InstrumentTracing(rdb, redisotel.WithCallerEnabled(false), redisotel.WithDBStatement(false)); err != nil {
-			return err
+		if env.Tracing {
+			// No caller or statement attributes: finding the caller walks
+			// the stack on every command, a tenth of a lease's CPU, and
+			// statements would put lease ids in traces.
+			if err := redisotel.InstrumentTracing(rdb, redisotel.WithCallerEnabled(false), redisotel.WithDBStatement(false)); err != nil {
+				return err
+			}
 		}
 
 		st := store.New(rdb, o.redisPrefix)
@@ -161,7 +163,7 @@ func run(args []string) int {
 		}
 		go idx.Run(ctx)
 		svc := leases.New(inv, st, idx, o.leases)
-		srv, err := server.New(ctx, log, server.Options{GRPCAddr: o.grpcAddr, HTTPAddr: o.httpAddr, MaxBodyBytes: o.maxBody, MaxRecvBytes: 1 << 20}, svc, tok)
+		srv, err := server.New(ctx, log, server.Options{GRPCAddr: o.grpcAddr, HTTPAddr: o.httpAddr, MaxBodyBytes: o.maxBody, MaxRecvBytes: 1 << 20, Tracing: env.Tracing}, svc, tok)
 		if err != nil {
 			return service.UsageError{Err: err}
 		}

@@ -148,7 +148,7 @@ func storeError(err error) error {
 		}})
 		return st.Err()
 	case errors.As(err, &un):
-		return status.Error(codes.Unavailable, "lease store unavailable; nothing was changed, retry later")
+		return status.Error(codes.Unavailable, "lease store unavailable; retry (a CreateLease may have been applied: retry it with the same requestId to get that lease rather than a second one)")
 	case errors.Is(err, context.Canceled):
 		return status.Error(codes.Canceled, err.Error())
 	case errors.Is(err, context.DeadlineExceeded):

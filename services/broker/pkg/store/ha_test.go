@@ -83,6 +83,11 @@ func (tr *traffic) step(ctx context.Context, rng *rand.Rand) error {
 		tr.mu.Unlock()
 		if id != "" {
 			if _, err := tr.st.Release(ctx, id); err != nil {
+				// Unavailable says nothing of whether Redis applied it:
+				// the lease is neither counted live nor released.
+				tr.mu.Lock()
+				delete(tr.live, id)
+				tr.mu.Unlock()
 				return err
 			}
 			tr.mu.Lock()
