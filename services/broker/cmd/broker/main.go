@@ -125,12 +125,8 @@ func run(args []string) int {
 		if err != nil {
 			return service.Usagef("--kubeconfig: %v", err)
 		}
-		ropts := &redis.UniversalOptions{
-			Addrs: strings.Split(o.redisAddrs, ","), MasterName: o.redisMaster, DB: o.redisDB,
-			// Short timeouts: a dead Redis must turn into a quick 503, not
-			// a hung crawler.
-			DialTimeout: time.Second, ReadTimeout: time.Second, WriteTimeout: time.Second, MaxRetries: 1,
-		}
+		ropts := store.ClientOptions(strings.Split(o.redisAddrs, ","), o.redisMaster)
+		ropts.DB = o.redisDB
 		if o.redisPasswordFile != "" {
 			b, err := os.ReadFile(o.redisPasswordFile)
 			if err != nil {

@@ -164,36 +164,38 @@ func TestSentinelFailoverUnderTraffic(t *testing.T) {
 			primary := proc.StartRedis(t, false)
 			replica := proc.StartRedis(t, false, "--replicaof", "127.0.0.1", fmt.Sprint(primary.Port))
 			sentinels := proc.StartSentinels(t, "ep", primary.Addr, 3)
-			// The broker's own client options (cmd/broker): Sentinel
-			// addresses and a master name.
-			rdb := redis.NewUniversalClient(&redis.UniversalOptions{Addrs: sentinels, MasterName: "ep",
-				DialTimeout: time.Second, ReadTimeout: time.Second, WriteTimeout: time.Second, MaxRetries: 1})
+			rdb := redis.NewUniversalClient(store.ClientOptions(sentinels, "ep"))
 			defer func() { _ = rdb.Close() }()
 			waitReplicated(t, primary.Addr, 1)
-			st := store.New(rdb, store.DefaultPrefix)
-			st.Wait = tc.wait
-			st.Pipeline(t.Context(), 2)
-			tr := startTraffic(t, st, 50)
-			require.Eventually(t, func() bool { return tr.granted.Load() > 200 }, 20*time.Second, 20*time.Millisecond)
-
-			primary.Kill()
-			killed := time.Now()
-			// Once the replica is promoted the old primary comes back, as
-			// a restarted pod would, and the sentinels make it a replica:
-			// with Wait, leasing needs it.
-			waitPromoted(t, replica.Addr)
-			primary.Start()
-			tr.grantsAfter(t, killed.Add(time.Second), 30*time.Second)
-			time.Sleep(500 * time.Millisecond)
-			lost, resurrected, acked, outage := tr.finish(t)
-			t.Logf("%s: %d lease changes acknowledged, %d leases granted; after the failover %d acknowledged leases lost, %d released leases live again; leasing failed for %s (replica %s promoted)",
-				tc.name, acked, tr.granted.Load(), lost, resurrected, outage.Round(time.Millisecond), replica.Addr)
+			lost, resurrected := failover(t, tc.name, rdb, store.DefaultPrefix, tc.wait, primary, replica)
 			if tc.wait.Replicas > 0 {
 				assert.Zero(t, lost, "a lease a replica acknowledged survives the failover")
 				assert.Zero(t, resurrected)
 			}
 		})
 	}
+}
+
+// failover leases through a store on rdb under traffic, kills primary,
+// waits for replica's promotion and brings primary back (as a restarted pod
+// would; with Wait, leasing needs a replica again), then waits for leases
+// to flow and counts what the failover lost.
+func failover(t *testing.T, name string, rdb redis.UniversalClient, prefix string, wait store.Wait, primary, replica *proc.Redis) (lost, resurrected int) {
+	st := store.New(rdb, prefix)
+	st.Wait = wait
+	st.Pipeline(t.Context(), 2)
+	tr := startTraffic(t, st, 50)
+	require.Eventually(t, func() bool { return tr.granted.Load() > 200 }, 20*time.Second, 20*time.Millisecond)
+	primary.Kill()
+	killed := time.Now()
+	waitPromoted(t, replica.Addr)
+	primary.Start()
+	tr.grantsAfter(t, killed.Add(time.Second), 30*time.Second)
+	time.Sleep(500 * time.Millisecond)
+	lost, resurrected, acked, outage := tr.finish(t)
+	t.Logf("%s: %d lease changes acknowledged, %d leases granted; after the failover %d acknowledged leases lost, %d released leases live again; leasing failed for %s (replica %s promoted)",
+		name, acked, tr.granted.Load(), lost, resurrected, outage.Round(time.Millisecond), replica.Addr)
+	return lost, resurrected
 }
 
 func waitPromoted(t *testing.T, replica string) {
@@ -269,8 +271,7 @@ func TestClusterFailoverUnderTraffic(t *testing.T) {
 	for _, r := range nodes {
 		addrs = append(addrs, r.Addr)
 	}
-	rdb := redis.NewUniversalClient(&redis.UniversalOptions{Addrs: addrs,
-		DialTimeout: time.Second, ReadTimeout: time.Second, WriteTimeout: time.Second, MaxRetries: 1})
+	rdb := redis.NewUniversalClient(store.ClientOptions(addrs, ""))
 	defer func() { _ = rdb.Close() }()
 	cc := rdb.(*redis.ClusterClient)
 	ctx := context.Background()
@@ -289,20 +290,7 @@ func TestClusterFailoverUnderTraffic(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, "x", l.Proxy)
 
-	st := store.New(rdb, store.DefaultPrefix)
-	st.Wait = store.Wait{Replicas: 1, Timeout: time.Second}
-	st.Pipeline(t.Context(), 2)
-	tr := startTraffic(t, st, 50)
-	require.Eventually(t, func() bool { return tr.granted.Load() > 200 }, 20*time.Second, 20*time.Millisecond)
-	owner.Kill()
-	killed := time.Now()
-	waitPromoted(t, replica.Addr)
-	owner.Start()
-	tr.grantsAfter(t, killed.Add(time.Second), 30*time.Second)
-	time.Sleep(500 * time.Millisecond)
-	lost, resurrected, acked, outage := tr.finish(t)
-	t.Logf("cluster: %d lease changes acknowledged; after the failover %d lost, %d released leases live again; leasing failed for %s (replica %s promoted)",
-		acked, lost, resurrected, outage.Round(time.Millisecond), replica.Addr)
+	lost, resurrected := failover(t, "cluster", rdb, store.DefaultPrefix, store.Wait{Replicas: 1, Timeout: time.Second}, owner, replica)
 	assert.Zero(t, lost)
 	assert.Zero(t, resurrected)
 	assert.Equal(t, replica.Addr, shardOf(t, cc, store.DefaultPrefix), "the replica now serves the slot")

@@ -158,6 +158,15 @@ type Wait struct {
 	Timeout time.Duration
 }
 
+// ClientOptions are the broker's Redis client options: one address, or
+// Sentinels with master set, or Cluster nodes. Timeouts are short, so a
+// dead Redis turns into a quick 503, not a hung crawler; go-redis retries
+// once, which every script tolerates (they are idempotent).
+func ClientOptions(addrs []string, master string) *redis.UniversalOptions {
+	return &redis.UniversalOptions{Addrs: addrs, MasterName: master,
+		DialTimeout: time.Second, ReadTimeout: time.Second, WriteTimeout: time.Second, MaxRetries: 1}
+}
+
 // Store is the Redis-backed lease store.
 type Store struct {
 	rdb    redis.UniversalClient
