@@ -214,6 +214,13 @@ func (m *Maintainer) flush(ctx context.Context) error {
 	return nil
 }
 
+// Apply brings one proxy's index memberships in line with the inventory
+// now, for a caller that found the store behind.
+func (m *Maintainer) Apply(ctx context.Context, uid string) error {
+	m.init()
+	return m.apply(ctx, uid)
+}
+
 // apply brings one proxy's index memberships in line with the inventory.
 // Only indexes this broker knows are touched, so one that lags another
 // never takes a proxy out of (or puts it in) an index it has not heard of

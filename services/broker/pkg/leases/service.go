@@ -238,8 +238,7 @@ func (s *Service) CreateLease(ctx context.Context, req *leasev1.CreateLeaseReque
 			s.idx.Forget(a.Index)
 			continue
 		case errors.As(err, &stale):
-			s.idx.Changed(stale.Proxy)
-			s.idx.Forget(a.Index)
+			s.idx.Forget(a.Index) // the rebuild re-adds its cooling members
 			continue
 		case errors.As(err, &none) && none.Candidates == 0:
 			none.Stale = s.staleMatching(sel)
@@ -257,7 +256,9 @@ func (s *Service) CreateLease(ctx context.Context, req *leasev1.CreateLeaseReque
 		if _, err := s.store.Release(ctx, l.ID); err != nil {
 			return nil, storeError(err)
 		}
-		s.idx.Changed(l.Proxy)
+		if err := s.idx.Apply(ctx, l.Proxy); err != nil {
+			return nil, storeError(err)
+		}
 		a.LeaseID = store.NewLeaseID()
 	}
 	return nil, status.Error(codes.Unavailable, "the lease store and this broker's view of the fleet disagree; retry")
