@@ -17,6 +17,7 @@ import (
 	"sort"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"golang.org/x/sync/singleflight"
@@ -79,7 +80,11 @@ type Maintainer struct {
 	Resync, Idle time.Duration
 	MaxIndexes   int
 
-	used sync.Map // keys leased from since the last resync
+	once sync.Once
+	// used holds, per key leased from since the last resync, when it was
+	// last used (unix ms, an *atomic.Int64): resync records it, so the
+	// least recently used index is known whenever resyncs run.
+	used sync.Map
 	// writing serializes building an index with applying a change, so a
 	// change read before the build cannot land after it and undo it.
 	writing sync.Mutex
@@ -92,11 +97,9 @@ type Maintainer struct {
 }
 
 func (m *Maintainer) init() {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	if m.known == nil {
+	m.once.Do(func() {
 		m.known, m.dirty, m.wake, m.missing = map[string]Selector{}, map[string]struct{}{}, make(chan struct{}, 1), map[string]bool{}
-	}
+	})
 }
 
 // Changed marks a proxy for an update; the inventory calls it on every
@@ -118,11 +121,13 @@ func (m *Maintainer) Ensure(ctx context.Context, sel Selector) (string, error) {
 	m.init()
 	sel.Scope = m.Scope
 	key := sel.Key()
-	if _, ok := m.used.Load(key); !ok {
-		m.used.Store(key, struct{}{})
+	at, ok := m.used.Load(key)
+	if !ok {
+		at, _ = m.used.LoadOrStore(key, new(atomic.Int64))
 	}
+	at.(*atomic.Int64).Store(time.Now().UnixMilli())
 	m.mu.RLock()
-	_, ok := m.known[key]
+	_, ok = m.known[key]
 	m.mu.RUnlock()
 	if ok {
 		return key, nil
@@ -256,13 +261,13 @@ func (m *Maintainer) apply(ctx context.Context, uid string) error {
 // resync learns the indexes other brokers built, drops idle ones, checks
 // each against the inventory, and forgets proxies that are gone.
 func (m *Maintainer) resync(ctx context.Context) error {
-	var touched []string
-	m.used.Range(func(k, _ any) bool {
-		touched = append(touched, k.(string))
+	touched := map[string]time.Time{}
+	m.used.Range(func(k, at any) bool {
+		touched[k.(string)] = time.UnixMilli(at.(*atomic.Int64).Load())
 		m.used.Delete(k)
 		return true
 	})
-	if err := m.Store.Touch(ctx, time.Now(), touched...); err != nil {
+	if err := m.Store.Touch(ctx, touched); err != nil {
 		return err
 	}
 	all, err := m.Store.Indexes(ctx)

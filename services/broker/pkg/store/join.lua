@@ -4,6 +4,20 @@
 -- address} triples... then the index hashes. A definition registers the
 -- (single) index first; indexes not registered are skipped, so a join
 -- racing a drop cannot resurrect half an index.
+-- Puts uid in index h at its score, with its live cooldowns.
+local function join(uid, h, score, cooling, now)
+  redis.call('ZADD', P .. 'ix:' .. h, score, uid)
+  redis.call('SADD', P .. 'in:' .. uid, 'ix:' .. h)
+  for j = 1, #cooling, 2 do
+    if tonumber(cooling[j + 1]) > now then
+      local cx = 'cx:' .. h .. ':' .. cooling[j]
+      redis.call('ZADD', P .. cx, score, uid)
+      redis.call('SADD', P .. 'in:' .. uid, cx)
+      redis.call('SADD', P .. 'cxs:' .. h, cooling[j])
+    end
+  end
+end
+
 local def, k = ARGV[1], tonumber(ARGV[2])
 local now = now_ms()
 local hs = {}

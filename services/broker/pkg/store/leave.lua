@@ -1,6 +1,17 @@
 -- Takes a proxy out of selector indexes (all of them when none are named);
 -- with forget = '1' also drops everything kept about it: the Proxy is gone.
 -- ARGV: proxy, forget, index hashes...
+-- Takes uid out of index h and its cooling indexes.
+local function leave(uid, h, targets)
+  redis.call('ZREM', P .. 'ix:' .. h, uid)
+  redis.call('SREM', P .. 'in:' .. uid, 'ix:' .. h)
+  for _, t in ipairs(targets) do
+    local cx = 'cx:' .. h .. ':' .. t
+    redis.call('ZREM', P .. cx, uid)
+    redis.call('SREM', P .. 'in:' .. uid, cx)
+  end
+end
+
 local uid = ARGV[1]
 local targets = redis.call('HKEYS', P .. 'cool:' .. uid)
 if #ARGV > 2 then

@@ -97,28 +97,3 @@ local function live_lease(id, now)
   end
   return nil
 end
-
--- Puts uid in index h at its score, with its live cooldowns.
-local function join(uid, h, score, cooling, now)
-  redis.call('ZADD', P .. 'ix:' .. h, score, uid)
-  redis.call('SADD', P .. 'in:' .. uid, 'ix:' .. h)
-  for j = 1, #cooling, 2 do
-    if tonumber(cooling[j + 1]) > now then
-      local cx = 'cx:' .. h .. ':' .. cooling[j]
-      redis.call('ZADD', P .. cx, score, uid)
-      redis.call('SADD', P .. 'in:' .. uid, cx)
-      redis.call('SADD', P .. 'cxs:' .. h, cooling[j])
-    end
-  end
-end
-
--- Takes uid out of index h and its cooling indexes.
-local function leave(uid, h, targets)
-  redis.call('ZREM', P .. 'ix:' .. h, uid)
-  redis.call('SREM', P .. 'in:' .. uid, 'ix:' .. h)
-  for _, t in ipairs(targets) do
-    local cx = 'cx:' .. h .. ':' .. t
-    redis.call('ZREM', P .. cx, uid)
-    redis.call('SREM', P .. 'in:' .. uid, cx)
-  end
-end

@@ -141,12 +141,6 @@ type UnavailableError struct{ Err error }
 func (e *UnavailableError) Error() string { return "lease store unavailable: " + e.Err.Error() }
 func (e *UnavailableError) Unwrap() error { return e.Err }
 
-// IsUnavailable reports whether err is a Redis failure.
-func IsUnavailable(err error) bool {
-	var u *UnavailableError
-	return errors.As(err, &u)
-}
-
 // Wait makes every write wait for replicas (Redis WAIT), trading latency
 // for not losing a lease to a failover: replication is asynchronous.
 type Wait struct {
@@ -553,14 +547,14 @@ func (s *Store) Indexes(ctx context.Context) (map[string]Index, error) {
 	return out, nil
 }
 
-// Touch records that indexes were used at t, so idle ones can be dropped.
-func (s *Store) Touch(ctx context.Context, t time.Time, indexes ...string) error {
-	if len(indexes) == 0 {
+// Touch records when indexes were last used, so idle ones can be dropped.
+func (s *Store) Touch(ctx context.Context, used map[string]time.Time) error {
+	if len(used) == 0 {
 		return nil
 	}
-	zs := make([]redis.Z, len(indexes))
-	for i, h := range indexes {
-		zs[i] = redis.Z{Score: float64(t.UnixMilli()), Member: h}
+	zs := make([]redis.Z, 0, len(used))
+	for h, t := range used {
+		zs = append(zs, redis.Z{Score: float64(t.UnixMilli()), Member: h})
 	}
 	return wrap(s.rdb.ZAddXX(ctx, s.prefix+"ixused", zs...).Err())
 }

@@ -307,16 +307,16 @@ func TestExpiredLeasesFreeTheirSlots(t *testing.T) {
 	// 599 short leases on the others, then the one on uid-599 expiring
 	// last: more expiries are due than a script applies in passing.
 	for range 599 {
-		_, err := f.st.Acquire(f.ctx, store.Acquire{Index: "many", Cap: 1, TTL: 150 * time.Millisecond, LeaseID: store.NewLeaseID()})
+		_, err := f.st.Acquire(f.ctx, store.Acquire{Index: "many", Cap: 1, TTL: time.Second, LeaseID: store.NewLeaseID()})
 		require.NoError(t, err)
 	}
-	_, err := f.st.Acquire(f.ctx, store.Acquire{Index: "one", Cap: 1, TTL: 150 * time.Millisecond, LeaseID: store.NewLeaseID()})
+	_, err := f.st.Acquire(f.ctx, store.Acquire{Index: "one", Cap: 1, TTL: time.Second, LeaseID: store.NewLeaseID()})
 	require.NoError(t, err)
 	_, err = f.acquire("one", "", 1)
 	var nc *store.NoCandidateError
 	require.ErrorAs(t, err, &nc)
 	assert.Equal(t, 1, nc.AtCap)
-	time.Sleep(300 * time.Millisecond)
+	time.Sleep(1500 * time.Millisecond)
 	l, err := f.acquire("one", "", 1)
 	require.NoError(t, err, "the expired lease no longer counts against the cap")
 	assert.Equal(t, 1, l.Load)
