@@ -169,7 +169,7 @@ type Store struct {
 	tracer trace.Tracer
 	// Wait, when Replicas > 0, applies to every script that writes.
 	Wait Wait
-	// calls feeds Pipeline's senders; nil sends each call on its own.
+	// calls feeds Pipeline's senders; nil makes each call its own batch.
 	calls chan *call
 }
 
@@ -216,21 +216,85 @@ func (s *Store) send(ctx context.Context) {
 				break more
 			}
 		}
-		_, _ = s.rdb.Pipelined(context.WithoutCancel(ctx), func(p redis.Pipeliner) error {
-			for _, c := range batch {
-				c.cmd = c.sc.EvalSha(c.ctx, p, s.route, c.args...)
-			}
-			return nil
-		})
+		s.exec(context.WithoutCancel(ctx), batch)
 		for _, c := range batch {
-			if redis.HasErrorPrefix(c.cmd.Err(), "NOSCRIPT") {
-				// A Redis that never saw the script (new, restarted, or
-				// promoted): send it once, then pipelines find it.
-				c.cmd = c.sc.Run(c.ctx, s.rdb, s.route, c.args...)
-			}
 			close(c.done)
 		}
 	}
+}
+
+// reads are the scripts whose effects need not reach a replica: a lost
+// drain is applied again from the replica's own due set.
+func reads(sc *redis.Script) bool { return sc == getScript || sc == loadsScript }
+
+// exec makes one round trip of a batch of script calls, setting each
+// call's cmd. A script the server has not seen (a new, restarted or
+// promoted Redis) is loaded and its calls sent again. With Wait, the
+// batch ends with one WAIT that covers every write in it (WAIT counts
+// the writes made on its own connection, so it goes down the same
+// pipeline, to the node that owns the keys).
+func (s *Store) exec(ctx context.Context, batch []*call) {
+	wait := false
+	for _, c := range batch {
+		wait = wait || (s.Wait.Replicas > 0 && !reads(c.sc))
+	}
+	var node redis.Cmdable = s.rdb
+	cluster, isCluster := s.rdb.(*redis.ClusterClient)
+	if wait && isCluster {
+		m, err := cluster.MasterForKey(ctx, s.route[0])
+		if err != nil {
+			for _, c := range batch {
+				c.cmd = failed(ctx, err)
+			}
+			return
+		}
+		node = m
+	}
+	pending := batch
+	for try := 0; try < 2 && len(pending) > 0; try++ {
+		var acked *redis.Cmd
+		_, err := node.Pipelined(ctx, func(p redis.Pipeliner) error {
+			for _, c := range pending {
+				c.cmd = c.sc.EvalSha(c.ctx, p, s.route, c.args...)
+			}
+			if wait {
+				acked = p.Do(ctx, "WAIT", s.Wait.Replicas, s.Wait.Timeout.Milliseconds())
+			}
+			return nil
+		})
+		if err != nil && wait && isCluster {
+			// Talking to the node directly bypasses the Cluster client's
+			// own reaction to a dead node or a moved slot: have it relearn
+			// the slots, so the next call finds the new owner.
+			cluster.ReloadState(ctx)
+		}
+		var missing []*call
+		for _, c := range pending {
+			switch {
+			case redis.HasErrorPrefix(c.cmd.Err(), "NOSCRIPT"):
+				missing = append(missing, c)
+			case wait && c.cmd.Err() == nil && !reads(c.sc):
+				s.checkAcked(ctx, c, acked)
+			}
+		}
+		for _, c := range missing {
+			_ = c.sc.Load(ctx, node).Err() // a failure shows in the resent call
+		}
+		pending = missing
+	}
+}
+
+// checkAcked fails a write fewer replicas than Wait.Replicas acknowledged:
+// Redis applied it, but it may not outlive a failover, so say so rather
+// than answer as if it were safe. Every write is idempotent (lease id,
+// request id), so the caller's retry is harmless.
+func (s *Store) checkAcked(ctx context.Context, c *call, acked *redis.Cmd) {
+	n, err := acked.Int64()
+	if err == nil && n >= int64(s.Wait.Replicas) {
+		return
+	}
+	waitShortfalls.Inc()
+	c.cmd = failed(ctx, fmt.Errorf("%d of %d replicas acknowledged the change within %s (%v); retry with the same requestId", n, s.Wait.Replicas, s.Wait.Timeout, err))
 }
 
 // New returns a Store on rdb with every key under prefix, which must hold
@@ -274,65 +338,22 @@ func wrap(err error) error {
 }
 
 func (s *Store) run(ctx context.Context, sc *redis.Script, args ...any) *redis.Cmd {
-	if s.Wait.Replicas == 0 || sc == getScript || sc == loadsScript {
-		if s.calls == nil {
-			return sc.Run(ctx, s.rdb, s.route, args...)
-		}
-		c := &call{ctx: ctx, sc: sc, args: args, done: make(chan struct{})}
-		select {
-		case s.calls <- c:
-		case <-ctx.Done():
-			return failed(ctx, ctx.Err())
-		}
-		select {
-		case <-c.done:
-			return c.cmd
-		case <-ctx.Done():
-			return failed(ctx, ctx.Err())
-		}
+	c := &call{ctx: ctx, sc: sc, args: args, done: make(chan struct{})}
+	if s.calls == nil {
+		s.exec(ctx, []*call{c})
+		return c.cmd
 	}
-	// WAIT covers the writes made on its own connection, so the script and
-	// the WAIT go down one pipeline, to the node that owns the keys.
-	var node redis.Cmdable = s.rdb
-	cluster, isCluster := s.rdb.(*redis.ClusterClient)
-	if isCluster {
-		m, err := cluster.MasterForKey(ctx, s.route[0])
-		if err != nil {
-			return failed(ctx, err)
-		}
-		node = m
+	select {
+	case s.calls <- c:
+	case <-ctx.Done():
+		return failed(ctx, ctx.Err())
 	}
-	var cmd *redis.Cmd
-	var acked *redis.Cmd
-	exec := func(eval func(redis.Pipeliner) *redis.Cmd) error {
-		_, err := node.Pipelined(ctx, func(p redis.Pipeliner) error {
-			cmd = eval(p)
-			acked = p.Do(ctx, "WAIT", s.Wait.Replicas, s.Wait.Timeout.Milliseconds())
-			return nil
-		})
-		return err
+	select {
+	case <-c.done:
+		return c.cmd
+	case <-ctx.Done():
+		return failed(ctx, ctx.Err())
 	}
-	err := exec(func(p redis.Pipeliner) *redis.Cmd { return sc.EvalSha(ctx, p, s.route, args...) })
-	if redis.HasErrorPrefix(cmd.Err(), "NOSCRIPT") {
-		err = exec(func(p redis.Pipeliner) *redis.Cmd { return sc.Eval(ctx, p, s.route, args...) })
-	}
-	if err != nil && isCluster {
-		// Talking to the node directly bypasses the Cluster client's own
-		// reaction to a dead node or a MOVED slot: ask it to relearn the
-		// slots, so the next call finds the new owner.
-		cluster.ReloadState(ctx)
-	}
-	if cmd.Err() != nil {
-		return cmd
-	}
-	if n, err := acked.Int64(); err != nil || n < int64(s.Wait.Replicas) {
-		// Redis applied the change, but it may not outlive a failover: say
-		// so rather than answer as if it were safe. Every write is
-		// idempotent (lease id, request id), so a retry is harmless.
-		waitShortfalls.Inc()
-		return failed(ctx, fmt.Errorf("%d of %d replicas acknowledged the change within %s (%v); retry with the same requestId", n, s.Wait.Replicas, s.Wait.Timeout, err))
-	}
-	return cmd
 }
 
 func failed(ctx context.Context, err error) *redis.Cmd {
