@@ -4,12 +4,9 @@ package leases
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"regexp"
-	"sort"
 	"strconv"
 	"time"
 
@@ -224,7 +221,9 @@ func (s *Service) CreateLease(ctx context.Context, req *leasev1.CreateLeaseReque
 	sel := index.Selector{Namespace: req.GetNamespace(), Labels: req.GetSelector()}
 	a := store.Acquire{Target: req.GetTarget(), Cap: s.cfg.LeaseCap, TTL: ttl, LeaseID: store.NewLeaseID(), RequestID: req.GetRequestId()}
 	if a.RequestID != "" {
-		a.Fingerprint = fingerprint(req)
+		// What a request id's retries must repeat: the selector (its index
+		// key is a canonical hash of it), the target and the TTL.
+		a.Fingerprint = fmt.Sprintf("%s %q %d", sel.Key(), req.GetTarget(), req.GetTtlSeconds())
 	}
 	for range attempts {
 		if a.Index, err = s.idx.Ensure(ctx, sel); err != nil {
@@ -274,21 +273,6 @@ func (s *Service) staleMatching(sel index.Selector) int {
 		}
 	}
 	return n
-}
-
-// fingerprint is what a request id's retries must repeat.
-func fingerprint(req *leasev1.CreateLeaseRequest) string {
-	keys := make([]string, 0, len(req.GetSelector()))
-	for k := range req.GetSelector() {
-		keys = append(keys, k)
-	}
-	sort.Strings(keys)
-	h := sha256.New()
-	fmt.Fprintf(h, "%q %q %d", req.GetNamespace(), req.GetTarget(), req.GetTtlSeconds())
-	for _, k := range keys {
-		fmt.Fprintf(h, " %q=%q", k, req.GetSelector()[k])
-	}
-	return hex.EncodeToString(h.Sum(nil)[:12])
 }
 
 // RenewLease implements LeaseService. A lease is renewed only while its
