@@ -7,9 +7,10 @@
 -- because every proxy has its own slot number. A cooling index
 -- cx:<h>:<target> holds the members of ix:<h> cooling down for target with
 -- the same scores, so counting the cooling members below a score tells how
--- many members of ix:<h> below it are free: the least-loaded free proxy and
--- a uniformly random one among its ties are found by binary search, in
--- O(log² n) whatever the fleet size and however many proxies are cooling.
+-- many members of ix:<h> below it are free. acquire.lua uses that to find
+-- the least-loaded free proxy, and a uniformly random one among its ties,
+-- in O(log² n) at worst, whatever the fleet size and however many proxies
+-- are cooling.
 --
 -- Hot paths count redis.call()s: each costs about as much as the work it
 -- does, so a lease makes a dozen of them.
