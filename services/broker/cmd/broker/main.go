@@ -68,7 +68,7 @@ func (o *options) register(fs *flag.FlagSet) {
 	fs.IntVar(&o.redisDB, "redis-db", 0, "Redis database (not in Cluster mode)")
 	fs.StringVar(&o.redisPrefix, "redis-key-prefix", store.DefaultPrefix, "prefix of every key; it must hold a {hash tag}. Brokers with different prefixes (say, one Deployment per namespace) keep separate state, on different Cluster shards")
 	fs.IntVar(&o.redisWait.Replicas, "redis-wait-replicas", 0, "after each lease change, wait for this many replicas to acknowledge it (Redis WAIT), so a failover cannot lose it; 0 answers at once")
-	fs.DurationVar(&o.redisWait.Timeout, "redis-wait-timeout", 100*time.Millisecond, "longest wait for --redis-wait-replicas; a lease change not acknowledged in time is still answered, and counted in broker_redis_wait_shortfalls_total")
+	fs.DurationVar(&o.redisWait.Timeout, "redis-wait-timeout", 100*time.Millisecond, "longest wait for --redis-wait-replicas; a lease change not acknowledged in time is answered UNAVAILABLE (Redis may hold it: a retry with the same requestId finds it) and counted in broker_redis_wait_shortfalls_total")
 	fs.DurationVar(&o.indexes.Resync, "index-resync", index.DefaultResync, "how often every selector index is checked against the inventory")
 	fs.DurationVar(&o.indexes.Idle, "index-idle", index.DefaultIdle, "how long a selector index nobody leases from is kept")
 	fs.IntVar(&o.indexes.MaxIndexes, "max-indexes", index.DefaultMaxIndexes, "most selector indexes kept at once (distinct namespace and selector pairs in use); the least recently used go first")
