@@ -2,20 +2,15 @@ package main
 
 import (
 	"bytes"
-	"context"
 	"encoding/json"
-	"fmt"
 	"io"
 	"net/http"
 	"os"
 	"strings"
-	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
-	corev1 "k8s.io/api/core/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/egress-proxies/egress-proxies/pkg/testenv"
 	"github.com/egress-proxies/egress-proxies/pkg/testutil/proc"
@@ -27,8 +22,6 @@ var env *testenv.Env
 
 func TestMain(m *testing.M) { os.Exit(testenv.Main(m, &env)) }
 
-var nsSeq atomic.Int32
-
 // fleet is a namespace of Proxy objects whose status the test writes, as
 // the controller would.
 type fleet struct {
@@ -38,9 +31,7 @@ type fleet struct {
 
 func newFleet(t *testing.T) *fleet {
 	testenv.Require(t)
-	ns := fmt.Sprintf("br-%d", nsSeq.Add(1))
-	require.NoError(t, env.Client.Create(context.Background(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}))
-	return &fleet{t: t, ns: ns}
+	return &fleet{t: t, ns: env.Namespace(t, "br")}
 }
 
 // add creates a Ready, healthy External proxy with attributes.
