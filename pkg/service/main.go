@@ -15,14 +15,14 @@ import (
 	"github.com/egress-proxies/egress-proxies/pkg/telemetry"
 )
 
-// Common are the flags every service has.
-type Common struct {
-	LogLevel string
-}
-
-// Register adds the common flags to fs.
-func (c *Common) Register(fs *flag.FlagSet) {
-	fs.StringVar(&c.LogLevel, "log-level", "info", "log level: debug, info, warn or error")
+// Options are a service's flags: every service's app.Options implements
+// it, so each main is the same dozen lines.
+type Options interface {
+	// Register adds the service's flags to fs.
+	Register(fs *flag.FlagSet)
+	// Validate names the first bad flag, after parsing and before
+	// anything starts; it may keep what it parsed for Run.
+	Validate() error
 }
 
 // Env is what Run hands a service's body.
@@ -33,12 +33,17 @@ type Env struct {
 	Tracing bool
 }
 
-// Run is the body of every main: it parses flags (exit 2 with a message
-// saying what to fix), sets up logging and tracing, cancels the context on
+// Run is the body of every main: it registers o's flags and --log-level,
+// parses them (exit 2 with a message saying what to fix, also when
+// o.Validate fails), sets up logging and tracing, cancels the context on
 // SIGTERM or SIGINT, and runs body. It returns the process exit code:
-// 0 after a clean shutdown, 1 when body fails.
-func Run(name, envPrefix string, args []string, stderr io.Writer, fs *flag.FlagSet, common *Common, body func(ctx context.Context, env Env) error) int {
+// 0 after a clean shutdown, 1 when body fails, 2 when body returns a
+// UsageError.
+func Run(name, envPrefix string, args []string, stderr io.Writer, o Options, body func(ctx context.Context, env Env) error) int {
+	fs := flag.NewFlagSet(name, flag.ContinueOnError)
 	fs.SetOutput(stderr)
+	logLevel := fs.String("log-level", "info", "log level: debug, info, warn or error")
+	o.Register(fs)
 	if err := ParseFlags(fs, envPrefix, args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return 0
@@ -46,9 +51,13 @@ func Run(name, envPrefix string, args []string, stderr io.Writer, fs *flag.FlagS
 		_, _ = fmt.Fprintf(stderr, "%s: %v\nrun %s --help for the flags\n", name, err, name)
 		return 2
 	}
-	level, err := telemetry.ParseLevel(common.LogLevel)
+	level, err := telemetry.ParseLevel(*logLevel)
 	if err != nil {
 		_, _ = fmt.Fprintf(stderr, "%s: --log-level: %v\n", name, err)
+		return 2
+	}
+	if err := o.Validate(); err != nil {
+		_, _ = fmt.Fprintf(stderr, "%s: %v\n", name, err)
 		return 2
 	}
 	log := telemetry.NewLogger(os.Stderr, level, name)

@@ -1,5 +1,7 @@
 package v1alpha1
 
+import corev1 "k8s.io/api/core/v1"
+
 // Condition types.
 const (
 	// ConditionReady is True when the instance runs and has an address a
@@ -12,8 +14,6 @@ const (
 
 // Reasons of the Ready condition.
 const (
-	// ReasonPending: nothing has been done yet.
-	ReasonPending = "Pending"
 	// ReasonProvisioning: the instance is being created or is booting.
 	ReasonProvisioning = "Provisioning"
 	// ReasonRunning: the instance runs and has an address.
@@ -69,6 +69,33 @@ const (
 	// and never leased. The message names the address and the range.
 	ReasonProbeDenied = "ProbeDenied"
 )
+
+// Reasons of Events that record no condition change.
+const (
+	// EventProbeResumed: probe results arrive again after ProbeStale.
+	EventProbeResumed = "ProbeResumed"
+	// EventCleanupSkipped: a Terminating Proxy annotated skip-cleanup was
+	// released and its instance abandoned.
+	EventCleanupSkipped = "CleanupSkipped"
+)
+
+// warningReasons are the reasons that need someone to act: their Events
+// are Warnings. Every other reason is routine and its Event Normal.
+var warningReasons = map[string]bool{
+	ReasonUnknownProvider: true, ReasonProviderUnavailable: true, ReasonInvalidPlacement: true,
+	ReasonCloudInitError: true, ReasonQuotaExceeded: true, ReasonProviderError: true,
+	ReasonCleanupFailed: true, ReasonInstanceLost: true, ReasonProbeStale: true,
+	EventCleanupSkipped: true,
+}
+
+// EventType is the type of the Event that records reason: "Warning" when
+// someone has to act, else "Normal".
+func EventType(reason string) string {
+	if warningReasons[reason] {
+		return corev1.EventTypeWarning
+	}
+	return corev1.EventTypeNormal
+}
 
 // Labels and annotations the project owns.
 const (

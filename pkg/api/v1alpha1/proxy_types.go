@@ -2,6 +2,7 @@ package v1alpha1
 
 import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 )
 
 // ProxyMode says whether the controller provisions the proxy or only tracks it.
@@ -319,4 +320,6 @@ func init() {
 }
 
 // Key returns "namespace/name", the id clients see.
-func (p *Proxy) Key() string { return p.Namespace + "/" + p.Name }
+func (p *Proxy) Key() string {
+	return types.NamespacedName{Namespace: p.Namespace, Name: p.Name}.String()
+}

@@ -4,7 +4,8 @@
 // picked at random per stand-in, so stand-ins of tests running in parallel
 // never share one) and the pod's container port, and writes the status a
 // kubelet would: Running, with that address as the pod IP. Nothing else
-// ever runs on those addresses. A deleted pod's Squid is stopped.
+// ever runs on those addresses. A deleted pod's Squid is stopped. It is
+// the one stand-in kubelet of every test and the demo.
 package kubelet
 
 import (
@@ -28,6 +29,9 @@ type StandIn struct {
 	T         proc.T
 	// Log, when set, hears every pod started and stopped.
 	Log func(format string, args ...any)
+	// AddressOnly gives each pod its address and starts nothing there, for
+	// tests of the controller's bookkeeping that send no traffic.
+	AddressOnly bool
 
 	mu      sync.Mutex
 	running map[string]*proc.Squid
@@ -37,16 +41,10 @@ type StandIn struct {
 
 // Run reconciles every interval until ctx ends.
 func (k *StandIn) Run(ctx context.Context, interval time.Duration) {
-	k.mu.Lock()
-	if k.running == nil {
-		k.running = map[string]*proc.Squid{}
-		k.subnet = fmt.Sprintf("127.%d.%d", 1+rand.IntN(250), rand.IntN(250))
-	}
-	k.mu.Unlock()
 	t := time.NewTicker(interval)
 	defer t.Stop()
 	for {
-		k.sync(ctx)
+		k.Sync(ctx)
 		select {
 		case <-ctx.Done():
 			k.stopAll()
@@ -62,13 +60,18 @@ func (k *StandIn) logf(format string, args ...any) {
 	}
 }
 
-func (k *StandIn) sync(ctx context.Context) {
+// Sync runs every pod that waits for it, once.
+func (k *StandIn) Sync(ctx context.Context) {
 	pods := &corev1.PodList{}
 	if err := k.Client.List(ctx, pods, client.InNamespace(k.Namespace), client.MatchingLabels{"app.kubernetes.io/managed-by": "egress-proxies"}); err != nil {
 		return
 	}
 	k.mu.Lock()
 	defer k.mu.Unlock()
+	if k.running == nil {
+		k.running = map[string]*proc.Squid{}
+		k.subnet = fmt.Sprintf("127.%d.%d", 1+rand.IntN(250), rand.IntN(250))
+	}
 	seen := map[string]bool{}
 	for i := range pods.Items {
 		pod := &pods.Items[i]
@@ -83,13 +86,15 @@ func (k *StandIn) sync(ctx context.Context) {
 		}
 		k.next++
 		host := fmt.Sprintf("%s.%d", k.subnet, 9+k.next)
+		if k.AddressOnly {
+			if err := MarkRunning(ctx, k.Client, pod, host); err != nil {
+				k.next--
+			}
+			continue
+		}
 		squid := proc.StartSquidAt(k.T, host, port, false)
 		k.running[uid] = squid
-		pod.Status.Phase = corev1.PodRunning
-		pod.Status.PodIP = host
-		pod.Status.PodIPs = []corev1.PodIP{{IP: host}}
-		pod.Status.Conditions = []corev1.PodCondition{{Type: corev1.PodReady, Status: corev1.ConditionTrue, LastTransitionTime: metav1.Now()}}
-		if err := k.Client.Status().Update(ctx, pod); err != nil {
+		if err := MarkRunning(ctx, k.Client, pod, host); err != nil {
 			squid.Kill()
 			delete(k.running, uid)
 			continue
@@ -103,6 +108,15 @@ func (k *StandIn) sync(ctx context.Context) {
 			k.logf("kubelet stand-in: pod gone, stopped Squid at %s", squid.Addr)
 		}
 	}
+}
+
+// MarkRunning writes the status a kubelet writes once pod runs at ip.
+func MarkRunning(ctx context.Context, c client.Client, pod *corev1.Pod, ip string) error {
+	pod.Status.Phase = corev1.PodRunning
+	pod.Status.PodIP = ip
+	pod.Status.PodIPs = []corev1.PodIP{{IP: ip}}
+	pod.Status.Conditions = []corev1.PodCondition{{Type: corev1.PodReady, Status: corev1.ConditionTrue, LastTransitionTime: metav1.Now()}}
+	return c.Status().Update(ctx, pod)
 }
 
 func (k *StandIn) stopAll() {

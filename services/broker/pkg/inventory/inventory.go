@@ -79,7 +79,7 @@ func fromObject(px *v1.Proxy) Proxy {
 	ready := meta.IsStatusConditionTrue(px.Status.Conditions, v1.ConditionReady) && px.Status.Phase == v1.PhaseReady && px.Status.IP != ""
 	h := meta.FindStatusCondition(px.Status.Conditions, v1.ConditionHealthy)
 	return Proxy{
-		UID: string(px.UID), ID: px.Namespace + "/" + px.Name, Namespace: px.Namespace,
+		UID: string(px.UID), ID: px.Key(), Namespace: px.Namespace,
 		IP: px.Status.IP, Port: px.Status.Port, EgressIP: px.Status.EgressIP,
 		Attributes: px.Spec.Attributes, Healthy: px.Status.Healthy,
 		HealthStale: h != nil && h.Status == metav1.ConditionUnknown && h.Reason == v1.ReasonProbeStale,

@@ -8,12 +8,14 @@ import (
 	"fmt"
 	"regexp"
 	"strconv"
+	"strings"
 	"time"
 
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/timestamppb"
+	"k8s.io/apimachinery/pkg/util/validation"
 
 	leasev1 "github.com/egress-proxies/egress-proxies/pkg/gen/egressproxies/lease/v1"
 	"github.com/egress-proxies/egress-proxies/services/broker/pkg/index"
@@ -57,7 +59,6 @@ const ErrorDomain = "egress-proxies.broker"
 var (
 	leaseIDPattern = regexp.MustCompile(`^[0-9a-f]{32}$`)
 	keyPattern     = regexp.MustCompile(`^[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$`)
-	dnsLabel       = regexp.MustCompile(`^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$`)
 	hostPattern    = regexp.MustCompile(`^[A-Za-z0-9]([-A-Za-z0-9.:\[\]]{0,251}[A-Za-z0-9\]])?$`)
 	requestPattern = regexp.MustCompile(`^[A-Za-z0-9_.:-]{1,64}$`)
 )
@@ -101,8 +102,11 @@ func checkSelector(sel map[string]string) error {
 }
 
 func checkNamespace(ns string) error {
-	if ns != "" && !dnsLabel.MatchString(ns) {
-		return invalid("namespace", "%q is not a namespace name", ns)
+	if ns == "" {
+		return nil
+	}
+	if errs := validation.IsDNS1123Label(ns); len(errs) > 0 {
+		return invalid("namespace", "%q is not a namespace name: %s", ns, strings.Join(errs, "; "))
 	}
 	return nil
 }

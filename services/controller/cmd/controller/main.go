@@ -5,22 +5,17 @@ package main
 
 import (
 	"context"
-	"flag"
 	"os"
 
 	"github.com/egress-proxies/egress-proxies/pkg/service"
-	"github.com/egress-proxies/egress-proxies/services/controller/pkg/operator"
+	"github.com/egress-proxies/egress-proxies/services/controller/pkg/app"
 )
 
-func main() {
-	os.Exit(run(os.Args[1:]))
-}
+func main() { os.Exit(run(os.Args[1:])) }
 
 func run(args []string) int {
-	var o operator.Options
-	fs := flag.NewFlagSet("controller", flag.ContinueOnError)
-	o.Register(fs)
-	return service.Run("controller", "CONTROLLER", args, os.Stderr, fs, &o.Common, func(ctx context.Context, env service.Env) error {
-		return operator.Run(ctx, env.Log, o)
+	var o app.Options
+	return service.Run(app.Name, "CONTROLLER", args, os.Stderr, &o, func(ctx context.Context, env service.Env) error {
+		return app.Run(ctx, env, o)
 	})
 }

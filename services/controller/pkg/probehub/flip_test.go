@@ -14,7 +14,6 @@ import (
 	"github.com/stretchr/testify/require"
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
-	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/rest"
@@ -33,10 +32,11 @@ var env *testenv.Env
 
 func TestMain(m *testing.M) { os.Exit(testenv.Main(m, &env)) }
 
-// readyFleet creates n Ready, Healthy External proxies in ns, 16 at a time.
-func readyFleet(t *testing.T, ns string, n int) {
+// readyFleet creates n Ready, Healthy External proxies in a new
+// namespace, 16 at a time, and returns the namespace.
+func readyFleet(t *testing.T, n int) string {
 	t.Helper()
-	require.NoError(t, env.Client.Create(context.Background(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}))
+	ns := env.Namespace(t, "flip")
 	var wg sync.WaitGroup
 	next := make(chan int)
 	for range 16 {
@@ -51,6 +51,7 @@ func readyFleet(t *testing.T, ns string, n int) {
 	}
 	close(next)
 	wg.Wait()
+	return ns
 }
 
 // TestAFleetWideFlipNeverStallsResultIntake is the fleet-wide flip: the
@@ -61,8 +62,8 @@ func readyFleet(t *testing.T, ns string, n int) {
 // proxy is written exactly once.
 func TestAFleetWideFlipNeverStallsResultIntake(t *testing.T) {
 	testenv.Require(t)
-	const n, ns = 2000, "flip"
-	readyFleet(t, ns, n)
+	const n = 2000
+	ns := readyFleet(t, n)
 
 	ctx := context.Background()
 	slow := rest.CopyConfig(env.Config)
@@ -155,9 +156,8 @@ func closed() chan struct{} {
 // is never leased, and the message names the address and the range.
 func TestDeniedDestinationsAreNeverProbed(t *testing.T) {
 	testenv.Require(t)
-	const ns = "deny"
+	ns := env.Namespace(t, "deny")
 	ctx := context.Background()
-	require.NoError(t, env.Client.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}))
 	env.ReadyProxy(t, ns, "metadata", "169.254.169.254", 80, nil, true)
 	env.ReadyProxy(t, ns, "fine", "127.0.0.50", 3128, nil, false)
 	viaURL := env.ReadyProxy(t, ns, "via-url", "127.0.0.51", 3128, nil, true)

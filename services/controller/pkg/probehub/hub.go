@@ -130,7 +130,7 @@ func (h *Hub) Watch(ctx context.Context, c cache.Cache) error {
 	if err != nil {
 		return err
 	}
-	_, err = inf.AddEventHandler(kube.ProxyEvents(h.upsert, func(px *v1.Proxy) { h.remove(px.Namespace+"/"+px.Name, px.UID) }))
+	_, err = inf.AddEventHandler(kube.ProxyEvents(h.upsert, func(px *v1.Proxy) { h.remove(px.Key(), px.UID) }))
 	return err
 }
 
@@ -140,7 +140,7 @@ func probeable(px *v1.Proxy) bool {
 }
 
 func (h *Hub) upsert(px *v1.Proxy) {
-	id := px.Namespace + "/" + px.Name
+	id := px.Key()
 	if !probeable(px) {
 		h.remove(id, px.UID)
 		return

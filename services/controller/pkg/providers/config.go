@@ -5,9 +5,10 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
-	"regexp"
 	"sort"
+	"strings"
 
+	"k8s.io/apimachinery/pkg/util/validation"
 	"sigs.k8s.io/yaml"
 )
 
@@ -23,8 +24,6 @@ type Entry struct {
 	// Block is the type's block as JSON; DecodeBlock decodes it strictly.
 	Block json.RawMessage
 }
-
-var dnsLabel = regexp.MustCompile(`^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$`)
 
 // LoadConfig reads and checks a providers config file. knownTypes are the
 // types a factory exists for. Every error names the entry and field.
@@ -64,8 +63,8 @@ func ParseConfig(data []byte, knownTypes []string) ([]Entry, error) {
 			return nil, fmt.Errorf("%s: name is required", where)
 		}
 		where = fmt.Sprintf("providers[%d] (%s)", i, e.Name)
-		if !dnsLabel.MatchString(e.Name) {
-			return nil, fmt.Errorf("%s: name %q must be a DNS label (lower-case letters, digits, '-', at most 63)", where, e.Name)
+		if errs := validation.IsDNS1123Label(e.Name); len(errs) > 0 {
+			return nil, fmt.Errorf("%s: name %q must be a DNS label: %s", where, e.Name, strings.Join(errs, "; "))
 		}
 		if seen[e.Name] {
 			return nil, fmt.Errorf("%s: duplicate name %q", where, e.Name)

@@ -81,6 +81,11 @@ type Owner struct {
 	Generation int64
 }
 
+// Key is the owner's "namespace/name", as Proxy.Key.
+func (o Owner) Key() string {
+	return types.NamespacedName{Namespace: o.Namespace, Name: o.Name}.String()
+}
+
 // InstanceState is the coarse lifecycle state the reconciler acts on.
 type InstanceState string
 

@@ -16,7 +16,6 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
-	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -101,8 +100,7 @@ func lastProbes(m promtext.Samples, ns string) map[string]float64 {
 
 func TestProbeFleetEndToEnd(t *testing.T) {
 	testenv.Require(t)
-	ns := "fleet"
-	require.NoError(t, env.Client.Create(context.Background(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}))
+	ns := env.Namespace(t, "fleet")
 
 	target := tlstarget.StartT(t)
 	caFile := target.CAFile

@@ -32,6 +32,7 @@ import (
 
 	"github.com/egress-proxies/egress-proxies/pkg/assignment"
 	probev1 "github.com/egress-proxies/egress-proxies/pkg/gen/egressproxies/probe/v1"
+	"github.com/egress-proxies/egress-proxies/pkg/probespec"
 	"github.com/egress-proxies/egress-proxies/services/prober/pkg/probe"
 )
 
@@ -273,7 +274,7 @@ func (s *scheduler) size() int { s.mu.Lock(); defer s.mu.Unlock(); return len(s.
 func interval(t *probev1.ProbeTarget) time.Duration {
 	d := t.GetSettings().GetInterval().AsDuration()
 	if d <= 0 {
-		return 30 * time.Second
+		return probespec.DefaultInterval
 	}
 	return d
 }
@@ -420,7 +421,7 @@ func runOne(ctx context.Context, p *probe.Prober, t *probev1.ProbeTarget) *probe
 	}
 	timeout := st.GetTimeout().AsDuration()
 	if timeout <= 0 {
-		timeout = 10 * time.Second
+		timeout = probespec.DefaultTimeout
 	}
 	res := p.Do(ctx, joinHostPort(t.GetAddress(), t.GetPort()), probe.Settings{
 		URL: st.GetUrl(), ExpectedStatus: int(st.GetExpectedStatus()), Timeout: timeout, EchoFormat: st.GetEchoFormat(),
@@ -429,19 +430,12 @@ func runOne(ctx context.Context, p *probe.Prober, t *probev1.ProbeTarget) *probe
 	if !res.Success {
 		result = "failure"
 	}
-	probes.WithLabelValues(result, phaseName(res.Phase)).Inc()
+	probes.WithLabelValues(result, probespec.PhaseName(res.Phase)).Inc()
 	probeDuration.Observe(res.Latency.Seconds())
 	return &probev1.ProbeResult{
 		Id: t.GetId(), Uid: t.GetUid(), Success: res.Success, Latency: durationpb.New(res.Latency),
 		Phase: res.Phase, Reason: res.Reason, FinishedAt: timestamppb.Now(), EgressIp: res.EgressIP, Traceparent: traceparent,
 	}
-}
-
-func phaseName(p probev1.ProbePhase) string {
-	if p == probev1.ProbePhase_PROBE_PHASE_UNSPECIFIED {
-		return "none"
-	}
-	return probev1.ProbePhase_name[int32(p)][len("PROBE_PHASE_"):]
 }
 
 func joinHostPort(host string, port int32) string {

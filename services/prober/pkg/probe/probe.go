@@ -11,7 +11,6 @@ import (
 	"context"
 	"crypto/tls"
 	"crypto/x509"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -23,6 +22,7 @@ import (
 
 	probev1 "github.com/egress-proxies/egress-proxies/pkg/gen/egressproxies/probe/v1"
 	"github.com/egress-proxies/egress-proxies/pkg/netpolicy"
+	"github.com/egress-proxies/egress-proxies/pkg/probespec"
 	"github.com/egress-proxies/egress-proxies/pkg/sanitize"
 )
 
@@ -38,8 +38,7 @@ type Settings struct {
 	URL            string
 	ExpectedStatus int
 	Timeout        time.Duration
-	// EchoFormat: "" (no echo), "text" (the body is the caller's IP) or
-	// "json:<field>" (a JSON object whose field is the caller's IP).
+	// EchoFormat is how the target echoes the caller's IP (see probespec).
 	EchoFormat string
 }
 
@@ -186,7 +185,7 @@ func (p *Prober) Do(ctx context.Context, proxyAddr string, s Settings) Result {
 		return fail(probev1.ProbePhase_PROBE_PHASE_STATUS, start, "%s", reason)
 	}
 	r := Result{Success: true, Latency: time.Since(start)}
-	r.EgressIP = echoedIP(s.EchoFormat, body)
+	r.EgressIP = probespec.EchoedIP(s.EchoFormat, body)
 	return r
 }
 
@@ -195,31 +194,6 @@ func (p *Prober) request(ctx context.Context, u *url.URL) *http.Request {
 	req.Header.Set("User-Agent", "egress-proxies-prober")
 	req.Close = true
 	return req
-}
-
-// echoedIP reads the caller's address from an echo answer; "" when the
-// format is unset or the answer holds no IP.
-func echoedIP(format string, body []byte) string {
-	var s string
-	switch {
-	case format == "":
-		return ""
-	case format == "text":
-		s = strings.TrimSpace(string(body))
-	case strings.HasPrefix(format, "json:"):
-		var m map[string]any
-		if json.Unmarshal(body, &m) != nil {
-			return ""
-		}
-		v, _ := m[strings.TrimPrefix(format, "json:")].(string)
-		s = v
-	default:
-		return ""
-	}
-	if ip := net.ParseIP(s); ip != nil {
-		return ip.String()
-	}
-	return ""
 }
 
 // short trims Go's wrapped network errors to their last part.
@@ -233,9 +207,4 @@ func short(err error) string {
 		return msg[i+2:]
 	}
 	return msg
-}
-
-// ValidEchoFormat reports whether f is "", "text" or "json:<field>".
-func ValidEchoFormat(f string) bool {
-	return f == "" || f == "text" || (strings.HasPrefix(f, "json:") && len(f) > len("json:"))
 }

@@ -19,6 +19,7 @@ import (
 	"google.golang.org/api/iterator"
 	"google.golang.org/api/option"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/utils/ptr"
 
 	"github.com/egress-proxies/egress-proxies/services/controller/pkg/providers"
 )
@@ -124,25 +125,24 @@ func (p *Provider) validate(req *providers.CreateRequest) error {
 
 // instanceResource is exactly what Insert sends.
 func (p *Provider) instanceResource(req *providers.CreateRequest) *computepb.Instance {
-	s := func(v string) *string { return &v }
 	mt := req.Placement.MachineType
 	if !strings.Contains(mt, "/") {
 		mt = "zones/" + req.Placement.Zone + "/machineTypes/" + mt
 	}
-	meta := []*computepb.Items{{Key: s(metadataOwner), Value: s(req.Owner.Namespace + "/" + req.Owner.Name)}}
+	meta := []*computepb.Items{{Key: ptr.To(metadataOwner), Value: ptr.To(req.Owner.Key())}}
 	if len(req.CloudInit) > 0 {
-		meta = append(meta, &computepb.Items{Key: s(metadataUser), Value: s(string(req.CloudInit))})
+		meta = append(meta, &computepb.Items{Key: ptr.To(metadataUser), Value: ptr.To(string(req.CloudInit))})
 	}
 	return &computepb.Instance{
-		Name:        s(req.Name),
-		MachineType: s(mt),
+		Name:        ptr.To(req.Name),
+		MachineType: ptr.To(mt),
 		Disks: []*computepb.AttachedDisk{{
-			Boot: ptr(true), AutoDelete: ptr(true), Type: s("PERSISTENT"),
-			InitializeParams: &computepb.AttachedDiskInitializeParams{SourceImage: s(req.Placement.Image), DiskSizeGb: ptr(p.cfg.DiskSizeGb)},
+			Boot: ptr.To(true), AutoDelete: ptr.To(true), Type: ptr.To("PERSISTENT"),
+			InitializeParams: &computepb.AttachedDiskInitializeParams{SourceImage: ptr.To(req.Placement.Image), DiskSizeGb: ptr.To(p.cfg.DiskSizeGb)},
 		}},
 		NetworkInterfaces: []*computepb.NetworkInterface{{
-			Network:       s(p.cfg.Network),
-			AccessConfigs: []*computepb.AccessConfig{{Name: s("External NAT"), Type: s("ONE_TO_ONE_NAT")}},
+			Network:       ptr.To(p.cfg.Network),
+			AccessConfigs: []*computepb.AccessConfig{{Name: ptr.To("External NAT"), Type: ptr.To("ONE_TO_ONE_NAT")}},
 		}},
 		Tags: &computepb.Tags{Items: []string{p.cfg.NetworkTag}},
 		Labels: map[string]string{
@@ -152,8 +152,6 @@ func (p *Provider) instanceResource(req *providers.CreateRequest) *computepb.Ins
 		Metadata: &computepb.Metadata{Items: meta},
 	}
 }
-
-func ptr[T any](v T) *T { return &v }
 
 // Create inserts the VM; a retried Insert of the same name is absorbed.
 func (p *Provider) Create(ctx context.Context, req *providers.CreateRequest) (*providers.Instance, error) {

@@ -117,7 +117,7 @@ func (p *Provider) pod(req *providers.CreateRequest) *corev1.Pod {
 			Name:        req.Name,
 			Namespace:   p.cfg.Namespace,
 			Labels:      providers.OwnerTags(p.entry, req.Owner),
-			Annotations: map[string]string{providers.TagOwner: req.Owner.Namespace + "/" + req.Owner.Name},
+			Annotations: map[string]string{providers.TagOwner: req.Owner.Key()},
 		},
 		Spec: corev1.PodSpec{
 			AutomountServiceAccountToken: ptr.To(false),

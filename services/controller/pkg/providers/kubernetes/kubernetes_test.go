@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"os"
 	"strings"
-	"sync/atomic"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -18,6 +17,7 @@ import (
 
 	v1 "github.com/egress-proxies/egress-proxies/pkg/api/v1alpha1"
 	"github.com/egress-proxies/egress-proxies/pkg/testenv"
+	"github.com/egress-proxies/egress-proxies/pkg/testutil/kubelet"
 	"github.com/egress-proxies/egress-proxies/services/controller/pkg/providers"
 	"github.com/egress-proxies/egress-proxies/services/controller/pkg/providers/kubernetes"
 	"github.com/egress-proxies/egress-proxies/services/controller/pkg/providers/providertest"
@@ -27,14 +27,7 @@ var env *testenv.Env
 
 func TestMain(m *testing.M) { os.Exit(testenv.Main(m, &env)) }
 
-var nsCounter atomic.Int32
-
-func namespace(t *testing.T) string {
-	t.Helper()
-	ns := fmt.Sprintf("kp-%d", nsCounter.Add(1))
-	require.NoError(t, env.Client.Create(context.Background(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}))
-	return ns
-}
+func namespace(t *testing.T) string { return env.Namespace(t, "kp") }
 
 func newProvider(t *testing.T, ns string) providers.Provider {
 	t.Helper()
@@ -48,17 +41,13 @@ func request(name string, o providers.Owner) *providers.CreateRequest {
 	return &providers.CreateRequest{Name: name, Owner: o, Port: 3128}
 }
 
-// markRunning plays kubelet: no kubelet runs on envtest, so the test
-// writes the status a kubelet would.
+// markRunning plays kubelet for one pod, at ip.
 func markRunning(t *testing.T, id, ip string) {
 	t.Helper()
 	ns, name := splitID(t, id)
 	pod := &corev1.Pod{}
 	require.NoError(t, env.Client.Get(context.Background(), client.ObjectKey{Namespace: ns, Name: name}, pod))
-	pod.Status.Phase = corev1.PodRunning
-	pod.Status.PodIP = ip
-	pod.Status.PodIPs = []corev1.PodIP{{IP: ip}}
-	require.NoError(t, env.Client.Status().Update(context.Background(), pod))
+	require.NoError(t, kubelet.MarkRunning(context.Background(), env.Client, pod, ip))
 }
 
 func splitID(t *testing.T, id string) (string, string) {

@@ -4,9 +4,10 @@ import (
 	"encoding/hex"
 	"fmt"
 	"net"
-	"regexp"
 	"sort"
 	"strings"
+
+	"k8s.io/apimachinery/pkg/util/validation"
 
 	"github.com/egress-proxies/egress-proxies/services/controller/pkg/providers"
 )
@@ -75,9 +76,6 @@ type Image struct {
 	Checksum string `json:"checksum"`
 }
 
-// hostName: a host's name is part of every providerID of its VMs.
-var hostName = regexp.MustCompile(`^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$`)
-
 const (
 	defaultSocket     = "/var/run/libvirt/libvirt-sock"
 	defaultURI        = "qemu:///system"
@@ -121,8 +119,9 @@ func decodeConfig(e providers.Entry) (*Config, error) {
 	}
 	for _, n := range sortedKeys(c.Hosts) {
 		h := c.Hosts[n]
-		if !hostName.MatchString(n) {
-			return nil, bad("hosts.%s: a host name must be a DNS label (it is part of every providerID)", n)
+		// A host's name is part of every providerID of its VMs.
+		if errs := validation.IsDNS1123Label(n); len(errs) > 0 {
+			return nil, bad("hosts.%s: a host name must be a DNS label (it is part of every providerID): %s", n, strings.Join(errs, "; "))
 		}
 		for _, f := range []struct{ name, v string }{{"address", h.Address}, {"user", h.User}, {"pool", h.Pool}} {
 			if f.v == "" {

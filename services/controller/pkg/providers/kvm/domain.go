@@ -43,7 +43,7 @@ type tags struct {
 func newTags(entry string, o providers.Owner, image string, now time.Time) *tags {
 	return &tags{
 		ManagedBy: providers.ManagedByValue, Provider: entry, OwnerUID: string(o.UID),
-		Owner: o.Namespace + "/" + o.Name, Generation: o.Generation,
+		Owner: o.Key(), Generation: o.Generation,
 		CreatedAt: now.UTC().Format(time.RFC3339), Image: image,
 	}
 }

@@ -125,7 +125,7 @@ func (c *Collector) sweepProvider(ctx context.Context, name string, p providers.
 		}
 		found.WithLabelValues(name).Inc()
 		c.Log.InfoContext(ctx, "deleting orphaned instance", "provider", name, "instance", inst.ProviderID,
-			"owner", inst.Owner.Namespace+"/"+inst.Owner.Name, "ownerUID", inst.Owner.UID, "why", why)
+			"owner", inst.Owner.Key(), "ownerUID", inst.Owner.UID, "why", why)
 		if err := p.Delete(ctx, inst.ProviderID); err != nil {
 			errs = append(errs, fmt.Errorf("deleting %s: %w", inst.ProviderID, err))
 			continue

@@ -31,9 +31,8 @@ func TestMain(m *testing.M) { os.Exit(testenv.Main(m, &env)) }
 func TestSweepCollectsOnlyOrphansPastTheGracePeriod(t *testing.T) {
 	testenv.Require(t)
 	ctx := context.Background()
-	ns := "gc"
-	require.NoError(t, env.Client.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}))
-	entries, err := providers.ParseConfig([]byte("providers:\n- {name: kubernetes, type: kubernetes, kubernetes: {namespace: gc}}\n"), []string{"kubernetes"})
+	ns := env.Namespace(t, "gc")
+	entries, err := providers.ParseConfig([]byte(fmt.Sprintf("providers:\n- {name: kubernetes, type: kubernetes, kubernetes: {namespace: %s}}\n", ns)), []string{"kubernetes"})
 	require.NoError(t, err)
 	reg, err := providers.NewRegistry(ctx, entries, map[string]providers.Factory{"kubernetes": kubernetes.New},
 		providers.Deps{Client: env.Client, APIReader: env.Client, Log: slog.Default()})

@@ -18,6 +18,7 @@ import (
 
 	v1 "github.com/egress-proxies/egress-proxies/pkg/api/v1alpha1"
 	probev1 "github.com/egress-proxies/egress-proxies/pkg/gen/egressproxies/probe/v1"
+	"github.com/egress-proxies/egress-proxies/pkg/probespec"
 	"github.com/egress-proxies/egress-proxies/pkg/sanitize"
 )
 
@@ -264,7 +265,7 @@ func (e *Engine) Handle(_ context.Context, proberID string, r *probev1.ProbeResu
 		c.fail, c.succ = c.fail+1, 0
 		if (wasStale || c.fail >= c.failureThresh) && (c.verdict == nil || c.verdict.status != metav1.ConditionFalse) {
 			setVerdict(c, &verdict{status: metav1.ConditionFalse, reason: v1.ReasonProbeFailed, at: at, traceparent: r.GetTraceparent(),
-				msg: fmt.Sprintf("%s: %s", phase(r.GetPhase()), sanitize.Text(r.GetReason(), sanitize.MaxReason))})
+				msg: fmt.Sprintf("%s: %s", failedIn(r.GetPhase()), sanitize.Text(r.GetReason(), sanitize.MaxReason))})
 			changed = true
 		}
 	}
@@ -368,9 +369,10 @@ func (e *Engine) sweep(now time.Time) {
 	}
 }
 
-func phase(p probev1.ProbePhase) string {
-	if s, ok := probev1.ProbePhase_name[int32(p)]; ok && p != 0 {
-		return strings.ToLower(strings.TrimPrefix(s, "PROBE_PHASE_")) + " failed"
+// failedIn names where a probe failed, for the condition's message.
+func failedIn(p probev1.ProbePhase) string {
+	if name := probespec.PhaseName(p); name != "none" {
+		return strings.ToLower(name) + " failed"
 	}
 	return "failed"
 }

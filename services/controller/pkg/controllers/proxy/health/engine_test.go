@@ -39,7 +39,7 @@ func readyProxy(t *testing.T, name, ip string) *v1.Proxy {
 }
 
 func result(px *v1.Proxy, ok bool) *probev1.ProbeResult {
-	r := &probev1.ProbeResult{Id: px.Namespace + "/" + px.Name, Uid: string(px.UID), Success: ok,
+	r := &probev1.ProbeResult{Id: px.Key(), Uid: string(px.UID), Success: ok,
 		Latency: durationpb.New(3 * time.Millisecond), FinishedAt: timestamppb.Now()}
 	if !ok {
 		r.Phase, r.Reason = probev1.ProbePhase_PROBE_PHASE_CONNECT, "proxy refused CONNECT 127.0.0.1:443: 403 Forbidden"

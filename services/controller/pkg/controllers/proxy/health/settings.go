@@ -14,6 +14,7 @@ import (
 
 	v1 "github.com/egress-proxies/egress-proxies/pkg/api/v1alpha1"
 	probev1 "github.com/egress-proxies/egress-proxies/pkg/gen/egressproxies/probe/v1"
+	"github.com/egress-proxies/egress-proxies/pkg/probespec"
 )
 
 // Defaults are the controller-wide probe settings; spec.healthCheck
@@ -25,7 +26,7 @@ type Defaults struct {
 	Timeout          time.Duration
 	FailureThreshold int
 	SuccessThreshold int
-	// EchoFormat: "", "text" or "json:<field>"; applies to every Proxy.
+	// EchoFormat (see probespec) applies to every Proxy.
 	EchoFormat string
 	// Trace asks probers to trace every probe (high volume).
 	Trace bool
@@ -35,7 +36,7 @@ type Defaults struct {
 // the demo override URL with a local HTTPS target.
 var DefaultDefaults = Defaults{
 	URL: "https://www.gstatic.com/generate_204", ExpectedStatus: 204,
-	Interval: 30 * time.Second, Timeout: 10 * time.Second, FailureThreshold: 3, SuccessThreshold: 2,
+	Interval: probespec.DefaultInterval, Timeout: probespec.DefaultTimeout, FailureThreshold: 3, SuccessThreshold: 2,
 }
 
 // Validate names the first bad setting.
@@ -52,8 +53,9 @@ func (d Defaults) Validate() error {
 		return fmt.Errorf("--health-timeout %s must be less than --health-interval %s: one probe of a proxy runs at a time", d.Timeout, d.Interval)
 	case d.FailureThreshold < 1 || d.SuccessThreshold < 1:
 		return fmt.Errorf("--health-failure-threshold and --health-success-threshold must be at least 1")
-	case !(d.EchoFormat == "" || d.EchoFormat == "text" || (len(d.EchoFormat) > 5 && d.EchoFormat[:5] == "json:")):
-		return fmt.Errorf(`--health-echo-format %q must be "", "text" or "json:<field>"`, d.EchoFormat)
+	}
+	if err := probespec.ValidateEchoFormat(d.EchoFormat); err != nil {
+		return fmt.Errorf("--health-echo-format: %w", err)
 	}
 	return nil
 }

@@ -11,7 +11,6 @@ import (
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
-	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
@@ -165,8 +164,8 @@ func (e *Engine) announce(px *v1.Proxy, was string, v verdict) {
 	switch {
 	case e.Recorder == nil:
 	case v.stale():
-		e.Recorder.Eventf(px, nil, corev1.EventTypeWarning, v1.ReasonProbeStale, "Probe", "%s", v.msg)
+		e.Recorder.Eventf(px, nil, v1.EventType(v1.ReasonProbeStale), v1.ReasonProbeStale, "Probe", "%s", v.msg)
 	case was == v1.ReasonProbeStale:
-		e.Recorder.Eventf(px, nil, corev1.EventTypeNormal, "ProbeResumed", "Probe", "probe results arrive again: %s (%s)", v.reason, v.msg)
+		e.Recorder.Eventf(px, nil, v1.EventType(v1.EventProbeResumed), v1.EventProbeResumed, "Probe", "probe results arrive again: %s (%s)", v.reason, v.msg)
 	}
 }

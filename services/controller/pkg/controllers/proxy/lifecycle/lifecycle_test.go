@@ -133,7 +133,7 @@ func TestReplacementOnEveryImmutableField(t *testing.T) {
 			h.update("r", tc.mutate)
 			h.waitEvent("r", v1.ReasonReplacing)
 			after := h.waitFor("r", "Ready as generation 2", func(px *v1.Proxy) bool {
-				h.kubelet()
+				h.kubelet.Sync(context.Background())
 				return px.Status.InstanceGeneration == 2 && px.Status.Phase == v1.PhaseReady
 			})
 			pods := h.pods()
@@ -178,7 +178,7 @@ func TestSecretRotationReplacesAndUnlabelledSecretIsInvisible(t *testing.T) {
 	sec.Data["user-data"] = []byte("#cloud-config\n# v2\n")
 	require.NoError(t, env.Client.Update(ctx, sec))
 	second := h.waitFor("s", "replaced", func(px *v1.Proxy) bool {
-		h.kubelet()
+		h.kubelet.Sync(context.Background())
 		return px.Status.InstanceGeneration == 2 && px.Status.Phase == v1.PhaseReady
 	})
 	assert.NotEqual(t, first.Status.IP, second.Status.IP)

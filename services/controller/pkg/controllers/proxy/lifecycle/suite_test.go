@@ -6,7 +6,6 @@ import (
 	"log/slog"
 	"os"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -24,6 +23,7 @@ import (
 
 	v1 "github.com/egress-proxies/egress-proxies/pkg/api/v1alpha1"
 	"github.com/egress-proxies/egress-proxies/pkg/testenv"
+	"github.com/egress-proxies/egress-proxies/pkg/testutil/kubelet"
 	"github.com/egress-proxies/egress-proxies/services/controller/pkg/controllers/proxy/lifecycle"
 	"github.com/egress-proxies/egress-proxies/services/controller/pkg/providers"
 	"github.com/egress-proxies/egress-proxies/services/controller/pkg/providers/fake"
@@ -37,8 +37,6 @@ var env *testenv.Env
 
 func TestMain(m *testing.M) { os.Exit(testenv.Main(m, &env)) }
 
-var nsSeq atomic.Int32
-
 // harness is one manager running the lifecycle reconciler against the
 // shared API server, confined to a namespace of its own. Entries:
 // "kubernetes" (the real provider, pods in the same namespace) and "fake".
@@ -49,7 +47,8 @@ type harness struct {
 	// wrap, when set before start, wraps the kubernetes provider.
 	wrap func(providers.Provider) providers.Provider
 	stop func()
-	ips  atomic.Int32
+	// kubelet runs the provider's pods (an address each, no Squid).
+	kubelet *kubelet.StandIn
 	// compute, when set before start, backs a "gcp" entry.
 	compute *fakecompute.Server
 	// kvm2, when set before start, is the block of a "kvm-home" entry of
@@ -61,9 +60,8 @@ type harness struct {
 
 func newHarness(t *testing.T) *harness {
 	testenv.Require(t)
-	ns := fmt.Sprintf("lc-%d", nsSeq.Add(1))
-	require.NoError(t, env.Client.Create(context.Background(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}))
-	return &harness{t: t, ns: ns, fake: fake.New("fake"), opts: lifecycle.Options{
+	ns := env.Namespace(t, "lc")
+	return &harness{t: t, ns: ns, fake: fake.New("fake"), kubelet: &kubelet.StandIn{Client: env.Client, Namespace: ns, T: t, AddressOnly: true}, opts: lifecycle.Options{
 		PollInterval: 100 * time.Millisecond, ResyncInterval: time.Hour, BackoffBase: 100 * time.Millisecond, BackoffMax: time.Second,
 	}}
 }
@@ -104,7 +102,7 @@ func (h *harness) start() *harness {
 		Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(), Log: slog.Default(),
 	})
 	require.NoError(t, err)
-	rec := lifecycle.New(mgr.GetClient(), reg, mgr.GetEventRecorder("proxy-controller"), h.opts)
+	rec := lifecycle.New(mgr.GetClient(), reg, mgr.GetEventRecorder("egress-proxies-controller"), slog.Default(), h.opts)
 	require.NoError(t, rec.SetupWithManager(ctx, mgr))
 	done := make(chan error, 1)
 	go func() { done <- mgr.Start(ctx) }()
@@ -186,28 +184,11 @@ func (h *harness) pods() []corev1.Pod {
 	return list.Items
 }
 
-// kubelet plays the kubelet for the provider's pods, which never run on
-// envtest: every pod without an IP gets Running and a fresh loopback IP.
-// It returns once no pod is waiting.
-func (h *harness) kubelet() {
-	h.t.Helper()
-	for _, pod := range h.pods() {
-		if pod.Status.PodIP != "" || pod.DeletionTimestamp != nil {
-			continue
-		}
-		ip := fmt.Sprintf("127.0.3.%d", h.ips.Add(1))
-		pod.Status.Phase = corev1.PodRunning
-		pod.Status.PodIP = ip
-		pod.Status.PodIPs = []corev1.PodIP{{IP: ip}}
-		require.NoError(h.t, env.Client.Status().Update(context.Background(), &pod))
-	}
-}
-
 // waitReady runs the kubelet stand-in until the Proxy is Ready.
 func (h *harness) waitReady(name string) *v1.Proxy {
 	h.t.Helper()
 	return h.waitFor(name, "Ready", func(px *v1.Proxy) bool {
-		h.kubelet()
+		h.kubelet.Sync(context.Background())
 		return px.Status.Phase == v1.PhaseReady && px.Status.IP != ""
 	})
 }

@@ -1,0 +1,136 @@
+// Package app wires the broker: Redis, the proxy inventory and its
+// selector indexes, the lease service, its gRPC and REST servers, and the
+// ops endpoint. Every service has an app package of this shape: Options
+// (flags and their checks) and Run, a few named steps.
+package app
+
+import (
+	"context"
+	"errors"
+	"os"
+	"strings"
+
+	"github.com/redis/go-redis/extra/redisotel/v9"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/egress-proxies/egress-proxies/pkg/auth"
+	"github.com/egress-proxies/egress-proxies/pkg/kube"
+	"github.com/egress-proxies/egress-proxies/pkg/service"
+	"github.com/egress-proxies/egress-proxies/pkg/version"
+	"github.com/egress-proxies/egress-proxies/services/broker/pkg/index"
+	"github.com/egress-proxies/egress-proxies/services/broker/pkg/inventory"
+	"github.com/egress-proxies/egress-proxies/services/broker/pkg/leases"
+	"github.com/egress-proxies/egress-proxies/services/broker/pkg/server"
+	"github.com/egress-proxies/egress-proxies/services/broker/pkg/store"
+)
+
+// Name is the broker's name in logs and flags' environment variables.
+const Name = "broker"
+
+// Run runs the broker until ctx ends.
+func Run(ctx context.Context, env service.Env, o Options) error {
+	log := env.Log
+	tok, err := auth.FromFlag(ctx, log, "--token-file", o.TokenFile)
+	if err != nil {
+		return service.UsageError{Err: err}
+	}
+	if !tok.Enabled() {
+		log.Warn("NO TOKEN CONFIGURED: the lease API serves every caller UNAUTHENTICATED; set --token-file (BROKER_TOKEN_FILE) to a mounted Secret")
+	}
+	rdb, err := redisClient(o, env.Tracing)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = rdb.Close() }()
+	st := store.New(rdb, o.RedisPrefix)
+	st.Wait = o.RedisWait
+	// A few round trips in flight keep Redis busy while another is on
+	// the wire.
+	st.Pipeline(ctx, 4)
+
+	inv, idx, err := watchProxies(ctx, o, st, env)
+	if err != nil {
+		return err
+	}
+	srv, err := server.New(ctx, log, server.Options{GRPCAddr: o.GRPCAddr, HTTPAddr: o.HTTPAddr, MaxBodyBytes: o.MaxBody, MaxRecvBytes: 1 << 20, Tracing: env.Tracing},
+		leases.New(inv, st, idx, o.Leases), tok)
+	if err != nil {
+		return service.UsageError{Err: err}
+	}
+	waitOps, err := serveOps(ctx, o, env, st, inv)
+	if err != nil {
+		return err
+	}
+	log.Info("starting", "commit", version.Commit, "leaseCap", o.Leases.LeaseCap, "cooldown", o.Leases.Cooldown, "auth", tok.Enabled())
+	serveErr := srv.Serve(ctx)
+	return errors.Join(serveErr, waitOps())
+}
+
+// redisClient connects to a single Redis, a Sentinel set-up or a Cluster,
+// as --redis-addrs and --redis-master-name say.
+func redisClient(o Options, tracing bool) (redis.UniversalClient, error) {
+	ropts := store.ClientOptions(strings.Split(o.RedisAddrs, ","), o.RedisMaster)
+	ropts.DB = o.RedisDB
+	if o.RedisPasswordFile != "" {
+		b, err := os.ReadFile(o.RedisPasswordFile)
+		if err != nil {
+			return nil, service.Usagef("--redis-password-file: %v", err)
+		}
+		ropts.Password = strings.TrimSpace(string(b))
+	}
+	rdb := redis.NewUniversalClient(ropts)
+	if tracing {
+		// No caller or statement attributes: finding the caller walks
+		// the stack on every command, a tenth of a lease's CPU, and
+		// statements would put lease ids in traces.
+		if err := redisotel.InstrumentTracing(rdb, redisotel.WithCallerEnabled(false), redisotel.WithDBStatement(false)); err != nil {
+			_ = rdb.Close()
+			return nil, err
+		}
+	}
+	return rdb, nil
+}
+
+// watchProxies starts the read-only Proxy inventory and the maintainer
+// that keeps the selector indexes in Redis current from it.
+func watchProxies(ctx context.Context, o Options, st *store.Store, env service.Env) (*inventory.Inventory, *index.Maintainer, error) {
+	cfg, err := kube.RestConfig(o.Kubeconfig)
+	if err != nil {
+		return nil, nil, service.Usagef("--kubeconfig: %v", err)
+	}
+	idx := &index.Maintainer{Store: st, Log: env.Log, Scope: o.Namespace, Resync: o.IndexResync, Idle: o.IndexIdle, MaxIndexes: o.MaxIndexes}
+	inv := inventory.New(idx.Changed)
+	idx.Inv = inv
+	if err := inv.Run(ctx, cfg, o.Namespace); err != nil {
+		return nil, nil, err
+	}
+	go idx.Run(ctx)
+	return inv, idx, nil
+}
+
+// serveOps serves /healthz, /readyz (Redis answers, the inventory has
+// synced) and /metrics, and pprof when asked; the returned func waits for
+// them to stop.
+func serveOps(ctx context.Context, o Options, env service.Env, st *store.Store, inv *inventory.Inventory) (func() error, error) {
+	ops := service.NewOps()
+	ops.Registry.MustRegister(append(append(append(leases.Collectors(), server.Collectors()...), index.Collectors()...), store.Collectors()...)...)
+	ops.AddReadyCheck("redis", st.Ping)
+	ops.AddReadyCheck("inventory", func(context.Context) error {
+		if !inv.Synced() {
+			return errors.New("proxy inventory not synced with the API server yet")
+		}
+		return nil
+	})
+	waitOps, err := service.Serve(ctx, env.Log, "ops", o.OpsAddr, ops.Handler())
+	if err != nil {
+		return nil, service.UsageError{Err: err}
+	}
+	if o.PprofAddr == "" {
+		return waitOps, nil
+	}
+	waitPprof, err := service.Serve(ctx, env.Log, "pprof", o.PprofAddr, service.Pprof())
+	if err != nil {
+		return nil, service.UsageError{Err: err}
+	}
+	return func() error { return errors.Join(waitOps(), waitPprof()) }, nil
+}

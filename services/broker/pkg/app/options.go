@@ -1,0 +1,89 @@
+package app
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"regexp"
+	"time"
+
+	"github.com/egress-proxies/egress-proxies/services/broker/pkg/index"
+	"github.com/egress-proxies/egress-proxies/services/broker/pkg/leases"
+	"github.com/egress-proxies/egress-proxies/services/broker/pkg/store"
+)
+
+// Options are the broker's flags.
+type Options struct {
+	OpsAddr           string
+	PprofAddr         string
+	GRPCAddr          string
+	HTTPAddr          string
+	Kubeconfig        string
+	Namespace         string
+	RedisAddrs        string
+	RedisMaster       string
+	RedisPasswordFile string
+	RedisDB           int
+	RedisPrefix       string
+	RedisWait         store.Wait
+	TokenFile         string
+	Leases            leases.Config
+	IndexResync       time.Duration
+	IndexIdle         time.Duration
+	MaxIndexes        int
+	MaxBody           int64
+}
+
+// Register adds the flags to fs.
+func (o *Options) Register(fs *flag.FlagSet) {
+	d := leases.DefaultConfig
+	fs.StringVar(&o.OpsAddr, "ops-addr", ":8081", "address of /healthz, /readyz and /metrics")
+	fs.StringVar(&o.PprofAddr, "pprof-bind-address", "", "address of Go's /debug/pprof profiles; empty means off")
+	fs.StringVar(&o.GRPCAddr, "grpc-addr", ":9090", "address of the gRPC LeaseService")
+	fs.StringVar(&o.HTTPAddr, "http-addr", ":8090", "address of the REST gateway")
+	fs.StringVar(&o.Kubeconfig, "kubeconfig", "", "kubeconfig file; empty means in-cluster config or $KUBECONFIG")
+	fs.StringVar(&o.Namespace, "namespace", "", "serve only Proxies of this namespace; empty means all")
+	fs.StringVar(&o.RedisAddrs, "redis-addrs", "127.0.0.1:6379", "Redis address; several comma-separated for Cluster, or Sentinels with --redis-master-name")
+	fs.StringVar(&o.RedisMaster, "redis-master-name", "", "Sentinel master name (makes --redis-addrs Sentinel addresses)")
+	fs.StringVar(&o.RedisPasswordFile, "redis-password-file", "", "file holding the Redis password")
+	fs.IntVar(&o.RedisDB, "redis-db", 0, "Redis database (not in Cluster mode)")
+	fs.StringVar(&o.RedisPrefix, "redis-key-prefix", store.DefaultPrefix, "prefix of every key; it must hold a {hash tag}. Brokers with different prefixes (say, one Deployment per namespace) keep separate state, on different Cluster shards")
+	fs.IntVar(&o.RedisWait.Replicas, "redis-wait-replicas", 0, "after each lease change, wait for this many replicas to acknowledge it (Redis WAIT), so a failover cannot lose it; 0 answers at once")
+	fs.DurationVar(&o.RedisWait.Timeout, "redis-wait-timeout", 100*time.Millisecond, "longest wait for --redis-wait-replicas; a lease change not acknowledged in time is answered UNAVAILABLE (Redis may hold it: a retry with the same requestId finds it) and counted in broker_redis_wait_shortfalls_total")
+	fs.DurationVar(&o.IndexResync, "index-resync", index.DefaultResync, "how often every selector index is checked against the inventory")
+	fs.DurationVar(&o.IndexIdle, "index-idle", index.DefaultIdle, "how long a selector index nobody leases from is kept")
+	fs.IntVar(&o.MaxIndexes, "max-indexes", index.DefaultMaxIndexes, "most selector indexes kept at once (distinct namespace and selector pairs in use); the least recently used go first")
+	fs.StringVar(&o.TokenFile, "token-file", "", "file holding the bearer token clients must send; empty serves unauthenticated")
+	fs.DurationVar(&o.Leases.DefaultTTL, "default-ttl", d.DefaultTTL, "lease TTL when a request gives ttlSeconds 0")
+	fs.DurationVar(&o.Leases.MinTTL, "min-ttl", d.MinTTL, "shortest lease TTL a request may ask for")
+	fs.DurationVar(&o.Leases.MaxTTL, "max-ttl", d.MaxTTL, "longest lease TTL a request may ask for")
+	fs.DurationVar(&o.Leases.Cooldown, "cooldown", d.Cooldown, "how long a rate_limited report keeps a proxy away from that target")
+	fs.IntVar(&o.Leases.LeaseCap, "lease-cap", d.LeaseCap, "most live leases per proxy (0: no cap)")
+	fs.Int64Var(&o.MaxBody, "max-body-bytes", 64<<10, "largest REST request body")
+}
+
+var hashTag = regexp.MustCompile(`\{[^{}]+\}`)
+
+// Validate names the first bad flag.
+func (o *Options) Validate() error {
+	l := o.Leases
+	switch {
+	case l.MinTTL <= 0 || l.MaxTTL < l.MinTTL:
+		return errors.New("--min-ttl must be positive and not above --max-ttl")
+	case l.DefaultTTL < l.MinTTL || l.DefaultTTL > l.MaxTTL:
+		return fmt.Errorf("--default-ttl %s must be between --min-ttl %s and --max-ttl %s", l.DefaultTTL, l.MinTTL, l.MaxTTL)
+	case l.Cooldown <= 0:
+		return errors.New("--cooldown must be positive")
+	case l.LeaseCap < 0:
+		return errors.New("--lease-cap must not be negative")
+	case o.MaxBody <= 0:
+		return errors.New("--max-body-bytes must be positive")
+	case !hashTag.MatchString(o.RedisPrefix):
+		return fmt.Errorf("--redis-key-prefix %q must hold a non-empty {hash tag}, so each script's keys share one Cluster slot", o.RedisPrefix)
+	case o.RedisWait.Replicas < 0 || o.RedisWait.Timeout <= 0:
+		return errors.New("--redis-wait-replicas must not be negative and --redis-wait-timeout must be positive")
+	case o.IndexResync <= 0 || o.IndexIdle <= 0 || o.MaxIndexes < 1:
+		return errors.New("--index-resync and --index-idle must be positive and --max-indexes at least 1")
+	}
+	return nil
+}

@@ -1,0 +1,184 @@
+// Package app wires the controller: the Kubernetes client and caches,
+// leader election, the Proxy controllers, orphan GC, and the probe
+// endpoint the prober fleet connects to. Every service has an app package
+// of this shape: Options (flags and their checks) and Run, a few named
+// steps.
+package app
+
+import (
+	"context"
+	"crypto/tls"
+	"fmt"
+	"log/slog"
+	"os"
+	"strings"
+
+	"github.com/go-logr/logr"
+	"k8s.io/utils/ptr"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
+	"sigs.k8s.io/controller-runtime/pkg/healthz"
+	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
+
+	"github.com/egress-proxies/egress-proxies/pkg/auth"
+	"github.com/egress-proxies/egress-proxies/pkg/certs"
+	"github.com/egress-proxies/egress-proxies/pkg/kube"
+	"github.com/egress-proxies/egress-proxies/pkg/service"
+	"github.com/egress-proxies/egress-proxies/pkg/version"
+	"github.com/egress-proxies/egress-proxies/services/controller/pkg/controllers/proxy/garbagecollection"
+	"github.com/egress-proxies/egress-proxies/services/controller/pkg/controllers/proxy/health"
+	"github.com/egress-proxies/egress-proxies/services/controller/pkg/controllers/proxy/lifecycle"
+	"github.com/egress-proxies/egress-proxies/services/controller/pkg/probehub"
+	"github.com/egress-proxies/egress-proxies/services/controller/pkg/providers"
+)
+
+// Name is the controller's name in logs, flags' environment variables,
+// Events and the leader-election Lease.
+const Name = "controller"
+
+// Run runs the controller until ctx ends.
+func Run(ctx context.Context, env service.Env, o Options) error {
+	log := env.Log
+	ctrl.SetLogger(logr.FromSlogHandler(log.Handler()))
+	probeTLS, probeToken, err := probeCredentials(ctx, log, o)
+	if err != nil {
+		return err
+	}
+	namespace := podNamespace(log, o.Namespace)
+	mgr, err := newManager(o, namespace)
+	if err != nil {
+		return err
+	}
+	registry, err := providers.NewRegistry(ctx, o.entries, factories, providers.Deps{
+		Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(), Namespace: namespace, Log: log,
+	})
+	if err != nil {
+		return service.Usagef("--providers-config: %v", err)
+	}
+	if err := addProxyControllers(ctx, mgr, registry, log, o); err != nil {
+		return err
+	}
+	if err := addProbeHub(ctx, mgr, log, o, probeTLS, probeToken); err != nil {
+		return err
+	}
+	log.Info("starting", "providers", registry.Names(), "namespace", namespace, "commit", version.Commit,
+		"probeAuth", probeToken.Enabled(), "probeTLS", probeTLS != nil)
+	return mgr.Start(ctx)
+}
+
+// probeCredentials loads the probe endpoint's certificate (re-read when
+// it changes) and the token probers must send; nil for each that is off.
+func probeCredentials(ctx context.Context, log *slog.Logger, o Options) (*tls.Config, *auth.Token, error) {
+	var probeTLS *tls.Config
+	if o.ProbeInsecure {
+		log.Warn("--probe-insecure: the probe endpoint serves plaintext")
+	} else {
+		cert, err := certs.NewReloading(ctx, log, o.ProbeTLSCert, o.ProbeTLSKey)
+		if err != nil {
+			return nil, nil, service.Usagef("--probe-tls-cert-file, --probe-tls-key-file: %v", err)
+		}
+		probeTLS = cert.ServerConfig()
+	}
+	probeToken, err := auth.FromFlag(ctx, log, "--probe-token-file", o.ProbeTokenFile)
+	if err != nil {
+		return nil, nil, service.UsageError{Err: err}
+	}
+	if !probeToken.Enabled() {
+		log.Warn("no --probe-token-file: the probe endpoint accepts any prober")
+	}
+	return probeTLS, probeToken, nil
+}
+
+// newManager makes the manager: API client limits, caches, leader
+// election, metrics and health endpoints.
+func newManager(o Options, namespace string) (ctrl.Manager, error) {
+	cfg, err := kube.RestConfig(o.Kubeconfig)
+	if err != nil {
+		return nil, service.Usagef("--kubeconfig: %v", err)
+	}
+	cfg.QPS, cfg.Burst = float32(o.KubeAPIQPS), o.KubeAPIBurst
+	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
+		Scheme:                  kube.NewScheme(),
+		Metrics:                 metricsserver.Options{BindAddress: o.MetricsAddr},
+		HealthProbeBindAddress:  o.HealthAddr,
+		PprofBindAddress:        o.PprofAddr,
+		LeaderElection:          o.LeaderElect,
+		LeaderElectionID:        o.LeaderElectionID,
+		LeaderElectionNamespace: firstNonEmpty(o.LeaderElectionNS, namespace),
+		Cache:                   cache.Options{ByObject: lifecycle.CacheByObject()},
+		LeaseDuration:           &o.LeaseDuration,
+		// client-go's ratios (15s/10s/2s), derived so one flag is enough.
+		RenewDeadline: ptr.To(o.LeaseDuration * 2 / 3),
+		RetryPeriod:   ptr.To(o.LeaseDuration * 2 / 15),
+		// A replica that loses its lease exits rather than keep acting
+		// on a stale view; Kubernetes restarts it as a follower.
+		LeaderElectionReleaseOnCancel: true,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("creating manager: %w", err)
+	}
+	if err := mgr.AddHealthzCheck("ping", healthz.Ping); err != nil {
+		return nil, err
+	}
+	if err := mgr.AddReadyzCheck("ping", healthz.Ping); err != nil {
+		return nil, err
+	}
+	return mgr, nil
+}
+
+// addProxyControllers adds the Proxy reconciler and orphan GC.
+func addProxyControllers(ctx context.Context, mgr ctrl.Manager, registry *providers.Registry, log *slog.Logger, o Options) error {
+	rec := lifecycle.New(mgr.GetClient(), registry, mgr.GetEventRecorder(EventSource), log.With("controller", "lifecycle"), lifecycle.Options{
+		PollInterval: o.PollInterval, ResyncInterval: o.ResyncInterval, ResyncQPS: o.ResyncQPS, BackoffBase: o.BackoffBase,
+		MaxConcurrentReconciles: o.Reconcilers,
+	})
+	if err := rec.SetupWithManager(ctx, mgr); err != nil {
+		return fmt.Errorf("setting up the Proxy controller: %w", err)
+	}
+	return mgr.Add(&garbagecollection.Collector{
+		Registry: registry, Reader: mgr.GetAPIReader(), Interval: o.GCInterval, Grace: o.GCGrace, Log: log.With("controller", "gc"),
+	})
+}
+
+// EventSource is the reporting controller of every Event the controller
+// emits, lifecycle and health alike: one name to filter them by.
+const EventSource = "egress-proxies-controller"
+
+// addProbeHub opens the probe endpoint and adds the hub, which serves the
+// prober fleet while this replica leads, and the health engine behind it.
+func addProbeHub(ctx context.Context, mgr ctrl.Manager, log *slog.Logger, o Options, probeTLS *tls.Config, probeToken *auth.Token) error {
+	hub := &probehub.Hub{
+		Engine: &health.Engine{
+			Client: mgr.GetClient(), Log: log.With("controller", "health"), Workers: o.HealthWriters,
+			StaleIntervals: o.StaleIntervals, Recorder: mgr.GetEventRecorder(EventSource), Elected: mgr.Elected(),
+		},
+		Defaults: o.Health, Elected: mgr.Elected(), Addr: o.ProbeAddr, TLS: probeTLS, Token: probeToken, Deny: o.deny, Log: log.With("controller", "probe-hub"),
+	}
+	if _, err := hub.Listen(); err != nil {
+		return service.UsageError{Err: err}
+	}
+	if err := hub.Watch(ctx, mgr.GetCache()); err != nil {
+		return err
+	}
+	return mgr.Add(hub)
+}
+
+func firstNonEmpty(a, b string) string {
+	if a != "" {
+		return a
+	}
+	return b
+}
+
+// podNamespace is the flag's value, else the pod's namespace, else
+// "default" for a controller run outside a cluster (make run-dev).
+func podNamespace(log *slog.Logger, flagValue string) string {
+	if flagValue != "" {
+		return flagValue
+	}
+	if b, err := os.ReadFile("/var/run/secrets/kubernetes.io/serviceaccount/namespace"); err == nil {
+		return strings.TrimSpace(string(b))
+	}
+	log.Info("not in a cluster and --namespace unset: using namespace default")
+	return "default"
+}
