@@ -63,13 +63,13 @@ manifests: ## Regenerate the CRD YAML in deploy/crds and the chart's crds/ (one 
 GENERATED := pkg/gen pkg/openapi/gen deploy/crds charts/egress-proxies/crds pkg/api/v1alpha1/zz_generated.deepcopy.go
 
 .PHONY: verify-generated
-verify-generated: ## Fail if generated files differ from what `make generate` writes.
-	@snap=$$(mktemp -d); trap 'rm -rf "$$snap"' EXIT; \
-	cp -r --parents $(GENERATED) "$$snap" 2>/dev/null || true; \
-	$(MAKE) --no-print-directory generate >/dev/null; \
-	for g in $(GENERATED); do \
-	  if ! diff -r "$$snap/$$g" "$$g" >/dev/null 2>&1; then \
-	    echo "$$g was stale and has been regenerated: review and commit it"; exit 1; fi; done; \
+verify-generated: ## Fail if generated files differ from what `make generate` writes; it generates into a scratch copy, never the working tree.
+	@scratch=$$(mktemp -d); trap 'rm -rf "$$scratch"' EXIT; \
+	git ls-files -z --cached --others --exclude-standard | xargs -0 cp --parents -t "$$scratch" 2>/dev/null || true; \
+	$(MAKE) --no-print-directory -C "$$scratch" generate >/dev/null; \
+	stale=; for g in $(GENERATED); do \
+	  diff -r "$$g" "$$scratch/$$g" >/dev/null 2>&1 || stale="$$stale $$g"; done; \
+	if [ -n "$$stale" ]; then echo "stale generated files:$$stale; run make generate, review and commit them"; exit 1; fi; \
 	echo "generated files are in sync"
 
 .PHONY: lint

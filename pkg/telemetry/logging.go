@@ -7,7 +7,6 @@ import (
 	"log/slog"
 	"strings"
 
-	"github.com/go-logr/logr"
 	"go.opentelemetry.io/otel/trace"
 )
 
@@ -43,14 +42,4 @@ func (h traceHandler) WithAttrs(attrs []slog.Attr) slog.Handler {
 
 func (h traceHandler) WithGroup(name string) slog.Handler {
 	return traceHandler{h.Handler.WithGroup(name)}
-}
-
-// LogrWithSpan returns log with the traceID and spanID of ctx's span, for
-// logr users (controller-runtime) whose sink never sees the context.
-func LogrWithSpan(ctx context.Context, log logr.Logger) logr.Logger {
-	sc := trace.SpanContextFromContext(ctx)
-	if !sc.IsValid() {
-		return log
-	}
-	return log.WithValues("traceID", sc.TraceID().String(), "spanID", sc.SpanID().String())
 }

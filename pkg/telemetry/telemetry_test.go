@@ -7,8 +7,6 @@ import (
 	"log/slog"
 	"testing"
 
-	"github.com/go-logr/logr"
-	"github.com/go-logr/logr/funcr"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"go.opentelemetry.io/otel"
@@ -38,18 +36,6 @@ func TestLogLinesInsideASpanCarryTraceAndSpanID(t *testing.T) {
 
 	assert.Contains(t, spans.String(), `"Name":"op"`, "console exporter printed the span")
 	assert.Contains(t, spans.String(), span.SpanContext().TraceID().String())
-}
-
-func TestLogrWithSpan(t *testing.T) {
-	var got string
-	base := funcr.New(func(prefix, args string) { got = args }, funcr.Options{})
-	_, err := SetupTracing(context.Background(), "test", TracingConfig{Exporter: ExporterConsole, Console: &bytes.Buffer{}})
-	require.NoError(t, err)
-	ctx, span := otel.Tracer("t").Start(context.Background(), "op")
-	defer span.End()
-	LogrWithSpan(ctx, base).Info("x")
-	assert.Contains(t, got, span.SpanContext().TraceID().String())
-	LogrWithSpan(context.Background(), logr.Discard()).Info("no span: no panic")
 }
 
 func TestTracingConfigFromEnv(t *testing.T) {

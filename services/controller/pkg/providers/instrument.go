@@ -15,16 +15,39 @@ import (
 var (
 	callDuration = prometheus.NewHistogramVec(prometheus.HistogramOpts{
 		Name:    "proxy_operator_provider_call_duration_seconds",
-		Help:    "Duration of provider calls by provider entry, type, method and error kind.",
+		Help:    "Duration of provider calls by provider entry, type, method, error kind and caller (lifecycle, gc).",
 		Buckets: []float64{.005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60},
-	}, []string{"provider", "type", "method", "kind"})
+	}, []string{"provider", "type", "method", "kind", "caller"})
 	callErrors = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "proxy_operator_provider_errors_total",
-		Help: "Provider call errors by provider entry, type, method and typed kind (not_found, quota, invalid_config, transient).",
-	}, []string{"provider", "type", "method", "kind"})
+		Help: "Provider call errors by provider entry, type, method, typed kind (not_found, quota, invalid_config, transient) and caller (lifecycle, gc).",
+	}, []string{"provider", "type", "method", "kind", "caller"})
 )
 
 func init() { ctrlmetrics.Registry.MustRegister(callDuration, callErrors) }
+
+// The callers the decorator tells apart: a Delete by the reconciler is a
+// Proxy going away, one by orphan GC is a leak being closed.
+const (
+	CallerLifecycle = "lifecycle"
+	CallerGC        = "gc"
+	callerUnknown   = "unknown"
+)
+
+type callerKey struct{}
+
+// WithCaller marks ctx's provider calls as made by caller, for the
+// decorator's metrics and spans.
+func WithCaller(ctx context.Context, caller string) context.Context {
+	return context.WithValue(ctx, callerKey{}, caller)
+}
+
+func callerOf(ctx context.Context) string {
+	if c, ok := ctx.Value(callerKey{}).(string); ok {
+		return c
+	}
+	return callerUnknown
+}
 
 // Instrument wraps p so every call is a span and a metric observation; no
 // provider records its own.
@@ -39,14 +62,15 @@ type instrumented struct {
 }
 
 func (i *instrumented) observe(ctx context.Context, method string, attrs []attribute.KeyValue, call func(context.Context) error) {
+	caller := callerOf(ctx)
 	ctx, span := i.tracer.Start(ctx, "provider."+method, trace.WithSpanKind(trace.SpanKindClient),
-		trace.WithAttributes(append(attrs, attribute.String("provider.name", i.name), attribute.String("provider.type", i.typ))...))
+		trace.WithAttributes(append(attrs, attribute.String("provider.name", i.name), attribute.String("provider.type", i.typ), attribute.String("provider.caller", caller))...))
 	start := time.Now()
 	err := call(ctx)
 	kind := Kind(err)
-	callDuration.WithLabelValues(i.name, i.typ, method, kind).Observe(time.Since(start).Seconds())
+	callDuration.WithLabelValues(i.name, i.typ, method, kind, caller).Observe(time.Since(start).Seconds())
 	if err != nil {
-		callErrors.WithLabelValues(i.name, i.typ, method, kind).Inc()
+		callErrors.WithLabelValues(i.name, i.typ, method, kind, caller).Inc()
 		span.SetAttributes(attribute.String("error.kind", kind))
 		// NotFound after a delete is the expected answer, not a failure.
 		if kind != "not_found" {

@@ -32,6 +32,8 @@ type Provider struct {
 	calls     map[string]int
 }
 
+var _ providers.Provider = (*Provider)(nil)
+
 // New returns an empty provider for entry.
 func New(entry string) *Provider {
 	return &Provider{Entry: entry, instances: map[string]*providers.Instance{}, calls: map[string]int{}}

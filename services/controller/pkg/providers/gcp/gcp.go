@@ -63,6 +63,8 @@ type Provider struct {
 	c     *compute.InstancesClient
 }
 
+var _ providers.Provider = (*Provider)(nil)
+
 // New is the Factory of this type. Missing Application Default
 // Credentials make the entry unavailable, not the manager fail.
 func New(ctx context.Context, e providers.Entry, _ providers.Deps) (providers.Provider, error) {

@@ -42,6 +42,8 @@ type Provider struct {
 	apiReader client.Reader
 }
 
+var _ providers.Provider = (*Provider)(nil)
+
 // New is the Factory of this type.
 func New(_ context.Context, e providers.Entry, deps providers.Deps) (providers.Provider, error) {
 	var cfg Config

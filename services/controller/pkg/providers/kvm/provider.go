@@ -57,6 +57,8 @@ type Provider struct {
 	jobs      map[string]*job    // providerID -> background provisioning (kvm2)
 }
 
+var _ providers.Provider = (*Provider)(nil)
+
 func newProvider(ctx context.Context, e providers.Entry, deps providers.Deps, gen *generation) (*Provider, error) {
 	cfg, err := decodeConfig(e)
 	if err != nil {

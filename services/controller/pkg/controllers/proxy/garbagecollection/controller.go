@@ -82,7 +82,7 @@ var tracer = otel.Tracer("egress-proxies/controller/gc")
 // Sweep runs one pass over every usable provider and returns how many
 // instances it deleted.
 func (c *Collector) Sweep(ctx context.Context) int {
-	ctx, span := tracer.Start(ctx, "gc.Sweep")
+	ctx, span := tracer.Start(providers.WithCaller(ctx, providers.CallerGC), "gc.Sweep")
 	defer span.End()
 	if c.Clock == nil {
 		c.Clock = clock.RealClock{}

@@ -173,7 +173,7 @@ type scope struct {
 // Reconcile is the fixed skeleton: fetch, finalizer, deferred status
 // patch, then reconcileDelete or reconcileNormal.
 func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (res ctrl.Result, retErr error) {
-	ctx, span := tracer.Start(ctx, "proxy.Reconcile", trace.WithAttributes(
+	ctx, span := tracer.Start(providers.WithCaller(ctx, providers.CallerLifecycle), "proxy.Reconcile", trace.WithAttributes(
 		attribute.String("proxy.namespace", req.Namespace), attribute.String("proxy.name", req.Name)))
 	defer func() {
 		if retErr != nil {
