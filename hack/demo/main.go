@@ -1,5 +1,5 @@
 // Command demo runs the whole system on one machine, on loopback only, and
-// walks the seed's quickstart against it: a real API server and etcd, Redis,
+// walks the README's quickstart against it: a real API server and etcd, Redis,
 // the controller, two probers and two brokers as real processes, an HTTPS
 // probe target with its own CA, and a stand-in kubelet that runs a real
 // Squid for each kubernetes-provider pod. `make demo` runs it.
@@ -172,7 +172,7 @@ func main() {
 	})
 
 	fmt.Println()
-	step("the seed's quickstart over REST (broker-0 unless noted)")
+	step("the README's quickstart over REST (broker-0 unless noted)")
 	call(r, "GET", rest[0]+"/v1/proxies?healthy=true", "", true)
 	lease := call(r, "POST", rest[0]+"/v1/leases", `{"selector":{"geo":"local"},"ttlSeconds":300}`, true)
 	var l struct {

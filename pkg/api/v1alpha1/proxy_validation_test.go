@@ -162,6 +162,6 @@ func TestCRDHasSeedPrinterColumnsAndShortName(t *testing.T) {
 			shown = append(shown, strings.ToUpper(c.Name))
 		}
 	}
-	// NAME is implicit; the rest in the seed's order.
+	// NAME is implicit; the rest in the order docs/api.md shows.
 	assert.Equal(t, []string{"MODE", "PROVIDER", "PHASE", "IP", "HEALTHY", "AGE"}, shown)
 }

@@ -31,7 +31,7 @@ func keys(m map[string]any) []string {
 	return out
 }
 
-// The seed's quickstart, request for request, with its JSON field names.
+// The README's quickstart, request for request, with its JSON field names.
 func TestQuickstartOverREST(t *testing.T) {
 	f := newFleet(t)
 	f.add("proxy-kubernetes-sample", "127.0.0.21", map[string]string{"geo": "local"})

@@ -584,7 +584,7 @@ type ReportLeaseRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// lease_id of a live lease.
 	LeaseId string `protobuf:"bytes,1,opt,name=lease_id,json=leaseID,proto3" json:"lease_id,omitempty"`
-	// result at the target, as the seed's clients write it: "ok",
+	// result at the target, as v1 REST clients write it: "ok",
 	// "rate_limited" (starts a cooldown for the target), "blocked" or
 	// "error". A string rather than an enum so REST clients send exactly
 	// these words.

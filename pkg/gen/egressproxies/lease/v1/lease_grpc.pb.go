@@ -32,8 +32,8 @@ const (
 //
 // LeaseService hands healthy proxies to crawlers as time-bounded leases and
 // takes their reports about how a target site treated a proxy. The broker
-// serves it over gRPC and, through grpc-gateway, as the REST API of the
-// seed's quickstart (the HTTP mapping lives in lease_http.yaml).
+// serves it over gRPC and, through grpc-gateway, as the REST API the
+// README's quickstart uses (the HTTP mapping lives in lease_http.yaml).
 type LeaseServiceClient interface {
 	// ListProxies returns the proxies the broker knows, filtered.
 	ListProxies(ctx context.Context, in *ListProxiesRequest, opts ...grpc.CallOption) (*ListProxiesResponse, error)
@@ -116,8 +116,8 @@ func (c *leaseServiceClient) ReportLease(ctx context.Context, in *ReportLeaseReq
 //
 // LeaseService hands healthy proxies to crawlers as time-bounded leases and
 // takes their reports about how a target site treated a proxy. The broker
-// serves it over gRPC and, through grpc-gateway, as the REST API of the
-// seed's quickstart (the HTTP mapping lives in lease_http.yaml).
+// serves it over gRPC and, through grpc-gateway, as the REST API the
+// README's quickstart uses (the HTTP mapping lives in lease_http.yaml).
 type LeaseServiceServer interface {
 	// ListProxies returns the proxies the broker knows, filtered.
 	ListProxies(context.Context, *ListProxiesRequest) (*ListProxiesResponse, error)

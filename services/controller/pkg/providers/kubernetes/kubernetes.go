@@ -23,7 +23,7 @@ import (
 // Type is the providers-config type name.
 const Type = "kubernetes"
 
-// DefaultImage is the seed's Squid image.
+// DefaultImage is the Squid image a pod runs when placement.image is empty.
 const DefaultImage = "ubuntu/squid:6.6-24.04_edge"
 
 // Config is the `kubernetes:` block of a providers-config entry.
