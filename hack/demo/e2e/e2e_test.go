@@ -83,6 +83,15 @@ func managed(ns, name string) *v1.Proxy {
 		Spec: v1.ProxySpec{Mode: v1.ModeManaged, Provider: "kubernetes", Attributes: map[string]string{"geo": "local"}}}
 }
 
+// leaseOnce takes a lease in ns from the broker at rest, once the broker
+// has seen a leasable proxy there.
+func leaseOnce(t *testing.T, rest, ns string) reply {
+	t.Helper()
+	var l reply
+	require.Eventually(t, func() bool { l = do(t, "POST", rest+"/v1/leases", `{"namespace":"`+ns+`"}`); return l.status == 200 }, 30*time.Second, 50*time.Millisecond)
+	return l
+}
+
 func waitProxy(t *testing.T, ns, name, what string, ok func(*v1.Proxy) bool) *v1.Proxy {
 	t.Helper()
 	var last v1.Proxy
@@ -353,8 +362,7 @@ func TestRedisRestartedBrokersRecoverWithStateIntact(t *testing.T) {
 	require.NoError(t, env.Client.Create(ctx, managed(ns, "x")))
 	waitProxy(t, ns, "x", "healthy", healthy)
 	b := s.Brokers[1].REST
-	var l reply
-	require.Eventually(t, func() bool { l = do(t, "POST", b+"/v1/leases", `{"namespace":"`+ns+`"}`); return l.status == 200 }, 30*time.Second, 50*time.Millisecond)
+	l := leaseOnce(t, b, ns)
 	s.Redis.Kill()
 	assert.Equal(t, 503, do(t, "POST", b+"/v1/leases", `{"namespace":"`+ns+`"}`).status)
 	s.Redis.Start()
@@ -372,8 +380,7 @@ func TestBadInputAtTheEdgesChangesNothing(t *testing.T) {
 	require.NoError(t, env.Client.Create(ctx, managed(ns, "v")))
 	waitProxy(t, ns, "v", "healthy", healthy)
 	b := s.Brokers[0].REST
-	var l reply
-	require.Eventually(t, func() bool { l = do(t, "POST", b+"/v1/leases", `{"namespace":"`+ns+`"}`); return l.status == 200 }, 30*time.Second, 50*time.Millisecond)
+	leaseOnce(t, b, ns)
 	before := do(t, "GET", b+"/v1/proxies?namespace="+ns, "").body
 
 	for _, c := range []struct{ method, path, body string }{

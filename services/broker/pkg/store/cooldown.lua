@@ -2,9 +2,7 @@
 -- later, if it already cools down longer). ARGV: lease_id, target, duration_ms.
 -- Returns the cooldown's end, or 0 when the lease is gone or expired.
 local id, target, d = ARGV[1], ARGV[2], tonumber(ARGV[3])
-local now = now_ms()
-drain(now, DRAIN)
-local l = live_lease(id, now)
+local now, l = open_lease(id)
 if not l then
   return 0
 end

@@ -98,3 +98,11 @@ local function live_lease(id, now)
   end
   return nil
 end
+
+-- The start of every script that changes one lease: read the clock,
+-- apply what is due, and return now and the lease (nil when gone).
+local function open_lease(id)
+  local now = now_ms()
+  drain(now, DRAIN)
+  return now, live_lease(id, now)
+end

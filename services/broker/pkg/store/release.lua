@@ -1,8 +1,6 @@
 -- Ends a lease. ARGV: lease_id. Returns 1 when a live lease was released.
 local id = ARGV[1]
-local now = now_ms()
-drain(now, DRAIN)
-local l = live_lease(id, now)
+local _, l = open_lease(id)
 if not l then
   return 0
 end

@@ -2,9 +2,7 @@
 -- ARGV: lease_id, proxy, ttl_ms. Returns the new expiry, or 0 when the
 -- lease is gone, expired or not on proxy.
 local id, uid, ttl = ARGV[1], ARGV[2], tonumber(ARGV[3])
-local now = now_ms()
-drain(now, DRAIN)
-local l = live_lease(id, now)
+local now, l = open_lease(id)
 if not l or l[1] ~= uid then
   return 0
 end
