@@ -292,9 +292,11 @@ func TestMissingPlacementFieldIsNamedAndNotRetried(t *testing.T) {
 	failed := h.waitFor("p", "Failed", func(px *v1.Proxy) bool { return px.Status.Phase == v1.PhaseFailed })
 	assert.Equal(t, v1.ReasonInvalidPlacement, ready(failed).Reason)
 	assert.Contains(t, ready(failed).Message, "spec.placement.machineType")
-	time.Sleep(300 * time.Millisecond) // let reconciles already queued finish
-	calls := h.fake.Calls("Create")
-	time.Sleep(time.Second) // ten backoff bases: a retry loop would show
+	// Reconciles already queued (the finalizer's own update) may still
+	// call Create, later on a busy machine: wait for the calls to settle,
+	// then watch ten backoff bases, in which a retry loop would show.
+	calls := settled(t, func() int { return h.fake.Calls("Create") })
+	time.Sleep(time.Second)
 	assert.Equal(t, calls, h.fake.Calls("Create"), "a config error is not retried")
 
 	h.update("p", func(px *v1.Proxy) { px.Spec.Placement.MachineType = "small" })

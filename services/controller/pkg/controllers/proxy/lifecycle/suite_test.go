@@ -228,3 +228,22 @@ func (h *harness) update(name string, mutate func(*v1.Proxy)) {
 		return env.Client.Update(context.Background(), px) == nil
 	}, 10*time.Second, 50*time.Millisecond)
 }
+
+// settled returns count's value once it has not changed for 300 ms (three
+// backoff bases of the harness: a retry loop never rests that long before
+// its delays grow past it, and then the caller's longer watch sees it).
+func settled(t *testing.T, count func() int) int {
+	t.Helper()
+	last, since := count(), time.Now()
+	deadline := time.Now().Add(30 * time.Second)
+	for time.Since(since) < 300*time.Millisecond {
+		if time.Now().After(deadline) {
+			t.Fatalf("still changing after 30s (at %d)", last)
+		}
+		time.Sleep(20 * time.Millisecond)
+		if n := count(); n != last {
+			last, since = n, time.Now()
+		}
+	}
+	return last
+}
