@@ -4,7 +4,6 @@
 package e2e
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -26,6 +25,7 @@ import (
 	"github.com/egress-proxies/egress-proxies/hack/demo/system"
 	v1 "github.com/egress-proxies/egress-proxies/pkg/api/v1alpha1"
 	"github.com/egress-proxies/egress-proxies/pkg/testenv"
+	"github.com/egress-proxies/egress-proxies/pkg/testutil/rest"
 )
 
 var env *testenv.Env
@@ -53,42 +53,20 @@ func up(t *testing.T, o system.Options) (*system.System, string) {
 	return s, ns
 }
 
-type reply struct {
-	status int
-	body   []byte
-	json   map[string]any
-}
-
-func do(t *testing.T, method, url, body string) reply {
-	t.Helper()
-	var rd io.Reader
-	if body != "" {
-		rd = strings.NewReader(body)
-	}
-	req, err := http.NewRequest(method, url, rd)
-	require.NoError(t, err)
-	resp, err := http.DefaultClient.Do(req)
-	require.NoError(t, err)
-	defer func() { _ = resp.Body.Close() }()
-	r := reply{status: resp.StatusCode}
-	r.body, _ = io.ReadAll(resp.Body)
-	if len(bytes.TrimSpace(r.body)) > 0 {
-		_ = json.Unmarshal(r.body, &r.json)
-	}
-	return r
-}
-
 func managed(ns, name string) *v1.Proxy {
 	return &v1.Proxy{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns},
 		Spec: v1.ProxySpec{Mode: v1.ModeManaged, Provider: "kubernetes", Attributes: map[string]string{"geo": "local"}}}
 }
 
-// leaseOnce takes a lease in ns from the broker at rest, once the broker
+// leaseOnce takes a lease in ns from the broker (its REST URL), once it
 // has seen a leasable proxy there.
-func leaseOnce(t *testing.T, rest, ns string) reply {
+func leaseOnce(t *testing.T, broker, ns string) rest.Reply {
 	t.Helper()
-	var l reply
-	require.Eventually(t, func() bool { l = do(t, "POST", rest+"/v1/leases", `{"namespace":"`+ns+`"}`); return l.status == 200 }, 30*time.Second, 50*time.Millisecond)
+	var l rest.Reply
+	require.Eventually(t, func() bool {
+		l = rest.Do(t, "POST", broker+"/v1/leases", `{"namespace":"`+ns+`"}`)
+		return l.Status == 200
+	}, 30*time.Second, 50*time.Millisecond)
 	return l
 }
 
@@ -107,13 +85,13 @@ func waitProxy(t *testing.T, ns, name, what string, ok func(*v1.Proxy) bool) *v1
 func healthy(px *v1.Proxy) bool { return px.Status.Phase == v1.PhaseReady && px.Status.Healthy }
 
 // listed returns "ip:port" of each healthy proxy the broker lists, by id.
-func listed(t *testing.T, rest string) map[string]string {
-	r := do(t, "GET", rest+"/v1/proxies?healthy=true", "")
+func listed(t *testing.T, broker string) map[string]string {
+	r := rest.Do(t, "GET", broker+"/v1/proxies?healthy=true", "")
 	out := map[string]string{}
-	if r.status != 200 {
+	if r.Status != 200 {
 		return out
 	}
-	for _, p := range r.json["proxies"].([]any) {
+	for _, p := range r.JSON["proxies"].([]any) {
 		m := p.(map[string]any)
 		out[m["id"].(string)] = fmt.Sprintf("%s:%.0f", m["ip"], m["port"])
 	}
@@ -145,18 +123,18 @@ func TestQuickstart(t *testing.T) {
 	id := ns + "/proxy-kubernetes-sample"
 	require.Eventually(t, func() bool { return listed(t, b0)[id] != "" && listed(t, b1)[id] != "" }, 30*time.Second, 50*time.Millisecond)
 
-	list := do(t, "GET", b0+"/v1/proxies?healthy=true&geo=local&namespace="+ns, "")
-	require.Equal(t, 200, list.status)
-	ps := list.json["proxies"].([]any)
+	list := rest.Do(t, "GET", b0+"/v1/proxies?healthy=true&geo=local&namespace="+ns, "")
+	require.Equal(t, 200, list.Status)
+	ps := list.JSON["proxies"].([]any)
 	require.Len(t, ps, 1)
 	p := ps[0].(map[string]any)
 	assert.Equal(t, px.Status.IP, p["ip"])
 	assert.Equal(t, float64(3128), p["port"])
 
-	lease := do(t, "POST", b0+"/v1/leases", `{"selector":{"geo":"local"},"ttlSeconds":300,"namespace":"`+ns+`"}`)
-	require.Equal(t, 200, lease.status, string(lease.body))
-	leaseID := lease.json["leaseID"].(string)
-	assert.Equal(t, id, lease.json["proxy"].(map[string]any)["id"])
+	lease := rest.Do(t, "POST", b0+"/v1/leases", `{"selector":{"geo":"local"},"ttlSeconds":300,"namespace":"`+ns+`"}`)
+	require.Equal(t, 200, lease.Status, string(lease.Body))
+	leaseID := lease.JSON["leaseID"].(string)
+	assert.Equal(t, id, lease.JSON["proxy"].(map[string]any)["id"])
 
 	// The leased proxy really egresses: fetch the target through it.
 	tr := &http.Transport{Proxy: http.ProxyURL(mustURL("http://" + px.Status.IP + ":3128")), TLSClientConfig: tlsTo(s)}
@@ -166,13 +144,13 @@ func TestQuickstart(t *testing.T) {
 	_ = resp.Body.Close()
 	assert.Equal(t, "127.0.0.1", strings.TrimSpace(string(body)))
 
-	rep := do(t, "POST", b1+"/v1/leases/"+leaseID+"/report", `{"result":"rate_limited","target":"example.com"}`)
-	assert.Equal(t, 200, rep.status, "the other broker sees the lease: %s", rep.body)
-	none := do(t, "POST", b0+"/v1/leases", `{"namespace":"`+ns+`","target":"example.com"}`)
-	assert.Equal(t, 429, none.status, "the only proxy cools down for example.com")
-	assert.Contains(t, string(none.body), "ALL_COOLING_DOWN")
-	assert.Equal(t, 204, do(t, "DELETE", b0+"/v1/leases/"+leaseID, "").status)
-	assert.Equal(t, 204, do(t, "DELETE", b1+"/v1/leases/"+leaseID, "").status)
+	rep := rest.Do(t, "POST", b1+"/v1/leases/"+leaseID+"/report", `{"result":"rate_limited","target":"example.com"}`)
+	assert.Equal(t, 200, rep.Status, "the other broker sees the lease: %s", rep.Body)
+	none := rest.Do(t, "POST", b0+"/v1/leases", `{"namespace":"`+ns+`","target":"example.com"}`)
+	assert.Equal(t, 429, none.Status, "the only proxy cools down for example.com")
+	assert.Contains(t, string(none.Body), "ALL_COOLING_DOWN")
+	assert.Equal(t, 204, rest.Do(t, "DELETE", b0+"/v1/leases/"+leaseID, "").Status)
+	assert.Equal(t, 204, rest.Do(t, "DELETE", b1+"/v1/leases/"+leaseID, "").Status)
 }
 
 func TestReplacementGivesANewIPAndClientsNeverSeeTheOldOneAgain(t *testing.T) {
@@ -318,11 +296,11 @@ func TestBrokerKilledUnderTrafficLosesNoLease(t *testing.T) {
 	}
 	require.NotEmpty(t, granted)
 	for id, p := range granted {
-		r := do(t, "POST", s.Brokers[0].REST+"/v1/leases/"+id+"/renew", `{}`)
-		assert.Equal(t, 200, r.status, "lease %s on %s was granted before the kill and must still be valid", id, p)
+		r := rest.Do(t, "POST", s.Brokers[0].REST+"/v1/leases/"+id+"/renew", `{}`)
+		assert.Equal(t, 200, r.Status, "lease %s on %s was granted before the kill and must still be valid", id, p)
 	}
-	list := do(t, "GET", s.Brokers[0].REST+"/v1/proxies?namespace="+ns, "")
-	for _, p := range list.json["proxies"].([]any) {
+	list := rest.Do(t, "GET", s.Brokers[0].REST+"/v1/proxies?namespace="+ns, "")
+	for _, p := range list.JSON["proxies"].([]any) {
 		m := p.(map[string]any)
 		n := int(m["leaseCount"].(float64))
 		assert.Equal(t, counts[m["id"].(string)], n, "lease count of %s is exact", m["id"])
@@ -337,7 +315,7 @@ func TestSquidKilledLeavesTheCandidatesAndComesBack(t *testing.T) {
 	px := waitProxy(t, ns, "k", "healthy", healthy)
 	b := s.Brokers[0].REST
 	require.Eventually(t, func() bool {
-		return do(t, "POST", b+"/v1/leases", `{"ttlSeconds":10,"namespace":"`+ns+`"}`).status == 200
+		return rest.Do(t, "POST", b+"/v1/leases", `{"ttlSeconds":10,"namespace":"`+ns+`"}`).Status == 200
 	}, 30*time.Second, 50*time.Millisecond)
 
 	// Kill the Squid the kubelet stand-in runs for the pod.
@@ -346,13 +324,13 @@ func TestSquidKilledLeavesTheCandidatesAndComesBack(t *testing.T) {
 	squid.Kill()
 	waitProxy(t, ns, "k", "Unhealthy", func(p *v1.Proxy) bool { return !p.Status.Healthy })
 	require.Eventually(t, func() bool {
-		return do(t, "POST", b+"/v1/leases", `{"ttlSeconds":10,"namespace":"`+ns+`"}`).status == 429
+		return rest.Do(t, "POST", b+"/v1/leases", `{"ttlSeconds":10,"namespace":"`+ns+`"}`).Status == 429
 	}, 30*time.Second, 50*time.Millisecond, "an Unhealthy proxy is no lease candidate")
 
 	squid.Start()
 	waitProxy(t, ns, "k", "healthy again", healthy)
 	require.Eventually(t, func() bool {
-		return do(t, "POST", b+"/v1/leases", `{"ttlSeconds":10,"namespace":"`+ns+`"}`).status == 200
+		return rest.Do(t, "POST", b+"/v1/leases", `{"ttlSeconds":10,"namespace":"`+ns+`"}`).Status == 200
 	}, 30*time.Second, 50*time.Millisecond)
 }
 
@@ -364,10 +342,10 @@ func TestRedisRestartedBrokersRecoverWithStateIntact(t *testing.T) {
 	b := s.Brokers[1].REST
 	l := leaseOnce(t, b, ns)
 	s.Redis.Kill()
-	assert.Equal(t, 503, do(t, "POST", b+"/v1/leases", `{"namespace":"`+ns+`"}`).status)
+	assert.Equal(t, 503, rest.Do(t, "POST", b+"/v1/leases", `{"namespace":"`+ns+`"}`).Status)
 	s.Redis.Start()
 	require.Eventually(t, func() bool {
-		return do(t, "POST", b+"/v1/leases/"+l.json["leaseID"].(string)+"/renew", `{}`).status == 200
+		return rest.Do(t, "POST", b+"/v1/leases/"+l.JSON["leaseID"].(string)+"/renew", `{}`).Status == 200
 	}, 30*time.Second, 100*time.Millisecond, "the lease from before the restart is intact")
 	for _, br := range s.Brokers {
 		assert.False(t, br.Proc.Exited())
@@ -381,7 +359,7 @@ func TestBadInputAtTheEdgesChangesNothing(t *testing.T) {
 	waitProxy(t, ns, "v", "healthy", healthy)
 	b := s.Brokers[0].REST
 	leaseOnce(t, b, ns)
-	before := do(t, "GET", b+"/v1/proxies?namespace="+ns, "").body
+	before := rest.Do(t, "GET", b+"/v1/proxies?namespace="+ns, "").Body
 
 	for _, c := range []struct{ method, path, body string }{
 		{"POST", "/v1/leases", `{"selector":`},
@@ -392,11 +370,11 @@ func TestBadInputAtTheEdgesChangesNothing(t *testing.T) {
 		{"DELETE", "/v1/leases/..%2f..%2fetc%2fpasswd", ""},
 		{"POST", "/v1/leases/" + strings.Repeat("0", 32) + "/report", `{"result":"ok"}`},
 	} {
-		r := do(t, c.method, b+c.path, c.body)
-		assert.GreaterOrEqual(t, r.status, 400, "%s %s", c.method, c.path)
-		assert.Less(t, r.status, 500, "%s %s: %s", c.method, c.path, r.body)
+		r := rest.Do(t, c.method, b+c.path, c.body)
+		assert.GreaterOrEqual(t, r.Status, 400, "%s %s", c.method, c.path)
+		assert.Less(t, r.Status, 500, "%s %s: %s", c.method, c.path, r.Body)
 	}
-	assert.JSONEq(t, string(before), string(do(t, "GET", b+"/v1/proxies?namespace="+ns, "").body), "lease counts unchanged")
+	assert.JSONEq(t, string(before), string(rest.Do(t, "GET", b+"/v1/proxies?namespace="+ns, "").Body), "lease counts unchanged")
 
 	bad := &v1.Proxy{ObjectMeta: metav1.ObjectMeta{Name: "bad", Namespace: ns}, Spec: v1.ProxySpec{Mode: v1.ModeExternal, Port: 70000}}
 	err := env.Client.Create(ctx, bad)
@@ -421,8 +399,8 @@ func TestAPIServerUnreachableForAWhile(t *testing.T) {
 	require.NoError(t, env.Client.Create(ctx, managed(ns, "during")))
 	time.Sleep(8 * time.Second) // longer than the controller's lease (4s): it loses leadership
 	// The broker keeps serving what it knew.
-	lease := do(t, "POST", b+"/v1/leases", `{"namespace":"`+ns+`","ttlSeconds":60}`)
-	assert.Equal(t, 200, lease.status, "the broker leases from its last inventory while the API server is away: %s", lease.body)
+	lease := rest.Do(t, "POST", b+"/v1/leases", `{"namespace":"`+ns+`","ttlSeconds":60}`)
+	assert.Equal(t, 200, lease.Status, "the broker leases from its last inventory while the API server is away: %s", lease.Body)
 	for _, p := range s.Brokers {
 		assert.False(t, p.Proc.Exited(), "broker survived")
 	}

@@ -17,6 +17,7 @@ import (
 	"github.com/egress-proxies/egress-proxies/hack/demo/system"
 	v1 "github.com/egress-proxies/egress-proxies/pkg/api/v1alpha1"
 	"github.com/egress-proxies/egress-proxies/pkg/testutil/promtext"
+	"github.com/egress-proxies/egress-proxies/pkg/testutil/rest"
 )
 
 // proxies creates n managed proxies in ns and waits until each is Healthy.
@@ -165,10 +166,10 @@ func TestAStoppedProbeFleetMakesHealthStale(t *testing.T) {
 	t.Logf("every proxy stale %s after every prober stopped (bound %s; the transition time is to the second)", latest, (3+1)*interval)
 	require.Eventually(t, func() bool { return listedIn(t, b, ns) == 0 }, 30*time.Second, 50*time.Millisecond,
 		"the broker still lists healthy proxies with every proxy stale")
-	refused := do(t, "POST", b+"/v1/leases", `{"namespace":"`+ns+`"}`)
-	assert.Equal(t, 429, refused.status)
-	assert.Contains(t, string(refused.body), "HEALTH_STALE")
-	assert.Contains(t, string(refused.body), "health of 3 matching proxies is stale")
+	refused := rest.Do(t, "POST", b+"/v1/leases", `{"namespace":"`+ns+`"}`)
+	assert.Equal(t, 429, refused.Status)
+	assert.Contains(t, string(refused.Body), "HEALTH_STALE")
+	assert.Contains(t, string(refused.Body), "health of 3 matching proxies is stale")
 	ctrl, err := promtext.Scrape(nil, "http://"+s.Controllers[0].Metrics+"/metrics")
 	require.NoError(t, err)
 	assert.GreaterOrEqual(t, ctrl["proxy_operator_proxies_probe_stale"], float64(len(names)))
@@ -178,7 +179,7 @@ func TestAStoppedProbeFleetMakesHealthStale(t *testing.T) {
 	}
 	require.Eventually(t, func() bool { return listedIn(t, b, ns) == len(names) }, 30*time.Second, 50*time.Millisecond,
 		"probers back, the proxies are leasable again")
-	assert.Equal(t, 200, do(t, "POST", b+"/v1/leases", `{"namespace":"`+ns+`"}`).status)
+	assert.Equal(t, 200, rest.Do(t, "POST", b+"/v1/leases", `{"namespace":"`+ns+`"}`).Status)
 }
 
 func healthCondition(px *v1.Proxy) *metav1.Condition {
@@ -186,9 +187,9 @@ func healthCondition(px *v1.Proxy) *metav1.Condition {
 }
 
 // listedIn counts the healthy proxies of ns the broker lists.
-func listedIn(t *testing.T, rest, ns string) int {
+func listedIn(t *testing.T, broker, ns string) int {
 	n := 0
-	for id := range listed(t, rest) {
+	for id := range listed(t, broker) {
 		if strings.HasPrefix(id, ns+"/") {
 			n++
 		}

@@ -289,8 +289,7 @@ func TestDeploySecretsAreMadeOnce(t *testing.T) {
 		t.Skip("kubectl is not installed; make deploy needs it, and this test runs the script make deploy runs")
 	}
 	ctx := context.Background()
-	const dns = "deploy-secrets"
-	require.NoError(t, env.Client.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: dns}}))
+	dns := env.Namespace(t, "deploy-secrets")
 	kc, err := env.WriteKubeconfig(t.TempDir())
 	require.NoError(t, err)
 	run := func() {

@@ -21,6 +21,7 @@ import (
 
 	leasev1 "github.com/egress-proxies/egress-proxies/pkg/gen/egressproxies/lease/v1"
 	"github.com/egress-proxies/egress-proxies/pkg/testutil/proc"
+	"github.com/egress-proxies/egress-proxies/pkg/testutil/rest"
 )
 
 func keys(m map[string]any) []string {
@@ -86,7 +87,7 @@ func TestLeastLoadedAndTargetCooldown(t *testing.T) {
 	b.waitListed(3)
 
 	var ids []string
-	lease := func(body string) reply {
+	lease := func(body string) rest.Reply {
 		r := b.lease(body)
 		if r.Status == 200 {
 			ids = append(ids, r.JSON["leaseID"].(string))
@@ -226,11 +227,11 @@ func TestRedisDownAnswers503ThenRecovers(t *testing.T) {
 	held := ok.JSON["leaseID"].(string)
 
 	r.Kill()
-	for _, call := range []func() reply{
-		func() reply { return b.lease(`{}`) },
-		func() reply { return b.do("GET", "/v1/proxies", "") },
-		func() reply { return b.do("DELETE", "/v1/leases/"+held, "") },
-		func() reply { return b.do("POST", "/v1/leases/"+held+"/report", `{"result":"ok"}`) },
+	for _, call := range []func() rest.Reply{
+		func() rest.Reply { return b.lease(`{}`) },
+		func() rest.Reply { return b.do("GET", "/v1/proxies", "") },
+		func() rest.Reply { return b.do("DELETE", "/v1/leases/"+held, "") },
+		func() rest.Reply { return b.do("POST", "/v1/leases/"+held+"/report", `{"result":"ok"}`) },
 	} {
 		resp := call()
 		assert.Equal(t, http.StatusServiceUnavailable, resp.Status, string(resp.Body))

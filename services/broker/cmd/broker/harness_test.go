@@ -1,12 +1,7 @@
 package main
 
 import (
-	"bytes"
-	"encoding/json"
-	"io"
-	"net/http"
 	"os"
-	"strings"
 	"testing"
 	"time"
 
@@ -14,6 +9,7 @@ import (
 
 	"github.com/egress-proxies/egress-proxies/pkg/testenv"
 	"github.com/egress-proxies/egress-proxies/pkg/testutil/proc"
+	"github.com/egress-proxies/egress-proxies/pkg/testutil/rest"
 )
 
 const pkgPath = "github.com/egress-proxies/egress-proxies/services/broker/cmd/broker"
@@ -73,32 +69,9 @@ func (b *broker) restart() {
 	b.start()
 }
 
-type reply struct {
-	Status int
-	Body   []byte
-	JSON   map[string]any
-}
-
-func (b *broker) do(method, path, body string, header ...string) reply {
+func (b *broker) do(method, path, body string, header ...string) rest.Reply {
 	b.t.Helper()
-	var rd io.Reader
-	if body != "" {
-		rd = strings.NewReader(body)
-	}
-	req, err := http.NewRequest(method, b.rest+path, rd)
-	require.NoError(b.t, err)
-	for i := 0; i+1 < len(header); i += 2 {
-		req.Header.Set(header[i], header[i+1])
-	}
-	resp, err := http.DefaultClient.Do(req)
-	require.NoError(b.t, err)
-	defer func() { _ = resp.Body.Close() }()
-	r := reply{Status: resp.StatusCode}
-	r.Body, _ = io.ReadAll(resp.Body)
-	if len(bytes.TrimSpace(r.Body)) > 0 {
-		_ = json.Unmarshal(r.Body, &r.JSON)
-	}
-	return r
+	return rest.Do(b.t, method, b.rest+path, body, header...)
 }
 
 // waitListed waits until the broker's inventory shows n proxies.
@@ -111,7 +84,7 @@ func (b *broker) waitListed(n int) {
 	}, 30*time.Second, 50*time.Millisecond, "the broker never listed %d proxies", n)
 }
 
-func (b *broker) lease(body string) reply { return b.do("POST", "/v1/leases", body) }
+func (b *broker) lease(body string) rest.Reply { return b.do("POST", "/v1/leases", body) }
 
 // counts maps proxy id to leaseCount from the list endpoint.
 func (b *broker) counts() map[string]int {

@@ -64,6 +64,17 @@ func (f *fixture) mustAcquire(key, target string, capacity int) *store.Lease {
 	return l
 }
 
+// leaseOn acquires from an index of idle, tied proxies until a lease
+// lands on uid (ties are drawn at random), leaving the misses held.
+func (f *fixture) leaseOn(key, uid string) *store.Lease {
+	f.t.Helper()
+	for {
+		if l := f.mustAcquire(key, "", 0); l.Proxy == uid {
+			return l
+		}
+	}
+}
+
 // TestAcquireMatchesAModel drives random acquires, releases and cooldowns
 // on two overlapping indexes and checks every answer against a plain
 // in-memory model of the rule: the least-loaded proxy not cooling down for
@@ -386,10 +397,7 @@ func TestForgetDropsEverythingAboutAProxy(t *testing.T) {
 	f := newFixture(t)
 	f.index("a", uids(2)...)
 	f.index("b", uids(2)...)
-	var mine *store.Lease
-	for mine == nil || mine.Proxy != "uid-000" {
-		mine = f.mustAcquire("a", "", 0)
-	}
+	mine := f.leaseOn("a", "uid-000")
 	_, err := f.st.Cooldown(f.ctx, mine.ID, "example.com", time.Hour)
 	require.NoError(t, err)
 	require.NotEmpty(t, f.keysNaming("uid-000"))
@@ -413,10 +421,7 @@ func TestForgetDropsEverythingAboutAProxy(t *testing.T) {
 func TestJoinCarriesCooldownsAndDropRemovesAnIndex(t *testing.T) {
 	f := newFixture(t)
 	f.index("a", uids(2)...)
-	var l *store.Lease
-	for l == nil || l.Proxy != "uid-000" {
-		l = f.mustAcquire("a", "", 0)
-	}
+	l := f.leaseOn("a", "uid-000")
 	_, err := f.st.Cooldown(f.ctx, l.ID, "t", time.Hour)
 	require.NoError(t, err)
 	// An index built after the cooldown began still skips the proxy.
