@@ -27,7 +27,8 @@ func TestMain(m *testing.M) { os.Exit(testenv.Main(m, &env)) }
 func TestLeaseRenewReportRelease(t *testing.T) {
 	testenv.Require(t)
 	ctx := context.Background()
-	env.ReadyProxy(t, "default", "client-p", "127.0.0.90", 3128, map[string]string{"geo": "eu"}, true)
+	ns := env.Namespace(t, "client")
+	env.ReadyProxy(t, ns, "client-p", "127.0.0.90", 3128, map[string]string{"geo": "eu"}, true)
 
 	r := proc.StartRedis(t, false)
 	kc, err := env.WriteKubeconfig(t.TempDir())
@@ -36,7 +37,7 @@ func TestLeaseRenewReportRelease(t *testing.T) {
 	require.NoError(t, os.WriteFile(tokenFile, []byte("tok"), 0o600))
 	grpcPort, ops := proc.FreePort(t), proc.FreePort(t)
 	b := proc.Start(t, "broker", proc.Build(t, "github.com/egress-proxies/egress-proxies/services/broker/cmd/broker"),
-		"--kubeconfig", kc, "--namespace", "default", "--redis-addrs", r.Addr, "--token-file", tokenFile, "--min-ttl", "1s",
+		"--kubeconfig", kc, "--namespace", ns, "--redis-addrs", r.Addr, "--token-file", tokenFile, "--min-ttl", "1s",
 		"--grpc-addr", proc.Addr(grpcPort), "--http-addr", proc.Addr(proc.FreePort(t)), "--ops-addr", proc.Addr(ops))
 	proc.WaitHTTP(t, b, "http://"+proc.Addr(ops)+"/readyz", 60*time.Second)
 
@@ -80,7 +81,7 @@ func TestLeaseRenewReportRelease(t *testing.T) {
 	stop = mine.AutoRenew(ctx, 100*time.Millisecond, 2*time.Second, func(err error) { lost <- err })
 	defer stop()
 	var px v1.Proxy
-	require.NoError(t, env.Client.Get(ctx, client.ObjectKey{Namespace: "default", Name: "client-p"}, &px))
+	require.NoError(t, env.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: "client-p"}, &px))
 	px.Status.Healthy = false
 	meta.SetStatusCondition(&px.Status.Conditions, metav1.Condition{Type: v1.ConditionHealthy, Status: metav1.ConditionFalse, Reason: v1.ReasonProbeFailed, Message: "test"})
 	require.NoError(t, env.Client.Status().Update(ctx, &px))

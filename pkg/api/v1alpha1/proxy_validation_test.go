@@ -22,9 +22,9 @@ var env *testenv.Env
 
 func TestMain(m *testing.M) { os.Exit(testenv.Main(m, &env)) }
 
-func managed(name string) *v1.Proxy {
+func managed(ns, name string) *v1.Proxy {
 	return &v1.Proxy{
-		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "default"},
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns},
 		Spec: v1.ProxySpec{
 			Mode:       v1.ModeManaged,
 			Provider:   "kubernetes",
@@ -35,9 +35,9 @@ func managed(name string) *v1.Proxy {
 	}
 }
 
-func external(name string) *v1.Proxy {
+func external(ns, name string) *v1.Proxy {
 	return &v1.Proxy{
-		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "default"},
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns},
 		Spec:       v1.ProxySpec{Mode: v1.ModeExternal, Address: "203.0.113.7", Port: 8080},
 	}
 }
@@ -45,18 +45,19 @@ func external(name string) *v1.Proxy {
 func TestValidProxiesAreAcceptedWithDefaults(t *testing.T) {
 	testenv.Require(t)
 	ctx := context.Background()
+	ns := env.Namespace(t, "valid")
 
-	m := managed("valid-managed")
+	m := managed(ns, "valid-managed")
 	m.Spec.Mode = "" // defaulted
 	require.NoError(t, env.Client.Create(ctx, m))
 	assert.Equal(t, v1.ModeManaged, m.Spec.Mode, "mode defaults to Managed")
 	assert.Equal(t, int32(3128), m.Spec.Port, "port defaults to 3128")
 
-	e := external("valid-external")
+	e := external(ns, "valid-external")
 	require.NoError(t, env.Client.Create(ctx, e))
 	assert.Equal(t, int32(8080), e.Spec.Port)
 
-	s := managed("valid-secret-cloudinit")
+	s := managed(ns, "valid-secret-cloudinit")
 	s.Spec.CloudInit = &v1.CloudInit{SecretRef: &v1.SecretKeyRef{Name: "boot"}}
 	require.NoError(t, env.Client.Create(ctx, s))
 	assert.Equal(t, "user-data", s.Spec.CloudInit.SecretRef.Key, "secret key defaults to user-data")
@@ -71,7 +72,7 @@ func TestInvalidProxiesAreRejectedNamingTheField(t *testing.T) {
 	cases := []struct {
 		name   string
 		mutate func(p *v1.Proxy)
-		base   func(string) *v1.Proxy
+		base   func(ns, name string) *v1.Proxy
 		want   []string // every fragment must appear in the error
 	}{
 		{"managed without provider", func(p *v1.Proxy) { p.Spec.Provider = "" }, managed, []string{"spec.provider", "required when spec.mode is Managed"}},
@@ -100,7 +101,7 @@ func TestInvalidProxiesAreRejectedNamingTheField(t *testing.T) {
 	}
 	for i, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			p := tc.base("invalid-" + string(rune('a'+i)))
+			p := tc.base("default", "invalid-"+string(rune('a'+i)))
 			tc.mutate(p)
 			err := env.Client.Create(context.Background(), p)
 			require.Error(t, err)
@@ -130,7 +131,7 @@ func TestExplicitPortZeroIsRejected(t *testing.T) {
 func TestImmutableFields(t *testing.T) {
 	testenv.Require(t)
 	ctx := context.Background()
-	p := managed("immutable")
+	p := managed(env.Namespace(t, "immutable"), "immutable")
 	require.NoError(t, env.Client.Create(ctx, p))
 
 	changed := p.DeepCopy()
@@ -147,7 +148,7 @@ func TestImmutableFields(t *testing.T) {
 	require.NoError(t, env.Client.Update(ctx, ok))
 }
 
-func TestCRDHasSeedPrinterColumnsAndShortName(t *testing.T) {
+func TestCRDHasPrinterColumnsAndShortName(t *testing.T) {
 	testenv.Require(t)
 	crd := &apiextensionsv1.CustomResourceDefinition{}
 	require.NoError(t, env.Client.Get(context.Background(), client.ObjectKey{Name: "proxies.crawl.example.com"}, crd))
