@@ -32,8 +32,6 @@ var env *testenv.Env
 
 func TestMain(m *testing.M) { os.Exit(testenv.Main(m, &env)) }
 
-var nsSeq int
-
 // up starts a system and a namespace for this test's Proxies.
 func up(t *testing.T, o system.Options) (*system.System, string) {
 	testenv.Require(t)
@@ -47,10 +45,7 @@ func up(t *testing.T, o system.Options) (*system.System, string) {
 		o.HealthInterval = time.Second
 	}
 	s := system.Start(t, env, o)
-	nsSeq++
-	ns := fmt.Sprintf("e2e-%d", nsSeq)
-	require.NoError(t, env.Client.Create(context.Background(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}))
-	return s, ns
+	return s, env.Namespace(t, "e2e")
 }
 
 func managed(ns, name string) *v1.Proxy {

@@ -101,6 +101,11 @@ func lastProbes(m promtext.Samples, ns string) map[string]float64 {
 func TestProbeFleetEndToEnd(t *testing.T) {
 	testenv.Require(t)
 	ns := env.Namespace(t, "fleet")
+	// The controller watches every namespace: a later run (-count) must
+	// not find this one's proxies, whose Squids are gone.
+	t.Cleanup(func() {
+		_ = env.Client.DeleteAllOf(context.Background(), &v1.Proxy{}, client.InNamespace(ns))
+	})
 
 	target := tlstarget.StartT(t)
 	caFile := target.CAFile

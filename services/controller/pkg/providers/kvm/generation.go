@@ -17,9 +17,9 @@ type generation struct {
 	// <metadata>. The two types use different URIs, so neither reads the
 	// other's domains as its own.
 	metadataURI string
-	// tracer records a child span per libvirt call (kvm2), named after its
-	// RPC (a lookup by name rides along); nil records none.
-	tracer trace.Tracer
+	// traced records a child span per libvirt call (kvm2), named after its
+	// RPC (a lookup by name rides along).
+	traced bool
 	// precheckPool reports a pool without room for a VM as the contract's
 	// quota kind before anything is created (kvm2).
 	precheckPool bool
@@ -43,7 +43,7 @@ var (
 	gen2 = &generation{
 		typ:               "kvm2",
 		metadataURI:       "https://crawl.example.com/egress-proxies/kvm2/v1",
-		tracer:            otel.Tracer("egress-proxies/providers/kvm2"),
+		traced:            true,
 		precheckPool:      true,
 		rereadCredentials: true,
 		separateLanes:     true,
@@ -62,8 +62,10 @@ func (g *generation) lane(l lane) lane {
 // startSpan starts a child span when this generation traces its RPCs; the
 // span is nil otherwise.
 func (g *generation) startSpan(ctx context.Context, name string, attrs ...attribute.KeyValue) (context.Context, trace.Span) {
-	if g.tracer == nil {
+	if !g.traced {
 		return ctx, nil
 	}
-	return g.tracer.Start(ctx, name, trace.WithSpanKind(trace.SpanKindClient), trace.WithAttributes(attrs...))
+	// The tracer is looked up per call, not kept: a tracer taken before
+	// the process set its provider stays bound to the first one set.
+	return otel.Tracer("egress-proxies/providers/kvm2").Start(ctx, name, trace.WithSpanKind(trace.SpanKindClient), trace.WithAttributes(attrs...))
 }
