@@ -13,7 +13,6 @@ package leaseclient
 import (
 	"context"
 	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"net"
@@ -92,12 +91,6 @@ type Request struct {
 // attempts bounds Lease's tries when the broker is unavailable.
 const attempts = 3
 
-func newRequestID() string {
-	b := make([]byte, 16)
-	_, _ = rand.Read(b)
-	return hex.EncodeToString(b)
-}
-
 // ErrNoProxy is returned (wrapped in a *NoProxyError) when no proxy is
 // available; retry later or widen the selector.
 var ErrNoProxy = errors.New("no proxy available")
@@ -128,7 +121,7 @@ type Lease struct {
 // Redis failing over) is tried again, with the same request id.
 func (c *Client) Lease(ctx context.Context, r Request) (*Lease, error) {
 	if r.RequestID == "" {
-		r.RequestID = newRequestID()
+		r.RequestID = rand.Text()
 	}
 	req := &leasev1.CreateLeaseRequest{
 		Selector: r.Selector, Target: r.Target, Namespace: r.Namespace, TtlSeconds: int32(r.TTL / time.Second), RequestId: r.RequestID,

@@ -87,18 +87,15 @@ func (k *StandIn) Sync(ctx context.Context) {
 		k.next++
 		host := fmt.Sprintf("%s.%d", k.subnet, 9+k.next)
 		if k.AddressOnly {
-			if err := MarkRunning(ctx, k.Client, pod, host); err != nil {
-				k.next--
-			}
+			_ = MarkRunning(ctx, k.Client, pod, host) // retried at the next Sync
 			continue
 		}
 		squid := proc.StartSquidAt(k.T, host, port, false)
-		k.running[uid] = squid
 		if err := MarkRunning(ctx, k.Client, pod, host); err != nil {
 			squid.Kill()
-			delete(k.running, uid)
 			continue
 		}
+		k.running[uid] = squid
 		k.logf("kubelet stand-in: pod %s/%s runs Squid at %s", pod.Namespace, pod.Name, squid.Addr)
 	}
 	for uid, squid := range k.running {

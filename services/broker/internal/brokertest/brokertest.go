@@ -44,10 +44,9 @@ func New(t *testing.T, env *testenv.Env, tune func(*index.Maintainer)) *Stack {
 	if tune != nil {
 		tune(s.Index)
 	}
-	s.Inv = inventory.New(s.Index.Changed)
-	s.Index.Inv = s.Inv
-	require.NoError(t, s.Inv.Run(t.Context(), env.Config, s.NS))
-	go s.Index.Run(t.Context())
+	var err error
+	s.Inv, err = s.Index.Start(t.Context(), env.Config)
+	require.NoError(t, err)
 	require.Eventually(t, s.Inv.Synced, 30*time.Second, 10*time.Millisecond)
 	return s
 }

@@ -99,13 +99,8 @@ func watchProxies(ctx context.Context, o Options, st *store.Store, env service.E
 		return nil, nil, service.Usagef("--kubeconfig: %v", err)
 	}
 	idx := &index.Maintainer{Store: st, Log: env.Log, Scope: o.Namespace, Resync: o.IndexResync, Idle: o.IndexIdle, MaxIndexes: o.MaxIndexes}
-	inv := inventory.New(idx.Changed)
-	idx.Inv = inv
-	if err := inv.Run(ctx, cfg, o.Namespace); err != nil {
-		return nil, nil, err
-	}
-	go idx.Run(ctx)
-	return inv, idx, nil
+	inv, err := idx.Start(ctx, cfg)
+	return inv, idx, err
 }
 
 // serveOps serves /healthz, /readyz (Redis answers, the inventory has

@@ -21,6 +21,7 @@ import (
 	"time"
 
 	"golang.org/x/sync/singleflight"
+	"k8s.io/client-go/rest"
 
 	"github.com/egress-proxies/egress-proxies/services/broker/pkg/inventory"
 	"github.com/egress-proxies/egress-proxies/services/broker/pkg/store"
@@ -167,6 +168,19 @@ func (m *Maintainer) members(sel Selector) []store.Member {
 
 func member(p inventory.Proxy) store.Member {
 	return store.Member{UID: p.UID, Namespace: p.Namespace, Addr: p.Addr()}
+}
+
+// Start watches the Proxies of m's scope through cfg into a new
+// inventory, feeds its changes to m, and runs m until ctx ends. It returns
+// the inventory once its informer runs; Synced says when the first list
+// has arrived.
+func (m *Maintainer) Start(ctx context.Context, cfg *rest.Config) (*inventory.Inventory, error) {
+	m.Inv = inventory.New(m.Changed)
+	if err := m.Inv.Run(ctx, cfg, m.Scope); err != nil {
+		return nil, err
+	}
+	go m.Run(ctx)
+	return m.Inv, nil
 }
 
 // Run applies changes as they come and resyncs every Resync, until ctx

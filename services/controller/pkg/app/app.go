@@ -6,6 +6,7 @@
 package app
 
 import (
+	"cmp"
 	"context"
 	"crypto/tls"
 	"fmt"
@@ -104,7 +105,7 @@ func newManager(o Options, namespace string) (ctrl.Manager, error) {
 		PprofBindAddress:        o.PprofAddr,
 		LeaderElection:          o.LeaderElect,
 		LeaderElectionID:        o.LeaderElectionID,
-		LeaderElectionNamespace: firstNonEmpty(o.LeaderElectionNS, namespace),
+		LeaderElectionNamespace: cmp.Or(o.LeaderElectionNS, namespace),
 		Cache:                   cache.Options{ByObject: lifecycle.CacheByObject()},
 		LeaseDuration:           &o.LeaseDuration,
 		// client-go's ratios (15s/10s/2s), derived so one flag is enough.
@@ -161,13 +162,6 @@ func addProbeHub(ctx context.Context, mgr ctrl.Manager, log *slog.Logger, o Opti
 		return err
 	}
 	return mgr.Add(hub)
-}
-
-func firstNonEmpty(a, b string) string {
-	if a != "" {
-		return a
-	}
-	return b
 }
 
 // podNamespace is the flag's value, else the pod's namespace, else

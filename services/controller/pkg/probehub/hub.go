@@ -140,13 +140,13 @@ func probeable(px *v1.Proxy) bool {
 }
 
 func (h *Hub) upsert(px *v1.Proxy) {
-	id := px.Key()
+	key := types.NamespacedName{Namespace: px.Namespace, Name: px.Name}
+	id := key.String()
 	if !probeable(px) {
 		h.remove(id, px.UID)
 		return
 	}
 	r := h.Defaults.Resolve(px.Spec.HealthCheck)
-	key := types.NamespacedName{Namespace: px.Namespace, Name: px.Name}
 	addr := fmt.Sprintf("%s:%d", px.Status.IP, px.Status.Port)
 	if why := h.denied(px.Status.IP, r.URL); why != "" {
 		h.Engine.Refuse(key, px.UID, addr, why)
