@@ -154,8 +154,11 @@ func TestFiftyThousandTargetsArriveInChunks(t *testing.T) {
 	h.scripts <- msgs
 	a := runAgent(t, addr)
 	<-h.ends
-	require.Eventually(t, func() bool { return a.sched.size() == len(ts) }, 30*time.Second, 20*time.Millisecond)
-	assert.Equal(t, float64(len(ts)), testutil.ToFloat64(assigned))
+	// The gauge is set just after the set is applied: wait for both, as
+	// a scrape between the two may see the old figure.
+	require.Eventually(t, func() bool {
+		return a.sched.size() == len(ts) && testutil.ToFloat64(assigned) == float64(len(ts))
+	}, 30*time.Second, 20*time.Millisecond, "the whole assignment becomes the set and the gauge")
 	require.Eventually(t, func() bool { return h.probed("ns/p49999") > 0 && h.probed("ns/p00000") > 0 },
 		30*time.Second, 20*time.Millisecond, "new targets are probed promptly, the last as the first")
 }
