@@ -5,7 +5,7 @@ import corev1 "k8s.io/api/core/v1"
 // Condition types.
 const (
 	// ConditionReady is True when the instance runs and has an address a
-	// client can connect to.
+	// client can connect to (on a ProxyPool: see ConditionProgressing).
 	ConditionReady = "Ready"
 	// ConditionHealthy is True when probes through the proxy pass; Unknown
 	// until the first threshold is reached.
@@ -70,6 +70,47 @@ const (
 	ReasonProbeDenied = "ProbeDenied"
 )
 
+// Condition types of a ProxyPool.
+const (
+	// ConditionProgressing is True while members are being created,
+	// drained or deleted to reach the spec. A pool's Ready condition is
+	// True when it has spec.replicas members, all up to date and Healthy,
+	// none draining.
+	ConditionProgressing = "Progressing"
+)
+
+// Reasons of a ProxyPool's conditions.
+const (
+	// ReasonAsDesired: the pool is what its spec asks for.
+	ReasonAsDesired = "AsDesired"
+	// ReasonScalingUp: members are being created.
+	ReasonScalingUp = "ScalingUp"
+	// ReasonScalingDown: surplus members are draining.
+	ReasonScalingDown = "ScalingDown"
+	// ReasonRollingOut: members made from an older template are being
+	// replaced, make-before-break.
+	ReasonRollingOut = "RollingOut"
+	// ReasonMembersNotHealthy: some members are not yet (or no longer)
+	// Ready and Healthy.
+	ReasonMembersNotHealthy = "MembersNotHealthy"
+	// ReasonDisruptionBlocked: members must go but none may: every
+	// candidate is annotated do-not-disrupt, or the disruption budget or
+	// strategy.maxUnavailable is used up. The message says which.
+	ReasonDisruptionBlocked = "DisruptionBlocked"
+)
+
+// Reasons of a ProxyPool's Events about its members.
+const (
+	// EventMemberCreated: a member was created; the message says why.
+	EventMemberCreated = "MemberCreated"
+	// EventMemberDraining: a member stopped taking leases and waits for
+	// its live ones; the message says why and until when.
+	EventMemberDraining = "MemberDraining"
+	// EventMemberDeleted: a drained member was deleted; the message says
+	// whether its leases ended or the drain timed out.
+	EventMemberDeleted = "MemberDeleted"
+)
+
 // Reasons of Events that record no condition change.
 const (
 	// EventProbeResumed: probe results arrive again after ProbeStale.
@@ -85,7 +126,7 @@ var warningReasons = map[string]bool{
 	ReasonUnknownProvider: true, ReasonProviderUnavailable: true, ReasonInvalidPlacement: true,
 	ReasonCloudInitError: true, ReasonQuotaExceeded: true, ReasonProviderError: true,
 	ReasonCleanupFailed: true, ReasonInstanceLost: true, ReasonProbeStale: true,
-	EventCleanupSkipped: true,
+	EventCleanupSkipped: true, ReasonDisruptionBlocked: true,
 }
 
 // EventType is the type of the Event that records reason: "Warning" when
@@ -105,6 +146,21 @@ const (
 	// AnnotationSkipCleanup set to "true" on a Terminating Proxy abandons
 	// its instance and releases the object.
 	AnnotationSkipCleanup = "crawl.example.com/skip-cleanup"
+	// LabelPool names the ProxyPool a Proxy belongs to; the pool also
+	// owns it through a controller ownerReference.
+	LabelPool = "crawl.example.com/pool"
+	// LabelTemplateHash is the hash of the instance-defining part of the
+	// pool template (provider, placement, cloudInit, port) a member was
+	// made from.
+	LabelTemplateHash = "crawl.example.com/pool-template-hash"
+	// AnnotationDrainDeadline (RFC 3339) marks a draining Proxy: the
+	// broker grants it no new lease and renews none past the deadline.
+	// A ProxyPool sets it on members it takes out; anyone may set it on
+	// any Proxy.
+	AnnotationDrainDeadline = "crawl.example.com/drain-deadline"
+	// AnnotationDoNotDisrupt set to "true" keeps a pool from choosing the
+	// Proxy for scale-down or rollout.
+	AnnotationDoNotDisrupt = "crawl.example.com/do-not-disrupt"
 	// Finalizer guards instance deletion.
 	Finalizer = "crawl.example.com/instance-cleanup"
 )

@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -38,9 +39,16 @@ type Proxy struct {
 	HealthStale bool
 	Ready       bool
 	Deleting    bool
-	// Leasable: Ready, healthy, not deleting, with an address.
+	// DrainDeadline is set while the Proxy is draining (its ProxyPool
+	// is taking it out): no new leases, and renewals end at the deadline.
+	DrainDeadline time.Time
+	// Leasable: Ready, healthy, not deleting, not draining, with an
+	// address.
 	Leasable bool
 }
+
+// Draining reports whether the proxy takes no new leases.
+func (p *Proxy) Draining() bool { return !p.DrainDeadline.IsZero() }
 
 // Addr is ip:port.
 func (p *Proxy) Addr() string { return net.JoinHostPort(p.IP, strconv.Itoa(int(p.Port))) }
@@ -57,8 +65,10 @@ func (p *Proxy) NotLeasable() (reason, why string) {
 		return "PROXY_HEALTH_STALE", "the proxy's health is stale (no recent probe result)"
 	case !p.Healthy:
 		return "PROXY_UNHEALTHY", "the proxy failed its health checks"
-	default:
+	case !p.Ready:
 		return "PROXY_NOT_READY", "the proxy is not Ready"
+	default:
+		return ReasonDraining, "the proxy is draining: it takes no new leases and renews none past " + p.DrainDeadline.UTC().Format(time.RFC3339)
 	}
 }
 
@@ -75,16 +85,36 @@ func (p *Proxy) Matches(namespace string, selector map[string]string) bool {
 	return true
 }
 
+// ReasonDraining is NotLeasable's reason for a draining proxy.
+const ReasonDraining = "PROXY_DRAINING"
+
+// drainDeadline reads the drain annotation. A value that is not RFC 3339
+// still drains the proxy, with a deadline already past: whoever set it
+// meant to take the proxy out.
+func drainDeadline(px *v1.Proxy) time.Time {
+	v, ok := px.Annotations[v1.AnnotationDrainDeadline]
+	if !ok {
+		return time.Time{}
+	}
+	t, err := time.Parse(time.RFC3339, v)
+	if err != nil || t.IsZero() {
+		return time.Unix(0, 0)
+	}
+	return t
+}
+
 func fromObject(px *v1.Proxy) Proxy {
 	ready := meta.IsStatusConditionTrue(px.Status.Conditions, v1.ConditionReady) && px.Status.Phase == v1.PhaseReady && px.Status.IP != ""
 	h := meta.FindStatusCondition(px.Status.Conditions, v1.ConditionHealthy)
+	drain := drainDeadline(px)
 	return Proxy{
 		UID: string(px.UID), ID: px.Key(), Namespace: px.Namespace,
 		IP: px.Status.IP, Port: px.Status.Port, EgressIP: px.Status.EgressIP,
 		Attributes: px.Spec.Attributes, Healthy: px.Status.Healthy,
 		HealthStale: h != nil && h.Status == metav1.ConditionUnknown && h.Reason == v1.ReasonProbeStale,
 		Ready:       ready, Deleting: !px.DeletionTimestamp.IsZero(),
-		Leasable: ready && px.Status.Healthy && px.DeletionTimestamp.IsZero(),
+		DrainDeadline: drain,
+		Leasable:      ready && px.Status.Healthy && px.DeletionTimestamp.IsZero() && drain.IsZero(),
 	}
 }
 

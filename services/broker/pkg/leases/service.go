@@ -293,9 +293,13 @@ func (s *Service) RenewLease(ctx context.Context, req *leasev1.RenewLeaseRequest
 	if err != nil {
 		return nil, storeError(err)
 	}
-	if err := s.renewable(l); err != nil {
-		renewRefused.WithLabelValues(err.reason).Inc()
-		return nil, err.status()
+	until, lost := s.renewable(l, time.Now())
+	if lost != nil {
+		renewRefused.WithLabelValues(lost.reason).Inc()
+		return nil, lost.status()
+	}
+	if !until.IsZero() {
+		ttl = max(min(ttl, time.Until(until)), time.Millisecond)
 	}
 	if l, err = s.store.Renew(ctx, l, ttl); err != nil {
 		return nil, storeError(err)
@@ -313,18 +317,25 @@ func (e *proxyLost) status() error {
 	return st.Err()
 }
 
-func (s *Service) renewable(l *store.Lease) *proxyLost {
+// renewable says whether l may be renewed at now, and until when: a
+// draining proxy's leases renew up to its drain deadline and no further,
+// so the pool can delete it on time without cutting a lease short.
+func (s *Service) renewable(l *store.Lease, now time.Time) (until time.Time, lost *proxyLost) {
 	p, ok := s.inv.Get(l.Proxy)
 	if !ok {
-		return &proxyLost{"PROXY_GONE", "the proxy was deleted"}
+		return time.Time{}, &proxyLost{"PROXY_GONE", "the proxy was deleted"}
 	}
-	if reason, why := p.NotLeasable(); reason != "" {
-		return &proxyLost{reason, why}
+	reason, why := p.NotLeasable()
+	switch {
+	case reason == inventory.ReasonDraining && now.Before(p.DrainDeadline):
+		until = p.DrainDeadline
+	case reason != "":
+		return time.Time{}, &proxyLost{reason, why}
 	}
 	if p.Addr() != l.Addr {
-		return &proxyLost{"PROXY_ADDRESS_CHANGED", fmt.Sprintf("the proxy moved from %s to %s", l.Addr, p.Addr())}
+		return time.Time{}, &proxyLost{"PROXY_ADDRESS_CHANGED", fmt.Sprintf("the proxy moved from %s to %s", l.Addr, p.Addr())}
 	}
-	return nil
+	return until, nil
 }
 
 // ReleaseLease implements LeaseService; releasing an unknown or released

@@ -87,6 +87,12 @@ func TestRenewRefusedOnceTheProxyLeavesTheLeasableSet(t *testing.T) {
 				update(t, ns, "p", false, func(px *v1.Proxy) { px.Finalizers = nil })
 			})
 		}, "PROXY_DELETING", false},
+		{"drain deadline passed", func(t *testing.T, ns string) {
+			drain(t, ns, "p", time.Now().Add(-time.Second).Format(time.RFC3339))
+		}, "PROXY_DRAINING", false},
+		{"drain annotation not a time", func(t *testing.T, ns string) {
+			drain(t, ns, "p", "soon")
+		}, "PROXY_DRAINING", false},
 		{"deleted", func(t *testing.T, ns string) {
 			require.NoError(t, env.Client.Delete(context.Background(), &v1.Proxy{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "p"}}))
 		}, "PROXY_GONE", false},
@@ -120,6 +126,40 @@ func TestRenewRefusedOnceTheProxyLeavesTheLeasableSet(t *testing.T) {
 			assert.Equal(t, codes.ResourceExhausted, code, "no other proxy to lease: %v", err)
 		})
 	}
+}
+
+func drain(t *testing.T, ns, name, deadline string) {
+	update(t, ns, name, false, func(px *v1.Proxy) {
+		px.Annotations = map[string]string{v1.AnnotationDrainDeadline: deadline}
+	})
+}
+
+// TestADrainingProxyKeepsItsLeasesUntilTheDeadline: a draining proxy is
+// leased to nobody new, and its live lease renews only up to the drain
+// deadline, so the pool deletes it without cutting a lease short.
+func TestADrainingProxyKeepsItsLeasesUntilTheDeadline(t *testing.T) {
+	s, svc := newService(t)
+	p := s.Proxy(t, "p", "127.0.0.72", nil)
+	ctx := context.Background()
+	l, err := svc.CreateLease(ctx, &leasev1.CreateLeaseRequest{TtlSeconds: 60})
+	require.NoError(t, err)
+
+	deadline := time.Now().Add(20 * time.Second).Truncate(time.Second)
+	drain(t, s.NS, "p", deadline.Format(time.RFC3339))
+	require.Eventually(t, func() bool { q, _ := s.Inv.Get(p.UID); return q.Draining() }, 10*time.Second, 10*time.Millisecond)
+
+	_, err = svc.CreateLease(ctx, &leasev1.CreateLeaseRequest{})
+	code, _ := reasonOf(err)
+	assert.Equal(t, codes.ResourceExhausted, code, "no new lease on a draining proxy: %v", err)
+
+	r, err := svc.RenewLease(ctx, &leasev1.RenewLeaseRequest{LeaseId: l.GetLeaseId(), TtlSeconds: 300})
+	require.NoError(t, err, "a live lease still renews while the proxy drains")
+	assert.WithinDuration(t, deadline, r.GetExpiresAt().AsTime(), time.Second, "but not past the drain deadline")
+
+	list, err := svc.ListProxies(ctx, &leasev1.ListProxiesRequest{})
+	require.NoError(t, err)
+	require.Len(t, list.GetProxies(), 1)
+	assert.EqualValues(t, 1, list.GetProxies()[0].GetLeaseCount(), "the broker still counts the draining proxy's lease")
 }
 
 func TestCreateLeaseRequestID(t *testing.T) {

@@ -1,0 +1,207 @@
+package v1alpha1
+
+import (
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/intstr"
+)
+
+// ProxyPoolSpec is the desired state of a ProxyPool.
+//
+// +kubebuilder:validation:XValidation:rule="!has(self.strategy) || !has(self.strategy.maxSurge) || !has(self.strategy.maxUnavailable) || self.strategy.maxSurge != 0 || self.strategy.maxUnavailable != 0",message="spec.strategy.maxSurge and spec.strategy.maxUnavailable must not both be 0: a rollout could neither add a member nor remove one"
+type ProxyPoolSpec struct {
+	// Replicas is how many members the pool keeps. The /scale subresource
+	// writes it, so `kubectl scale`, an HPA or KEDA can drive it.
+	// +kubebuilder:default=1
+	// +kubebuilder:validation:Minimum=0
+	// +kubebuilder:validation:Maximum=10000
+	// +optional
+	Replicas *int32 `json:"replicas,omitempty"`
+
+	// Template is what every member is made from.
+	// +required
+	Template ProxyTemplate `json:"template"`
+
+	// Strategy bounds a rollout of a template change.
+	// +optional
+	Strategy *RolloutStrategy `json:"strategy,omitempty"`
+
+	// Disruption bounds how many members are being taken out at once.
+	// +optional
+	Disruption *Disruption `json:"disruption,omitempty"`
+
+	// DrainTimeout is how long a draining member waits for its live
+	// leases to be released or expire before it is deleted anyway.
+	// +kubebuilder:default="10m"
+	// +optional
+	DrainTimeout *metav1.Duration `json:"drainTimeout,omitempty"`
+}
+
+// ProxyTemplate is the metadata and spec of the Proxies a pool creates.
+type ProxyTemplate struct {
+	// Metadata holds the labels and annotations every member carries.
+	// Changing them updates members in place.
+	// +optional
+	Metadata ProxyTemplateMeta `json:"metadata,omitempty"`
+
+	// Spec is the members' ProxySpec; members are always Managed.
+	// +required
+	Spec ProxyTemplateSpec `json:"spec"`
+}
+
+// ProxyTemplateMeta is the metadata members are made with.
+type ProxyTemplateMeta struct {
+	// +kubebuilder:validation:MaxProperties=64
+	// +optional
+	Labels map[string]string `json:"labels,omitempty"`
+	// +kubebuilder:validation:MaxProperties=64
+	// +optional
+	Annotations map[string]string `json:"annotations,omitempty"`
+}
+
+// ProxyTemplateSpec is a Managed ProxySpec. A change to provider,
+// placement, cloudInit or port rolls new members through the pool (see
+// spec.strategy); a change to attributes or healthCheck is applied to the
+// members in place, as it would be to a lone Proxy.
+type ProxyTemplateSpec struct {
+	// Provider names an entry of the controller's providers config.
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=63
+	// +kubebuilder:validation:Pattern=`^[a-z0-9]([-a-z0-9]*[a-z0-9])?$`
+	// +required
+	Provider string `json:"provider"`
+
+	// +optional
+	Placement *Placement `json:"placement,omitempty"`
+
+	// +optional
+	CloudInit *CloudInit `json:"cloudInit,omitempty"`
+
+	// +kubebuilder:default=3128
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=65535
+	// +optional
+	Port int32 `json:"port,omitempty"`
+
+	// +kubebuilder:validation:MaxProperties=32
+	// +kubebuilder:validation:XValidation:rule="self.all(k, k.size() <= 63 && k.matches('^[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$'))",message="spec.template.spec.attributes keys must be 1-63 characters of letters, digits, '-', '_' or '.', starting and ending with a letter or digit"
+	// +kubebuilder:validation:XValidation:rule="self.all(k, self[k].size() >= 1 && self[k].size() <= 63)",message="spec.template.spec.attributes values must be 1-63 characters"
+	// +optional
+	Attributes map[string]string `json:"attributes,omitempty"`
+
+	// +optional
+	HealthCheck *HealthCheck `json:"healthCheck,omitempty"`
+}
+
+// RolloutStrategy bounds a template rollout, as a Deployment's
+// RollingUpdate does.
+type RolloutStrategy struct {
+	// MaxSurge is how many members above spec.replicas may exist while
+	// replacements come up: a count or a percentage of replicas, rounded
+	// up.
+	// +kubebuilder:default=1
+	// +kubebuilder:validation:XIntOrString
+	// +kubebuilder:validation:XValidation:rule="type(self) == int ? self >= 0 : self.matches('^[0-9]{1,3}%$')",message="spec.strategy.maxSurge must be a non-negative count or a percentage such as 25%"
+	// +optional
+	MaxSurge *intstr.IntOrString `json:"maxSurge,omitempty"`
+
+	// MaxUnavailable is how far Healthy members may drop below
+	// spec.replicas while old members drain: a count or a percentage of
+	// replicas, rounded down. 0 is make-before-break only.
+	// +kubebuilder:default=0
+	// +kubebuilder:validation:XIntOrString
+	// +kubebuilder:validation:XValidation:rule="type(self) == int ? self >= 0 : self.matches('^[0-9]{1,3}%$')",message="spec.strategy.maxUnavailable must be a non-negative count or a percentage such as 25%"
+	// +optional
+	MaxUnavailable *intstr.IntOrString `json:"maxUnavailable,omitempty"`
+}
+
+// Disruption bounds voluntary disruption across every cause.
+type Disruption struct {
+	// MaxUnavailable is how many members may be draining at once, for any
+	// cause (scale-down, rollout): a count or a percentage of replicas,
+	// rounded up, so a pool can always make progress.
+	// +kubebuilder:default="10%"
+	// +kubebuilder:validation:XIntOrString
+	// +kubebuilder:validation:XValidation:rule="type(self) == int ? self >= 1 : self.matches('^[0-9]{1,3}%$')",message="spec.disruption.maxUnavailable must be a count of at least 1 or a percentage such as 10%"
+	// +optional
+	MaxUnavailable *intstr.IntOrString `json:"maxUnavailable,omitempty"`
+}
+
+// ProxyPoolStatus is the observed state of a ProxyPool.
+type ProxyPoolStatus struct {
+	// Replicas counts members not being deleted, draining ones included.
+	// +optional
+	Replicas int32 `json:"replicas"`
+	// ReadyReplicas counts members whose Ready condition is True.
+	// +optional
+	ReadyReplicas int32 `json:"readyReplicas"`
+	// HealthyReplicas counts Ready members whose probes pass.
+	// +optional
+	HealthyReplicas int32 `json:"healthyReplicas"`
+	// LeasedReplicas counts members holding at least one live lease, as
+	// the broker last reported.
+	// +optional
+	LeasedReplicas int32 `json:"leasedReplicas"`
+	// UpdatedReplicas counts members made from the current template.
+	// +optional
+	UpdatedReplicas int32 `json:"updatedReplicas"`
+	// DrainingReplicas counts members being drained.
+	// +optional
+	DrainingReplicas int32 `json:"drainingReplicas"`
+	// Selector is the label selector of the members, for the /scale
+	// subresource (and so an HPA can find them).
+	// +optional
+	Selector string `json:"selector,omitempty"`
+	// ObservedGeneration is the metadata.generation the status reflects.
+	// +optional
+	ObservedGeneration int64 `json:"observedGeneration,omitempty"`
+	// Conditions: Ready (every member Healthy and up to date, none
+	// draining) and Progressing (a scale, rollout or drain is under way).
+	// +listType=map
+	// +listMapKey=type
+	// +optional
+	Conditions []metav1.Condition `json:"conditions,omitempty"`
+}
+
+// ProxyPool keeps a number of identical Managed Proxies, replacing them
+// make-before-break and draining their leases before it deletes them.
+//
+// +kubebuilder:object:root=true
+// +kubebuilder:subresource:status
+// +kubebuilder:subresource:scale:specpath=.spec.replicas,statuspath=.status.replicas,selectorpath=.status.selector
+// +kubebuilder:resource:shortName=ppool,categories=crawl
+// +kubebuilder:printcolumn:name="Desired",type=integer,JSONPath=`.spec.replicas`
+// +kubebuilder:printcolumn:name="Ready",type=integer,JSONPath=`.status.readyReplicas`
+// +kubebuilder:printcolumn:name="Healthy",type=integer,JSONPath=`.status.healthyReplicas`
+// +kubebuilder:printcolumn:name="Leased",type=integer,JSONPath=`.status.leasedReplicas`
+// +kubebuilder:printcolumn:name="Up-to-date",type=integer,JSONPath=`.status.updatedReplicas`
+// +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
+// +kubebuilder:validation:XValidation:rule="size(self.metadata.name) <= 57",message="metadata.name must be at most 57 characters: member names add a dash and up to five digits"
+type ProxyPool struct {
+	metav1.TypeMeta   `json:",inline"`
+	metav1.ObjectMeta `json:"metadata,omitempty"`
+
+	// +required
+	Spec ProxyPoolSpec `json:"spec"`
+
+	// +optional
+	Status ProxyPoolStatus `json:"status,omitempty"`
+}
+
+// ProxyPoolList is a list of ProxyPools.
+//
+// +kubebuilder:object:root=true
+type ProxyPoolList struct {
+	metav1.TypeMeta `json:",inline"`
+	metav1.ListMeta `json:"metadata,omitempty"`
+	Items           []ProxyPool `json:"items"`
+}
+
+func init() {
+	SchemeBuilder.Register(&ProxyPool{}, &ProxyPoolList{})
+}
+
+// Key returns "namespace/name".
+func (p *ProxyPool) Key() string {
+	return types.NamespacedName{Namespace: p.Namespace, Name: p.Name}.String()
+}
