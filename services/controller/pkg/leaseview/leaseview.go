@@ -1,0 +1,126 @@
+// Package leaseview is the controller's read-only view of live leases: how
+// many each Proxy holds, polled from the broker's own ListProxies. The
+// broker keeps lease state in Redis behind its API; reading it through
+// that API keeps the Redis layout the broker's private business and needs
+// no second Redis client (decision 64 in docs/architecture.md).
+package leaseview
+
+import (
+	"context"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"sigs.k8s.io/controller-runtime/pkg/metrics"
+
+	leasev1 "github.com/egress-proxies/egress-proxies/pkg/gen/egressproxies/lease/v1"
+)
+
+// Snapshot is the live-lease count of every Proxy at one moment.
+type Snapshot struct {
+	// At is when the broker answered; the zero time means no answer yet.
+	At time.Time
+	// Leases holds the count per proxy id ("namespace/name"); a Proxy
+	// the broker does not know holds none.
+	Leases map[string]int32
+}
+
+// Known reports whether the snapshot came from an answer.
+func (s Snapshot) Known() bool { return !s.At.IsZero() }
+
+// Source gives the latest snapshot.
+type Source interface {
+	Snapshot() Snapshot
+}
+
+// None is the source of a controller without a broker: nobody holds a
+// lease, as of now.
+type None struct{}
+
+// Snapshot implements Source.
+func (None) Snapshot() Snapshot { return Snapshot{At: time.Now()} }
+
+var pollErrors = prometheus.NewCounter(prometheus.CounterOpts{
+	Name: "proxy_operator_leaseview_poll_errors_total",
+	Help: "Failed reads of live leases from the broker.",
+})
+
+func init() { metrics.Registry.MustRegister(pollErrors) }
+
+// Poller reads every Proxy's live leases from the broker each Interval.
+// It runs on the leader only, as the pools it feeds do.
+type Poller struct {
+	API       leasev1.LeaseServiceClient
+	Namespace string // "" for all
+	Interval  time.Duration
+	Log       *slog.Logger
+	// Changed is told the ids whose count changed in a poll.
+	Changed func(ids []string)
+
+	mu   sync.RWMutex
+	snap Snapshot
+}
+
+// Snapshot implements Source. Until the first answer it is not Known;
+// after a failed poll it keeps the last answer, whose At says how old it
+// is.
+func (p *Poller) Snapshot() Snapshot {
+	p.mu.RLock()
+	defer p.mu.RUnlock()
+	return p.snap
+}
+
+// Start polls until ctx ends.
+func (p *Poller) Start(ctx context.Context) error {
+	t := time.NewTicker(p.Interval)
+	defer t.Stop()
+	for {
+		p.poll(ctx)
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+		}
+	}
+}
+
+func (p *Poller) poll(ctx context.Context) {
+	ctx, cancel := context.WithTimeout(ctx, p.Interval)
+	defer cancel()
+	resp, err := p.API.ListProxies(ctx, &leasev1.ListProxiesRequest{Namespace: p.Namespace})
+	if err != nil {
+		pollErrors.Inc()
+		if ctx.Err() == nil {
+			p.Log.WarnContext(ctx, "reading live leases from the broker", "err", err)
+		}
+		return
+	}
+	next := Snapshot{At: time.Now(), Leases: make(map[string]int32, len(resp.GetProxies()))}
+	for _, px := range resp.GetProxies() {
+		if n := px.GetLeaseCount(); n > 0 {
+			next.Leases[px.GetId()] = n
+		}
+	}
+	p.mu.Lock()
+	prev := p.snap
+	p.snap = next
+	p.mu.Unlock()
+	if p.Changed == nil {
+		return
+	}
+	var changed []string
+	for id, n := range next.Leases {
+		if prev.Leases[id] != n {
+			changed = append(changed, id)
+		}
+	}
+	for id := range prev.Leases {
+		if _, ok := next.Leases[id]; !ok {
+			changed = append(changed, id)
+		}
+	}
+	if len(changed) > 0 {
+		p.Changed(changed)
+	}
+}
