@@ -1,5 +1,5 @@
 // Package app wires the controller: the Kubernetes client and caches,
-// leader election, the Proxy controllers, orphan GC, and the probe
+// leader election, the Proxy and ProxyPool controllers, orphan GC, and the probe
 // endpoint the prober fleet connects to. Every service has an app package
 // of this shape: Options (flags and their checks) and Run, a few named
 // steps.
@@ -15,6 +15,8 @@ import (
 	"strings"
 
 	"github.com/go-logr/logr"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
 	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
@@ -23,12 +25,15 @@ import (
 
 	"github.com/egress-proxies/egress-proxies/pkg/auth"
 	"github.com/egress-proxies/egress-proxies/pkg/certs"
+	leasev1 "github.com/egress-proxies/egress-proxies/pkg/gen/egressproxies/lease/v1"
 	"github.com/egress-proxies/egress-proxies/pkg/kube"
 	"github.com/egress-proxies/egress-proxies/pkg/service"
 	"github.com/egress-proxies/egress-proxies/pkg/version"
 	"github.com/egress-proxies/egress-proxies/services/controller/pkg/controllers/proxy/garbagecollection"
 	"github.com/egress-proxies/egress-proxies/services/controller/pkg/controllers/proxy/health"
 	"github.com/egress-proxies/egress-proxies/services/controller/pkg/controllers/proxy/lifecycle"
+	"github.com/egress-proxies/egress-proxies/services/controller/pkg/controllers/proxypool"
+	"github.com/egress-proxies/egress-proxies/services/controller/pkg/leaseview"
 	"github.com/egress-proxies/egress-proxies/services/controller/pkg/probehub"
 	"github.com/egress-proxies/egress-proxies/services/controller/pkg/providers"
 )
@@ -57,6 +62,9 @@ func Run(ctx context.Context, env service.Env, o Options) error {
 		return service.Usagef("--providers-config: %v", err)
 	}
 	if err := addProxyControllers(ctx, mgr, registry, log, o); err != nil {
+		return err
+	}
+	if err := addPoolController(ctx, mgr, log, o); err != nil {
 		return err
 	}
 	if err := addProbeHub(ctx, mgr, log, o, probeTLS, probeToken); err != nil {
@@ -139,6 +147,39 @@ func addProxyControllers(ctx context.Context, mgr ctrl.Manager, registry *provid
 	return mgr.Add(&garbagecollection.Collector{
 		Registry: registry, Reader: mgr.GetAPIReader(), Interval: o.GCInterval, Grace: o.GCGrace, Log: log.With("controller", "gc"),
 	})
+}
+
+// addPoolController adds the ProxyPool reconciler and, with a broker
+// configured, the poller that tells it the members' live leases.
+func addPoolController(ctx context.Context, mgr ctrl.Manager, log *slog.Logger, o Options) error {
+	log = log.With("controller", "proxypool")
+	var leases leaseview.Source = leaseview.None{}
+	var poller *leaseview.Poller
+	if o.BrokerAddr != "" {
+		token, err := auth.FromFlag(ctx, log, "--broker-token-file", o.BrokerTokenFile)
+		if err != nil {
+			return service.Usagef("%v", err)
+		}
+		dial := []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}
+		if token != nil {
+			dial = append(dial, token.DialOption())
+		}
+		conn, err := grpc.NewClient(o.BrokerAddr, dial...)
+		if err != nil {
+			return service.Usagef("--broker-address: %v", err)
+		}
+		poller = &leaseview.Poller{API: leasev1.NewLeaseServiceClient(conn), Interval: o.BrokerPoll, Log: log}
+		leases = poller
+	}
+	rec := proxypool.New(mgr.GetClient(), leases, mgr.GetEventRecorder(EventSource), log, proxypool.Options{})
+	if err := rec.SetupWithManager(mgr); err != nil {
+		return fmt.Errorf("setting up the ProxyPool controller: %w", err)
+	}
+	if poller == nil {
+		return nil
+	}
+	poller.Changed = rec.LeasesChanged
+	return mgr.Add(poller)
 }
 
 // EventSource is the reporting controller of every Event the controller

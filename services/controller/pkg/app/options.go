@@ -42,6 +42,9 @@ type Options struct {
 	ProbeTLSKey      string
 	ProbeInsecure    bool
 	Health           health.Defaults
+	BrokerAddr       string
+	BrokerTokenFile  string
+	BrokerPoll       time.Duration
 
 	// What Validate parsed.
 	deny    netpolicy.DenyList
@@ -77,6 +80,9 @@ func (o *Options) Register(fs *flag.FlagSet) {
 	fs.StringVar(&o.ProbeTLSKey, "probe-tls-key-file", "", "PEM key of --probe-tls-cert-file")
 	fs.BoolVar(&o.ProbeInsecure, "probe-insecure", false, "serve the probe endpoint in plaintext, without TLS: for local development only")
 	fs.StringVar(&o.ProbeDenyCIDRs, "probe-deny-cidrs", netpolicy.DefaultDenyCIDRs, "comma-separated CIDRs no probe may reach: a Proxy whose address or health-check URL host is in them is never probed nor leased (Healthy=False, ProbeDenied); private ranges stay allowed")
+	fs.StringVar(&o.BrokerAddr, "broker-address", "", "gRPC address of the broker, whose live leases ProxyPools drain before they delete a member; empty means no broker: members hold no leases and drains end at once")
+	fs.StringVar(&o.BrokerTokenFile, "broker-token-file", "", "file holding the bearer token the broker asks for; empty sends none")
+	fs.DurationVar(&o.BrokerPoll, "broker-poll-interval", 5*time.Second, "how often live leases are read from the broker")
 	d := health.DefaultDefaults
 	fs.StringVar(&o.Health.URL, "health-url", d.URL, "URL probed through every proxy (per-Proxy: spec.healthCheck.url)")
 	fs.IntVar(&o.Health.ExpectedStatus, "health-expected-status", d.ExpectedStatus, "HTTP status the probe target must answer")
@@ -117,6 +123,8 @@ func (o *Options) Validate() error {
 		return fmt.Errorf("--health-stale-intervals must be at least 2 (got %d): one late probe is not a stopped fleet", o.StaleIntervals)
 	case o.ResyncQPS <= 0:
 		return fmt.Errorf("--resync-qps must be positive (got %g)", o.ResyncQPS)
+	case o.BrokerPoll <= 0:
+		return fmt.Errorf("--broker-poll-interval must be positive (got %s)", o.BrokerPoll)
 	}
 	if err := o.Health.Validate(); err != nil {
 		return err

@@ -172,8 +172,8 @@ func drained(l limits, m *member, leases leaseView, now time.Time) (string, bool
 }
 
 // drainOrder puts first the members a pool takes out first: outdated,
-// then unleased, then unhealthy, then the newest; by name to break ties,
-// so the choice is the same on every controller.
+// then unleased, then unhealthy, then the newest; the highest ordinal
+// breaks ties, so the choice is the same on every controller.
 func drainOrder(a, b *member) int {
 	if c := cmpBool(a.updated, b.updated); c != 0 {
 		return c
@@ -187,7 +187,12 @@ func drainOrder(a, b *member) int {
 	if c := b.created.Compare(a.created); c != 0 {
 		return c
 	}
-	return cmp.Compare(a.name, b.name)
+	// Creation times have a resolution of a second; members named
+	// <pool>-<ordinal> made in the same second are newest by ordinal.
+	if c := cmp.Compare(len(b.name), len(a.name)); c != 0 {
+		return c
+	}
+	return cmp.Compare(b.name, a.name)
 }
 
 // cmpBool orders false before true.

@@ -57,6 +57,18 @@ func TestDecide(t *testing.T) {
 			drain: []string{"m2"},
 		},
 		{
+			name: "members made in the same second go by ordinal, highest first",
+			l:    func(l limits) limits { l.replicas = 10; return l },
+			members: func() []*member {
+				var ms []*member
+				for i := range 11 {
+					ms = append(ms, &member{name: fmt.Sprintf("p-%d", i), created: t0, ready: true, healthy: true, updated: true})
+				}
+				return ms
+			},
+			drain: []string{"p-10"},
+		},
+		{
 			name: "scale-down prefers unleased, then unhealthy, then newest",
 			l:    func(l limits) limits { l.replicas = 2; l.budget = 3; return l },
 			members: func() []*member {
@@ -70,20 +82,20 @@ func TestDecide(t *testing.T) {
 			drain: []string{"m1", "m2", "m4"},
 		},
 		{
-			name: "a rollout surges one replacement first",
+			name:    "a rollout surges one replacement first",
 			members: func() []*member { return pool("ooo") }, create: 1,
 		},
 		{
-			name: "an outdated member waits while its replacement is not healthy",
+			name:    "an outdated member waits while its replacement is not healthy",
 			members: func() []*member { return pool("ooon") },
 		},
 		{
-			name: "once the replacement is healthy an outdated member drains and the next replacement comes",
+			name:    "once the replacement is healthy an outdated member drains and the next replacement comes",
 			members: func() []*member { return pool("ooou") }, drain: []string{"m2"}, create: 1,
 		},
 		{
-			name: "maxSurge 0 with maxUnavailable 1 breaks before it makes",
-			l:    func(l limits) limits { l.surge, l.unavailable = 0, 1; return l },
+			name:    "maxSurge 0 with maxUnavailable 1 breaks before it makes",
+			l:       func(l limits) limits { l.surge, l.unavailable = 0, 1; return l },
 			members: func() []*member { return pool("ooo") }, drain: []string{"m2"}, create: 1,
 		},
 		{
@@ -150,8 +162,8 @@ func TestDecide(t *testing.T) {
 			create: 1,
 		},
 		{
-			name: "scale to zero drains everything, the budget allowing",
-			l:    func(l limits) limits { l.replicas = 0; l.budget = 5; return l },
+			name:    "scale to zero drains everything, the budget allowing",
+			l:       func(l limits) limits { l.replicas = 0; l.budget = 5; return l },
 			members: func() []*member { return pool("uun") }, drain: []string{"m2", "m1", "m0"},
 		},
 	} {

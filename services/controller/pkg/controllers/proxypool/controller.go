@@ -1,0 +1,153 @@
+// Package proxypool is the ProxyPool reconciler: it keeps spec.replicas
+// Managed Proxies made from the pool's template, and takes members out
+// one way only, whatever the cause (scale-down, a template rollout):
+// a replacement first, where there is one, then a drain that lets the
+// member's live leases end, then deletion.
+//
+// Crash safety comes from the planner being a pure function of the
+// observed members (plan.go) and from deterministic member names: a
+// restarted controller, or one whose cache lags its own writes, tries to
+// create the same names again and gets AlreadyExists, never a second
+// member. Every write is waited for in the cache before the reconcile
+// ends, so the next one decides on a view that holds it.
+package proxypool
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"time"
+
+	"k8s.io/apimachinery/pkg/api/equality"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/tools/events"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller"
+	"sigs.k8s.io/controller-runtime/pkg/event"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+	"sigs.k8s.io/controller-runtime/pkg/source"
+
+	v1 "github.com/egress-proxies/egress-proxies/pkg/api/v1alpha1"
+	"github.com/egress-proxies/egress-proxies/services/controller/pkg/leaseview"
+)
+
+// Options tune the reconciler; zero values take the defaults.
+type Options struct {
+	// Settle is how long after a drain begins a lease count must have
+	// been read to end the drain: brokers stop leasing the member only
+	// once their informers have seen its drain annotation.
+	Settle time.Duration
+	// CreateWorkers bounds the member creations one reconcile makes at
+	// once, so a pool of 1,000 comes up at the API server's pace.
+	CreateWorkers int
+	// MaxConcurrentReconciles is how many pools reconcile at once.
+	MaxConcurrentReconciles int
+}
+
+func (o *Options) defaults() {
+	if o.Settle == 0 {
+		o.Settle = 2 * time.Second
+	}
+	if o.CreateWorkers == 0 {
+		o.CreateWorkers = 16
+	}
+	if o.MaxConcurrentReconciles == 0 {
+		o.MaxConcurrentReconciles = 4
+	}
+}
+
+// Reconciler reconciles ProxyPools.
+type Reconciler struct {
+	client   client.Client
+	leases   leaseview.Source
+	recorder events.EventRecorder
+	log      *slog.Logger
+	opts     Options
+	// wake carries the members whose lease count changed.
+	wake chan event.GenericEvent
+}
+
+// New returns a Reconciler that learns live leases from leases.
+func New(c client.Client, leases leaseview.Source, recorder events.EventRecorder, log *slog.Logger, opts Options) *Reconciler {
+	opts.defaults()
+	return &Reconciler{client: c, leases: leases, recorder: recorder, log: log, opts: opts, wake: make(chan event.GenericEvent, 1024)}
+}
+
+// LeasesChanged wakes the pools of the proxies (ids "namespace/name")
+// whose live-lease count changed; it is leaseview.Poller's Changed hook.
+// It never blocks: when the queue is full the pool's own requeue while
+// it drains is the fallback.
+func (r *Reconciler) LeasesChanged(ids []string) {
+	for _, id := range ids {
+		ns, name, ok := cutKey(id)
+		if !ok {
+			continue
+		}
+		select {
+		case r.wake <- event.GenericEvent{Object: &v1.Proxy{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name}}}:
+		default:
+		}
+	}
+}
+
+// SetupWithManager registers the reconciler.
+func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
+	return ctrl.NewControllerManagedBy(mgr).
+		Named("proxypool").
+		For(&v1.ProxyPool{}).
+		Owns(&v1.Proxy{}).
+		WatchesRawSource(source.Channel(r.wake, handler.EnqueueRequestsFromMapFunc(r.poolOf))).
+		WithOptions(controller.Options{MaxConcurrentReconciles: r.opts.MaxConcurrentReconciles}).
+		Complete(r)
+}
+
+func (r *Reconciler) poolOf(ctx context.Context, o client.Object) []reconcile.Request {
+	px := &v1.Proxy{}
+	if err := r.client.Get(ctx, client.ObjectKeyFromObject(o), px); err != nil {
+		return nil
+	}
+	owner := metav1.GetControllerOf(px)
+	if owner == nil || owner.Kind != "ProxyPool" || owner.APIVersion != v1.GroupVersion.String() {
+		return nil
+	}
+	return []reconcile.Request{{NamespacedName: types.NamespacedName{Namespace: px.Namespace, Name: owner.Name}}}
+}
+
+// conflictRetry is how soon a reconcile whose status write lost an
+// optimistic-lock race runs again.
+const conflictRetry = 100 * time.Millisecond
+
+// Reconcile is the fixed skeleton: fetch, deferred status patch, then
+// reconcileNormal. A pool has no finalizer: its members carry controller
+// ownerReferences, so deleting the pool has the garbage collector delete
+// them, each through its own instance-cleanup finalizer.
+func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (res ctrl.Result, retErr error) {
+	pool := &v1.ProxyPool{}
+	if err := r.client.Get(ctx, req.NamespacedName, pool); err != nil {
+		return ctrl.Result{}, client.IgnoreNotFound(err)
+	}
+	if !pool.DeletionTimestamp.IsZero() {
+		return ctrl.Result{}, nil
+	}
+	base := pool.DeepCopy()
+	defer func() {
+		if equality.Semantic.DeepEqual(base.Status, pool.Status) {
+			return
+		}
+		err := r.client.Status().Patch(ctx, pool, client.MergeFromWithOptions(base, client.MergeFromWithOptimisticLock{}))
+		switch {
+		case apierrors.IsConflict(err):
+			if retErr == nil {
+				res = ctrl.Result{RequeueAfter: conflictRetry}
+			}
+		case apierrors.IsNotFound(err):
+		case err != nil:
+			retErr = errors.Join(retErr, err)
+		}
+	}()
+	return r.reconcileNormal(ctx, pool)
+}

@@ -1,0 +1,362 @@
+package proxypool
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"maps"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"golang.org/x/sync/errgroup"
+	"k8s.io/apimachinery/pkg/api/equality"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/apimachinery/pkg/util/wait"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
+
+	v1 "github.com/egress-proxies/egress-proxies/pkg/api/v1alpha1"
+)
+
+// Defaults of the pool's optional fields, as the CRD also declares them.
+var (
+	defaultMaxSurge       = intstr.FromInt32(1)
+	defaultMaxUnavailable = intstr.FromInt32(0)
+	defaultDisruption     = intstr.FromString("10%")
+)
+
+const defaultDrainTimeout = 10 * time.Minute
+
+// resolve turns the pool's spec into counts. Percentages of surge and the
+// disruption budget round up and maxUnavailable down, as a Deployment's
+// do; when both rollout bounds come to 0 maxUnavailable becomes 1, so a
+// rollout can always move.
+func resolve(pool *v1.ProxyPool, settle time.Duration) (limits, error) {
+	l := limits{replicas: 1, settle: settle, drainTimeout: defaultDrainTimeout}
+	if pool.Spec.Replicas != nil {
+		l.replicas = int(*pool.Spec.Replicas)
+	}
+	surge, unavailable, budget := &defaultMaxSurge, &defaultMaxUnavailable, &defaultDisruption
+	if s := pool.Spec.Strategy; s != nil {
+		surge = cmpOr(s.MaxSurge, surge)
+		unavailable = cmpOr(s.MaxUnavailable, unavailable)
+	}
+	if d := pool.Spec.Disruption; d != nil {
+		budget = cmpOr(d.MaxUnavailable, budget)
+	}
+	var err error
+	var errs []error
+	l.surge, err = intstr.GetScaledValueFromIntOrPercent(surge, l.replicas, true)
+	errs = append(errs, field("spec.strategy.maxSurge", err))
+	l.unavailable, err = intstr.GetScaledValueFromIntOrPercent(unavailable, l.replicas, false)
+	errs = append(errs, field("spec.strategy.maxUnavailable", err))
+	l.budget, err = intstr.GetScaledValueFromIntOrPercent(budget, l.replicas, true)
+	errs = append(errs, field("spec.disruption.maxUnavailable", err))
+	if l.surge == 0 && l.unavailable == 0 {
+		l.unavailable = 1
+	}
+	l.budget = max(l.budget, 1)
+	if pool.Spec.DrainTimeout != nil {
+		l.drainTimeout = pool.Spec.DrainTimeout.Duration
+	}
+	return l, errors.Join(errs...)
+}
+
+func cmpOr(v, d *intstr.IntOrString) *intstr.IntOrString {
+	if v != nil {
+		return v
+	}
+	return d
+}
+
+func field(name string, err error) error {
+	if err != nil {
+		return fmt.Errorf("%s: %w", name, err)
+	}
+	return nil
+}
+
+// templateHash hashes what makes an instance: a member whose hash differs
+// from its pool's is replaced. Attributes and health checks are not in
+// it; they change in place.
+func templateHash(t *v1.ProxyTemplateSpec) string {
+	b, _ := json.Marshal(struct {
+		Provider  string
+		Placement *v1.Placement
+		CloudInit *v1.CloudInit
+		Port      int32
+	}{t.Provider, t.Placement, t.CloudInit, t.Port})
+	sum := sha256.Sum256(b)
+	return hex.EncodeToString(sum[:])[:10]
+}
+
+// observed is a pool's members as the cache holds them.
+type observed struct {
+	members []*member
+	proxies map[string]*v1.Proxy // by name
+	// taken holds every Proxy name in the namespace, members or not.
+	taken map[string]bool
+}
+
+func (r *Reconciler) observe(ctx context.Context, pool *v1.ProxyPool, hash string) (*observed, error) {
+	list := &v1.ProxyList{}
+	if err := r.client.List(ctx, list, client.InNamespace(pool.Namespace), client.UnsafeDisableDeepCopy); err != nil {
+		return nil, fmt.Errorf("listing the Proxies of namespace %s: %w", pool.Namespace, err)
+	}
+	snap := r.leases.Snapshot()
+	o := &observed{proxies: map[string]*v1.Proxy{}, taken: make(map[string]bool, len(list.Items))}
+	for i := range list.Items {
+		px := &list.Items[i]
+		o.taken[px.Name] = true
+		if !metav1.IsControlledBy(px, pool) {
+			continue
+		}
+		o.proxies[px.Name] = px
+		m := &member{
+			name: px.Name, created: px.CreationTimestamp.Time,
+			updated:      px.Labels[v1.LabelTemplateHash] == hash,
+			ready:        meta.IsStatusConditionTrue(px.Status.Conditions, v1.ConditionReady),
+			deleting:     !px.DeletionTimestamp.IsZero(),
+			leases:       snap.Leases[px.Key()],
+			doNotDisrupt: px.Annotations[v1.AnnotationDoNotDisrupt] == "true",
+		}
+		m.healthy = m.ready && px.Status.Healthy
+		if v, ok := px.Annotations[v1.AnnotationDrainDeadline]; ok {
+			// An unreadable deadline drains at once, as the broker reads it.
+			t, err := time.Parse(time.RFC3339, v)
+			if err != nil || t.IsZero() {
+				t = time.Unix(0, 0)
+			}
+			m.deadline = t
+		}
+		o.members = append(o.members, m)
+	}
+	return o, nil
+}
+
+func (r *Reconciler) reconcileNormal(ctx context.Context, pool *v1.ProxyPool) (ctrl.Result, error) {
+	l, err := resolve(pool, r.opts.Settle)
+	if err != nil {
+		return ctrl.Result{}, err
+	}
+	hash := templateHash(&pool.Spec.Template.Spec)
+	o, err := r.observe(ctx, pool, hash)
+	if err != nil {
+		return ctrl.Result{}, err
+	}
+	snap := r.leases.Snapshot()
+	now := time.Now()
+	p := decide(l, o.members, leaseView{at: snap.At, known: snap.Known()}, now)
+	r.setStatus(pool, l, o, p, snap.Known())
+
+	errs := []error{r.syncInPlace(ctx, pool, o)}
+	for _, d := range p.delete {
+		errs = append(errs, r.deleteMember(ctx, pool, o.proxies[d.m.name], d.why))
+	}
+	deadline := now.Add(l.drainTimeout).Truncate(time.Second)
+	for _, d := range p.drain {
+		errs = append(errs, r.drainMember(ctx, pool, o.proxies[d.m.name], deadline, d.why))
+	}
+	errs = append(errs, r.createMembers(ctx, pool, hash, o.taken, p.create, p.createWhy))
+	if err := errors.Join(errs...); err != nil {
+		return ctrl.Result{}, err
+	}
+	return ctrl.Result{RequeueAfter: r.nextDrainCheck(o, p, now)}, nil
+}
+
+// maxDrainPoll bounds how long a draining member goes unchecked when no
+// lease change wakes its pool.
+const maxDrainPoll = 10 * time.Second
+
+// nextDrainCheck is when a pool with draining members must look again:
+// at the earliest deadline, after the settle time of a drain just begun,
+// and at least every maxDrainPoll; 0 when nothing drains.
+func (r *Reconciler) nextDrainCheck(o *observed, p plan, now time.Time) time.Duration {
+	next := time.Duration(0)
+	consider := func(d time.Duration) {
+		d = max(d, 100*time.Millisecond)
+		if next == 0 || d < next {
+			next = d
+		}
+	}
+	if len(p.drain) > 0 {
+		consider(r.opts.Settle)
+	}
+	for _, m := range o.members {
+		if m.draining() {
+			consider(min(m.deadline.Sub(now), maxDrainPoll))
+		}
+	}
+	return next
+}
+
+// desiredMeta returns px's labels and annotations with the template's
+// applied; keys the template does not name are kept.
+func desiredMeta(pool *v1.ProxyPool, px *v1.Proxy) (map[string]string, map[string]string) {
+	labels := maps.Clone(px.Labels)
+	if labels == nil {
+		labels = map[string]string{}
+	}
+	maps.Copy(labels, pool.Spec.Template.Metadata.Labels)
+	labels[v1.LabelPool] = pool.Name
+	annotations := maps.Clone(px.Annotations)
+	if len(pool.Spec.Template.Metadata.Annotations) > 0 && annotations == nil {
+		annotations = map[string]string{}
+	}
+	maps.Copy(annotations, pool.Spec.Template.Metadata.Annotations)
+	return labels, annotations
+}
+
+// syncInPlace brings every member's mutable part (attributes, health
+// check, template labels and annotations) to the template's.
+func (r *Reconciler) syncInPlace(ctx context.Context, pool *v1.ProxyPool, o *observed) error {
+	t := &pool.Spec.Template.Spec
+	var errs []error
+	for _, px := range o.proxies {
+		if !px.DeletionTimestamp.IsZero() {
+			continue
+		}
+		labels, annotations := desiredMeta(pool, px)
+		if equality.Semantic.DeepEqual(labels, px.Labels) && equality.Semantic.DeepEqual(annotations, px.Annotations) &&
+			equality.Semantic.DeepEqual(t.Attributes, px.Spec.Attributes) && equality.Semantic.DeepEqual(t.HealthCheck, px.Spec.HealthCheck) {
+			continue
+		}
+		next := px.DeepCopy()
+		next.Labels, next.Annotations = labels, annotations
+		next.Spec.Attributes, next.Spec.HealthCheck = t.Attributes, t.HealthCheck
+		if err := r.client.Patch(ctx, next, client.MergeFrom(px)); err != nil {
+			errs = append(errs, fmt.Errorf("updating member %s in place: %w", px.Name, client.IgnoreNotFound(err)))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// drainMember marks px draining until deadline: brokers stop leasing it
+// and end its leases' renewals there.
+func (r *Reconciler) drainMember(ctx context.Context, pool *v1.ProxyPool, px *v1.Proxy, deadline time.Time, why string) error {
+	next := px.DeepCopy()
+	if next.Annotations == nil {
+		next.Annotations = map[string]string{}
+	}
+	next.Annotations[v1.AnnotationDrainDeadline] = deadline.UTC().Format(time.RFC3339)
+	if err := r.client.Patch(ctx, next, client.MergeFromWithOptions(px, client.MergeFromWithOptimisticLock{})); err != nil {
+		return fmt.Errorf("draining member %s: %w", px.Name, err)
+	}
+	r.recorder.Eventf(pool, next, v1.EventType(v1.EventMemberDraining), v1.EventMemberDraining, "Drain",
+		"member %s drains until %s: %s", px.Name, deadline.UTC().Format(time.RFC3339), why)
+	return r.waitForCache(ctx, client.ObjectKeyFromObject(px), func(c *v1.Proxy) bool {
+		_, ok := c.GetAnnotations()[v1.AnnotationDrainDeadline]
+		return c == nil || ok
+	})
+}
+
+func (r *Reconciler) deleteMember(ctx context.Context, pool *v1.ProxyPool, px *v1.Proxy, why string) error {
+	uid := px.UID
+	if err := r.client.Delete(ctx, px, client.Preconditions{UID: &uid}); client.IgnoreNotFound(err) != nil {
+		return fmt.Errorf("deleting member %s: %w", px.Name, err)
+	}
+	r.recorder.Eventf(pool, px, v1.EventType(v1.EventMemberDeleted), v1.EventMemberDeleted, "Delete", "member %s deleted: %s", px.Name, why)
+	return r.waitForCache(ctx, client.ObjectKeyFromObject(px), func(c *v1.Proxy) bool { return c == nil || !c.DeletionTimestamp.IsZero() })
+}
+
+// createMembers creates n members under the lowest free names
+// <pool>-<ordinal>. The names follow from the cache alone, so a retry on
+// the same view asks for the same names and gets AlreadyExists.
+func (r *Reconciler) createMembers(ctx context.Context, pool *v1.ProxyPool, hash string, taken map[string]bool, n int, why string) error {
+	if n == 0 {
+		return nil
+	}
+	names := make([]string, 0, n)
+	for i := 0; len(names) < n; i++ {
+		name := pool.Name + "-" + strconv.Itoa(i)
+		if !taken[name] {
+			names = append(names, name)
+		}
+	}
+	g, gctx := errgroup.WithContext(ctx)
+	g.SetLimit(r.opts.CreateWorkers)
+	var mu sync.Mutex
+	var created []string
+	for _, name := range names {
+		g.Go(func() error {
+			px, err := r.newMember(pool, name, hash)
+			if err != nil {
+				return err
+			}
+			switch err := r.client.Create(gctx, px); {
+			case apierrors.IsAlreadyExists(err):
+			case err != nil:
+				return fmt.Errorf("creating member %s: %w", name, err)
+			default:
+				mu.Lock()
+				created = append(created, name)
+				mu.Unlock()
+			}
+			return r.waitForCache(gctx, client.ObjectKeyFromObject(px), func(c *v1.Proxy) bool { return c != nil })
+		})
+	}
+	err := g.Wait()
+	if len(created) > 0 {
+		r.recorder.Eventf(pool, nil, v1.EventType(v1.EventMemberCreated), v1.EventMemberCreated, "Create",
+			"created %d members (%s): %s", len(created), strings.Join(created, ", "), why)
+	}
+	return err
+}
+
+func (r *Reconciler) newMember(pool *v1.ProxyPool, name, hash string) (*v1.Proxy, error) {
+	t := pool.Spec.Template
+	px := &v1.Proxy{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: pool.Namespace},
+		Spec: v1.ProxySpec{
+			Mode: v1.ModeManaged, Provider: t.Spec.Provider, Placement: t.Spec.Placement, CloudInit: t.Spec.CloudInit,
+			Port: t.Spec.Port, Attributes: t.Spec.Attributes, HealthCheck: t.Spec.HealthCheck,
+		},
+	}
+	px.Labels, px.Annotations = desiredMeta(pool, px)
+	px.Labels[v1.LabelTemplateHash] = hash
+	// The ownerReference goes in with the object, so no Proxy of the pool
+	// ever exists unowned.
+	if err := controllerutil.SetControllerReference(pool, px, r.client.Scheme()); err != nil {
+		return nil, err
+	}
+	return px, nil
+}
+
+// cacheWait bounds how long a write may take to reach the cache.
+const cacheWait = 10 * time.Second
+
+// waitForCache polls the cache until ok holds for the Proxy (nil when
+// absent), so the next reconcile decides on a view that holds this one's
+// writes.
+func (r *Reconciler) waitForCache(ctx context.Context, key client.ObjectKey, ok func(*v1.Proxy) bool) error {
+	var last error
+	err := wait.PollUntilContextTimeout(ctx, 5*time.Millisecond, cacheWait, true, func(ctx context.Context) (bool, error) {
+		px := &v1.Proxy{}
+		err := r.client.Get(ctx, key, px)
+		switch {
+		case apierrors.IsNotFound(err):
+			return ok(nil), nil
+		case err != nil:
+			last = err
+			return false, nil
+		}
+		return ok(px), nil
+	})
+	if err != nil {
+		return fmt.Errorf("waiting for the cache to see member %s: %w", key.Name, errors.Join(err, last))
+	}
+	return nil
+}
+
+func cutKey(id string) (ns, name string, ok bool) {
+	return strings.Cut(id, "/")
+}

@@ -1,0 +1,82 @@
+package proxypool
+
+import (
+	"fmt"
+	"strings"
+
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
+
+	v1 "github.com/egress-proxies/egress-proxies/pkg/api/v1alpha1"
+)
+
+// setStatus writes the counts and conditions of what this reconcile
+// observed and decided. A Warning Event goes with DisruptionBlocked when
+// it begins, not on every reconcile while it lasts.
+func (r *Reconciler) setStatus(pool *v1.ProxyPool, l limits, o *observed, p plan, leasesKnown bool) {
+	st := &pool.Status
+	st.Replicas, st.ReadyReplicas, st.HealthyReplicas, st.UpdatedReplicas, st.DrainingReplicas = 0, 0, 0, 0, 0
+	if leasesKnown {
+		st.LeasedReplicas = 0
+	}
+	active, outdated, unhealthy := 0, 0, 0
+	for _, m := range o.members {
+		if m.deleting {
+			continue
+		}
+		st.Replicas++
+		if m.ready {
+			st.ReadyReplicas++
+		}
+		if m.healthy {
+			st.HealthyReplicas++
+		}
+		if leasesKnown && m.leases > 0 {
+			st.LeasedReplicas++
+		}
+		if m.draining() {
+			st.DrainingReplicas++
+			continue
+		}
+		active++
+		if m.updated {
+			st.UpdatedReplicas++
+		} else {
+			outdated++
+		}
+		if !m.healthy {
+			unhealthy++
+		}
+	}
+	st.Selector = labels.Set{v1.LabelPool: pool.Name}.String()
+	st.ObservedGeneration = pool.Generation
+
+	reason, msg, progressing := v1.ReasonAsDesired, fmt.Sprintf("%d members, all up to date and healthy", active), false
+	switch {
+	case len(p.blocked) > 0:
+		reason, msg = v1.ReasonDisruptionBlocked, fmt.Sprintf("members that must go are annotated %s: %s", v1.AnnotationDoNotDisrupt, strings.Join(p.blocked, ", "))
+	case outdated > 0:
+		reason, msg, progressing = v1.ReasonRollingOut, fmt.Sprintf("%d of %d members are made from an outdated template", outdated, active), true
+	case active < l.replicas || p.create > 0:
+		reason, msg, progressing = v1.ReasonScalingUp, fmt.Sprintf("%d of %d members exist", active, l.replicas), true
+	case active > l.replicas || st.DrainingReplicas > 0:
+		reason, msg, progressing = v1.ReasonScalingDown, fmt.Sprintf("%d members for %d replicas, %d draining", active, l.replicas, st.DrainingReplicas), true
+	case unhealthy > 0:
+		reason, msg = v1.ReasonMembersNotHealthy, fmt.Sprintf("%d of %d members are not Ready and Healthy", unhealthy, active)
+	}
+	was := meta.FindStatusCondition(st.Conditions, v1.ConditionReady)
+	if reason == v1.ReasonDisruptionBlocked && (was == nil || was.Reason != reason) {
+		r.recorder.Eventf(pool, nil, v1.EventType(reason), reason, "Disrupt", "%s", msg)
+	}
+	ready := metav1.ConditionFalse
+	if reason == v1.ReasonAsDesired {
+		ready = metav1.ConditionTrue
+	}
+	meta.SetStatusCondition(&st.Conditions, metav1.Condition{Type: v1.ConditionReady, Status: ready, Reason: reason, Message: msg, ObservedGeneration: pool.Generation})
+	prog := metav1.Condition{Type: v1.ConditionProgressing, Status: metav1.ConditionFalse, Reason: reason, Message: msg, ObservedGeneration: pool.Generation}
+	if progressing {
+		prog.Status = metav1.ConditionTrue
+	}
+	meta.SetStatusCondition(&st.Conditions, prog)
+}

@@ -1,0 +1,234 @@
+package proxypool_test
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"maps"
+	"os"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/config"
+	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
+
+	v1 "github.com/egress-proxies/egress-proxies/pkg/api/v1alpha1"
+	"github.com/egress-proxies/egress-proxies/pkg/testenv"
+	"github.com/egress-proxies/egress-proxies/pkg/testutil/kubelet"
+	"github.com/egress-proxies/egress-proxies/services/controller/pkg/controllers/proxy/lifecycle"
+	"github.com/egress-proxies/egress-proxies/services/controller/pkg/controllers/proxypool"
+	"github.com/egress-proxies/egress-proxies/services/controller/pkg/leaseview"
+	"github.com/egress-proxies/egress-proxies/services/controller/pkg/providers"
+	"github.com/egress-proxies/egress-proxies/services/controller/pkg/providers/kubernetes"
+)
+
+var env *testenv.Env
+
+func TestMain(m *testing.M) { os.Exit(testenv.Main(m, &env)) }
+
+// leases is the lease source the tests set by hand, in place of the
+// broker (the end-to-end suite runs the real one).
+type leases struct {
+	mu  sync.Mutex
+	m   map[string]int32
+	rec *proxypool.Reconciler
+}
+
+func (l *leases) Snapshot() leaseview.Snapshot {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return leaseview.Snapshot{At: time.Now(), Leases: maps.Clone(l.m)}
+}
+
+func (l *leases) set(id string, n int32) {
+	l.mu.Lock()
+	l.m[id] = n
+	rec := l.rec
+	l.mu.Unlock()
+	if rec != nil {
+		rec.LeasesChanged([]string{id})
+	}
+}
+
+// harness runs the Proxy lifecycle reconciler (the kubernetes provider,
+// pods given addresses by the stand-in kubelet) and the ProxyPool
+// reconciler on the shared API server, in a namespace of its own. A
+// stand-in prober marks every Ready member Healthy.
+type harness struct {
+	t       *testing.T
+	ns      string
+	leases  *leases
+	kubelet *kubelet.StandIn
+	// wrap, when set before start, wraps the pool reconciler's client.
+	wrap func(c client.Client, kill func()) client.Client
+	// kill stops the running manager without waiting (callable from
+	// inside a reconcile); done is closed once it has stopped.
+	kill func()
+	done chan struct{}
+}
+
+func newHarness(t *testing.T) *harness {
+	testenv.Require(t)
+	ns := env.Namespace(t, "pool")
+	return &harness{t: t, ns: ns, leases: &leases{m: map[string]int32{}},
+		kubelet: &kubelet.StandIn{Client: env.Client, Namespace: ns, T: t, AddressOnly: true}}
+}
+
+func (h *harness) start() *harness {
+	t := h.t
+	ctx, cancel := context.WithCancel(context.Background())
+	mgr, err := ctrl.NewManager(env.Config, ctrl.Options{
+		Scheme:                 env.Scheme,
+		Metrics:                metricsserver.Options{BindAddress: "0"},
+		HealthProbeBindAddress: "0",
+		Controller:             config.Controller{SkipNameValidation: ptr.To(true)},
+		Cache:                  cache.Options{ByObject: lifecycle.CacheByObject(), DefaultNamespaces: map[string]cache.Config{h.ns: {}}},
+	})
+	require.NoError(t, err)
+	entries, err := providers.ParseConfig([]byte(fmt.Sprintf("providers:\n- {name: kubernetes, type: kubernetes, kubernetes: {namespace: %s}}\n", h.ns)), []string{kubernetes.Type})
+	require.NoError(t, err)
+	reg, err := providers.NewRegistry(ctx, entries, map[string]providers.Factory{kubernetes.Type: kubernetes.New}, providers.Deps{
+		Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(), Log: slog.Default(),
+	})
+	require.NoError(t, err)
+	lc := lifecycle.New(mgr.GetClient(), reg, mgr.GetEventRecorder("egress-proxies-controller"), slog.Default(), lifecycle.Options{
+		PollInterval: 100 * time.Millisecond, ResyncInterval: time.Hour, BackoffBase: 100 * time.Millisecond, BackoffMax: time.Second,
+	})
+	require.NoError(t, lc.SetupWithManager(ctx, mgr))
+	c := mgr.GetClient()
+	if h.wrap != nil {
+		c = h.wrap(c, cancel)
+	}
+	rec := proxypool.New(c, h.leases, mgr.GetEventRecorder("egress-proxies-controller"), slog.Default(), proxypool.Options{Settle: 200 * time.Millisecond})
+	h.leases.mu.Lock()
+	h.leases.rec = rec
+	h.leases.mu.Unlock()
+	require.NoError(t, rec.SetupWithManager(mgr))
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		require.NoError(t, mgr.Start(ctx))
+	}()
+	go h.standIns(ctx)
+	h.kill, h.done = cancel, done
+	t.Cleanup(func() { cancel(); <-done })
+	return h
+}
+
+// restart waits for the stopped (or killed) manager and starts another.
+func (h *harness) restart() {
+	h.kill()
+	<-h.done
+	h.start()
+}
+
+// standIns gives pods addresses and marks Ready members Healthy until
+// ctx ends.
+func (h *harness) standIns(ctx context.Context) {
+	tick := time.NewTicker(50 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		h.kubelet.Sync(ctx)
+		list := &v1.ProxyList{}
+		if err := env.Client.List(ctx, list, client.InNamespace(h.ns)); err == nil {
+			for _, px := range list.Items {
+				if !meta.IsStatusConditionTrue(px.Status.Conditions, v1.ConditionReady) || px.Status.Healthy || !px.DeletionTimestamp.IsZero() {
+					continue
+				}
+				px.Status.Healthy = true
+				meta.SetStatusCondition(&px.Status.Conditions, metav1.Condition{Type: v1.ConditionHealthy, Status: metav1.ConditionTrue, Reason: v1.ReasonProbeSucceeded, Message: "the test's stand-in prober"})
+				_ = env.Client.Status().Update(ctx, &px) // a conflict is retried next tick
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+	}
+}
+
+func (h *harness) pool(name string, replicas int32) *v1.ProxyPool {
+	return &v1.ProxyPool{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: h.ns},
+		Spec: v1.ProxyPoolSpec{
+			Replicas: ptr.To(replicas),
+			Template: v1.ProxyTemplate{
+				Metadata: v1.ProxyTemplateMeta{Labels: map[string]string{"team": "crawl"}},
+				Spec:     v1.ProxyTemplateSpec{Provider: "kubernetes", Port: 3128, Attributes: map[string]string{"geo": "eu"}},
+			},
+		},
+	}
+}
+
+func (h *harness) create(p *v1.ProxyPool) *v1.ProxyPool {
+	h.t.Helper()
+	require.NoError(h.t, env.Client.Create(context.Background(), p))
+	return p
+}
+
+func (h *harness) get(name string) *v1.ProxyPool {
+	h.t.Helper()
+	p := &v1.ProxyPool{}
+	require.NoError(h.t, env.Client.Get(context.Background(), client.ObjectKey{Namespace: h.ns, Name: name}, p))
+	return p
+}
+
+func (h *harness) update(name string, mutate func(*v1.ProxyPool)) {
+	h.t.Helper()
+	require.Eventually(h.t, func() bool {
+		p := h.get(name)
+		mutate(p)
+		return env.Client.Update(context.Background(), p) == nil
+	}, 10*time.Second, 20*time.Millisecond)
+}
+
+// members lists the Proxies of the namespace not being deleted.
+func (h *harness) members() []v1.Proxy {
+	h.t.Helper()
+	list := &v1.ProxyList{}
+	require.NoError(h.t, env.Client.List(context.Background(), list, client.InNamespace(h.ns)))
+	var out []v1.Proxy
+	for _, px := range list.Items {
+		if px.DeletionTimestamp.IsZero() {
+			out = append(out, px)
+		}
+	}
+	return out
+}
+
+func (h *harness) proxy(name string) (*v1.Proxy, error) {
+	px := &v1.Proxy{}
+	return px, env.Client.Get(context.Background(), client.ObjectKey{Namespace: h.ns, Name: name}, px)
+}
+
+// waitSettled waits until the pool reports want members, all up to date
+// and healthy, and its Ready condition is True.
+func (h *harness) waitSettled(name string, want int32) *v1.ProxyPool {
+	h.t.Helper()
+	var last *v1.ProxyPool
+	deadline := time.Now().Add(60 * time.Second)
+	for time.Now().Before(deadline) {
+		p := h.get(name)
+		last = p
+		st := p.Status
+		if st.ObservedGeneration == p.Generation && st.Replicas == want && st.HealthyReplicas == want && st.UpdatedReplicas == want &&
+			meta.IsStatusConditionTrue(st.Conditions, v1.ConditionReady) && len(h.members()) == int(want) {
+			return p
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	h.t.Fatalf("pool %s never settled at %d members; last status: %+v; members: %d", name, want, last.Status, len(h.members()))
+	return nil
+}
+
+func gone(err error) bool { return apierrors.IsNotFound(err) }
