@@ -193,7 +193,14 @@ func TestRBACIsLeastPrivilege(t *testing.T) {
 		{"ep-controller", "patch", "apps", "deployments", "", ns, false},
 		{"ep-controller", "list", "", "nodes", "", "", false},
 		{"ep-controller", "create", "rbac.authorization.k8s.io", "clusterroles", "", "", false},
-		{"ep-controller", "delete", "crawl.example.com", "proxies", "", "team-a", false},
+		// ProxyPools create and delete their members; a pool's spec is
+		// its user's, only its status the controller's.
+		{"ep-controller", "create", "crawl.example.com", "proxies", "", "team-a", true},
+		{"ep-controller", "delete", "crawl.example.com", "proxies", "", "team-a", true},
+		{"ep-controller", "watch", "crawl.example.com", "proxypools", "", "team-a", true},
+		{"ep-controller", "patch", "crawl.example.com", "proxypools", "status", "team-a", true},
+		{"ep-controller", "update", "crawl.example.com", "proxypools", "", "team-a", false},
+		{"ep-broker", "list", "crawl.example.com", "proxypools", "", "team-a", false},
 	}
 	for _, c := range cases {
 		sar := &authorizationv1.SubjectAccessReview{Spec: authorizationv1.SubjectAccessReviewSpec{

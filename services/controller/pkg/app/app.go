@@ -9,7 +9,9 @@ import (
 	"cmp"
 	"context"
 	"crypto/tls"
+	"errors"
 	"fmt"
+	"io/fs"
 	"log/slog"
 	"os"
 	"strings"
@@ -156,7 +158,14 @@ func addPoolController(ctx context.Context, mgr ctrl.Manager, log *slog.Logger, 
 	var leases leaseview.Source = leaseview.None{}
 	var poller *leaseview.Poller
 	if o.BrokerAddr != "" {
-		token, err := auth.FromFlag(ctx, log, "--broker-token-file", o.BrokerTokenFile)
+		tokenFile := o.BrokerTokenFile
+		if _, err := os.Stat(tokenFile); tokenFile != "" && errors.Is(err, fs.ErrNotExist) {
+			// An optional Secret not created yet: the broker, which needs
+			// it too, is not serving; drains wait for their deadlines.
+			log.Warn("the broker token file does not exist; reading leases without a token", "file", tokenFile)
+			tokenFile = ""
+		}
+		token, err := auth.FromFlag(ctx, log, "--broker-token-file", tokenFile)
 		if err != nil {
 			return service.Usagef("%v", err)
 		}

@@ -81,7 +81,7 @@ func (o *Options) Register(fs *flag.FlagSet) {
 	fs.BoolVar(&o.ProbeInsecure, "probe-insecure", false, "serve the probe endpoint in plaintext, without TLS: for local development only")
 	fs.StringVar(&o.ProbeDenyCIDRs, "probe-deny-cidrs", netpolicy.DefaultDenyCIDRs, "comma-separated CIDRs no probe may reach: a Proxy whose address or health-check URL host is in them is never probed nor leased (Healthy=False, ProbeDenied); private ranges stay allowed")
 	fs.StringVar(&o.BrokerAddr, "broker-address", "", "gRPC address of the broker, whose live leases ProxyPools drain before they delete a member; empty means no broker: members hold no leases and drains end at once")
-	fs.StringVar(&o.BrokerTokenFile, "broker-token-file", "", "file holding the bearer token the broker asks for; empty sends none")
+	fs.StringVar(&o.BrokerTokenFile, "broker-token-file", "", "file holding the bearer token the broker asks for; empty, or a file that does not exist, sends none")
 	fs.DurationVar(&o.BrokerPoll, "broker-poll-interval", 5*time.Second, "how often live leases are read from the broker")
 	d := health.DefaultDefaults
 	fs.StringVar(&o.Health.URL, "health-url", d.URL, "URL probed through every proxy (per-Proxy: spec.healthCheck.url)")
