@@ -247,9 +247,10 @@ func TestChartCRDIsTheGeneratedOne(t *testing.T) {
 
 func TestSamplesAreAccepted(t *testing.T) {
 	testenv.Require(t)
-	matches, err := filepath.Glob(filepath.Join(testenv.RepoRoot(), "deploy", "samples", "proxy_*.yaml"))
+	matches, err := filepath.Glob(filepath.Join(testenv.RepoRoot(), "deploy", "samples", "proxy*.yaml"))
 	require.NoError(t, err)
 	require.NotEmpty(t, matches)
+	assert.Contains(t, matches, filepath.Join(testenv.RepoRoot(), "deploy", "samples", "proxypool.yaml"))
 	for _, m := range matches {
 		b, err := os.ReadFile(m)
 		require.NoError(t, err)

@@ -1,0 +1,66 @@
+package v1alpha1_test
+
+import (
+	"context"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/utils/ptr"
+
+	v1 "github.com/egress-proxies/egress-proxies/pkg/api/v1alpha1"
+	"github.com/egress-proxies/egress-proxies/pkg/testenv"
+)
+
+func pool(ns, name string) *v1.ProxyPool {
+	return &v1.ProxyPool{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns},
+		Spec:       v1.ProxyPoolSpec{Template: v1.ProxyTemplate{Spec: v1.ProxyTemplateSpec{Provider: "kubernetes"}}},
+	}
+}
+
+func TestAValidPoolIsAcceptedWithDefaults(t *testing.T) {
+	testenv.Require(t)
+	p := pool(env.Namespace(t, "ppool"), "p")
+	require.NoError(t, env.Client.Create(context.Background(), p))
+	assert.EqualValues(t, 1, *p.Spec.Replicas)
+	assert.EqualValues(t, 3128, p.Spec.Template.Spec.Port)
+	assert.Equal(t, "10m0s", p.Spec.DrainTimeout.Duration.String())
+}
+
+func TestInvalidPoolsAreRejectedNamingTheField(t *testing.T) {
+	testenv.Require(t)
+	ns := env.Namespace(t, "ppool-bad")
+	for _, tc := range []struct {
+		name   string
+		mutate func(*v1.ProxyPool)
+		want   string
+	}{
+		{"no provider", func(p *v1.ProxyPool) { p.Spec.Template.Spec.Provider = "" }, "spec.template.spec.provider"},
+		{"negative replicas", func(p *v1.ProxyPool) { p.Spec.Replicas = ptr.To[int32](-1) }, "spec.replicas"},
+		{"surge and unavailable both 0", func(p *v1.ProxyPool) {
+			p.Spec.Strategy = &v1.RolloutStrategy{MaxSurge: ptr.To(intstr.FromInt32(0)), MaxUnavailable: ptr.To(intstr.FromInt32(0))}
+		}, "must not both be 0"},
+		{"surge not a percentage", func(p *v1.ProxyPool) {
+			p.Spec.Strategy = &v1.RolloutStrategy{MaxSurge: ptr.To(intstr.FromString("many"))}
+		}, "spec.strategy.maxSurge must be"},
+		{"disruption budget 0", func(p *v1.ProxyPool) {
+			p.Spec.Disruption = &v1.Disruption{MaxUnavailable: ptr.To(intstr.FromInt32(0))}
+		}, "spec.disruption.maxUnavailable must be"},
+		{"name too long for its members", func(p *v1.ProxyPool) { p.Name = strings.Repeat("a", 58) }, "at most 57 characters"},
+		{"bad attribute key", func(p *v1.ProxyPool) { p.Spec.Template.Spec.Attributes = map[string]string{"-x": "y"} }, "spec.template.spec.attributes keys"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p := pool(ns, "bad")
+			tc.mutate(p)
+			err := env.Client.Create(context.Background(), p)
+			require.Error(t, err)
+			assert.True(t, apierrors.IsInvalid(err), "%v", err)
+			assert.Contains(t, err.Error(), tc.want)
+		})
+	}
+}
