@@ -22,8 +22,14 @@ import (
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
+	"k8s.io/utils/ptr"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/config"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
+	"sigs.k8s.io/controller-runtime/pkg/manager"
+	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -209,4 +215,23 @@ func (e *Env) ReadyProxyE(namespace, name, ip string, port int32, attrs map[stri
 		return nil, fmt.Errorf("writing status of %s/%s: %w", namespace, name, err)
 	}
 	return px, nil
+}
+
+// Manager returns a manager on the shared API server whose cache holds
+// namespace only (byObject narrows it further), with metrics and health
+// probes off and controller names free to repeat, as reconciler suites
+// start one per test.
+func (e *Env) Manager(t testing.TB, namespace string, byObject map[client.Object]cache.ByObject) manager.Manager {
+	t.Helper()
+	mgr, err := ctrl.NewManager(e.Config, ctrl.Options{
+		Scheme:                 e.Scheme,
+		Metrics:                metricsserver.Options{BindAddress: "0"},
+		HealthProbeBindAddress: "0",
+		Controller:             config.Controller{SkipNameValidation: ptr.To(true)},
+		Cache:                  cache.Options{ByObject: byObject, DefaultNamespaces: map[string]cache.Config{namespace: {}}},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return mgr
 }

@@ -181,7 +181,8 @@ func TestADrainWaitsForLeases(t *testing.T) {
 	deadline, err := time.Parse(time.RFC3339, px.Annotations[v1.AnnotationDrainDeadline])
 	require.NoError(t, err)
 	assert.WithinDuration(t, time.Now().Add(10*time.Minute), deadline, 30*time.Second, "the default drain timeout")
-	assert.EqualValues(t, 1, h.get("drain").Status.DrainingReplicas)
+	require.Eventually(t, func() bool { return h.get("drain").Status.DrainingReplicas == 1 }, 10*time.Second, 20*time.Millisecond,
+		"the pool counts the draining member")
 
 	require.Never(t, func() bool { _, err := h.proxy("drain-1"); return gone(err) }, 2*time.Second, 50*time.Millisecond,
 		"a member with live leases stays")

@@ -15,11 +15,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
-	ctrl "sigs.k8s.io/controller-runtime"
-	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/config"
-	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	v1 "github.com/egress-proxies/egress-proxies/pkg/api/v1alpha1"
 	"github.com/egress-proxies/egress-proxies/pkg/testenv"
@@ -86,14 +82,7 @@ func newHarness(t *testing.T) *harness {
 func (h *harness) start() *harness {
 	t := h.t
 	ctx, cancel := context.WithCancel(context.Background())
-	mgr, err := ctrl.NewManager(env.Config, ctrl.Options{
-		Scheme:                 env.Scheme,
-		Metrics:                metricsserver.Options{BindAddress: "0"},
-		HealthProbeBindAddress: "0",
-		Controller:             config.Controller{SkipNameValidation: ptr.To(true)},
-		Cache:                  cache.Options{ByObject: lifecycle.CacheByObject(), DefaultNamespaces: map[string]cache.Config{h.ns: {}}},
-	})
-	require.NoError(t, err)
+	mgr := env.Manager(t, h.ns, lifecycle.CacheByObject())
 	entries, err := providers.ParseConfig([]byte(fmt.Sprintf("providers:\n- {name: kubernetes, type: kubernetes, kubernetes: {namespace: %s}}\n", h.ns)), []string{kubernetes.Type})
 	require.NoError(t, err)
 	reg, err := providers.NewRegistry(ctx, entries, map[string]providers.Factory{kubernetes.Type: kubernetes.New}, providers.Deps{

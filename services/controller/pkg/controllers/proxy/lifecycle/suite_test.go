@@ -14,12 +14,7 @@ import (
 	eventsv1 "k8s.io/api/events/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/utils/ptr"
-	ctrl "sigs.k8s.io/controller-runtime"
-	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/config"
-	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	v1 "github.com/egress-proxies/egress-proxies/pkg/api/v1alpha1"
 	"github.com/egress-proxies/egress-proxies/pkg/testenv"
@@ -69,14 +64,7 @@ func newHarness(t *testing.T) *harness {
 func (h *harness) start() *harness {
 	t := h.t
 	ctx, cancel := context.WithCancel(context.Background())
-	mgr, err := ctrl.NewManager(env.Config, ctrl.Options{
-		Scheme:                 env.Scheme,
-		Metrics:                metricsserver.Options{BindAddress: "0"},
-		HealthProbeBindAddress: "0",
-		Controller:             config.Controller{SkipNameValidation: ptr.To(true)},
-		Cache:                  cache.Options{ByObject: lifecycle.CacheByObject(), DefaultNamespaces: map[string]cache.Config{h.ns: {}}},
-	})
-	require.NoError(t, err)
+	mgr := env.Manager(t, h.ns, lifecycle.CacheByObject())
 	factories := map[string]providers.Factory{
 		kubernetes.Type: func(ctx context.Context, e providers.Entry, d providers.Deps) (providers.Provider, error) {
 			p, err := kubernetes.New(ctx, e, d)
