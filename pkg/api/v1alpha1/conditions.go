@@ -77,6 +77,9 @@ const (
 	// True when it has spec.replicas members, all up to date and Healthy,
 	// none draining.
 	ConditionProgressing = "Progressing"
+	// ConditionRemediationPaused is True while too many members are
+	// unhealthy at once for any to be replaced.
+	ConditionRemediationPaused = "RemediationPaused"
 )
 
 // Reasons of a ProxyPool's conditions.
@@ -93,10 +96,21 @@ const (
 	// ReasonMembersNotHealthy: some members are not yet (or no longer)
 	// Ready and Healthy.
 	ReasonMembersNotHealthy = "MembersNotHealthy"
-	// ReasonDisruptionBlocked: members must go but none may: every
-	// candidate is annotated do-not-disrupt, or the disruption budget or
-	// strategy.maxUnavailable is used up. The message says which.
+	// ReasonDisruptionBlocked: members that must go are annotated
+	// do-not-disrupt; the message names them.
 	ReasonDisruptionBlocked = "DisruptionBlocked"
+	// ReasonReplacingMembers: members are being replaced,
+	// make-before-break, because they failed (remediation, a shared
+	// egress IP) or reached maxAge.
+	ReasonReplacingMembers = "ReplacingMembers"
+	// ReasonRetriesExhausted: a member failed and its slot has used its
+	// retries; it stays until someone acts. The message says why.
+	ReasonRetriesExhausted = "RetriesExhausted"
+	// ReasonTooManyUnhealthy (RemediationPaused True): more members are
+	// due for remediation than maxUnhealthy allows.
+	ReasonTooManyUnhealthy = "TooManyUnhealthy"
+	// ReasonWithinMaxUnhealthy (RemediationPaused False).
+	ReasonWithinMaxUnhealthy = "WithinMaxUnhealthy"
 )
 
 // Reasons of a ProxyPool's Events about its members.
@@ -126,7 +140,7 @@ var warningReasons = map[string]bool{
 	ReasonUnknownProvider: true, ReasonProviderUnavailable: true, ReasonInvalidPlacement: true,
 	ReasonCloudInitError: true, ReasonQuotaExceeded: true, ReasonProviderError: true,
 	ReasonCleanupFailed: true, ReasonInstanceLost: true, ReasonProbeStale: true,
-	EventCleanupSkipped: true, ReasonDisruptionBlocked: true,
+	EventCleanupSkipped: true, ReasonDisruptionBlocked: true, ReasonRetriesExhausted: true, ReasonTooManyUnhealthy: true,
 }
 
 // EventType is the type of the Event that records reason: "Warning" when
@@ -158,8 +172,14 @@ const (
 	// A ProxyPool sets it on members it takes out; anyone may set it on
 	// any Proxy.
 	AnnotationDrainDeadline = "crawl.example.com/drain-deadline"
+	// AnnotationReplaces, on a pool member, names the member it was made
+	// to replace; AnnotationSlotRetries counts the failed members its slot
+	// has been through. The pool writes both.
+	AnnotationReplaces    = "crawl.example.com/replaces"
+	AnnotationSlotRetries = "crawl.example.com/slot-retries"
 	// AnnotationDoNotDisrupt set to "true" keeps a pool from choosing the
-	// Proxy for scale-down or rollout.
+	// Proxy for any disruption (scale-down, rollout, rotation,
+	// remediation).
 	AnnotationDoNotDisrupt = "crawl.example.com/do-not-disrupt"
 	// Finalizer guards instance deletion.
 	Finalizer = "crawl.example.com/instance-cleanup"

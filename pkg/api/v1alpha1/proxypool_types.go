@@ -35,6 +35,64 @@ type ProxyPoolSpec struct {
 	// +kubebuilder:default="10m"
 	// +optional
 	DrainTimeout *metav1.Duration `json:"drainTimeout,omitempty"`
+
+	// MaxAge replaces members older than it, make-before-break: a fresh
+	// instance (and egress IP) on a schedule. Each member's limit is up
+	// to a tenth earlier, fixed by its UID, so members made together do
+	// not all rotate together. Unset: members are never rotated for age.
+	// +optional
+	MaxAge *metav1.Duration `json:"maxAge,omitempty"`
+
+	// DistinctEgressIPs: when two members are seen with the same
+	// status.egressIP, the newer is replaced; a slot retries up to
+	// spec.remediation.maxRetries times, then stays and the pool says why.
+	// +optional
+	DistinctEgressIPs bool `json:"distinctEgressIPs,omitempty"`
+
+	// Remediation replaces members that do not come up or stop being
+	// healthy.
+	// +optional
+	Remediation *Remediation `json:"remediation,omitempty"`
+}
+
+// Remediation says when a failed member is replaced.
+type Remediation struct {
+	// StartupTimeout: a member not Ready this long after its creation is
+	// replaced.
+	// +kubebuilder:default="15m"
+	// +optional
+	StartupTimeout *metav1.Duration `json:"startupTimeout,omitempty"`
+
+	// UnhealthyTimeout: a Ready member unhealthy for this long is
+	// replaced.
+	// +kubebuilder:default="10m"
+	// +optional
+	UnhealthyTimeout *metav1.Duration `json:"unhealthyTimeout,omitempty"`
+
+	// MaxUnhealthy: when more members than this (a count, or a percentage
+	// of replicas rounded up) are due for remediation at once, the fault
+	// is probably not theirs (the health-check target, the network):
+	// nothing is replaced, and the RemediationPaused condition says why.
+	// +kubebuilder:default="40%"
+	// +kubebuilder:validation:XIntOrString
+	// +kubebuilder:validation:XValidation:rule="type(self) == int ? self >= 0 : self.matches('^[0-9]{1,3}%$')",message="spec.remediation.maxUnhealthy must be a non-negative count or a percentage such as 40%"
+	// +optional
+	MaxUnhealthy *intstr.IntOrString `json:"maxUnhealthy,omitempty"`
+
+	// MaxRetries is how many failed members in a row one slot replaces
+	// before it gives up (the member stays, and the pool says why). A
+	// member healthy for unhealthyTimeout starts its slot's count again.
+	// +kubebuilder:default=5
+	// +kubebuilder:validation:Minimum=0
+	// +kubebuilder:validation:Maximum=100
+	// +optional
+	MaxRetries *int32 `json:"maxRetries,omitempty"`
+
+	// RetryBackoff is how long after its failure a slot's first retry
+	// waits; each next retry waits twice as long, up to an hour.
+	// +kubebuilder:default="30s"
+	// +optional
+	RetryBackoff *metav1.Duration `json:"retryBackoff,omitempty"`
 }
 
 // ProxyTemplate is the metadata and spec of the Proxies a pool creates.

@@ -3,11 +3,14 @@ package proxypool
 import (
 	"context"
 	"crypto/sha256"
+	"encoding/binary"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"maps"
+	"math"
+	"sort"
 	"strconv"
 	"strings"
 	"sync"
@@ -18,6 +21,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/apimachinery/pkg/util/wait"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -32,9 +36,24 @@ var (
 	defaultMaxSurge       = intstr.FromInt32(1)
 	defaultMaxUnavailable = intstr.FromInt32(0)
 	defaultDisruption     = intstr.FromString("10%")
+	defaultMaxUnhealthy   = intstr.FromString("40%")
 )
 
-const defaultDrainTimeout = 10 * time.Minute
+const (
+	defaultDrainTimeout     = 10 * time.Minute
+	defaultStartupTimeout   = 15 * time.Minute
+	defaultUnhealthyTimeout = 10 * time.Minute
+	defaultMaxRetries       = 5
+	defaultRetryBackoff     = 30 * time.Second
+	maxRetryBackoff         = time.Hour
+)
+
+func durationOr(d *metav1.Duration, def time.Duration) time.Duration {
+	if d != nil {
+		return d.Duration
+	}
+	return def
+}
 
 // resolve turns the pool's spec into counts. Percentages of surge and the
 // disruption budget round up and maxUnavailable down, as a Deployment's
@@ -65,9 +84,22 @@ func resolve(pool *v1.ProxyPool, settle time.Duration) (limits, error) {
 		l.unavailable = 1
 	}
 	l.budget = max(l.budget, 1)
-	if pool.Spec.DrainTimeout != nil {
-		l.drainTimeout = pool.Spec.DrainTimeout.Duration
+	l.drainTimeout = durationOr(pool.Spec.DrainTimeout, defaultDrainTimeout)
+
+	rem := pool.Spec.Remediation
+	if rem == nil {
+		rem = &v1.Remediation{}
 	}
+	l.startupTimeout = durationOr(rem.StartupTimeout, defaultStartupTimeout)
+	l.unhealthyTimeout = durationOr(rem.UnhealthyTimeout, defaultUnhealthyTimeout)
+	l.backoffBase, l.backoffMax = durationOr(rem.RetryBackoff, defaultRetryBackoff), maxRetryBackoff
+	l.maxRetries = defaultMaxRetries
+	if rem.MaxRetries != nil {
+		l.maxRetries = int(*rem.MaxRetries)
+	}
+	l.maxUnhealthy, err = intstr.GetScaledValueFromIntOrPercent(cmpOr(rem.MaxUnhealthy, &defaultMaxUnhealthy), l.replicas, true)
+	errs = append(errs, field("spec.remediation.maxUnhealthy", err))
+	l.distinctEgressIPs = pool.Spec.DistinctEgressIPs
 	return l, errors.Join(errs...)
 }
 
@@ -130,6 +162,15 @@ func (r *Reconciler) observe(ctx context.Context, pool *v1.ProxyPool, hash strin
 			doNotDisrupt: px.Annotations[v1.AnnotationDoNotDisrupt] == "true",
 		}
 		m.healthy = m.ready && px.Status.Healthy
+		m.since = since(px, m.healthy)
+		if m.ready {
+			m.egressIP = px.Status.EgressIP
+		}
+		m.replaces = px.Annotations[v1.AnnotationReplaces]
+		m.retries, _ = strconv.Atoi(px.Annotations[v1.AnnotationSlotRetries])
+		if pool.Spec.MaxAge != nil {
+			m.ageLimit = jittered(pool.Spec.MaxAge.Duration, px.UID)
+		}
 		if v, ok := px.Annotations[v1.AnnotationDrainDeadline]; ok {
 			// An unreadable deadline drains at once, as the broker reads it.
 			t, err := time.Parse(time.RFC3339, v)
@@ -141,6 +182,31 @@ func (r *Reconciler) observe(ctx context.Context, pool *v1.ProxyPool, hash strin
 		o.members = append(o.members, m)
 	}
 	return o, nil
+}
+
+// since is when a member became healthy (healthy), or when it stopped
+// being healthy while Ready (not healthy): the later of its Ready and
+// Healthy conditions' transitions.
+func since(px *v1.Proxy, healthy bool) time.Time {
+	var t time.Time
+	for _, c := range []string{v1.ConditionReady, v1.ConditionHealthy} {
+		if cond := meta.FindStatusCondition(px.Status.Conditions, c); cond != nil && cond.LastTransitionTime.After(t) {
+			t = cond.LastTransitionTime.Time
+		}
+	}
+	if t.IsZero() {
+		t = px.CreationTimestamp.Time
+	}
+	return t
+}
+
+// jittered is maxAge less up to a tenth of it, the fraction fixed by the
+// member's UID: members made together rotate spread over that tenth,
+// and every controller computes the same limit.
+func jittered(maxAge time.Duration, uid types.UID) time.Duration {
+	sum := sha256.Sum256([]byte(uid))
+	frac := float64(binary.BigEndian.Uint64(sum[:8])) / float64(math.MaxUint64)
+	return maxAge - time.Duration(frac*float64(maxAge)/10)
 }
 
 func (r *Reconciler) reconcileNormal(ctx context.Context, pool *v1.ProxyPool) (ctrl.Result, error) {
@@ -166,11 +232,29 @@ func (r *Reconciler) reconcileNormal(ctx context.Context, pool *v1.ProxyPool) (c
 	for _, d := range p.drain {
 		errs = append(errs, r.drainMember(ctx, pool, o.proxies[d.m.name], deadline, d.why))
 	}
-	errs = append(errs, r.createMembers(ctx, pool, hash, o.taken, p.create, p.createWhy))
+	for _, name := range p.settled {
+		errs = append(errs, r.settle(ctx, o.proxies[name]))
+	}
+	errs = append(errs, r.createMembers(ctx, pool, hash, o.taken, p.creates))
 	if err := errors.Join(errs...); err != nil {
 		return ctrl.Result{}, err
 	}
-	return ctrl.Result{RequeueAfter: r.nextDrainCheck(o, p, now)}, nil
+	next := r.nextDrainCheck(o, p, now)
+	if p.wake > 0 && (next == 0 || p.wake < next) {
+		next = p.wake
+	}
+	return ctrl.Result{RequeueAfter: next}, nil
+}
+
+// settle restarts the retry count of a member's slot: it has been
+// healthy long enough to show the slot works.
+func (r *Reconciler) settle(ctx context.Context, px *v1.Proxy) error {
+	next := px.DeepCopy()
+	delete(next.Annotations, v1.AnnotationSlotRetries)
+	if err := r.client.Patch(ctx, next, client.MergeFrom(px)); err != nil {
+		return fmt.Errorf("restarting the retry count of member %s: %w", px.Name, client.IgnoreNotFound(err))
+	}
+	return nil
 }
 
 // maxDrainPoll bounds how long a draining member goes unchecked when no
@@ -268,15 +352,15 @@ func (r *Reconciler) deleteMember(ctx context.Context, pool *v1.ProxyPool, px *v
 	return r.waitForCache(ctx, client.ObjectKeyFromObject(px), func(c *v1.Proxy) bool { return c == nil || !c.DeletionTimestamp.IsZero() })
 }
 
-// createMembers creates n members under the lowest free names
+// createMembers creates members under the lowest free names
 // <pool>-<ordinal>. The names follow from the cache alone, so a retry on
 // the same view asks for the same names and gets AlreadyExists.
-func (r *Reconciler) createMembers(ctx context.Context, pool *v1.ProxyPool, hash string, taken map[string]bool, n int, why string) error {
-	if n == 0 {
+func (r *Reconciler) createMembers(ctx context.Context, pool *v1.ProxyPool, hash string, taken map[string]bool, cs []creation) error {
+	if len(cs) == 0 {
 		return nil
 	}
-	names := make([]string, 0, n)
-	for i := 0; len(names) < n; i++ {
+	names := make([]string, 0, len(cs))
+	for i := 0; len(names) < len(cs); i++ {
 		name := pool.Name + "-" + strconv.Itoa(i)
 		if !taken[name] {
 			names = append(names, name)
@@ -285,10 +369,10 @@ func (r *Reconciler) createMembers(ctx context.Context, pool *v1.ProxyPool, hash
 	g, gctx := errgroup.WithContext(ctx)
 	g.SetLimit(r.opts.CreateWorkers)
 	var mu sync.Mutex
-	var created []string
-	for _, name := range names {
+	var created, whys []string
+	for i, name := range names {
 		g.Go(func() error {
-			px, err := r.newMember(pool, name, hash)
+			px, err := r.newMember(pool, name, hash, cs[i])
 			if err != nil {
 				return err
 			}
@@ -299,6 +383,7 @@ func (r *Reconciler) createMembers(ctx context.Context, pool *v1.ProxyPool, hash
 			default:
 				mu.Lock()
 				created = append(created, name)
+				whys = append(whys, name+" "+cs[i].why)
 				mu.Unlock()
 			}
 			return r.waitForCache(gctx, client.ObjectKeyFromObject(px), func(c *v1.Proxy) bool { return c != nil })
@@ -306,13 +391,14 @@ func (r *Reconciler) createMembers(ctx context.Context, pool *v1.ProxyPool, hash
 	}
 	err := g.Wait()
 	if len(created) > 0 {
+		sort.Strings(whys)
 		r.recorder.Eventf(pool, nil, v1.EventType(v1.EventMemberCreated), v1.EventMemberCreated, "Create",
-			"created %d members (%s): %s", len(created), strings.Join(created, ", "), why)
+			"created %d members: %s", len(created), strings.Join(whys, "; "))
 	}
 	return err
 }
 
-func (r *Reconciler) newMember(pool *v1.ProxyPool, name, hash string) (*v1.Proxy, error) {
+func (r *Reconciler) newMember(pool *v1.ProxyPool, name, hash string, c creation) (*v1.Proxy, error) {
 	t := pool.Spec.Template
 	px := &v1.Proxy{
 		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: pool.Namespace},
@@ -323,6 +409,15 @@ func (r *Reconciler) newMember(pool *v1.ProxyPool, name, hash string) (*v1.Proxy
 	}
 	px.Labels, px.Annotations = desiredMeta(pool, px)
 	px.Labels[v1.LabelTemplateHash] = hash
+	if c.replaces != "" || c.retries > 0 {
+		if px.Annotations == nil {
+			px.Annotations = map[string]string{}
+		}
+		px.Annotations[v1.AnnotationReplaces] = c.replaces
+		if c.retries > 0 {
+			px.Annotations[v1.AnnotationSlotRetries] = strconv.Itoa(c.retries)
+		}
+	}
 	// The ownerReference goes in with the object, so no Proxy of the pool
 	// ever exists unowned.
 	if err := controllerutil.SetControllerReference(pool, px, r.client.Scheme()); err != nil {

@@ -16,12 +16,29 @@ type member struct {
 	ready   bool
 	// healthy: Ready and its probes pass.
 	healthy bool
+	// since is when the member became healthy (when healthy) or when it
+	// stopped being healthy while Ready (when not).
+	since    time.Time
+	egressIP string
+	// ageLimit is the age at which the member is rotated: maxAge less
+	// this member's jitter; 0 when the pool has no maxAge.
+	ageLimit time.Duration
+	// retries counts the failed members this one's slot has been through;
+	// replaces names the member it was made to replace.
+	retries  int
+	replaces string
 	// deadline is set while the member drains.
 	deadline time.Time
 	// deleting: its deletion has begun; it is already gone to the pool.
 	deleting     bool
 	leases       int32
 	doNotDisrupt bool
+
+	// cause is why decide replaces the member ("" when it stays);
+	// failed says the cause is the member's failure, which counts
+	// towards its slot's retries.
+	cause  string
+	failed bool
 }
 
 func (m *member) draining() bool { return !m.deadline.IsZero() && !m.deleting }
@@ -43,6 +60,27 @@ type limits struct {
 	// drainTimeout is how long a drain may last; its start is the
 	// deadline minus this.
 	drainTimeout time.Duration
+
+	// Remediation: a member not Ready startupTimeout after its creation,
+	// or Ready but unhealthy for unhealthyTimeout, is replaced, unless
+	// more than maxUnhealthy members are; a slot is retried maxRetries
+	// times, the n-th replacement waiting backoff(n) after the failure.
+	startupTimeout, unhealthyTimeout time.Duration
+	maxUnhealthy                     int
+	maxRetries                       int
+	backoffBase, backoffMax          time.Duration
+	// distinctEgressIPs: of two members with one egress IP, the newer is
+	// replaced (a failure, so retries bound it).
+	distinctEgressIPs bool
+}
+
+// backoff is how long after a failure the slot's n-th replacement waits.
+func (l limits) backoff(retries int) time.Duration {
+	if retries == 0 {
+		return 0
+	}
+	d := l.backoffBase << min(retries-1, 20)
+	return min(d, l.backoffMax)
 }
 
 // decision is one member's fate and why.
@@ -51,16 +89,33 @@ type decision struct {
 	why string
 }
 
+// creation is one member to create.
+type creation struct {
+	why string
+	// replaces names the member this one replaces, retries the count it
+	// inherits; both empty for a new slot.
+	replaces string
+	retries  int
+}
+
 // plan is what one reconcile does.
 type plan struct {
-	create int
-	// createWhy explains the creations, for their Events.
-	createWhy string
-	drain     []decision
-	delete    []decision
-	// blocked names the members that should go (outdated, or above
-	// replicas) but are annotated do-not-disrupt.
+	creates []creation
+	drain   []decision
+	delete  []decision
+	// blocked names the members that should go but are annotated
+	// do-not-disrupt.
 	blocked []string
+	// exhausted says, per member, why its slot was given up: it failed
+	// and its slot used all its retries. It stays as it is.
+	exhausted []string
+	// paused says why remediation is paused; "" when it is not.
+	paused string
+	// settled names members healthy for a while whose slot's retry count
+	// starts again.
+	settled []string
+	// wake is how soon a deadline of a member falls due (0: none).
+	wake time.Duration
 }
 
 // leaseView is the lease knowledge a plan rests on.
@@ -74,17 +129,25 @@ type leaseView struct {
 // the same again from the same world; the caller makes creations
 // idempotent.
 //
-// The order is the one disruption path: finished drains are deleted;
-// then members to take out are drained (outdated first, then unleased,
-// then unhealthy, then newest), never a do-not-disrupt one, within the
-// disruption budget and never dropping healthy members below replicas
-// minus maxUnavailable; then members are created up to replicas (plus
-// maxSurge while outdated members wait for replacements).
+// It is the one disruption path: finished drains are deleted; each
+// member's cause to go is found (an outdated template, maxAge, a failure
+// that remediation may act on); members to take out are drained (those
+// with a cause first, then unleased, then unhealthy, then newest), never
+// a do-not-disrupt one, within the disruption budget and never dropping
+// healthy members below replicas minus maxUnavailable; then members are
+// created up to replicas, plus maxSurge while members with a cause wait
+// for their replacements.
 func decide(l limits, ms []*member, leases leaseView, now time.Time) plan {
 	var p plan
 	var active []*member
 	draining := 0
+	// replaced holds when each member's replacement was made: a later
+	// member under a reused name is not replaced by it.
+	replaced := map[string]time.Time{}
 	for _, m := range ms {
+		if m.replaces != "" && !m.deleting && m.created.After(replaced[m.replaces]) {
+			replaced[m.replaces] = m.created
+		}
 		switch {
 		case m.draining():
 			draining++
@@ -95,65 +158,182 @@ func decide(l limits, ms []*member, leases leaseView, now time.Time) plan {
 			active = append(active, m)
 		}
 	}
+	causes(l, active, now, &p)
 
-	healthy, stuck, updated := 0, 0, 0
+	healthy, stuck, fine := 0, 0, 0
 	for _, m := range active {
 		if m.healthy {
 			healthy++
 		}
 		switch {
-		case m.updated:
-			updated++
+		case m.cause == "":
+			fine++
 		case m.doNotDisrupt:
 			stuck++
+			p.blocked = append(p.blocked, m.name)
 		}
 	}
-	// Outdated members that may not go stand in for members of the
-	// current template; every other outdated member is replaced.
+	// Members with a cause that may not go stand in for members of their
+	// own; every other one is replaced.
 	target := l.replicas - stuck
 	budget := l.budget - draining
 	floor := l.replicas - l.unavailable
 	slices.SortFunc(active, drainOrder)
 	kept := active[:0:0]
+	var replaceable []*member
 	for _, m := range active {
-		why := "its template is outdated"
-		if m.updated {
-			if updated <= target {
+		why := m.cause
+		if m.cause == "" {
+			if fine <= target {
 				kept = append(kept, m)
 				continue
 			}
 			why = "the pool is scaled down"
+		} else if at, ok := replaced[m.name]; !m.doNotDisrupt && (!ok || at.Before(m.created)) {
+			replaceable = append(replaceable, m)
 		}
 		// Waiting on the budget or on replacements becoming healthy is
 		// progress; only a member that may never go blocks the pool.
 		switch {
 		case m.doNotDisrupt:
-			p.blocked = appendOnce(p.blocked, m.name)
+			if m.cause == "" {
+				p.blocked = appendOnce(p.blocked, m.name)
+			}
 		case budget > 0 && (!m.healthy || healthy-1 >= floor):
 			p.drain = append(p.drain, decision{m, why})
 			budget--
 			if m.healthy {
 				healthy--
 			}
-			if m.updated {
-				updated--
+			if m.cause == "" {
+				fine--
 			}
 			continue
 		}
 		kept = append(kept, m)
 	}
 
-	want := target - updated
+	want := target - fine
 	room := l.replicas + l.surge - len(kept)
-	p.create = max(l.replicas-len(kept), min(want, room), 0)
-	switch {
-	case p.create == 0:
-	case len(kept) < l.replicas:
-		p.createWhy = fmt.Sprintf("the pool has %d of %d members", len(kept), l.replicas)
-	default:
-		p.createWhy = fmt.Sprintf("%d members are made from an outdated template", len(kept)-updated-stuck)
+	n := max(l.replicas-len(kept), min(want, room), 0)
+	for i := range n {
+		if i < len(replaceable) {
+			m := replaceable[i]
+			c := creation{why: fmt.Sprintf("replaces %s: %s", m.name, m.cause), replaces: m.name}
+			if m.failed {
+				c.retries = m.retries + 1
+			}
+			p.creates = append(p.creates, c)
+			continue
+		}
+		p.creates = append(p.creates, creation{why: fmt.Sprintf("the pool has %d of %d members", len(kept)+i, l.replicas)})
 	}
 	return p
+}
+
+// causes finds why each active member must be replaced, in this order:
+// a failure remediation may act on (not Ready in time, unhealthy too
+// long, an egress IP another member has), an outdated template, maxAge.
+// It records in p what holds remediation back and when a deadline falls.
+func causes(l limits, active []*member, now time.Time, p *plan) {
+	due := func(at time.Time) {
+		if d := at.Sub(now); d > 0 && (p.wake == 0 || d < p.wake) {
+			p.wake = d
+		}
+	}
+	type failure struct {
+		m        *member
+		why      string
+		detected time.Time
+		unwell   bool
+	}
+	var failures []failure
+	shared := sharedEgressIPs(l, active)
+	for _, m := range active {
+		m.cause, m.failed = "", false
+		switch {
+		case !m.ready && l.startupTimeout > 0:
+			at := m.created.Add(l.startupTimeout)
+			if now.Before(at) {
+				due(at)
+				break
+			}
+			failures = append(failures, failure{m, fmt.Sprintf("it was not Ready %s after its creation", l.startupTimeout), at, true})
+		case m.ready && !m.healthy && l.unhealthyTimeout > 0:
+			at := m.since.Add(l.unhealthyTimeout)
+			if now.Before(at) {
+				due(at)
+				break
+			}
+			failures = append(failures, failure{m, fmt.Sprintf("it has been unhealthy for more than %s", l.unhealthyTimeout), at, true})
+		case shared[m.name] != "":
+			failures = append(failures, failure{m, shared[m.name], m.since, false})
+		}
+		if m.healthy && m.retries > 0 && l.unhealthyTimeout > 0 && !now.Before(m.since.Add(l.unhealthyTimeout)) {
+			p.settled = append(p.settled, m.name)
+		}
+	}
+	unwell := 0
+	for _, f := range failures {
+		if f.unwell {
+			unwell++
+		}
+	}
+	if unwell > l.maxUnhealthy {
+		p.paused = fmt.Sprintf("%d of %d members are unhealthy, more than maxUnhealthy (%d): the fault is probably not theirs (the health-check target, the network), so none is replaced", unwell, len(active), l.maxUnhealthy)
+	}
+	for _, f := range failures {
+		switch {
+		case f.unwell && p.paused != "":
+		case f.m.retries >= l.maxRetries:
+			p.exhausted = append(p.exhausted, fmt.Sprintf("%s: %s, and its slot was replaced %d times already", f.m.name, f.why, f.m.retries))
+		case now.Before(f.detected.Add(l.backoff(f.m.retries))):
+			due(f.detected.Add(l.backoff(f.m.retries)))
+		default:
+			f.m.cause, f.m.failed = f.why, true
+		}
+	}
+	for _, m := range active {
+		switch {
+		case m.cause != "":
+		case !m.updated:
+			m.cause = "its template is outdated"
+		case m.ageLimit > 0 && !now.Before(m.created.Add(m.ageLimit)):
+			m.cause = "it reached the pool's maxAge"
+		case m.ageLimit > 0:
+			due(m.created.Add(m.ageLimit))
+		}
+	}
+}
+
+// sharedEgressIPs names, for each member whose egress IP an older member
+// also has, the reason it must go; the oldest of each group stays.
+func sharedEgressIPs(l limits, active []*member) map[string]string {
+	out := map[string]string{}
+	if !l.distinctEgressIPs {
+		return out
+	}
+	byIP := map[string][]*member{}
+	for _, m := range active {
+		if m.ready && m.egressIP != "" {
+			byIP[m.egressIP] = append(byIP[m.egressIP], m)
+		}
+	}
+	for ip, ms := range byIP {
+		if len(ms) < 2 {
+			continue
+		}
+		slices.SortFunc(ms, func(a, b *member) int {
+			if c := a.created.Compare(b.created); c != 0 {
+				return c
+			}
+			return cmp.Compare(a.name, b.name)
+		})
+		for _, m := range ms[1:] {
+			out[m.name] = fmt.Sprintf("its egress IP %s is %s's too", ip, ms[0].name)
+		}
+	}
+	return out
 }
 
 // drained says whether a draining member may be deleted now, and why.
@@ -171,11 +351,12 @@ func drained(l limits, m *member, leases leaseView, now time.Time) (string, bool
 	return "", false
 }
 
-// drainOrder puts first the members a pool takes out first: outdated,
-// then unleased, then unhealthy, then the newest; the highest ordinal
-// breaks ties, so the choice is the same on every controller.
+// drainOrder puts first the members a pool takes out first: those with
+// a cause to go, then unleased, then unhealthy, then the newest; the
+// highest ordinal breaks ties, so the choice is the same on every
+// controller.
 func drainOrder(a, b *member) int {
-	if c := cmpBool(a.updated, b.updated); c != 0 {
+	if c := cmpBool(a.cause == "", b.cause == ""); c != 0 {
 		return c
 	}
 	if c := cmpBool(a.leases > 0, b.leases > 0); c != 0 {

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"strings"
 
+	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
@@ -20,7 +21,7 @@ func (r *Reconciler) setStatus(pool *v1.ProxyPool, l limits, o *observed, p plan
 	if leasesKnown {
 		st.LeasedReplicas = 0
 	}
-	active, outdated, unhealthy := 0, 0, 0
+	active, outdated, unhealthy, replacing := 0, 0, 0, 0
 	for _, m := range o.members {
 		if m.deleting {
 			continue
@@ -48,6 +49,9 @@ func (r *Reconciler) setStatus(pool *v1.ProxyPool, l limits, o *observed, p plan
 		if !m.healthy {
 			unhealthy++
 		}
+		if m.updated && m.cause != "" {
+			replacing++
+		}
 	}
 	st.Selector = labels.Set{v1.LabelPool: pool.Name}.String()
 	st.ObservedGeneration = pool.Generation
@@ -56,9 +60,13 @@ func (r *Reconciler) setStatus(pool *v1.ProxyPool, l limits, o *observed, p plan
 	switch {
 	case len(p.blocked) > 0:
 		reason, msg = v1.ReasonDisruptionBlocked, fmt.Sprintf("members that must go are annotated %s: %s", v1.AnnotationDoNotDisrupt, strings.Join(p.blocked, ", "))
+	case len(p.exhausted) > 0:
+		reason, msg = v1.ReasonRetriesExhausted, "gave up replacing "+strings.Join(p.exhausted, "; ")
 	case outdated > 0:
 		reason, msg, progressing = v1.ReasonRollingOut, fmt.Sprintf("%d of %d members are made from an outdated template", outdated, active), true
-	case active < l.replicas || p.create > 0:
+	case replacing > 0:
+		reason, msg, progressing = v1.ReasonReplacingMembers, fmt.Sprintf("%d members are being replaced (failed, or past maxAge)", replacing), true
+	case active < l.replicas || len(p.creates) > 0:
 		reason, msg, progressing = v1.ReasonScalingUp, fmt.Sprintf("%d of %d members exist", active, l.replicas), true
 	case active > l.replicas || st.DrainingReplicas > 0:
 		reason, msg, progressing = v1.ReasonScalingDown, fmt.Sprintf("%d members for %d replicas, %d draining", active, l.replicas, st.DrainingReplicas), true
@@ -66,8 +74,8 @@ func (r *Reconciler) setStatus(pool *v1.ProxyPool, l limits, o *observed, p plan
 		reason, msg = v1.ReasonMembersNotHealthy, fmt.Sprintf("%d of %d members are not Ready and Healthy", unhealthy, active)
 	}
 	was := meta.FindStatusCondition(st.Conditions, v1.ConditionReady)
-	if reason == v1.ReasonDisruptionBlocked && (was == nil || was.Reason != reason) {
-		r.recorder.Eventf(pool, nil, v1.EventType(reason), reason, "Disrupt", "%s", msg)
+	if v1.EventType(reason) == corev1.EventTypeWarning && (was == nil || was.Reason != reason) {
+		r.recorder.Eventf(pool, nil, corev1.EventTypeWarning, reason, "Reconcile", "%s", msg)
 	}
 	ready := metav1.ConditionFalse
 	if reason == v1.ReasonAsDesired {
@@ -79,4 +87,14 @@ func (r *Reconciler) setStatus(pool *v1.ProxyPool, l limits, o *observed, p plan
 		prog.Status = metav1.ConditionTrue
 	}
 	meta.SetStatusCondition(&st.Conditions, prog)
+
+	paused := metav1.Condition{Type: v1.ConditionRemediationPaused, Status: metav1.ConditionFalse, Reason: v1.ReasonWithinMaxUnhealthy,
+		Message: fmt.Sprintf("at most %d members may be replaced for failing at once", l.maxUnhealthy), ObservedGeneration: pool.Generation}
+	if p.paused != "" {
+		paused.Status, paused.Reason, paused.Message = metav1.ConditionTrue, v1.ReasonTooManyUnhealthy, p.paused
+		if !meta.IsStatusConditionTrue(st.Conditions, v1.ConditionRemediationPaused) {
+			r.recorder.Eventf(pool, nil, corev1.EventTypeWarning, v1.ReasonTooManyUnhealthy, "Remediate", "remediation paused: %s", p.paused)
+		}
+	}
+	meta.SetStatusCondition(&st.Conditions, paused)
 }
