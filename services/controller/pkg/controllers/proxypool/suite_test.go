@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+	eventsv1 "k8s.io/api/events/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -24,6 +25,7 @@ import (
 	"github.com/egress-proxies/egress-proxies/services/controller/pkg/controllers/proxypool"
 	"github.com/egress-proxies/egress-proxies/services/controller/pkg/leaseview"
 	"github.com/egress-proxies/egress-proxies/services/controller/pkg/providers"
+	"github.com/egress-proxies/egress-proxies/services/controller/pkg/providers/fake"
 	"github.com/egress-proxies/egress-proxies/services/controller/pkg/providers/kubernetes"
 )
 
@@ -70,12 +72,41 @@ type harness struct {
 	// inside a reconcile); done is closed once it has stopped.
 	kill func()
 	done chan struct{}
+	// fake backs the "fake" provider entry, for injected failures.
+	fake *fake.Provider
+
+	// What the stand-in prober reports: sick members are unhealthy, and
+	// egress gives a Ready member's egress IP ("" for none).
+	mu     sync.Mutex
+	sick   map[string]bool
+	egress func(name string) string
+}
+
+func (h *harness) setSick(names ...string) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.sick = map[string]bool{}
+	for _, n := range names {
+		h.sick[n] = true
+	}
+}
+
+// verdict is what the stand-in prober says of px: healthy, and its egress
+// IP.
+func (h *harness) verdict(px *v1.Proxy) (bool, string) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	ip := ""
+	if h.egress != nil {
+		ip = h.egress(px.Name)
+	}
+	return !h.sick[px.Name], ip
 }
 
 func newHarness(t *testing.T) *harness {
 	testenv.Require(t)
 	ns := env.Namespace(t, "pool")
-	return &harness{t: t, ns: ns, leases: &leases{m: map[string]int32{}},
+	return &harness{t: t, ns: ns, leases: &leases{m: map[string]int32{}}, fake: fake.New("fake"),
 		kubelet: &kubelet.StandIn{Client: env.Client, Namespace: ns, T: t, AddressOnly: true}}
 }
 
@@ -83,9 +114,9 @@ func (h *harness) start() *harness {
 	t := h.t
 	ctx, cancel := context.WithCancel(context.Background())
 	mgr := env.Manager(t, h.ns, lifecycle.CacheByObject())
-	entries, err := providers.ParseConfig([]byte(fmt.Sprintf("providers:\n- {name: kubernetes, type: kubernetes, kubernetes: {namespace: %s}}\n", h.ns)), []string{kubernetes.Type})
+	entries, err := providers.ParseConfig([]byte(fmt.Sprintf("providers:\n- {name: kubernetes, type: kubernetes, kubernetes: {namespace: %s}}\n- {name: fake, type: fake}\n", h.ns)), []string{kubernetes.Type, "fake"})
 	require.NoError(t, err)
-	reg, err := providers.NewRegistry(ctx, entries, map[string]providers.Factory{kubernetes.Type: kubernetes.New}, providers.Deps{
+	reg, err := providers.NewRegistry(ctx, entries, map[string]providers.Factory{kubernetes.Type: kubernetes.New, "fake": h.fake.Factory()}, providers.Deps{
 		Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(), Log: slog.Default(),
 	})
 	require.NoError(t, err)
@@ -139,11 +170,19 @@ func (h *harness) standIns(ctx context.Context) {
 		list := &v1.ProxyList{}
 		if err := env.Client.List(ctx, list, client.InNamespace(h.ns)); err == nil {
 			for _, px := range list.Items {
-				if !meta.IsStatusConditionTrue(px.Status.Conditions, v1.ConditionReady) || px.Status.Healthy || !px.DeletionTimestamp.IsZero() {
+				if !meta.IsStatusConditionTrue(px.Status.Conditions, v1.ConditionReady) || !px.DeletionTimestamp.IsZero() {
 					continue
 				}
-				px.Status.Healthy = true
-				meta.SetStatusCondition(&px.Status.Conditions, metav1.Condition{Type: v1.ConditionHealthy, Status: metav1.ConditionTrue, Reason: v1.ReasonProbeSucceeded, Message: "the test's stand-in prober"})
+				healthy, ip := h.verdict(&px)
+				if px.Status.Healthy == healthy && px.Status.EgressIP == ip {
+					continue
+				}
+				px.Status.Healthy, px.Status.EgressIP = healthy, ip
+				c := metav1.Condition{Type: v1.ConditionHealthy, Status: metav1.ConditionTrue, Reason: v1.ReasonProbeSucceeded, Message: "the test's stand-in prober"}
+				if !healthy {
+					c.Status, c.Reason = metav1.ConditionFalse, v1.ReasonProbeFailed
+				}
+				meta.SetStatusCondition(&px.Status.Conditions, c)
 				_ = env.Client.Status().Update(ctx, &px) // a conflict is retried next tick
 			}
 		}
@@ -230,3 +269,26 @@ func (h *harness) waitSettled(name string, want int32) *v1.ProxyPool {
 }
 
 func gone(err error) bool { return apierrors.IsNotFound(err) }
+
+// events returns the reasons and notes of the pool's Events.
+func (h *harness) events(pool string) map[string][]string {
+	h.t.Helper()
+	list := &eventsv1.EventList{}
+	require.NoError(h.t, env.Client.List(context.Background(), list, client.InNamespace(h.ns)))
+	out := map[string][]string{}
+	for _, e := range list.Items {
+		if e.Regarding.Kind == "ProxyPool" && e.Regarding.Name == pool {
+			out[e.Reason] = append(out[e.Reason], e.Note)
+		}
+	}
+	return out
+}
+
+// condition returns the pool's condition of type typ (zero when absent).
+func (h *harness) condition(pool, typ string) metav1.Condition {
+	h.t.Helper()
+	if c := meta.FindStatusCondition(h.get(pool).Status.Conditions, typ); c != nil {
+		return *c
+	}
+	return metav1.Condition{}
+}
