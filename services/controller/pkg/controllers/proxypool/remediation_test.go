@@ -15,7 +15,9 @@ import (
 	"github.com/egress-proxies/egress-proxies/services/controller/pkg/providers"
 )
 
-func seconds(n int) *metav1.Duration { return &metav1.Duration{Duration: time.Duration(n) * time.Second} }
+func seconds(n int) *metav1.Duration {
+	return &metav1.Duration{Duration: time.Duration(n) * time.Second}
+}
 
 func anyNote(notes []string, sub string) bool {
 	for _, n := range notes {
