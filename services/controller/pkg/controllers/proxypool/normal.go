@@ -338,8 +338,11 @@ func (r *Reconciler) drainMember(ctx context.Context, pool *v1.ProxyPool, px *v1
 	r.recorder.Eventf(pool, next, v1.EventType(v1.EventMemberDraining), v1.EventMemberDraining, "Drain",
 		"member %s drains until %s: %s", px.Name, deadline.UTC().Format(time.RFC3339), why)
 	return r.waitForCache(ctx, client.ObjectKeyFromObject(px), func(c *v1.Proxy) bool {
-		_, ok := c.GetAnnotations()[v1.AnnotationDrainDeadline]
-		return c == nil || ok
+		if c == nil {
+			return true
+		}
+		_, ok := c.Annotations[v1.AnnotationDrainDeadline]
+		return ok
 	})
 }
 
