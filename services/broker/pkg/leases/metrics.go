@@ -9,9 +9,12 @@ var (
 	reports        = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "broker_reports_total", Help: "Reports by result."}, []string{"result"})
 	noCandidate    = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "broker_no_candidate_total", Help: "CreateLease answers with no proxy available, by reason."}, []string{"reason"})
 	renewRefused   = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "broker_renew_refused_total", Help: "RenewLease answers refusing a live lease because its proxy left the leasable set, by reason."}, []string{"reason"})
+	// refusalsUncounted: refusals ListRefusals misses (Redis failed to
+	// count them), so pools with autoscaling saw less demand than there was.
+	refusalsUncounted = prometheus.NewCounter(prometheus.CounterOpts{Name: "broker_refusals_uncounted_total", Help: "Refused leases that could not be counted for ListRefusals."})
 )
 
 // Collectors are the service's metrics, for the binary's registry.
 func Collectors() []prometheus.Collector {
-	return []prometheus.Collector{leasesCreated, leasesRenewed, leasesReleased, reports, noCandidate, renewRefused}
+	return []prometheus.Collector{leasesCreated, leasesRenewed, leasesReleased, reports, noCandidate, renewRefused, refusalsUncounted}
 }

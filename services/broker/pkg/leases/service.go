@@ -4,11 +4,13 @@ package leases
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"regexp"
 	"strconv"
 	"strings"
+	"sort"
 	"time"
 
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
@@ -246,6 +248,13 @@ func (s *Service) CreateLease(ctx context.Context, req *leasev1.CreateLeaseReque
 		case errors.As(err, &none) && none.Candidates == 0:
 			none.Stale = s.staleMatching(sel)
 			return nil, storeError(none)
+		case errors.As(err, &none):
+			// Demand the fleet did not meet: pools with autoscaling grow
+			// on it. Counting is best effort; the refusal stands.
+			if err := s.store.Refused(ctx, a.Index, time.Now()); err != nil {
+				refusalsUncounted.Inc()
+			}
+			return nil, storeError(none)
 		case err != nil:
 			return nil, storeError(err)
 		}
@@ -394,4 +403,41 @@ func (s *Service) ReportLease(ctx context.Context, req *leasev1.ReportLeaseReque
 	}
 	reports.WithLabelValues(ResultRateLimited).Inc()
 	return &leasev1.ReportLeaseResponse{CooldownUntil: timestamppb.New(until)}, nil
+}
+
+// Bounds of ListRefusals' window.
+const (
+	defaultRefusalWindow = time.Minute
+	maxRefusalWindow     = 10 * time.Minute
+)
+
+// ListRefusals implements LeaseService.
+func (s *Service) ListRefusals(ctx context.Context, req *leasev1.ListRefusalsRequest) (*leasev1.ListRefusalsResponse, error) {
+	window := time.Duration(req.GetWindowSeconds()) * time.Second
+	switch {
+	case window == 0:
+		window = defaultRefusalWindow
+	case window < time.Second || window > maxRefusalWindow:
+		return nil, invalid("windowSeconds", "must be between 1 and %d (got %d)", int(maxRefusalWindow.Seconds()), req.GetWindowSeconds())
+	}
+	counts, err := s.store.Refusals(ctx, window, time.Now())
+	if err != nil {
+		return nil, storeError(err)
+	}
+	resp := &leasev1.ListRefusalsResponse{}
+	for def, n := range counts {
+		var sel index.Selector
+		if err := json.Unmarshal([]byte(def), &sel); err != nil {
+			continue // not an index this broker version wrote
+		}
+		resp.Selectors = append(resp.Selectors, &leasev1.SelectorRefusals{Namespace: sel.Namespace, Selector: sel.Labels, Refused: n})
+	}
+	sort.Slice(resp.Selectors, func(i, j int) bool {
+		a, b := resp.Selectors[i], resp.Selectors[j]
+		if a.Refused != b.Refused {
+			return a.Refused > b.Refused
+		}
+		return fmt.Sprint(a.Namespace, a.Selector) < fmt.Sprint(b.Namespace, b.Selector)
+	})
+	return resp, nil
 }

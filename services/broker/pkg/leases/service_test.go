@@ -260,3 +260,37 @@ func TestRecreatedProxyStartsClean(t *testing.T) {
 		return !ok
 	}, 10*time.Second, 10*time.Millisecond, "the old proxy's state is gone")
 }
+
+// TestListRefusalsCountsUnmetDemand: leases refused because every match
+// was at its cap are counted per selector, across calls; a selector
+// matching nothing is not demand a pool could meet.
+func TestListRefusalsCountsUnmetDemand(t *testing.T) {
+	s := brokertest.New(t, env, nil)
+	cfg := leases.DefaultConfig
+	cfg.LeaseCap = 1
+	svc := leases.New(s.Inv, s.Store, s.Index, cfg)
+	s.Proxy(t, "p", "127.0.0.73", map[string]string{"geo": "eu"})
+	ctx := context.Background()
+	eu := &leasev1.CreateLeaseRequest{Selector: map[string]string{"geo": "eu"}, Namespace: s.NS}
+	_, err := svc.CreateLease(ctx, eu)
+	require.NoError(t, err)
+	for range 3 {
+		_, err = svc.CreateLease(ctx, eu)
+		_, reason := reasonOf(err)
+		require.Equal(t, "ALL_AT_CAP", reason)
+	}
+	_, err = svc.CreateLease(ctx, &leasev1.CreateLeaseRequest{Selector: map[string]string{"geo": "us"}})
+	_, reason := reasonOf(err)
+	require.Equal(t, "NO_MATCHING_PROXY", reason)
+
+	got, err := svc.ListRefusals(ctx, &leasev1.ListRefusalsRequest{})
+	require.NoError(t, err)
+	require.Len(t, got.GetSelectors(), 1, "%v", got)
+	assert.Equal(t, s.NS, got.GetSelectors()[0].GetNamespace())
+	assert.Equal(t, map[string]string{"geo": "eu"}, got.GetSelectors()[0].GetSelector())
+	assert.EqualValues(t, 3, got.GetSelectors()[0].GetRefused())
+
+	_, err = svc.ListRefusals(ctx, &leasev1.ListRefusalsRequest{WindowSeconds: 601})
+	assert.Equal(t, codes.InvalidArgument, status.Code(err))
+	assert.Contains(t, status.Convert(err).Message(), "windowSeconds")
+}

@@ -31,6 +31,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"strconv"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -590,4 +591,62 @@ func (s *Store) Members(ctx context.Context, index string) ([]string, error) {
 func (s *Store) Known(ctx context.Context) (map[string]string, error) {
 	m, err := s.rdb.HGetAll(ctx, s.prefix+"ns").Result()
 	return m, wrap(err)
+}
+
+// Refusals are counted per selector index in one hash per minute, kept
+// refusalKeep: every broker adds to the same counts, so the controller
+// sees the fleet's unmet demand, not one replica's.
+const refusalKeep = 11 * time.Minute
+
+func (s *Store) refusalKey(minute int64) string {
+	return s.prefix + "refused:" + strconv.FormatInt(minute, 10)
+}
+
+// Refused counts one lease refused on index at now.
+func (s *Store) Refused(ctx context.Context, index string, now time.Time) error {
+	key := s.refusalKey(now.Unix() / 60)
+	_, err := s.rdb.TxPipelined(ctx, func(p redis.Pipeliner) error {
+		p.HIncrBy(ctx, key, index, 1)
+		p.Expire(ctx, key, refusalKeep)
+		return nil
+	})
+	return wrap(err)
+}
+
+// Refusals returns, per index definition, the leases refused in the
+// whole minutes that overlap the window ending at now (at most ten).
+// Indexes dropped since are left out: nobody leases from them.
+func (s *Store) Refusals(ctx context.Context, window time.Duration, now time.Time) (map[string]int64, error) {
+	last := now.Unix() / 60
+	first := now.Add(-window).Unix() / 60
+	first = max(first, last-int64(refusalKeep/time.Minute)+1)
+	counts := map[string]int64{}
+	for m := first; m <= last; m++ {
+		h, err := s.rdb.HGetAll(ctx, s.refusalKey(m)).Result()
+		if err != nil {
+			return nil, wrap(err)
+		}
+		for ix, v := range h {
+			n, _ := strconv.ParseInt(v, 10, 64)
+			counts[ix] += n
+		}
+	}
+	if len(counts) == 0 {
+		return counts, nil
+	}
+	ixs := make([]string, 0, len(counts))
+	for ix := range counts {
+		ixs = append(ixs, ix)
+	}
+	defs, err := s.rdb.HMGet(ctx, s.prefix+"ixs", ixs...).Result()
+	if err != nil {
+		return nil, wrap(err)
+	}
+	out := map[string]int64{}
+	for i, d := range defs {
+		if def, ok := d.(string); ok {
+			out[def] += counts[ixs[i]]
+		}
+	}
+	return out, nil
 }

@@ -692,6 +692,164 @@ func (x *ReportLeaseResponse) GetCooldownUntil() *timestamppb.Timestamp {
 	return nil
 }
 
+// ListRefusalsRequest says how far back to count.
+type ListRefusalsRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// window_seconds is how far back refusals count: 1 to 600, 0 = 60.
+	WindowSeconds int32 `protobuf:"varint,1,opt,name=window_seconds,json=windowSeconds,proto3" json:"window_seconds,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListRefusalsRequest) Reset() {
+	*x = ListRefusalsRequest{}
+	mi := &file_egressproxies_lease_v1_lease_proto_msgTypes[11]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListRefusalsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListRefusalsRequest) ProtoMessage() {}
+
+func (x *ListRefusalsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_egressproxies_lease_v1_lease_proto_msgTypes[11]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListRefusalsRequest.ProtoReflect.Descriptor instead.
+func (*ListRefusalsRequest) Descriptor() ([]byte, []int) {
+	return file_egressproxies_lease_v1_lease_proto_rawDescGZIP(), []int{11}
+}
+
+func (x *ListRefusalsRequest) GetWindowSeconds() int32 {
+	if x != nil {
+		return x.WindowSeconds
+	}
+	return 0
+}
+
+// SelectorRefusals is the refusals of one selector.
+type SelectorRefusals struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// namespace the leases asked for ("" for any).
+	Namespace string `protobuf:"bytes,1,opt,name=namespace,proto3" json:"namespace,omitempty"`
+	// selector the leases asked for.
+	Selector map[string]string `protobuf:"bytes,2,rep,name=selector,proto3" json:"selector,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	// refused counts the leases refused in the window, every target and
+	// reason (at cap, cooling down) together.
+	Refused       int64 `protobuf:"varint,3,opt,name=refused,proto3" json:"refused,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SelectorRefusals) Reset() {
+	*x = SelectorRefusals{}
+	mi := &file_egressproxies_lease_v1_lease_proto_msgTypes[12]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SelectorRefusals) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SelectorRefusals) ProtoMessage() {}
+
+func (x *SelectorRefusals) ProtoReflect() protoreflect.Message {
+	mi := &file_egressproxies_lease_v1_lease_proto_msgTypes[12]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SelectorRefusals.ProtoReflect.Descriptor instead.
+func (*SelectorRefusals) Descriptor() ([]byte, []int) {
+	return file_egressproxies_lease_v1_lease_proto_rawDescGZIP(), []int{12}
+}
+
+func (x *SelectorRefusals) GetNamespace() string {
+	if x != nil {
+		return x.Namespace
+	}
+	return ""
+}
+
+func (x *SelectorRefusals) GetSelector() map[string]string {
+	if x != nil {
+		return x.Selector
+	}
+	return nil
+}
+
+func (x *SelectorRefusals) GetRefused() int64 {
+	if x != nil {
+		return x.Refused
+	}
+	return 0
+}
+
+// ListRefusalsResponse lists the selectors with refusals in the window,
+// most refused first.
+type ListRefusalsResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// selectors with at least one refusal.
+	Selectors     []*SelectorRefusals `protobuf:"bytes,1,rep,name=selectors,proto3" json:"selectors,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListRefusalsResponse) Reset() {
+	*x = ListRefusalsResponse{}
+	mi := &file_egressproxies_lease_v1_lease_proto_msgTypes[13]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListRefusalsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListRefusalsResponse) ProtoMessage() {}
+
+func (x *ListRefusalsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_egressproxies_lease_v1_lease_proto_msgTypes[13]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListRefusalsResponse.ProtoReflect.Descriptor instead.
+func (*ListRefusalsResponse) Descriptor() ([]byte, []int) {
+	return file_egressproxies_lease_v1_lease_proto_rawDescGZIP(), []int{13}
+}
+
+func (x *ListRefusalsResponse) GetSelectors() []*SelectorRefusals {
+	if x != nil {
+		return x.Selectors
+	}
+	return nil
+}
+
 var File_egressproxies_lease_v1_lease_proto protoreflect.FileDescriptor
 
 const file_egressproxies_lease_v1_lease_proto_rawDesc = "" +
@@ -754,14 +912,26 @@ const file_egressproxies_lease_v1_lease_proto_rawDesc = "" +
 	"\x06result\x18\x02 \x01(\tR\x06result\x12\x16\n" +
 	"\x06target\x18\x03 \x01(\tR\x06target\"X\n" +
 	"\x13ReportLeaseResponse\x12A\n" +
-	"\x0ecooldown_until\x18\x01 \x01(\v2\x1a.google.protobuf.TimestampR\rcooldownUntil2\x96\x04\n" +
+	"\x0ecooldown_until\x18\x01 \x01(\v2\x1a.google.protobuf.TimestampR\rcooldownUntil\"<\n" +
+	"\x13ListRefusalsRequest\x12%\n" +
+	"\x0ewindow_seconds\x18\x01 \x01(\x05R\rwindowSeconds\"\xdb\x01\n" +
+	"\x10SelectorRefusals\x12\x1c\n" +
+	"\tnamespace\x18\x01 \x01(\tR\tnamespace\x12R\n" +
+	"\bselector\x18\x02 \x03(\v26.egressproxies.lease.v1.SelectorRefusals.SelectorEntryR\bselector\x12\x18\n" +
+	"\arefused\x18\x03 \x01(\x03R\arefused\x1a;\n" +
+	"\rSelectorEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"^\n" +
+	"\x14ListRefusalsResponse\x12F\n" +
+	"\tselectors\x18\x01 \x03(\v2(.egressproxies.lease.v1.SelectorRefusalsR\tselectors2\x81\x05\n" +
 	"\fLeaseService\x12f\n" +
 	"\vListProxies\x12*.egressproxies.lease.v1.ListProxiesRequest\x1a+.egressproxies.lease.v1.ListProxiesResponse\x12f\n" +
 	"\vCreateLease\x12*.egressproxies.lease.v1.CreateLeaseRequest\x1a+.egressproxies.lease.v1.CreateLeaseResponse\x12c\n" +
 	"\n" +
 	"RenewLease\x12).egressproxies.lease.v1.RenewLeaseRequest\x1a*.egressproxies.lease.v1.RenewLeaseResponse\x12i\n" +
 	"\fReleaseLease\x12+.egressproxies.lease.v1.ReleaseLeaseRequest\x1a,.egressproxies.lease.v1.ReleaseLeaseResponse\x12f\n" +
-	"\vReportLease\x12*.egressproxies.lease.v1.ReportLeaseRequest\x1a+.egressproxies.lease.v1.ReportLeaseResponseBQZOgithub.com/egress-proxies/egress-proxies/pkg/gen/egressproxies/lease/v1;leasev1b\x06proto3"
+	"\vReportLease\x12*.egressproxies.lease.v1.ReportLeaseRequest\x1a+.egressproxies.lease.v1.ReportLeaseResponse\x12i\n" +
+	"\fListRefusals\x12+.egressproxies.lease.v1.ListRefusalsRequest\x1a,.egressproxies.lease.v1.ListRefusalsResponseBQZOgithub.com/egress-proxies/egress-proxies/pkg/gen/egressproxies/lease/v1;leasev1b\x06proto3"
 
 var (
 	file_egressproxies_lease_v1_lease_proto_rawDescOnce sync.Once
@@ -775,7 +945,7 @@ func file_egressproxies_lease_v1_lease_proto_rawDescGZIP() []byte {
 	return file_egressproxies_lease_v1_lease_proto_rawDescData
 }
 
-var file_egressproxies_lease_v1_lease_proto_msgTypes = make([]protoimpl.MessageInfo, 14)
+var file_egressproxies_lease_v1_lease_proto_msgTypes = make([]protoimpl.MessageInfo, 18)
 var file_egressproxies_lease_v1_lease_proto_goTypes = []any{
 	(*Proxy)(nil),                 // 0: egressproxies.lease.v1.Proxy
 	(*ListProxiesRequest)(nil),    // 1: egressproxies.lease.v1.ListProxiesRequest
@@ -788,35 +958,43 @@ var file_egressproxies_lease_v1_lease_proto_goTypes = []any{
 	(*ReleaseLeaseResponse)(nil),  // 8: egressproxies.lease.v1.ReleaseLeaseResponse
 	(*ReportLeaseRequest)(nil),    // 9: egressproxies.lease.v1.ReportLeaseRequest
 	(*ReportLeaseResponse)(nil),   // 10: egressproxies.lease.v1.ReportLeaseResponse
-	nil,                           // 11: egressproxies.lease.v1.Proxy.AttributesEntry
-	nil,                           // 12: egressproxies.lease.v1.ListProxiesRequest.SelectorEntry
-	nil,                           // 13: egressproxies.lease.v1.CreateLeaseRequest.SelectorEntry
-	(*timestamppb.Timestamp)(nil), // 14: google.protobuf.Timestamp
+	(*ListRefusalsRequest)(nil),   // 11: egressproxies.lease.v1.ListRefusalsRequest
+	(*SelectorRefusals)(nil),      // 12: egressproxies.lease.v1.SelectorRefusals
+	(*ListRefusalsResponse)(nil),  // 13: egressproxies.lease.v1.ListRefusalsResponse
+	nil,                           // 14: egressproxies.lease.v1.Proxy.AttributesEntry
+	nil,                           // 15: egressproxies.lease.v1.ListProxiesRequest.SelectorEntry
+	nil,                           // 16: egressproxies.lease.v1.CreateLeaseRequest.SelectorEntry
+	nil,                           // 17: egressproxies.lease.v1.SelectorRefusals.SelectorEntry
+	(*timestamppb.Timestamp)(nil), // 18: google.protobuf.Timestamp
 }
 var file_egressproxies_lease_v1_lease_proto_depIdxs = []int32{
-	11, // 0: egressproxies.lease.v1.Proxy.attributes:type_name -> egressproxies.lease.v1.Proxy.AttributesEntry
-	12, // 1: egressproxies.lease.v1.ListProxiesRequest.selector:type_name -> egressproxies.lease.v1.ListProxiesRequest.SelectorEntry
+	14, // 0: egressproxies.lease.v1.Proxy.attributes:type_name -> egressproxies.lease.v1.Proxy.AttributesEntry
+	15, // 1: egressproxies.lease.v1.ListProxiesRequest.selector:type_name -> egressproxies.lease.v1.ListProxiesRequest.SelectorEntry
 	0,  // 2: egressproxies.lease.v1.ListProxiesResponse.proxies:type_name -> egressproxies.lease.v1.Proxy
-	13, // 3: egressproxies.lease.v1.CreateLeaseRequest.selector:type_name -> egressproxies.lease.v1.CreateLeaseRequest.SelectorEntry
+	16, // 3: egressproxies.lease.v1.CreateLeaseRequest.selector:type_name -> egressproxies.lease.v1.CreateLeaseRequest.SelectorEntry
 	0,  // 4: egressproxies.lease.v1.CreateLeaseResponse.proxy:type_name -> egressproxies.lease.v1.Proxy
-	14, // 5: egressproxies.lease.v1.CreateLeaseResponse.expires_at:type_name -> google.protobuf.Timestamp
-	14, // 6: egressproxies.lease.v1.RenewLeaseResponse.expires_at:type_name -> google.protobuf.Timestamp
-	14, // 7: egressproxies.lease.v1.ReportLeaseResponse.cooldown_until:type_name -> google.protobuf.Timestamp
-	1,  // 8: egressproxies.lease.v1.LeaseService.ListProxies:input_type -> egressproxies.lease.v1.ListProxiesRequest
-	3,  // 9: egressproxies.lease.v1.LeaseService.CreateLease:input_type -> egressproxies.lease.v1.CreateLeaseRequest
-	5,  // 10: egressproxies.lease.v1.LeaseService.RenewLease:input_type -> egressproxies.lease.v1.RenewLeaseRequest
-	7,  // 11: egressproxies.lease.v1.LeaseService.ReleaseLease:input_type -> egressproxies.lease.v1.ReleaseLeaseRequest
-	9,  // 12: egressproxies.lease.v1.LeaseService.ReportLease:input_type -> egressproxies.lease.v1.ReportLeaseRequest
-	2,  // 13: egressproxies.lease.v1.LeaseService.ListProxies:output_type -> egressproxies.lease.v1.ListProxiesResponse
-	4,  // 14: egressproxies.lease.v1.LeaseService.CreateLease:output_type -> egressproxies.lease.v1.CreateLeaseResponse
-	6,  // 15: egressproxies.lease.v1.LeaseService.RenewLease:output_type -> egressproxies.lease.v1.RenewLeaseResponse
-	8,  // 16: egressproxies.lease.v1.LeaseService.ReleaseLease:output_type -> egressproxies.lease.v1.ReleaseLeaseResponse
-	10, // 17: egressproxies.lease.v1.LeaseService.ReportLease:output_type -> egressproxies.lease.v1.ReportLeaseResponse
-	13, // [13:18] is the sub-list for method output_type
-	8,  // [8:13] is the sub-list for method input_type
-	8,  // [8:8] is the sub-list for extension type_name
-	8,  // [8:8] is the sub-list for extension extendee
-	0,  // [0:8] is the sub-list for field type_name
+	18, // 5: egressproxies.lease.v1.CreateLeaseResponse.expires_at:type_name -> google.protobuf.Timestamp
+	18, // 6: egressproxies.lease.v1.RenewLeaseResponse.expires_at:type_name -> google.protobuf.Timestamp
+	18, // 7: egressproxies.lease.v1.ReportLeaseResponse.cooldown_until:type_name -> google.protobuf.Timestamp
+	17, // 8: egressproxies.lease.v1.SelectorRefusals.selector:type_name -> egressproxies.lease.v1.SelectorRefusals.SelectorEntry
+	12, // 9: egressproxies.lease.v1.ListRefusalsResponse.selectors:type_name -> egressproxies.lease.v1.SelectorRefusals
+	1,  // 10: egressproxies.lease.v1.LeaseService.ListProxies:input_type -> egressproxies.lease.v1.ListProxiesRequest
+	3,  // 11: egressproxies.lease.v1.LeaseService.CreateLease:input_type -> egressproxies.lease.v1.CreateLeaseRequest
+	5,  // 12: egressproxies.lease.v1.LeaseService.RenewLease:input_type -> egressproxies.lease.v1.RenewLeaseRequest
+	7,  // 13: egressproxies.lease.v1.LeaseService.ReleaseLease:input_type -> egressproxies.lease.v1.ReleaseLeaseRequest
+	9,  // 14: egressproxies.lease.v1.LeaseService.ReportLease:input_type -> egressproxies.lease.v1.ReportLeaseRequest
+	11, // 15: egressproxies.lease.v1.LeaseService.ListRefusals:input_type -> egressproxies.lease.v1.ListRefusalsRequest
+	2,  // 16: egressproxies.lease.v1.LeaseService.ListProxies:output_type -> egressproxies.lease.v1.ListProxiesResponse
+	4,  // 17: egressproxies.lease.v1.LeaseService.CreateLease:output_type -> egressproxies.lease.v1.CreateLeaseResponse
+	6,  // 18: egressproxies.lease.v1.LeaseService.RenewLease:output_type -> egressproxies.lease.v1.RenewLeaseResponse
+	8,  // 19: egressproxies.lease.v1.LeaseService.ReleaseLease:output_type -> egressproxies.lease.v1.ReleaseLeaseResponse
+	10, // 20: egressproxies.lease.v1.LeaseService.ReportLease:output_type -> egressproxies.lease.v1.ReportLeaseResponse
+	13, // 21: egressproxies.lease.v1.LeaseService.ListRefusals:output_type -> egressproxies.lease.v1.ListRefusalsResponse
+	16, // [16:22] is the sub-list for method output_type
+	10, // [10:16] is the sub-list for method input_type
+	10, // [10:10] is the sub-list for extension type_name
+	10, // [10:10] is the sub-list for extension extendee
+	0,  // [0:10] is the sub-list for field type_name
 }
 
 func init() { file_egressproxies_lease_v1_lease_proto_init() }
@@ -831,7 +1009,7 @@ func file_egressproxies_lease_v1_lease_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_egressproxies_lease_v1_lease_proto_rawDesc), len(file_egressproxies_lease_v1_lease_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   14,
+			NumMessages:   18,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -24,6 +24,7 @@ const (
 	LeaseService_RenewLease_FullMethodName   = "/egressproxies.lease.v1.LeaseService/RenewLease"
 	LeaseService_ReleaseLease_FullMethodName = "/egressproxies.lease.v1.LeaseService/ReleaseLease"
 	LeaseService_ReportLease_FullMethodName  = "/egressproxies.lease.v1.LeaseService/ReportLease"
+	LeaseService_ListRefusals_FullMethodName = "/egressproxies.lease.v1.LeaseService/ListRefusals"
 )
 
 // LeaseServiceClient is the client API for LeaseService service.
@@ -50,6 +51,11 @@ type LeaseServiceClient interface {
 	// ReportLease records how a target treated the leased proxy;
 	// rate_limited puts the proxy in a cooldown for that target.
 	ReportLease(ctx context.Context, in *ReportLeaseRequest, opts ...grpc.CallOption) (*ReportLeaseResponse, error)
+	// ListRefusals returns, per selector, how many leases were refused in
+	// the last window because every matching proxy was at its lease cap or
+	// cooling down for the target: demand the fleet did not meet. The
+	// controller reads it to grow ProxyPools with autoscaling.
+	ListRefusals(ctx context.Context, in *ListRefusalsRequest, opts ...grpc.CallOption) (*ListRefusalsResponse, error)
 }
 
 type leaseServiceClient struct {
@@ -110,6 +116,16 @@ func (c *leaseServiceClient) ReportLease(ctx context.Context, in *ReportLeaseReq
 	return out, nil
 }
 
+func (c *leaseServiceClient) ListRefusals(ctx context.Context, in *ListRefusalsRequest, opts ...grpc.CallOption) (*ListRefusalsResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ListRefusalsResponse)
+	err := c.cc.Invoke(ctx, LeaseService_ListRefusals_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // LeaseServiceServer is the server API for LeaseService service.
 // All implementations must embed UnimplementedLeaseServiceServer
 // for forward compatibility.
@@ -134,6 +150,11 @@ type LeaseServiceServer interface {
 	// ReportLease records how a target treated the leased proxy;
 	// rate_limited puts the proxy in a cooldown for that target.
 	ReportLease(context.Context, *ReportLeaseRequest) (*ReportLeaseResponse, error)
+	// ListRefusals returns, per selector, how many leases were refused in
+	// the last window because every matching proxy was at its lease cap or
+	// cooling down for the target: demand the fleet did not meet. The
+	// controller reads it to grow ProxyPools with autoscaling.
+	ListRefusals(context.Context, *ListRefusalsRequest) (*ListRefusalsResponse, error)
 	mustEmbedUnimplementedLeaseServiceServer()
 }
 
@@ -158,6 +179,9 @@ func (UnimplementedLeaseServiceServer) ReleaseLease(context.Context, *ReleaseLea
 }
 func (UnimplementedLeaseServiceServer) ReportLease(context.Context, *ReportLeaseRequest) (*ReportLeaseResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method ReportLease not implemented")
+}
+func (UnimplementedLeaseServiceServer) ListRefusals(context.Context, *ListRefusalsRequest) (*ListRefusalsResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ListRefusals not implemented")
 }
 func (UnimplementedLeaseServiceServer) mustEmbedUnimplementedLeaseServiceServer() {}
 func (UnimplementedLeaseServiceServer) testEmbeddedByValue()                      {}
@@ -270,6 +294,24 @@ func _LeaseService_ReportLease_Handler(srv interface{}, ctx context.Context, dec
 	return interceptor(ctx, in, info, handler)
 }
 
+func _LeaseService_ListRefusals_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ListRefusalsRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(LeaseServiceServer).ListRefusals(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: LeaseService_ListRefusals_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(LeaseServiceServer).ListRefusals(ctx, req.(*ListRefusalsRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // LeaseService_ServiceDesc is the grpc.ServiceDesc for LeaseService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -296,6 +338,10 @@ var LeaseService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "ReportLease",
 			Handler:    _LeaseService_ReportLease_Handler,
+		},
+		{
+			MethodName: "ListRefusals",
+			Handler:    _LeaseService_ListRefusals_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},
