@@ -200,6 +200,7 @@ func TestRBACIsLeastPrivilege(t *testing.T) {
 		{"ep-controller", "watch", "crawl.example.com", "proxypools", "", "team-a", true},
 		{"ep-controller", "patch", "crawl.example.com", "proxypools", "status", "team-a", true},
 		{"ep-controller", "update", "crawl.example.com", "proxypools", "", "team-a", false},
+		{"ep-controller", "update", "crawl.example.com", "proxypools", "scale", "team-a", true},
 		{"ep-broker", "list", "crawl.example.com", "proxypools", "", "team-a", false},
 	}
 	for _, c := range cases {

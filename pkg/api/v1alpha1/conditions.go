@@ -123,6 +123,9 @@ const (
 	// EventMemberDeleted: a drained member was deleted; the message says
 	// whether its leases ended or the drain timed out.
 	EventMemberDeleted = "MemberDeleted"
+	// EventScaled: the autoscaler changed spec.replicas; the message
+	// gives the figures it decided on.
+	EventScaled = "Scaled"
 )
 
 // Reasons of Events that record no condition change.

@@ -53,6 +53,45 @@ type ProxyPoolSpec struct {
 	// healthy.
 	// +optional
 	Remediation *Remediation `json:"remediation,omitempty"`
+
+	// Autoscaling lets the controller set spec.replicas from lease
+	// demand, within bounds. Leave it unset to drive /scale yourself (an
+	// HPA, KEDA, kubectl scale).
+	// +optional
+	Autoscaling *Autoscaling `json:"autoscaling,omitempty"`
+}
+
+// Autoscaling sizes a pool from lease demand, as the broker reports it.
+//
+// +kubebuilder:validation:XValidation:rule="self.minReplicas <= self.maxReplicas",message="spec.autoscaling.minReplicas must not be above maxReplicas"
+type Autoscaling struct {
+	// MinReplicas is the fewest members the autoscaler keeps.
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=10000
+	// +required
+	MinReplicas int32 `json:"minReplicas"`
+
+	// MaxReplicas is the most members the autoscaler makes.
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=10000
+	// +required
+	MaxReplicas int32 `json:"maxReplicas"`
+
+	// TargetLeasesPerProxy is the live leases per leasable member the
+	// pool is sized for: above it the pool grows, well below it (after
+	// the stabilization window) it shrinks.
+	// +kubebuilder:default=5
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=10000
+	// +optional
+	TargetLeasesPerProxy int32 `json:"targetLeasesPerProxy,omitempty"`
+
+	// ScaleDownStabilization is how long demand must have asked for
+	// fewer members before the pool shrinks: it shrinks to the largest
+	// size asked for in that window.
+	// +kubebuilder:default="5m"
+	// +optional
+	ScaleDownStabilization *metav1.Duration `json:"scaleDownStabilization,omitempty"`
 }
 
 // Remediation says when a failed member is replaced.

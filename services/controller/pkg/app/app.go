@@ -187,7 +187,7 @@ func addPoolController(ctx context.Context, mgr ctrl.Manager, log *slog.Logger, 
 	if poller == nil {
 		return nil
 	}
-	poller.Changed = rec.LeasesChanged
+	poller.Changed, poller.Polled = rec.LeasesChanged, rec.Polled
 	return mgr.Add(poller)
 }
 

@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 	"sigs.k8s.io/controller-runtime/pkg/metrics"
 
 	leasev1 "github.com/egress-proxies/egress-proxies/pkg/gen/egressproxies/lease/v1"
@@ -24,6 +26,42 @@ type Snapshot struct {
 	// Leases holds the count per proxy id ("namespace/name"); a Proxy
 	// the broker does not know holds none.
 	Leases map[string]int32
+	// Refusals are the selectors whose leases were refused (every match
+	// at its cap or cooling down) in the last RefusalWindow.
+	Refusals []Refusal
+}
+
+// Refusal is unmet demand for one selector.
+type Refusal struct {
+	Namespace string
+	Selector  map[string]string
+	Count     int64
+}
+
+// RefusalWindow is how far back refusals are read.
+const RefusalWindow = time.Minute
+
+// Refused sums the refusals a proxy in namespace with attributes would
+// have met: those whose namespace is empty or its own and whose selector
+// its attributes contain.
+func (s Snapshot) Refused(namespace string, attributes map[string]string) int64 {
+	var n int64
+	for _, r := range s.Refusals {
+		if r.Namespace != "" && r.Namespace != namespace {
+			continue
+		}
+		match := true
+		for k, v := range r.Selector {
+			if attributes[k] != v {
+				match = false
+				break
+			}
+		}
+		if match {
+			n += r.Count
+		}
+	}
+	return n
 }
 
 // Known reports whether the snapshot came from an answer.
@@ -55,8 +93,10 @@ type Poller struct {
 	Namespace string // "" for all
 	Interval  time.Duration
 	Log       *slog.Logger
-	// Changed is told the ids whose count changed in a poll.
+	// Changed is told the ids whose count changed in a poll; Polled is
+	// called after every answer (demand may have changed anywhere).
 	Changed func(ids []string)
+	Polled  func()
 
 	mu   sync.RWMutex
 	snap Snapshot
@@ -102,10 +142,25 @@ func (p *Poller) poll(ctx context.Context) {
 			next.Leases[px.GetId()] = n
 		}
 	}
+	refused, err := p.API.ListRefusals(ctx, &leasev1.ListRefusalsRequest{WindowSeconds: int32(RefusalWindow / time.Second)})
+	switch {
+	case status.Code(err) == codes.Unimplemented:
+		// A broker older than ListRefusals: leases only.
+	case err != nil:
+		pollErrors.Inc()
+		p.Log.WarnContext(ctx, "reading refused leases from the broker", "err", err)
+	default:
+		for _, r := range refused.GetSelectors() {
+			next.Refusals = append(next.Refusals, Refusal{Namespace: r.GetNamespace(), Selector: r.GetSelector(), Count: r.GetRefused()})
+		}
+	}
 	p.mu.Lock()
 	prev := p.snap
 	p.snap = next
 	p.mu.Unlock()
+	if p.Polled != nil {
+		p.Polled()
+	}
 	if p.Changed == nil {
 		return
 	}

@@ -67,14 +67,20 @@ type Reconciler struct {
 	recorder events.EventRecorder
 	log      *slog.Logger
 	opts     Options
-	// wake carries the members whose lease count changed.
-	wake chan event.GenericEvent
+	// wake carries the members whose lease count changed, wakePools the
+	// autoscaled pools after each poll of the broker.
+	wake, wakePools chan event.GenericEvent
+	scaler          autoscaler
 }
 
 // New returns a Reconciler that learns live leases from leases.
 func New(c client.Client, leases leaseview.Source, recorder events.EventRecorder, log *slog.Logger, opts Options) *Reconciler {
 	opts.defaults()
-	return &Reconciler{client: c, leases: leases, recorder: recorder, log: log, opts: opts, wake: make(chan event.GenericEvent, 1024)}
+	return &Reconciler{
+		client: c, leases: leases, recorder: recorder, log: log, opts: opts,
+		wake: make(chan event.GenericEvent, 1024), wakePools: make(chan event.GenericEvent, 1024),
+		scaler: autoscaler{history: map[types.NamespacedName]*history{}, pools: map[types.NamespacedName]bool{}},
+	}
 }
 
 // LeasesChanged wakes the pools of the proxies (ids "namespace/name")
@@ -101,6 +107,7 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 		For(&v1.ProxyPool{}).
 		Owns(&v1.Proxy{}).
 		WatchesRawSource(source.Channel(r.wake, handler.EnqueueRequestsFromMapFunc(r.poolOf))).
+		WatchesRawSource(source.Channel(r.wakePools, &handler.EnqueueRequestForObject{})).
 		WithOptions(controller.Options{MaxConcurrentReconciles: r.opts.MaxConcurrentReconciles}).
 		Complete(r)
 }
@@ -128,6 +135,9 @@ const conflictRetry = 100 * time.Millisecond
 func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (res ctrl.Result, retErr error) {
 	pool := &v1.ProxyPool{}
 	if err := r.client.Get(ctx, req.NamespacedName, pool); err != nil {
+		if apierrors.IsNotFound(err) {
+			r.scaler.forget(req.NamespacedName)
+		}
 		return ctrl.Result{}, client.IgnoreNotFound(err)
 	}
 	if !pool.DeletionTimestamp.IsZero() {

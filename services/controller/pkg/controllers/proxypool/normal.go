@@ -86,10 +86,7 @@ func resolve(pool *v1.ProxyPool, settle time.Duration) (limits, error) {
 	l.budget = max(l.budget, 1)
 	l.drainTimeout = durationOr(pool.Spec.DrainTimeout, defaultDrainTimeout)
 
-	rem := pool.Spec.Remediation
-	if rem == nil {
-		rem = &v1.Remediation{}
-	}
+	rem := remediation(pool)
 	l.startupTimeout = durationOr(rem.StartupTimeout, defaultStartupTimeout)
 	l.unhealthyTimeout = durationOr(rem.UnhealthyTimeout, defaultUnhealthyTimeout)
 	l.backoffBase, l.backoffMax = durationOr(rem.RetryBackoff, defaultRetryBackoff), maxRetryBackoff
@@ -221,6 +218,11 @@ func (r *Reconciler) reconcileNormal(ctx context.Context, pool *v1.ProxyPool) (c
 	}
 	snap := r.leases.Snapshot()
 	now := time.Now()
+	scaled, scaleWait, err := r.autoscale(ctx, pool, o, snap, now)
+	if scaled || err != nil {
+		// The new size comes back as an update of the pool.
+		return ctrl.Result{}, err
+	}
 	p := decide(l, o.members, leaseView{at: snap.At, known: snap.Known()}, now)
 	r.setStatus(pool, l, o, p, snap.Known())
 
@@ -240,8 +242,10 @@ func (r *Reconciler) reconcileNormal(ctx context.Context, pool *v1.ProxyPool) (c
 		return ctrl.Result{}, err
 	}
 	next := r.nextDrainCheck(o, p, now)
-	if p.wake > 0 && (next == 0 || p.wake < next) {
-		next = p.wake
+	for _, d := range []time.Duration{p.wake, scaleWait} {
+		if d > 0 && (next == 0 || d < next) {
+			next = d
+		}
 	}
 	return ctrl.Result{RequeueAfter: next}, nil
 }

@@ -323,3 +323,40 @@ func TestDecideRemediation(t *testing.T) {
 		})
 	}
 }
+
+func TestRecommend(t *testing.T) {
+	b := bounds{min: 2, max: 10, target: 4}
+	for _, tc := range []struct {
+		name string
+		d    demand
+		want int
+	}{
+		{"leases ask for leases/target members", demand{current: 3, leasable: 3, leases: 17}, 5},
+		{"never below min", demand{current: 3, leasable: 3, leases: 1}, 2},
+		{"never above max", demand{current: 3, leasable: 3, leases: 400}, 10},
+		{"refusals ask for half as many again", demand{current: 4, leasable: 4, leases: 8, refused: 1}, 6},
+		{"refusals grow a small pool by one at least", demand{current: 1, leasable: 1, leases: 4, refused: 9}, 2},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got, why := recommend(b, tc.d)
+			assert.Equal(t, tc.want, got)
+			assert.Contains(t, why, fmt.Sprintf("%d live leases on %d leasable members, target 4 per member", tc.d.leases, tc.d.leasable))
+			if tc.d.refused > 0 {
+				assert.Contains(t, why, fmt.Sprintf("%d leases refused", tc.d.refused))
+			}
+		})
+	}
+}
+
+func TestStabilizedTakesTheLargestOfTheWindow(t *testing.T) {
+	var h history
+	w := time.Minute
+	top, full := h.stabilized(5, t0, w)
+	assert.Equal(t, 5, top)
+	assert.False(t, full, "the window has just begun")
+	top, _ = h.stabilized(2, t0.Add(30*time.Second), w)
+	assert.Equal(t, 5, top, "the 5 is still in the window")
+	top, full = h.stabilized(3, t0.Add(70*time.Second), w)
+	assert.Equal(t, 3, top, "the 5 left the window")
+	assert.True(t, full)
+}

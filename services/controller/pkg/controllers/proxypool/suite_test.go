@@ -36,15 +36,38 @@ func TestMain(m *testing.M) { os.Exit(testenv.Main(m, &env)) }
 // leases is the lease source the tests set by hand, in place of the
 // broker (the end-to-end suite runs the real one).
 type leases struct {
-	mu  sync.Mutex
-	m   map[string]int32
-	rec *proxypool.Reconciler
+	mu       sync.Mutex
+	m        map[string]int32
+	refusals []leaseview.Refusal
+	rec      *proxypool.Reconciler
 }
 
 func (l *leases) Snapshot() leaseview.Snapshot {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	return leaseview.Snapshot{At: time.Now(), Leases: maps.Clone(l.m)}
+	return leaseview.Snapshot{At: time.Now(), Leases: maps.Clone(l.m), Refusals: l.refusals}
+}
+
+// poll wakes the autoscaled pools, as each poll of the broker does.
+func (l *leases) poll() {
+	l.mu.Lock()
+	rec := l.rec
+	l.mu.Unlock()
+	if rec != nil {
+		rec.Polled()
+	}
+}
+
+// refuse sets the refusals the broker reports and wakes the pools, as a
+// poll does.
+func (l *leases) refuse(rs ...leaseview.Refusal) {
+	l.mu.Lock()
+	l.refusals = rs
+	rec := l.rec
+	l.mu.Unlock()
+	if rec != nil {
+		rec.Polled()
+	}
 }
 
 func (l *leases) set(id string, n int32) {
@@ -160,13 +183,14 @@ func (h *harness) restart() {
 	h.start()
 }
 
-// standIns gives pods addresses and marks Ready members Healthy until
-// ctx ends.
+// standIns gives pods addresses, marks Ready members Healthy and wakes
+// autoscaled pools as the lease poller would, until ctx ends.
 func (h *harness) standIns(ctx context.Context) {
 	tick := time.NewTicker(50 * time.Millisecond)
 	defer tick.Stop()
 	for {
 		h.kubelet.Sync(ctx)
+		h.leases.poll()
 		list := &v1.ProxyList{}
 		if err := env.Client.List(ctx, list, client.InNamespace(h.ns)); err == nil {
 			for _, px := range list.Items {
