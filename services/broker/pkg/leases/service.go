@@ -8,9 +8,9 @@ import (
 	"errors"
 	"fmt"
 	"regexp"
+	"sort"
 	"strconv"
 	"strings"
-	"sort"
 	"time"
 
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
