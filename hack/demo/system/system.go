@@ -165,7 +165,19 @@ func Start(t proc.T, env *testenv.Env, o Options) *System {
 	if s.probeTLS, err = probeCA.WriteServer(dir, "127.0.0.1"); err != nil {
 		t.Fatal(err)
 	}
-	o.Step("starting %d controller replica(s) (leader election, probe endpoint, health checks through every proxy)", o.Controllers)
+	// Brokers keep their gRPC address across restarts, behind one
+	// balancer the controllers read live leases through, as through the
+	// chart's Service.
+	grpcs := make([]string, o.Brokers)
+	for i := range o.Brokers {
+		grpcs[i] = proc.Addr(proc.FreePort(t))
+		s.Brokers = append(s.Brokers, &Broker{GRPC: grpcs[i], args: []string{"--kubeconfig", s.Kubeconfig, "--redis-addrs", s.Redis.Addr}})
+	}
+	var brokerArgs []string
+	if o.Brokers > 0 {
+		brokerArgs = []string{"--broker-address", proc.NewBalancer(t, grpcs...).Addr, "--broker-poll-interval", "500ms"}
+	}
+	o.Step("starting %d controller replica(s) (leader election, probe endpoint, health checks through every proxy, ProxyPools)", o.Controllers)
 	for range o.Controllers {
 		c := &Controller{Metrics: proc.Addr(proc.FreePort(t)), Pprof: proc.Addr(proc.FreePort(t)), Probe: proc.Addr(proc.FreePort(t))}
 		c.args = append([]string{
@@ -178,7 +190,7 @@ func Start(t proc.T, env *testenv.Env, o Options) *System {
 			"--health-url", s.Target.URL + "/ip", "--health-expected-status", "200", "--health-echo-format", "text",
 			"--health-interval", o.HealthInterval.String(), "--health-timeout", o.HealthTimeout.String(),
 			"--gc-interval", o.GCInterval.String(), "--gc-grace-period", o.GCGrace.String(),
-		}, o.ControllerArgs...)
+		}, append(brokerArgs, o.ControllerArgs...)...)
 		s.Controllers = append(s.Controllers, c)
 		s.StartController(len(s.Controllers) - 1)
 	}
@@ -197,8 +209,6 @@ func Start(t proc.T, env *testenv.Env, o Options) *System {
 
 	o.Step("starting %d brokers sharing Redis", o.Brokers)
 	for i := range o.Brokers {
-		b := &Broker{args: []string{"--kubeconfig", s.Kubeconfig, "--redis-addrs", s.Redis.Addr}}
-		s.Brokers = append(s.Brokers, b)
 		s.StartBroker(i)
 	}
 
@@ -245,11 +255,12 @@ func (s *System) Leader() int {
 	return -1
 }
 
-// StartBroker starts (or restarts) broker i on fresh ports.
+// StartBroker starts (or restarts) broker i: its gRPC address stays, the
+// others are fresh.
 func (s *System) StartBroker(i int) {
 	s.T.Helper()
 	b := s.Brokers[i]
-	ops, g, h := proc.Addr(proc.FreePort(s.T)), proc.Addr(proc.FreePort(s.T)), proc.Addr(proc.FreePort(s.T))
+	ops, g, h := proc.Addr(proc.FreePort(s.T)), b.GRPC, proc.Addr(proc.FreePort(s.T))
 	b.Proc = proc.Start(s.T, fmt.Sprintf("broker-%d", i), s.Bins["broker"], append([]string{"--ops-addr", ops, "--grpc-addr", g, "--http-addr", h}, b.args...)...)
 	proc.WaitHTTP(s.T, b.Proc, "http://"+ops+"/readyz", 60*time.Second)
 	b.REST, b.GRPC, b.Ops = "http://"+h, g, "http://"+ops
