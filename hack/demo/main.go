@@ -23,8 +23,12 @@ import (
 	"text/tabwriter"
 	"time"
 
+	autoscalingv1 "k8s.io/api/autoscaling/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/egress-proxies/egress-proxies/hack/demo/system"
@@ -195,6 +199,9 @@ func main() {
 	printProxies(ctx, c)
 
 	fmt.Println()
+	poolWalk(ctx, r, c)
+
+	fmt.Println()
 	fmt.Printf("Everything runs on loopback. kubeconfig: %s\n", kubeconfig)
 	fmt.Printf("REST: %s and %s   (try: curl -s '%s/v1/proxies?healthy=true')\n", rest[0], rest[1], rest[0])
 	fmt.Printf("Logs: %s\n", filepath.Join(abs, "tmp"))
@@ -240,22 +247,107 @@ func call(r *runner, method, url, body string, show bool) answer {
 	return answer{resp.StatusCode, b}
 }
 
-func printProxies(ctx context.Context, c client.Client) {
+func printProxies(ctx context.Context, c client.Client, opts ...client.ListOption) {
 	list := &v1.ProxyList{}
-	if err := c.List(ctx, list); err != nil {
+	if err := c.List(ctx, list, opts...); err != nil {
 		fmt.Println(err)
 		return
 	}
 	sort.Slice(list.Items, func(i, j int) bool { return list.Items[i].Name < list.Items[j].Name })
 	w := tabwriter.NewWriter(os.Stdout, 0, 4, 3, ' ', 0)
-	_, _ = fmt.Fprintln(w, "NAME\tMODE\tPROVIDER\tPHASE\tIP\tHEALTHY\tEGRESS IP\tAGE")
+	_, _ = fmt.Fprintln(w, "NAME\tMODE\tPROVIDER\tPHASE\tIP\tPORT\tHEALTHY\tEGRESS IP\tAGE")
 	for _, px := range list.Items {
 		h := "Unknown"
 		if c := meta.FindStatusCondition(px.Status.Conditions, v1.ConditionHealthy); c != nil {
 			h = string(c.Status)
 		}
-		_, _ = fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", px.Name, px.Spec.Mode, px.Spec.Provider, px.Status.Phase, px.Status.IP, h,
+		_, _ = fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%d\t%s\t%s\t%s\n", px.Name, px.Spec.Mode, px.Spec.Provider, px.Status.Phase, px.Status.IP, px.Spec.Port, h,
 			px.Status.EgressIP, time.Since(px.CreationTimestamp.Time).Round(time.Second))
+	}
+	_ = w.Flush()
+}
+
+// poolWalk creates a ProxyPool of 3, scales it to 5 and back to 2 through
+// /scale, and rolls a template change, printing the pool and its members
+// along the way.
+func poolWalk(ctx context.Context, r *runner, c client.Client) {
+	step("applying a ProxyPool of 3 (deploy/samples/proxypool.yaml, smaller)")
+	pool := &v1.ProxyPool{
+		ObjectMeta: metav1.ObjectMeta{Name: "demo-pool", Namespace: "default"},
+		Spec: v1.ProxyPoolSpec{
+			Replicas: ptr.To[int32](3),
+			Template: v1.ProxyTemplate{Spec: v1.ProxyTemplateSpec{Provider: "kubernetes", Attributes: map[string]string{"pool": "demo"}}},
+			// Two members may drain at once, so the walk is quick.
+			Disruption: &v1.Disruption{MaxUnavailable: ptr.To(intstr.FromInt32(2))},
+		},
+	}
+	if err := c.Create(ctx, pool); err != nil {
+		r.Fatalf("creating the pool: %v", err)
+	}
+	settle := func(what string, n int32, port int32) {
+		waitFor(r, what, "controller", 120*time.Second, func() (bool, string) {
+			p := &v1.ProxyPool{}
+			if err := c.Get(ctx, client.ObjectKeyFromObject(pool), p); err != nil {
+				return false, err.Error()
+			}
+			st := p.Status
+			members := &v1.ProxyList{}
+			if err := c.List(ctx, members, client.InNamespace("default"), client.MatchingLabels{v1.LabelPool: pool.Name}); err != nil {
+				return false, err.Error()
+			}
+			onPort := 0
+			for _, m := range members.Items {
+				if m.Spec.Port == port {
+					onPort++
+				}
+			}
+			state := fmt.Sprintf("%d members, %d healthy, %d up to date, %d draining", len(members.Items), st.HealthyReplicas, st.UpdatedReplicas, st.DrainingReplicas)
+			return st.ObservedGeneration == p.Generation && meta.IsStatusConditionTrue(st.Conditions, v1.ConditionReady) &&
+				st.HealthyReplicas == n && len(members.Items) == int(n) && onPort == int(n), state
+		})
+		step("%s", what)
+		fmt.Println()
+		step("kubectl get ppool")
+		printPools(ctx, c)
+		step("kubectl get px -l %s=%s", v1.LabelPool, pool.Name)
+		printProxies(ctx, c, client.MatchingLabels{v1.LabelPool: pool.Name})
+		fmt.Println()
+	}
+	settle("3 members Ready and Healthy", 3, 3128)
+	for _, n := range []int32{5, 2} {
+		step("kubectl scale ppool demo-pool --replicas=%d", n)
+		scale := &autoscalingv1.Scale{}
+		if err := c.SubResource("scale").Get(ctx, pool, scale); err != nil {
+			r.Fatalf("reading /scale: %v", err)
+		}
+		scale.Spec.Replicas = n
+		if err := c.SubResource("scale").Update(ctx, pool, client.WithSubResourceBody(scale)); err != nil {
+			r.Fatalf("scaling: %v", err)
+		}
+		what := fmt.Sprintf("scaled to %d", n)
+		if n < 5 {
+			what += " (members left through a drain: no new leases, then deleted once they held none)"
+		}
+		settle(what, n, 3128)
+	}
+	step("a template change (port 3128 to 3129) rolls through the pool, make-before-break")
+	if err := c.Patch(ctx, pool, client.RawPatch(types.MergePatchType, []byte(`{"spec":{"template":{"spec":{"port":3129}}}}`))); err != nil {
+		r.Fatalf("changing the template: %v", err)
+	}
+	settle("rolled: every member made from the new template", 2, 3129)
+}
+
+func printPools(ctx context.Context, c client.Client) {
+	list := &v1.ProxyPoolList{}
+	if err := c.List(ctx, list); err != nil {
+		fmt.Println(err)
+		return
+	}
+	w := tabwriter.NewWriter(os.Stdout, 0, 4, 3, ' ', 0)
+	_, _ = fmt.Fprintln(w, "NAME\tDESIRED\tREADY\tHEALTHY\tLEASED\tUP-TO-DATE\tAGE")
+	for _, p := range list.Items {
+		_, _ = fmt.Fprintf(w, "%s\t%d\t%d\t%d\t%d\t%d\t%s\n", p.Name, ptr.Deref(p.Spec.Replicas, 1), p.Status.ReadyReplicas, p.Status.HealthyReplicas,
+			p.Status.LeasedReplicas, p.Status.UpdatedReplicas, time.Since(p.CreationTimestamp.Time).Round(time.Second))
 	}
 	_ = w.Flush()
 }

@@ -95,11 +95,24 @@ func (h *history) lowerAt(rec int, window time.Duration) time.Time {
 	return at
 }
 
-// autoscaler is the state autoscaled pools share.
-type autoscaler struct {
+// followers is the autoscaler's history of each pool, and the pools every
+// poll of the broker wakes: those autoscaled and those draining members
+// (a drain ends on a lease count read after it began).
+type followers struct {
 	mu      sync.Mutex
 	history map[types.NamespacedName]*history
 	pools   map[types.NamespacedName]bool
+}
+
+// follow says whether the pool wants every poll.
+func (a *followers) follow(key types.NamespacedName, polls bool) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if polls {
+		a.pools[key] = true
+	} else {
+		delete(a.pools, key)
+	}
 }
 
 // maxSnapshotAge is how old a lease snapshot may be to scale on: older,
@@ -112,13 +125,12 @@ const maxSnapshotAge = 30 * time.Second
 func (r *Reconciler) autoscale(ctx context.Context, pool *v1.ProxyPool, o *observed, snap leaseview.Snapshot, now time.Time) (scaled bool, wait time.Duration, err error) {
 	key := types.NamespacedName{Namespace: pool.Namespace, Name: pool.Name}
 	a := pool.Spec.Autoscaling
-	r.scaler.mu.Lock()
-	defer r.scaler.mu.Unlock()
+	r.polls.mu.Lock()
+	defer r.polls.mu.Unlock()
 	if a == nil {
-		r.scaler.forgetLocked(key)
+		delete(r.polls.history, key)
 		return false, 0, nil
 	}
-	r.scaler.pools[key] = true
 	if !snap.Known() || now.Sub(snap.At) > maxSnapshotAge {
 		return false, 0, nil
 	}
@@ -146,10 +158,10 @@ func (r *Reconciler) autoscale(ctx context.Context, pool *v1.ProxyPool, o *obser
 	d.settling = d.settling || active < d.current
 
 	rec, why := recommend(b, d)
-	h := r.scaler.history[key]
+	h := r.polls.history[key]
 	if h == nil || h.uid != pool.UID {
 		h = &history{uid: pool.UID}
-		r.scaler.history[key] = h
+		r.polls.history[key] = h
 	}
 	window := durationOr(a.ScaleDownStabilization, 5*time.Minute)
 	top, full := h.stabilized(rec, now, window)
@@ -184,23 +196,20 @@ func (r *Reconciler) autoscale(ctx context.Context, pool *v1.ProxyPool, o *obser
 }
 
 // forget drops a deleted pool.
-func (a *autoscaler) forget(key types.NamespacedName) {
+func (a *followers) forget(key types.NamespacedName) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	a.forgetLocked(key)
-}
-
-func (a *autoscaler) forgetLocked(key types.NamespacedName) {
 	delete(a.pools, key)
 	delete(a.history, key)
 }
 
-// Polled wakes every autoscaled pool: demand may have changed for any.
-// It is leaseview.Poller's Polled hook, and never blocks.
+// Polled wakes every pool that follows the polls: demand may have
+// changed for any, and a drain may have ended. It is leaseview.Poller's
+// Polled hook, and never blocks.
 func (r *Reconciler) Polled() {
-	r.scaler.mu.Lock()
-	defer r.scaler.mu.Unlock()
-	for key := range r.scaler.pools {
+	r.polls.mu.Lock()
+	defer r.polls.mu.Unlock()
+	for key := range r.polls.pools {
 		select {
 		case r.wakePools <- event.GenericEvent{Object: &v1.ProxyPool{ObjectMeta: metav1.ObjectMeta{Namespace: key.Namespace, Name: key.Name}}}:
 		default:

@@ -70,7 +70,7 @@ type Reconciler struct {
 	// wake carries the members whose lease count changed, wakePools the
 	// autoscaled pools after each poll of the broker.
 	wake, wakePools chan event.GenericEvent
-	scaler          autoscaler
+	polls           followers
 }
 
 // New returns a Reconciler that learns live leases from leases.
@@ -79,7 +79,7 @@ func New(c client.Client, leases leaseview.Source, recorder events.EventRecorder
 	return &Reconciler{
 		client: c, leases: leases, recorder: recorder, log: log, opts: opts,
 		wake: make(chan event.GenericEvent, 1024), wakePools: make(chan event.GenericEvent, 1024),
-		scaler: autoscaler{history: map[types.NamespacedName]*history{}, pools: map[types.NamespacedName]bool{}},
+		polls: followers{history: map[types.NamespacedName]*history{}, pools: map[types.NamespacedName]bool{}},
 	}
 }
 
@@ -136,7 +136,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (res ctrl.
 	pool := &v1.ProxyPool{}
 	if err := r.client.Get(ctx, req.NamespacedName, pool); err != nil {
 		if apierrors.IsNotFound(err) {
-			r.scaler.forget(req.NamespacedName)
+			r.polls.forget(req.NamespacedName)
 		}
 		return ctrl.Result{}, client.IgnoreNotFound(err)
 	}

@@ -241,7 +241,12 @@ func (r *Reconciler) reconcileNormal(ctx context.Context, pool *v1.ProxyPool) (c
 	if err := errors.Join(errs...); err != nil {
 		return ctrl.Result{}, err
 	}
-	next := r.nextDrainCheck(o, p, now)
+	draining := len(p.drain) > 0
+	for _, m := range o.members {
+		draining = draining || m.draining()
+	}
+	r.polls.follow(types.NamespacedName{Namespace: pool.Namespace, Name: pool.Name}, draining || pool.Spec.Autoscaling != nil)
+	next := r.nextDrainCheck(l, o, p, now)
 	for _, d := range []time.Duration{p.wake, scaleWait} {
 		if d > 0 && (next == 0 || d < next) {
 			next = d
@@ -262,13 +267,13 @@ func (r *Reconciler) settle(ctx context.Context, px *v1.Proxy) error {
 }
 
 // maxDrainPoll bounds how long a draining member goes unchecked when no
-// lease change wakes its pool.
+// poll of the broker wakes its pool (the broker does not answer).
 const maxDrainPoll = 10 * time.Second
 
 // nextDrainCheck is when a pool with draining members must look again:
-// at the earliest deadline, after the settle time of a drain just begun,
-// and at least every maxDrainPoll; 0 when nothing drains.
-func (r *Reconciler) nextDrainCheck(o *observed, p plan, now time.Time) time.Duration {
+// at the earliest deadline, when a drain's settle time has passed, and
+// at least every maxDrainPoll; 0 when nothing drains.
+func (r *Reconciler) nextDrainCheck(l limits, o *observed, p plan, now time.Time) time.Duration {
 	next := time.Duration(0)
 	consider := func(d time.Duration) {
 		d = max(d, 100*time.Millisecond)
@@ -280,9 +285,13 @@ func (r *Reconciler) nextDrainCheck(o *observed, p plan, now time.Time) time.Dur
 		consider(r.opts.Settle)
 	}
 	for _, m := range o.members {
-		if m.draining() {
-			consider(min(m.deadline.Sub(now), maxDrainPoll))
+		if !m.draining() {
+			continue
 		}
+		if settled := m.deadline.Add(-l.drainTimeout + l.settle); settled.After(now) {
+			consider(settled.Sub(now))
+		}
+		consider(min(m.deadline.Sub(now), maxDrainPoll))
 	}
 	return next
 }
