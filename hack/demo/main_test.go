@@ -28,6 +28,12 @@ func TestDemoOnce(t *testing.T) {
 	assert.Equal(t, 2, strings.Count(out, "204 No Content"), "release answered 204 twice")
 	assert.Contains(t, out, `"leaseID"`)
 	assert.Contains(t, out, `"cooldownUntil"`)
-	assert.Regexp(t, `proxy-kubernetes-sample\s+Managed\s+kubernetes\s+Ready\s+127\.\d+\.\d+\.\d+\s+True`, out)
-	assert.Regexp(t, `proxy-external-sample\s+External\s+Ready\s+127\.0\.0\.2\s+True`, out)
+	assert.Regexp(t, `proxy-kubernetes-sample\s+Managed\s+kubernetes\s+Ready\s+127\.\d+\.\d+\.\d+\s+3128\s+True`, out)
+	assert.Regexp(t, `proxy-external-sample\s+External\s+Ready\s+127\.0\.0\.2\s+\d+\s+True`, out)
+	// The ProxyPool walk: 3, 5, 2, then rolled to port 3129.
+	for _, n := range []string{"3", "5", "2"} {
+		assert.Regexp(t, `demo-pool\s+`+n+`\s+`+n+`\s+`+n+`\s+0\s+`+n+`\s`, out, "kubectl get ppool at %s", n)
+	}
+	assert.Contains(t, out, "rolled: every member made from the new template")
+	assert.Regexp(t, `demo-pool-\d+\s+Managed\s+kubernetes\s+Ready\s+127\.\d+\.\d+\.\d+\s+3129\s+True`, out)
 }
