@@ -164,6 +164,10 @@ N ?= 1000
 INTERVAL ?=
 TIMEOUT ?=
 
+.PHONY: bench-pool
+bench-pool: deps envtest ## A ProxyPool of N (POOL_N=1000) against N Proxies created directly, same run, same reconcilers: time to all Ready and Healthy, and the ratio.
+	KUBEBUILDER_ASSETS=$$(bash hack/envtest-bins.sh) go test -run '^$$' -bench BenchmarkPoolBringUp -benchtime 1x -timeout 30m ./services/controller/pkg/controllers/proxypool/
+
 .PHONY: bench-fleet
 bench-fleet: deps envtest ## The whole system with N External Proxies (N=1000 at a 2s interval; N=10000 at 30s): bring-up time against the probe schedule's bound, API writes, steady writes, RSS and CPU per process, a killed prober's share, REST latency.
 	KUBEBUILDER_ASSETS=$$(bash hack/envtest-bins.sh) FLEET_N=$(N) FLEET_INTERVAL=$(INTERVAL) FLEET_TIMEOUT=$(TIMEOUT) \

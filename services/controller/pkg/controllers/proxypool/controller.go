@@ -23,11 +23,14 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/events"
+	"k8s.io/client-go/util/workqueue"
 	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller"
 	"sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/predicate"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 	"sigs.k8s.io/controller-runtime/pkg/source"
 
@@ -46,6 +49,10 @@ type Options struct {
 	CreateWorkers int
 	// MaxConcurrentReconciles is how many pools reconcile at once.
 	MaxConcurrentReconciles int
+	// MemberBatch is how long a member's change waits before its pool
+	// reconciles, so the changes of many members (a thousand coming up at
+	// once) make one reconcile and one status write, not one each.
+	MemberBatch time.Duration
 }
 
 func (o *Options) defaults() {
@@ -53,7 +60,10 @@ func (o *Options) defaults() {
 		o.Settle = 2 * time.Second
 	}
 	if o.CreateWorkers == 0 {
-		o.CreateWorkers = 16
+		o.CreateWorkers = 32
+	}
+	if o.MemberBatch == 0 {
+		o.MemberBatch = 500 * time.Millisecond
 	}
 	if o.MaxConcurrentReconciles == 0 {
 		o.MaxConcurrentReconciles = 4
@@ -104,12 +114,38 @@ func (r *Reconciler) LeasesChanged(ids []string) {
 func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 	return ctrl.NewControllerManagedBy(mgr).
 		Named("proxypool").
-		For(&v1.ProxyPool{}).
-		Owns(&v1.Proxy{}).
+		// Our own status writes do not come back as reconciles: each
+		// member's change would otherwise cost the pool two.
+		For(&v1.ProxyPool{}, builder.WithPredicates(predicate.GenerationChangedPredicate{})).
+		Watches(&v1.Proxy{}, r.memberEvents()).
 		WatchesRawSource(source.Channel(r.wake, handler.EnqueueRequestsFromMapFunc(r.poolOf))).
 		WatchesRawSource(source.Channel(r.wakePools, &handler.EnqueueRequestForObject{})).
 		WithOptions(controller.Options{MaxConcurrentReconciles: r.opts.MaxConcurrentReconciles}).
 		Complete(r)
+}
+
+// memberEvents enqueues a member's pool MemberBatch after the member
+// changes: the queue holds a key once, so every change in the batch is
+// one reconcile.
+func (r *Reconciler) memberEvents() handler.EventHandler {
+	enqueue := func(o client.Object, q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
+		owner := metav1.GetControllerOf(o)
+		if owner == nil || owner.Kind != "ProxyPool" || owner.APIVersion != v1.GroupVersion.String() {
+			return
+		}
+		q.AddAfter(reconcile.Request{NamespacedName: types.NamespacedName{Namespace: o.GetNamespace(), Name: owner.Name}}, r.opts.MemberBatch)
+	}
+	return handler.Funcs{
+		CreateFunc: func(_ context.Context, e event.CreateEvent, q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
+			enqueue(e.Object, q)
+		},
+		UpdateFunc: func(_ context.Context, e event.UpdateEvent, q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
+			enqueue(e.ObjectNew, q)
+		},
+		DeleteFunc: func(_ context.Context, e event.DeleteEvent, q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
+			enqueue(e.Object, q)
+		},
+	}
 }
 
 func (r *Reconciler) poolOf(ctx context.Context, o client.Object) []reconcile.Request {

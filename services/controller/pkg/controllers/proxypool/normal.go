@@ -17,7 +17,6 @@ import (
 	"time"
 
 	"golang.org/x/sync/errgroup"
-	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -322,19 +321,40 @@ func (r *Reconciler) syncInPlace(ctx context.Context, pool *v1.ProxyPool, o *obs
 		if !px.DeletionTimestamp.IsZero() {
 			continue
 		}
-		labels, annotations := desiredMeta(pool, px)
-		if equality.Semantic.DeepEqual(labels, px.Labels) && equality.Semantic.DeepEqual(annotations, px.Annotations) &&
-			equality.Semantic.DeepEqual(t.Attributes, px.Spec.Attributes) && equality.Semantic.DeepEqual(t.HealthCheck, px.Spec.HealthCheck) {
+		if inPlaceCurrent(pool, px) {
 			continue
 		}
 		next := px.DeepCopy()
-		next.Labels, next.Annotations = labels, annotations
+		next.Labels, next.Annotations = desiredMeta(pool, px)
 		next.Spec.Attributes, next.Spec.HealthCheck = t.Attributes, t.HealthCheck
 		if err := r.client.Patch(ctx, next, client.MergeFrom(px)); err != nil {
 			errs = append(errs, fmt.Errorf("updating member %s in place: %w", px.Name, client.IgnoreNotFound(err)))
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// inPlaceCurrent reports whether px's mutable part is the template's. It
+// runs for every member on every reconcile, so it compares in place
+// rather than building the desired maps.
+func inPlaceCurrent(pool *v1.ProxyPool, px *v1.Proxy) bool {
+	t := &pool.Spec.Template
+	if px.Labels[v1.LabelPool] != pool.Name || !contains(px.Labels, t.Metadata.Labels) || !contains(px.Annotations, t.Metadata.Annotations) ||
+		!maps.Equal(t.Spec.Attributes, px.Spec.Attributes) {
+		return false
+	}
+	a, b := t.Spec.HealthCheck, px.Spec.HealthCheck
+	return (a == nil) == (b == nil) && (a == nil || *a == *b)
+}
+
+// contains reports whether every pair of sub is in m.
+func contains(m, sub map[string]string) bool {
+	for k, v := range sub {
+		if got, ok := m[k]; !ok || got != v {
+			return false
+		}
+	}
+	return true
 }
 
 // drainMember marks px draining until deadline: brokers stop leasing it
@@ -402,10 +422,16 @@ func (r *Reconciler) createMembers(ctx context.Context, pool *v1.ProxyPool, hash
 				whys = append(whys, name+" "+cs[i].why)
 				mu.Unlock()
 			}
-			return r.waitForCache(gctx, client.ObjectKeyFromObject(px), func(c *v1.Proxy) bool { return c != nil })
+			return nil
 		})
 	}
 	err := g.Wait()
+	// The creates went out together; now the cache must hold them all
+	// (it gets them in order, so the first waits for most of them).
+	for _, name := range names {
+		key := client.ObjectKey{Namespace: pool.Namespace, Name: name}
+		err = errors.Join(err, r.waitForCache(ctx, key, func(c *v1.Proxy) bool { return c != nil }))
+	}
 	if len(created) > 0 {
 		sort.Strings(whys)
 		r.recorder.Eventf(pool, nil, v1.EventType(v1.EventMemberCreated), v1.EventMemberCreated, "Create",

@@ -85,7 +85,7 @@ func (l *leases) set(id string, n int32) {
 // reconciler on the shared API server, in a namespace of its own. A
 // stand-in prober marks every Ready member Healthy.
 type harness struct {
-	t       *testing.T
+	t       testing.TB
 	ns      string
 	leases  *leases
 	kubelet *kubelet.StandIn
@@ -97,6 +97,9 @@ type harness struct {
 	done chan struct{}
 	// fake backs the "fake" provider entry, for injected failures.
 	fake *fake.Provider
+	// opts, changed before start, are the pool reconciler's: quick by
+	// default, so tests do not wait on production's batching.
+	opts proxypool.Options
 
 	// What the stand-in prober reports: sick members are unhealthy, and
 	// egress gives a Ready member's egress IP ("" for none).
@@ -126,10 +129,11 @@ func (h *harness) verdict(px *v1.Proxy) (bool, string) {
 	return !h.sick[px.Name], ip
 }
 
-func newHarness(t *testing.T) *harness {
+func newHarness(t testing.TB) *harness {
 	testenv.Require(t)
 	ns := env.Namespace(t, "pool")
 	return &harness{t: t, ns: ns, leases: &leases{m: map[string]int32{}}, fake: fake.New("fake"),
+		opts:    proxypool.Options{Settle: 200 * time.Millisecond, MemberBatch: 100 * time.Millisecond},
 		kubelet: &kubelet.StandIn{Client: env.Client, Namespace: ns, T: t, AddressOnly: true}}
 }
 
@@ -151,7 +155,7 @@ func (h *harness) start() *harness {
 	if h.wrap != nil {
 		c = h.wrap(c, cancel)
 	}
-	rec := proxypool.New(c, h.leases, mgr.GetEventRecorder("egress-proxies-controller"), slog.Default(), proxypool.Options{Settle: 200 * time.Millisecond})
+	rec := proxypool.New(c, h.leases, mgr.GetEventRecorder("egress-proxies-controller"), slog.Default(), h.opts)
 	h.leases.mu.Lock()
 	h.leases.rec = rec
 	h.leases.mu.Unlock()
