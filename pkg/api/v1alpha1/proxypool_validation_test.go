@@ -30,6 +30,17 @@ func TestAValidPoolIsAcceptedWithDefaults(t *testing.T) {
 	assert.EqualValues(t, 1, *p.Spec.Replicas)
 	assert.EqualValues(t, 3128, p.Spec.Template.Spec.Port)
 	assert.Equal(t, "10m0s", p.Spec.DrainTimeout.Duration.String())
+
+	a := pool(p.Namespace, "auto")
+	a.Spec.Autoscaling = &v1.Autoscaling{MinReplicas: 1, MaxReplicas: 3}
+	a.Spec.Remediation = &v1.Remediation{}
+	require.NoError(t, env.Client.Create(context.Background(), a))
+	assert.EqualValues(t, 5, a.Spec.Autoscaling.TargetLeasesPerProxy)
+	assert.Equal(t, "5m0s", a.Spec.Autoscaling.ScaleDownStabilization.Duration.String())
+	assert.Equal(t, "15m0s", a.Spec.Remediation.StartupTimeout.Duration.String())
+	assert.Equal(t, "10m0s", a.Spec.Remediation.UnhealthyTimeout.Duration.String())
+	assert.Equal(t, "40%", a.Spec.Remediation.MaxUnhealthy.String())
+	assert.EqualValues(t, 5, *a.Spec.Remediation.MaxRetries)
 }
 
 func TestInvalidPoolsAreRejectedNamingTheField(t *testing.T) {
@@ -53,6 +64,18 @@ func TestInvalidPoolsAreRejectedNamingTheField(t *testing.T) {
 		}, "spec.disruption.maxUnavailable must be"},
 		{"name too long for its members", func(p *v1.ProxyPool) { p.Name = strings.Repeat("a", 58) }, "at most 57 characters"},
 		{"bad attribute key", func(p *v1.ProxyPool) { p.Spec.Template.Spec.Attributes = map[string]string{"-x": "y"} }, "spec.template.spec.attributes keys"},
+		{"autoscaling min above max", func(p *v1.ProxyPool) {
+			p.Spec.Autoscaling = &v1.Autoscaling{MinReplicas: 5, MaxReplicas: 2}
+		}, "spec.autoscaling.minReplicas must not be above maxReplicas"},
+		{"autoscaling min 0", func(p *v1.ProxyPool) {
+			p.Spec.Autoscaling = &v1.Autoscaling{MinReplicas: 0, MaxReplicas: 2}
+		}, "spec.autoscaling.minReplicas"},
+		{"maxUnhealthy not a percentage", func(p *v1.ProxyPool) {
+			p.Spec.Remediation = &v1.Remediation{MaxUnhealthy: ptr.To(intstr.FromString("half"))}
+		}, "spec.remediation.maxUnhealthy must be"},
+		{"negative retries", func(p *v1.ProxyPool) {
+			p.Spec.Remediation = &v1.Remediation{MaxRetries: ptr.To[int32](-1)}
+		}, "spec.remediation.maxRetries"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			p := pool(ns, "bad")
