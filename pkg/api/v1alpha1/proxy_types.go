@@ -1,6 +1,8 @@
 package v1alpha1
 
 import (
+	"time"
+
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 )
@@ -322,4 +324,19 @@ func init() {
 // Key returns "namespace/name", the id clients see.
 func (p *Proxy) Key() string {
 	return types.NamespacedName{Namespace: p.Namespace, Name: p.Name}.String()
+}
+
+// DrainDeadline reads AnnotationDrainDeadline; ok is false when the Proxy
+// is not draining. A value that is not RFC 3339 drains with a deadline
+// already past: whoever set it meant to take the proxy out.
+func (p *Proxy) DrainDeadline() (deadline time.Time, ok bool) {
+	v, ok := p.Annotations[AnnotationDrainDeadline]
+	if !ok {
+		return time.Time{}, false
+	}
+	t, err := time.Parse(time.RFC3339, v)
+	if err != nil || t.IsZero() {
+		return time.Unix(0, 0), true
+	}
+	return t, true
 }

@@ -88,25 +88,10 @@ func (p *Proxy) Matches(namespace string, selector map[string]string) bool {
 // ReasonDraining is NotLeasable's reason for a draining proxy.
 const ReasonDraining = "PROXY_DRAINING"
 
-// drainDeadline reads the drain annotation. A value that is not RFC 3339
-// still drains the proxy, with a deadline already past: whoever set it
-// meant to take the proxy out.
-func drainDeadline(px *v1.Proxy) time.Time {
-	v, ok := px.Annotations[v1.AnnotationDrainDeadline]
-	if !ok {
-		return time.Time{}
-	}
-	t, err := time.Parse(time.RFC3339, v)
-	if err != nil || t.IsZero() {
-		return time.Unix(0, 0)
-	}
-	return t
-}
-
 func fromObject(px *v1.Proxy) Proxy {
 	ready := meta.IsStatusConditionTrue(px.Status.Conditions, v1.ConditionReady) && px.Status.Phase == v1.PhaseReady && px.Status.IP != ""
 	h := meta.FindStatusCondition(px.Status.Conditions, v1.ConditionHealthy)
-	drain := drainDeadline(px)
+	drain, _ := px.DrainDeadline()
 	return Proxy{
 		UID: string(px.UID), ID: px.Key(), Namespace: px.Namespace,
 		IP: px.Status.IP, Port: px.Status.Port, EgressIP: px.Status.EgressIP,

@@ -167,14 +167,7 @@ func (r *Reconciler) observe(ctx context.Context, pool *v1.ProxyPool, hash strin
 		if pool.Spec.MaxAge != nil {
 			m.ageLimit = jittered(pool.Spec.MaxAge.Duration, px.UID)
 		}
-		if v, ok := px.Annotations[v1.AnnotationDrainDeadline]; ok {
-			// An unreadable deadline drains at once, as the broker reads it.
-			t, err := time.Parse(time.RFC3339, v)
-			if err != nil || t.IsZero() {
-				t = time.Unix(0, 0)
-			}
-			m.deadline = t
-		}
+		m.deadline, _ = px.DrainDeadline()
 		o.members = append(o.members, m)
 	}
 	return o, nil
