@@ -146,12 +146,16 @@ type ProxyTemplate struct {
 	Spec ProxyTemplateSpec `json:"spec"`
 }
 
-// ProxyTemplateMeta is the metadata members are made with.
+// ProxyTemplateMeta is the metadata members are made with. Keys under
+// crawl.example.com/ are the pool's own (its label, the template hash, a
+// drain, a slot's retries) and may not be templated.
 type ProxyTemplateMeta struct {
 	// +kubebuilder:validation:MaxProperties=64
+	// +kubebuilder:validation:XValidation:rule="self.all(k, !k.startsWith('crawl.example.com/'))",message="spec.template.metadata.labels may not use the crawl.example.com/ prefix: the pool sets those labels itself"
 	// +optional
 	Labels map[string]string `json:"labels,omitempty"`
 	// +kubebuilder:validation:MaxProperties=64
+	// +kubebuilder:validation:XValidation:rule="self.all(k, !k.startsWith('crawl.example.com/'))",message="spec.template.metadata.annotations may not use the crawl.example.com/ prefix: the pool and the controller set those annotations themselves"
 	// +optional
 	Annotations map[string]string `json:"annotations,omitempty"`
 }

@@ -64,6 +64,12 @@ func TestInvalidPoolsAreRejectedNamingTheField(t *testing.T) {
 		}, "spec.disruption.maxUnavailable must be"},
 		{"name too long for its members", func(p *v1.ProxyPool) { p.Name = strings.Repeat("a", 58) }, "at most 57 characters"},
 		{"bad attribute key", func(p *v1.ProxyPool) { p.Spec.Template.Spec.Attributes = map[string]string{"-x": "y"} }, "spec.template.spec.attributes keys"},
+		{"a template label the pool owns", func(p *v1.ProxyPool) {
+			p.Spec.Template.Metadata.Labels = map[string]string{v1.LabelTemplateHash: "x"}
+		}, "spec.template.metadata.labels may not use the crawl.example.com/ prefix"},
+		{"a template annotation the pool owns", func(p *v1.ProxyPool) {
+			p.Spec.Template.Metadata.Annotations = map[string]string{v1.AnnotationDrainDeadline: "2026-12-03T00:00:00Z"}
+		}, "spec.template.metadata.annotations may not use the crawl.example.com/ prefix"},
 		{"autoscaling min above max", func(p *v1.ProxyPool) {
 			p.Spec.Autoscaling = &v1.Autoscaling{MinReplicas: 5, MaxReplicas: 2}
 		}, "spec.autoscaling.minReplicas must not be above maxReplicas"},

@@ -158,7 +158,7 @@ func (r *Reconciler) observe(ctx context.Context, pool *v1.ProxyPool, hash strin
 			doNotDisrupt: px.Annotations[v1.AnnotationDoNotDisrupt] == "true",
 		}
 		m.healthy = m.ready && px.Status.Healthy
-		m.since = since(px, m.healthy)
+		m.since = since(px)
 		if m.ready {
 			m.egressIP = px.Status.EgressIP
 		}
@@ -173,10 +173,10 @@ func (r *Reconciler) observe(ctx context.Context, pool *v1.ProxyPool, hash strin
 	return o, nil
 }
 
-// since is when a member became healthy (healthy), or when it stopped
-// being healthy while Ready (not healthy): the later of its Ready and
-// Healthy conditions' transitions.
-func since(px *v1.Proxy, healthy bool) time.Time {
+// since is when a healthy member became healthy, or when an unhealthy
+// Ready one stopped being healthy: the later of its Ready and Healthy
+// conditions' transitions.
+func since(px *v1.Proxy) time.Time {
 	var t time.Time
 	for _, c := range []string{v1.ConditionReady, v1.ConditionHealthy} {
 		if cond := meta.FindStatusCondition(px.Status.Conditions, c); cond != nil && cond.LastTransitionTime.After(t) {
@@ -222,7 +222,10 @@ func (r *Reconciler) reconcileNormal(ctx context.Context, pool *v1.ProxyPool) (c
 	for _, d := range p.delete {
 		errs = append(errs, r.deleteMember(ctx, pool, o.proxies[d.m.name], d.why))
 	}
-	deadline := now.Add(l.drainTimeout).Truncate(time.Second)
+	// Rounded up to the annotation's whole seconds, so the start the plan
+	// derives from it (deadline − drainTimeout) is never before the real
+	// one and the settle time is never cut short.
+	deadline := now.Add(l.drainTimeout + time.Second - 1).Truncate(time.Second)
 	for _, d := range p.drain {
 		errs = append(errs, r.drainMember(ctx, pool, o.proxies[d.m.name], deadline, d.why))
 	}
@@ -252,8 +255,8 @@ func (r *Reconciler) reconcileNormal(ctx context.Context, pool *v1.ProxyPool) (c
 func (r *Reconciler) settle(ctx context.Context, px *v1.Proxy) error {
 	next := px.DeepCopy()
 	delete(next.Annotations, v1.AnnotationSlotRetries)
-	if err := r.client.Patch(ctx, next, client.MergeFrom(px)); err != nil {
-		return fmt.Errorf("restarting the retry count of member %s: %w", px.Name, client.IgnoreNotFound(err))
+	if err := client.IgnoreNotFound(r.client.Patch(ctx, next, client.MergeFrom(px))); err != nil {
+		return fmt.Errorf("restarting the retry count of member %s: %w", px.Name, err)
 	}
 	return nil
 }
@@ -320,8 +323,8 @@ func (r *Reconciler) syncInPlace(ctx context.Context, pool *v1.ProxyPool, o *obs
 		next := px.DeepCopy()
 		next.Labels, next.Annotations = desiredMeta(pool, px)
 		next.Spec.Attributes, next.Spec.HealthCheck = t.Attributes, t.HealthCheck
-		if err := r.client.Patch(ctx, next, client.MergeFrom(px)); err != nil {
-			errs = append(errs, fmt.Errorf("updating member %s in place: %w", px.Name, client.IgnoreNotFound(err)))
+		if err := client.IgnoreNotFound(r.client.Patch(ctx, next, client.MergeFrom(px))); err != nil {
+			errs = append(errs, fmt.Errorf("updating member %s in place: %w", px.Name, err))
 		}
 	}
 	return errors.Join(errs...)
