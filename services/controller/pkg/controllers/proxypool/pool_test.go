@@ -81,10 +81,9 @@ func TestAPoolKeepsItsReplicasThroughScaleAndInPlaceChanges(t *testing.T) {
 	h.waitSettled("web", 2)
 	assert.Equal(t, []string{"web-0", "web-1"}, names(h.members()), "no member was replaced")
 
-	events := h.events("web")
-	for _, r := range []string{v1.EventMemberCreated, v1.EventMemberDraining, v1.EventMemberDeleted} {
-		assert.NotEmpty(t, events[r], r)
-	}
+	h.waitEvent("web", v1.EventMemberCreated, "created 3 members")
+	h.waitEvent("web", v1.EventMemberDraining, "the pool is scaled down")
+	h.waitEvent("web", v1.EventMemberDeleted, "it holds no live lease")
 }
 
 // watchMembers samples the namespace's Proxies until the test ends and

@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"maps"
 	"os"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -319,4 +320,18 @@ func (h *harness) condition(pool, typ string) metav1.Condition {
 		return *c
 	}
 	return metav1.Condition{}
+}
+
+// waitEvent waits for an Event of the pool with reason whose note holds
+// sub: the recorder writes Events in the background.
+func (h *harness) waitEvent(pool, reason, sub string) {
+	h.t.Helper()
+	require.Eventually(h.t, func() bool {
+		for _, n := range h.events(pool)[reason] {
+			if strings.Contains(n, sub) {
+				return true
+			}
+		}
+		return false
+	}, 30*time.Second, 50*time.Millisecond, "no %s Event of pool %s saying %q; it has %v", reason, pool, sub, h.events(pool))
 }
