@@ -620,13 +620,18 @@ func (s *Store) Refusals(ctx context.Context, window time.Duration, now time.Tim
 	last := now.Unix() / 60
 	first := now.Add(-window).Unix() / 60
 	first = max(first, last-int64(refusalKeep/time.Minute)+1)
-	counts := map[string]int64{}
-	for m := first; m <= last; m++ {
-		h, err := s.rdb.HGetAll(ctx, s.refusalKey(m)).Result()
-		if err != nil {
-			return nil, wrap(err)
+	var minutes []*redis.MapStringStringCmd
+	if _, err := s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+		for m := first; m <= last; m++ {
+			minutes = append(minutes, p.HGetAll(ctx, s.refusalKey(m)))
 		}
-		for ix, v := range h {
+		return nil
+	}); err != nil {
+		return nil, wrap(err)
+	}
+	counts := map[string]int64{}
+	for _, cmd := range minutes {
+		for ix, v := range cmd.Val() {
 			n, _ := strconv.ParseInt(v, 10, 64)
 			counts[ix] += n
 		}

@@ -11,7 +11,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/event"
 
 	v1 "github.com/egress-proxies/egress-proxies/pkg/api/v1alpha1"
 	"github.com/egress-proxies/egress-proxies/services/controller/pkg/leaseview"
@@ -122,13 +121,11 @@ const maxSnapshotAge = 30 * time.Second
 // autoscale sets spec.replicas (through /scale, as an HPA would) from
 // demand, and reports whether it did; when a scale-down waits for its
 // window, wait says how long.
-func (r *Reconciler) autoscale(ctx context.Context, pool *v1.ProxyPool, o *observed, snap leaseview.Snapshot, now time.Time) (scaled bool, wait time.Duration, err error) {
+func (r *Reconciler) autoscale(ctx context.Context, pool *v1.ProxyPool, l limits, o *observed, snap leaseview.Snapshot, now time.Time) (scaled bool, wait time.Duration, err error) {
 	key := types.NamespacedName{Namespace: pool.Namespace, Name: pool.Name}
 	a := pool.Spec.Autoscaling
-	r.polls.mu.Lock()
-	defer r.polls.mu.Unlock()
 	if a == nil {
-		delete(r.polls.history, key)
+		r.polls.dropHistory(key)
 		return false, 0, nil
 	}
 	if !snap.Known() || now.Sub(snap.At) > maxSnapshotAge {
@@ -138,10 +135,7 @@ func (r *Reconciler) autoscale(ctx context.Context, pool *v1.ProxyPool, o *obser
 	if b.target == 0 {
 		b.target = defaultTargetLeases
 	}
-	d := demand{current: 1, refused: snap.Refused(pool.Namespace, pool.Spec.Template.Spec.Attributes)}
-	if pool.Spec.Replicas != nil {
-		d.current = int(*pool.Spec.Replicas)
-	}
+	d := demand{current: l.replicas, refused: snap.Refused(pool.Namespace, pool.Spec.Template.Spec.Attributes)}
 	active := 0
 	for _, m := range o.members {
 		if !m.active() {
@@ -151,18 +145,14 @@ func (r *Reconciler) autoscale(ctx context.Context, pool *v1.ProxyPool, o *obser
 		d.leases += int64(m.leases)
 		if m.healthy {
 			d.leasable++
-		} else if m.updated && now.Sub(m.created) < durationOr(remediation(pool).StartupTimeout, defaultStartupTimeout) {
+		} else if m.updated && now.Sub(m.created) < l.startupTimeout {
 			d.settling = true
 		}
 	}
 	d.settling = d.settling || active < d.current
 
 	rec, why := recommend(b, d)
-	h := r.polls.history[key]
-	if h == nil || h.uid != pool.UID {
-		h = &history{uid: pool.UID}
-		r.polls.history[key] = h
-	}
+	h := r.polls.historyOf(key, pool.UID)
 	window := durationOr(a.ScaleDownStabilization, 5*time.Minute)
 	top, full := h.stabilized(rec, now, window)
 	next := d.current
@@ -195,6 +185,26 @@ func (r *Reconciler) autoscale(ctx context.Context, pool *v1.ProxyPool, o *obser
 	return true, 0, nil
 }
 
+// historyOf returns the pool's history, a new one for a pool new under
+// its name. Only the pool's reconcile uses it, and a key never reconciles
+// twice at once, so the lock guards the map only.
+func (a *followers) historyOf(key types.NamespacedName, uid types.UID) *history {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	h := a.history[key]
+	if h == nil || h.uid != uid {
+		h = &history{uid: uid}
+		a.history[key] = h
+	}
+	return h
+}
+
+func (a *followers) dropHistory(key types.NamespacedName) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	delete(a.history, key)
+}
+
 // forget drops a deleted pool.
 func (a *followers) forget(key types.NamespacedName) {
 	a.mu.Lock()
@@ -208,18 +218,12 @@ func (a *followers) forget(key types.NamespacedName) {
 // Polled hook, and never blocks.
 func (r *Reconciler) Polled() {
 	r.polls.mu.Lock()
-	defer r.polls.mu.Unlock()
+	keys := make([]types.NamespacedName, 0, len(r.polls.pools))
 	for key := range r.polls.pools {
-		select {
-		case r.wakePools <- event.GenericEvent{Object: &v1.ProxyPool{ObjectMeta: metav1.ObjectMeta{Namespace: key.Namespace, Name: key.Name}}}:
-		default:
-		}
+		keys = append(keys, key)
 	}
-}
-
-func remediation(pool *v1.ProxyPool) *v1.Remediation {
-	if pool.Spec.Remediation != nil {
-		return pool.Spec.Remediation
+	r.polls.mu.Unlock()
+	for _, key := range keys {
+		r.wakePool(key)
 	}
-	return &v1.Remediation{}
 }

@@ -16,6 +16,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"strings"
 	"time"
 
 	"k8s.io/apimachinery/pkg/api/equality"
@@ -77,10 +78,10 @@ type Reconciler struct {
 	recorder events.EventRecorder
 	log      *slog.Logger
 	opts     Options
-	// wake carries the members whose lease count changed, wakePools the
-	// autoscaled pools after each poll of the broker.
-	wake, wakePools chan event.GenericEvent
-	polls           followers
+	// wake carries pools to reconcile now: those whose members' lease
+	// counts changed, and those following every poll of the broker.
+	wake  chan event.GenericEvent
+	polls followers
 }
 
 // New returns a Reconciler that learns live leases from leases.
@@ -88,26 +89,42 @@ func New(c client.Client, leases leaseview.Source, recorder events.EventRecorder
 	opts.defaults()
 	return &Reconciler{
 		client: c, leases: leases, recorder: recorder, log: log, opts: opts,
-		wake: make(chan event.GenericEvent, 1024), wakePools: make(chan event.GenericEvent, 1024),
+		wake:  make(chan event.GenericEvent, 1024),
 		polls: followers{history: map[types.NamespacedName]*history{}, pools: map[types.NamespacedName]bool{}},
 	}
 }
 
 // LeasesChanged wakes the pools of the proxies (ids "namespace/name")
 // whose live-lease count changed; it is leaseview.Poller's Changed hook.
-// It never blocks: when the queue is full the pool's own requeue while
-// it drains is the fallback.
 func (r *Reconciler) LeasesChanged(ids []string) {
 	for _, id := range ids {
-		ns, name, ok := cutKey(id)
-		if !ok {
+		ns, name, _ := strings.Cut(id, "/")
+		px := &v1.Proxy{}
+		if err := r.client.Get(context.Background(), client.ObjectKey{Namespace: ns, Name: name}, px); err != nil {
 			continue
 		}
-		select {
-		case r.wake <- event.GenericEvent{Object: &v1.Proxy{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name}}}:
-		default:
+		if pool, ok := poolOf(px); ok {
+			r.wakePool(pool)
 		}
 	}
+}
+
+// wakePool enqueues a pool. It never blocks: when the channel is full the
+// pool's own requeue (it drains, or it autoscales) is the fallback.
+func (r *Reconciler) wakePool(key types.NamespacedName) {
+	select {
+	case r.wake <- event.GenericEvent{Object: &v1.ProxyPool{ObjectMeta: metav1.ObjectMeta{Namespace: key.Namespace, Name: key.Name}}}:
+	default:
+	}
+}
+
+// poolOf names the pool that controls o, if one does.
+func poolOf(o client.Object) (types.NamespacedName, bool) {
+	owner := metav1.GetControllerOf(o)
+	if owner == nil || owner.Kind != "ProxyPool" || owner.APIVersion != v1.GroupVersion.String() {
+		return types.NamespacedName{}, false
+	}
+	return types.NamespacedName{Namespace: o.GetNamespace(), Name: owner.Name}, true
 }
 
 // SetupWithManager registers the reconciler.
@@ -118,8 +135,7 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 		// member's change would otherwise cost the pool two.
 		For(&v1.ProxyPool{}, builder.WithPredicates(predicate.GenerationChangedPredicate{})).
 		Watches(&v1.Proxy{}, r.memberEvents()).
-		WatchesRawSource(source.Channel(r.wake, handler.EnqueueRequestsFromMapFunc(r.poolOf))).
-		WatchesRawSource(source.Channel(r.wakePools, &handler.EnqueueRequestForObject{})).
+		WatchesRawSource(source.Channel(r.wake, &handler.EnqueueRequestForObject{})).
 		WithOptions(controller.Options{MaxConcurrentReconciles: r.opts.MaxConcurrentReconciles}).
 		Complete(r)
 }
@@ -129,11 +145,9 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 // one reconcile.
 func (r *Reconciler) memberEvents() handler.EventHandler {
 	enqueue := func(o client.Object, q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
-		owner := metav1.GetControllerOf(o)
-		if owner == nil || owner.Kind != "ProxyPool" || owner.APIVersion != v1.GroupVersion.String() {
-			return
+		if pool, ok := poolOf(o); ok {
+			q.AddAfter(reconcile.Request{NamespacedName: pool}, r.opts.MemberBatch)
 		}
-		q.AddAfter(reconcile.Request{NamespacedName: types.NamespacedName{Namespace: o.GetNamespace(), Name: owner.Name}}, r.opts.MemberBatch)
 	}
 	return handler.Funcs{
 		CreateFunc: func(_ context.Context, e event.CreateEvent, q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
@@ -146,18 +160,6 @@ func (r *Reconciler) memberEvents() handler.EventHandler {
 			enqueue(e.Object, q)
 		},
 	}
-}
-
-func (r *Reconciler) poolOf(ctx context.Context, o client.Object) []reconcile.Request {
-	px := &v1.Proxy{}
-	if err := r.client.Get(ctx, client.ObjectKeyFromObject(o), px); err != nil {
-		return nil
-	}
-	owner := metav1.GetControllerOf(px)
-	if owner == nil || owner.Kind != "ProxyPool" || owner.APIVersion != v1.GroupVersion.String() {
-		return nil
-	}
-	return []reconcile.Request{{NamespacedName: types.NamespacedName{Namespace: px.Namespace, Name: owner.Name}}}
 }
 
 // conflictRetry is how soon a reconcile whose status write lost an

@@ -28,6 +28,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 
 	v1 "github.com/egress-proxies/egress-proxies/pkg/api/v1alpha1"
+	"github.com/egress-proxies/egress-proxies/services/controller/pkg/leaseview"
 )
 
 // Defaults of the pool's optional fields, as the CRD also declares them.
@@ -85,7 +86,10 @@ func resolve(pool *v1.ProxyPool, settle time.Duration) (limits, error) {
 	l.budget = max(l.budget, 1)
 	l.drainTimeout = durationOr(pool.Spec.DrainTimeout, defaultDrainTimeout)
 
-	rem := remediation(pool)
+	rem := pool.Spec.Remediation
+	if rem == nil {
+		rem = &v1.Remediation{}
+	}
 	l.startupTimeout = durationOr(rem.StartupTimeout, defaultStartupTimeout)
 	l.unhealthyTimeout = durationOr(rem.UnhealthyTimeout, defaultUnhealthyTimeout)
 	l.backoffBase, l.backoffMax = durationOr(rem.RetryBackoff, defaultRetryBackoff), maxRetryBackoff
@@ -135,12 +139,11 @@ type observed struct {
 	taken map[string]bool
 }
 
-func (r *Reconciler) observe(ctx context.Context, pool *v1.ProxyPool, hash string) (*observed, error) {
+func (r *Reconciler) observe(ctx context.Context, pool *v1.ProxyPool, hash string, snap leaseview.Snapshot) (*observed, error) {
 	list := &v1.ProxyList{}
 	if err := r.client.List(ctx, list, client.InNamespace(pool.Namespace), client.UnsafeDisableDeepCopy); err != nil {
 		return nil, fmt.Errorf("listing the Proxies of namespace %s: %w", pool.Namespace, err)
 	}
-	snap := r.leases.Snapshot()
 	o := &observed{proxies: map[string]*v1.Proxy{}, taken: make(map[string]bool, len(list.Items))}
 	for i := range list.Items {
 		px := &list.Items[i]
@@ -204,18 +207,20 @@ func (r *Reconciler) reconcileNormal(ctx context.Context, pool *v1.ProxyPool) (c
 		return ctrl.Result{}, err
 	}
 	hash := templateHash(&pool.Spec.Template.Spec)
-	o, err := r.observe(ctx, pool, hash)
+	// One snapshot for the whole reconcile: the counts and the time they
+	// were read must go together.
+	snap := r.leases.Snapshot()
+	o, err := r.observe(ctx, pool, hash, snap)
 	if err != nil {
 		return ctrl.Result{}, err
 	}
-	snap := r.leases.Snapshot()
 	now := time.Now()
-	scaled, scaleWait, err := r.autoscale(ctx, pool, o, snap, now)
+	scaled, scaleWait, err := r.autoscale(ctx, pool, l, o, snap, now)
 	if scaled || err != nil {
 		// The new size comes back as an update of the pool.
 		return ctrl.Result{}, err
 	}
-	p := decide(l, o.members, leaseView{at: snap.At, known: snap.Known()}, now)
+	p := decide(l, o.members, snap.At, now)
 	r.setStatus(pool, l, o, p, snap.Known())
 
 	errs := []error{r.syncInPlace(ctx, pool, o)}
@@ -401,37 +406,39 @@ func (r *Reconciler) createMembers(ctx context.Context, pool *v1.ProxyPool, hash
 	g, gctx := errgroup.WithContext(ctx)
 	g.SetLimit(r.opts.CreateWorkers)
 	var mu sync.Mutex
-	var created, whys []string
+	// written: names that exist now (created, or already there); whys:
+	// the created ones, for the Event.
+	var written, whys []string
 	for i, name := range names {
 		g.Go(func() error {
 			px, err := r.newMember(pool, name, hash, cs[i])
 			if err != nil {
 				return err
 			}
-			switch err := r.client.Create(gctx, px); {
-			case apierrors.IsAlreadyExists(err):
-			case err != nil:
+			err = r.client.Create(gctx, px)
+			if err != nil && !apierrors.IsAlreadyExists(err) {
 				return fmt.Errorf("creating member %s: %w", name, err)
-			default:
-				mu.Lock()
-				created = append(created, name)
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			written = append(written, name)
+			if err == nil {
 				whys = append(whys, name+" "+cs[i].why)
-				mu.Unlock()
 			}
 			return nil
 		})
 	}
 	err := g.Wait()
-	// The creates went out together; now the cache must hold them all
-	// (it gets them in order, so the first waits for most of them).
-	for _, name := range names {
+	// The creates went out together; now the cache must hold what they
+	// wrote (it gets them in order, so the first waits for most of them).
+	for _, name := range written {
 		key := client.ObjectKey{Namespace: pool.Namespace, Name: name}
 		err = errors.Join(err, r.waitForCache(ctx, key, func(c *v1.Proxy) bool { return c != nil }))
 	}
-	if len(created) > 0 {
+	if len(whys) > 0 {
 		sort.Strings(whys)
 		r.recorder.Eventf(pool, nil, v1.EventType(v1.EventMemberCreated), v1.EventMemberCreated, "Create",
-			"created %d members: %s", len(created), strings.Join(whys, "; "))
+			"created %d members: %s", len(whys), strings.Join(whys, "; "))
 	}
 	return err
 }
@@ -447,7 +454,7 @@ func (r *Reconciler) newMember(pool *v1.ProxyPool, name, hash string, c creation
 	}
 	px.Labels, px.Annotations = desiredMeta(pool, px)
 	px.Labels[v1.LabelTemplateHash] = hash
-	if c.replaces != "" || c.retries > 0 {
+	if c.replaces != "" {
 		if px.Annotations == nil {
 			px.Annotations = map[string]string{}
 		}
@@ -488,8 +495,4 @@ func (r *Reconciler) waitForCache(ctx context.Context, key client.ObjectKey, ok 
 		return fmt.Errorf("waiting for the cache to see member %s: %w", key.Name, errors.Join(err, last))
 	}
 	return nil
-}
-
-func cutKey(id string) (ns, name string, ok bool) {
-	return strings.Cut(id, "/")
 }

@@ -118,12 +118,6 @@ type plan struct {
 	wake time.Duration
 }
 
-// leaseView is the lease knowledge a plan rests on.
-type leaseView struct {
-	at    time.Time // zero: no answer from the broker yet
-	known bool
-}
-
 // decide derives the plan from the members as observed. It is a pure
 // function of its inputs, so a controller restarted at any point decides
 // the same again from the same world; the caller makes creations
@@ -137,7 +131,10 @@ type leaseView struct {
 // healthy members below replicas minus maxUnavailable; then members are
 // created up to replicas, plus maxSurge while members with a cause wait
 // for their replacements.
-func decide(l limits, ms []*member, leases leaseView, now time.Time) plan {
+//
+// leasesAt is when the members' lease counts were read (zero: the broker
+// has not answered yet, so no drain ends before its deadline).
+func decide(l limits, ms []*member, leasesAt time.Time, now time.Time) plan {
 	var p plan
 	var active []*member
 	draining := 0
@@ -151,7 +148,7 @@ func decide(l limits, ms []*member, leases leaseView, now time.Time) plan {
 		switch {
 		case m.draining():
 			draining++
-			if why, done := drained(l, m, leases, now); done {
+			if why, done := drained(l, m, leasesAt, now); done {
 				p.delete = append(p.delete, decision{m, why})
 			}
 		case m.active():
@@ -337,7 +334,7 @@ func sharedEgressIPs(l limits, active []*member) map[string]string {
 }
 
 // drained says whether a draining member may be deleted now, and why.
-func drained(l limits, m *member, leases leaseView, now time.Time) (string, bool) {
+func drained(l limits, m *member, leasesAt time.Time, now time.Time) (string, bool) {
 	if !now.Before(m.deadline) {
 		if m.leases > 0 {
 			return fmt.Sprintf("its drain timed out with %d live leases", m.leases), true
@@ -345,7 +342,7 @@ func drained(l limits, m *member, leases leaseView, now time.Time) (string, bool
 		return "its drain timed out", true
 	}
 	started := m.deadline.Add(-l.drainTimeout)
-	if leases.known && m.leases == 0 && !leases.at.Before(started.Add(l.settle)) {
+	if m.leases == 0 && !leasesAt.Before(started.Add(l.settle)) {
 		return "it holds no live lease", true
 	}
 	return "", false

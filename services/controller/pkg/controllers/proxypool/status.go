@@ -13,8 +13,8 @@ import (
 )
 
 // setStatus writes the counts and conditions of what this reconcile
-// observed and decided. A Warning Event goes with DisruptionBlocked when
-// it begins, not on every reconcile while it lasts.
+// observed and decided. A reason that needs someone to act is a Warning
+// Event when it begins, not on every reconcile while it lasts.
 func (r *Reconciler) setStatus(pool *v1.ProxyPool, l limits, o *observed, p plan, leasesKnown bool) {
 	st := &pool.Status
 	st.Replicas, st.ReadyReplicas, st.HealthyReplicas, st.UpdatedReplicas, st.DrainingReplicas = 0, 0, 0, 0, 0
