@@ -108,10 +108,11 @@ type Remediation struct {
 	// +optional
 	UnhealthyTimeout *metav1.Duration `json:"unhealthyTimeout,omitempty"`
 
-	// MaxUnhealthy: when more members than this (a count, or a percentage
-	// of replicas rounded up) are due for remediation at once, the fault
-	// is probably not theirs (the health-check target, the network):
-	// nothing is replaced, and the RemediationPaused condition says why.
+	// MaxUnhealthy: when a member is due for remediation while more
+	// members than this (a count, or a percentage of replicas rounded up)
+	// are unhealthy, due or not yet, the fault is probably not theirs (the
+	// health-check target, the network): nothing is replaced, and the
+	// RemediationPaused condition says why.
 	// +kubebuilder:default="40%"
 	// +kubebuilder:validation:XIntOrString
 	// +kubebuilder:validation:XValidation:rule="type(self) == int ? self >= 0 : self.matches('^[0-9]{1,3}%$')",message="spec.remediation.maxUnhealthy must be a non-negative count or a percentage such as 40%"

@@ -270,13 +270,22 @@ func causes(l limits, active []*member, now time.Time, p *plan) {
 			p.settled = append(p.settled, m.name)
 		}
 	}
-	unwell := 0
+	// A global fault (the health-check target down, the network out)
+	// makes members unhealthy a probe or two apart, so they come due
+	// apart too: the short-circuit counts every Ready member unhealthy
+	// now, and every member past its startup, once one is due.
+	ripe, unwell := 0, 0
 	for _, f := range failures {
 		if f.unwell {
+			ripe++
+		}
+	}
+	for _, m := range active {
+		if (m.ready && !m.healthy) || (!m.ready && l.startupTimeout > 0 && !now.Before(m.created.Add(l.startupTimeout))) {
 			unwell++
 		}
 	}
-	if unwell > l.maxUnhealthy {
+	if ripe > 0 && unwell > l.maxUnhealthy {
 		p.paused = fmt.Sprintf("%d of %d members are unhealthy, more than maxUnhealthy (%d): the fault is probably not theirs (the health-check target, the network), so none is replaced", unwell, len(active), l.maxUnhealthy)
 	}
 	for _, f := range failures {

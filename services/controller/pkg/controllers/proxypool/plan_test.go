@@ -238,6 +238,26 @@ func TestDecideRemediation(t *testing.T) {
 			paused: true,
 		},
 		{
+			name: "members unhealthy but not yet due count towards maxUnhealthy once one is due",
+			members: func() []*member {
+				ms := pool("uuu")
+				sick(ms[0], 6*time.Minute)
+				sick(ms[1], 4*time.Minute)
+				return ms
+			},
+			paused: true, wake: time.Minute,
+		},
+		{
+			name: "many unhealthy, none due: nothing is paused yet",
+			members: func() []*member {
+				ms := pool("uuu")
+				sick(ms[0], 4*time.Minute)
+				sick(ms[1], 4*time.Minute)
+				return ms
+			},
+			wake: time.Minute,
+		},
+		{
 			name: "a slot that used its retries gives up and keeps the member",
 			members: func() []*member {
 				ms := pool("uuu")
