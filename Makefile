@@ -94,6 +94,9 @@ docker-build: ## Build the three images $(IMG)-{controller,prober,broker}:$(TAG)
 	  docker build -f services/$$s/Dockerfile --build-arg GIT_COMMIT=$(GIT_COMMIT) -t $(IMG)-$$s:$(TAG) .; done
 
 HELM := GOWORK=$(CURDIR)/hack/tools/go.work go tool helm
+# The images docker-build tags, as the chart's values.
+CHART_IMAGES := --set image.registry= --set image.tag=$(TAG) \
+  $(foreach s,controller prober broker,--set $(s).image.repository=$(IMG)-$(s))
 DEPLOY_NS ?= egress-proxies-system
 
 .PHONY: install
@@ -104,14 +107,14 @@ install: ## Install the CRD into the current cluster.
 deploy: install ## Plain manifests, no Helm release: render the chart and kubectl apply it (IMG, TAG as for docker-build; needs openssl).
 	kubectl create namespace $(DEPLOY_NS) --dry-run=client -o yaml | kubectl apply -f -
 	bash hack/deploy-secrets.sh $(DEPLOY_NS) egress-proxies
-	$(HELM) template egress-proxies charts/egress-proxies --namespace $(DEPLOY_NS) \
-	  --set auth.createProbeTokenSecret=false --set auth.probeTLS.source=existing --set auth.probeTLS.secretName=egress-proxies-probe-tls \
-	  --set image.repository=$(IMG) --set image.tag=$(TAG) | kubectl apply --server-side -f -
+	$(HELM) template egress-proxies charts/egress-proxies --namespace $(DEPLOY_NS) $(CHART_IMAGES) \
+	  --set auth.probeToken.create=false --set auth.discoveryToken.create=false --set auth.discoveryToken.secretName=egress-proxies-discovery-token \
+	  --set redis.internal.auth.create=false --set auth.probeTLS.source=existing --set auth.probeTLS.secretName=egress-proxies-probe-tls \
+	  | kubectl apply --server-side -f -
 
 .PHONY: helm-install
 helm-install: ## helm upgrade --install from charts/ (IMG, TAG as for docker-build).
-	$(HELM) upgrade --install egress-proxies charts/egress-proxies --namespace $(DEPLOY_NS) --create-namespace \
-	  --set image.repository=$(IMG) --set image.tag=$(TAG)
+	$(HELM) upgrade --install egress-proxies charts/egress-proxies --namespace $(DEPLOY_NS) --create-namespace $(CHART_IMAGES)
 
 .PHONY: undeploy
 undeploy: ## Remove what deploy applied (Proxies first, so their instances are cleaned up).

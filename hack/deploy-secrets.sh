@@ -1,17 +1,25 @@
 #!/usr/bin/env bash
-# Creates, once, the Secrets `make deploy` cannot have the chart make:
+# Creates, once, the Secrets `make deploy` cannot have the chart make (the
+# probe token, the lease API's token, the bundled Redis's password and the
+# probe certificate):
 # `helm template` cannot look up what exists, so a chart-made token or
 # certificate would be replaced on every apply, cutting every prober off
 # until it restarts. An existing Secret is left as it is (rotate it by
 # hand; see the README). Usage: deploy-secrets.sh NAMESPACE RELEASE
 set -euo pipefail
 ns=$1 release=$2
-token=$release-probe-token tls=$release-probe-tls
+tls=$release-probe-tls
 svc=$release-controller-probe
 
-if ! kubectl -n "$ns" get secret "$token" >/dev/null 2>&1; then
-  kubectl -n "$ns" create secret generic "$token" --from-literal=token="$(openssl rand -hex 24)"
-fi
+# once SECRET KEY: a random value under KEY, unless SECRET exists.
+once() {
+  if ! kubectl -n "$ns" get secret "$1" >/dev/null 2>&1; then
+    kubectl -n "$ns" create secret generic "$1" --from-literal="$2=$(openssl rand -hex 24)"
+  fi
+}
+once "$release-probe-token" token
+once "$release-discovery-token" token
+once "$release-redis" password
 if ! kubectl -n "$ns" get secret "$tls" >/dev/null 2>&1; then
   dir=$(mktemp -d)
   trap 'rm -rf "$dir"' EXIT

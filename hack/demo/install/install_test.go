@@ -25,7 +25,9 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
+	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/egress-proxies/egress-proxies/pkg/testenv"
@@ -57,21 +59,7 @@ func render(t *testing.T, extra ...string) []*unstructured.Unstructured {
 	t.Helper()
 	out, err := helm(t, append([]string{"template", "ep", chart, "--namespace", ns}, extra...)...)
 	require.NoError(t, err, out)
-	dec := utilyaml.NewYAMLOrJSONDecoder(strings.NewReader(out), 4096)
-	var objs []*unstructured.Unstructured
-	for {
-		u := &unstructured.Unstructured{}
-		if err := dec.Decode(&u.Object); err != nil {
-			if errors.Is(err, io.EOF) {
-				break
-			}
-			require.NoError(t, err)
-		}
-		if len(u.Object) > 0 {
-			objs = append(objs, u)
-		}
-	}
-	return objs
+	return decode(t, out)
 }
 
 func TestLint(t *testing.T) {
@@ -120,7 +108,7 @@ func TestRenderedObjectsAreAcceptedByAnAPIServer(t *testing.T) {
 				}
 			}
 			if name == "all options" {
-				assert.Equal(t, 1, kinds["Certificate"], "cert-manager issues the probe certificate")
+				assert.Equal(t, 2, kinds["Certificate"], "cert-manager issues the probe and broker certificates")
 				assert.Zero(t, tlsSecrets, "so the chart makes none")
 				assert.Equal(t, 1, kinds["HorizontalPodAutoscaler"])
 				assert.Equal(t, 2, kinds["ServiceMonitor"])
@@ -226,6 +214,10 @@ func TestValuesThatBreakTheSchemaAreNamed(t *testing.T) {
 		{"controller.scale.resyncInterval=often", "controller/scale/resyncInterval"},
 		{"auth.probeTLS.source=cert-manager", "auth/probeTLS/issuerRef/name"},
 		{"auth.probeTLS.source=self", "auth/probeTLS/source"},
+		{"broker.tls.enabled=true", "broker/tls/secretName"},
+		{"controller.image.digest=latest", "controller/image/digest"},
+		{"controller.extraArgs[0]=gc-interval", "controller/extraArgs/0"},
+		{"global.imagePullSecrets[0]=mirror", "global/imagePullSecrets/0"},
 		{"controller.health.staleIntervals=1", "controller/health/staleIntervals"},
 		{"controller.health.denyCIDRs=metadata", "controller/health/denyCIDRs"},
 	} {
@@ -236,6 +228,20 @@ func TestValuesThatBreakTheSchemaAreNamed(t *testing.T) {
 	out, err := helm(t, "template", "ep", chart, "--set", "redis.internal.enabled=false")
 	require.Error(t, err)
 	assert.Contains(t, out, "redis.external.addrs is required")
+	out, err = helm(t, "template", "ep", chart, "--set", "broker.image.repository=")
+	require.Error(t, err)
+	assert.Contains(t, out, "broker/image/repository")
+}
+
+// A parent chart passes global values to its subcharts, and every
+// provider type the README documents is accepted.
+func TestChartTakesGlobalsAndEveryProviderType(t *testing.T) {
+	testenv.Require(t)
+	for _, typ := range []string{"kubernetes", "gcp", "kvm", "kvm2"} {
+		out, err := helm(t, "template", "ep", chart, "--set", "global.someParentValue=1",
+			"--set", "controller.providers[0].name=p", "--set", "controller.providers[0].type="+typ)
+		assert.NoError(t, err, "%s: %s", typ, out)
+	}
 }
 
 func TestChartCRDIsTheGeneratedOne(t *testing.T) {
@@ -314,10 +320,15 @@ func TestDeploySecretsAreMadeOnce(t *testing.T) {
 	}
 	run()
 	token, tls := get("egress-proxies-probe-token"), get("egress-proxies-probe-tls")
+	discovery, redis := get("egress-proxies-discovery-token"), get("egress-proxies-redis")
 	assert.Len(t, token.Data["token"], 48)
+	assert.Len(t, discovery.Data["token"], 48)
+	assert.Len(t, redis.Data["password"], 48)
 	assert.Equal(t, corev1.SecretTypeTLS, tls.Type)
 	run()
 	assert.Equal(t, token.Data, get("egress-proxies-probe-token").Data, "a second deploy keeps the token")
+	assert.Equal(t, discovery.Data, get("egress-proxies-discovery-token").Data, "the lease API's token")
+	assert.Equal(t, redis.Data, get("egress-proxies-redis").Data, "Redis's password")
 	assert.Equal(t, tls.Data, get("egress-proxies-probe-tls").Data, "and the certificate")
 
 	block, _ := pem.Decode(tls.Data["tls.crt"])
@@ -332,4 +343,161 @@ func TestDeploySecretsAreMadeOnce(t *testing.T) {
 	}
 	_, err = cryptotls.X509KeyPair(tls.Data["tls.crt"], tls.Data["tls.key"])
 	assert.NoError(t, err, "the key matches the certificate")
+}
+
+// The default install, applied for real, starts: every Secret and
+// ConfigMap a workload mounts or reads env from is rendered by the chart
+// itself (or the reference is optional), so no pod waits in
+// ContainerCreating for something the user was never told to make.
+func TestDefaultInstallMountsOnlyWhatExists(t *testing.T) {
+	testenv.Require(t)
+	ctx := context.Background()
+	ins := env.Namespace(t, "default-install")
+	out, err := helm(t, "template", "ep", chart, "--namespace", ins)
+	require.NoError(t, err, out)
+	objs := decode(t, out)
+	workloads := 0
+	for _, u := range objs {
+		if u.GetKind() == "ClusterRole" || u.GetKind() == "ClusterRoleBinding" {
+			continue // cluster-wide, and TestRBACIsLeastPrivilege's
+		}
+		require.NoError(t, env.Client.Patch(ctx, u, client.Apply, client.FieldOwner("chart-test"), client.ForceOwnership), "%s %s", u.GetKind(), u.GetName())
+	}
+	exists := func(kind, name string) bool {
+		var obj client.Object = &corev1.Secret{}
+		if kind == "ConfigMap" {
+			obj = &corev1.ConfigMap{}
+		}
+		return env.Client.Get(ctx, client.ObjectKey{Namespace: ins, Name: name}, obj) == nil
+	}
+	for _, u := range objs {
+		if u.GetKind() != "Deployment" && u.GetKind() != "StatefulSet" {
+			continue
+		}
+		workloads++
+		pod := podSpec(t, u)
+		for _, v := range pod.Volumes {
+			switch {
+			case v.Secret != nil:
+				assert.True(t, exists("Secret", v.Secret.SecretName) || ptr.Deref(v.Secret.Optional, false),
+					"%s mounts Secret %s, which the install does not make", u.GetName(), v.Secret.SecretName)
+			case v.ConfigMap != nil:
+				assert.True(t, exists("ConfigMap", v.ConfigMap.Name) || ptr.Deref(v.ConfigMap.Optional, false),
+					"%s mounts ConfigMap %s, which the install does not make", u.GetName(), v.ConfigMap.Name)
+			}
+		}
+		for _, c := range pod.Containers {
+			for _, e := range c.Env {
+				if r := e.ValueFrom; r != nil && r.SecretKeyRef != nil {
+					assert.True(t, exists("Secret", r.SecretKeyRef.Name), "%s reads env %s from Secret %s, which the install does not make", u.GetName(), e.Name, r.SecretKeyRef.Name)
+				}
+			}
+		}
+	}
+	assert.Equal(t, 4, workloads, "controller, prober, broker and Redis")
+
+	// And the default is secure: the lease API wants a token, and Redis a
+	// password the brokers are given.
+	broker := find(t, objs, "Deployment", "ep-broker")
+	args := podSpec(t, broker).Containers[0].Args
+	assert.Contains(t, args, "--token-file=/etc/egress-proxies/discovery-token/token")
+	assert.Contains(t, args, "--redis-password-file=/etc/egress-proxies/redis/password")
+	var token corev1.Secret
+	require.NoError(t, env.Client.Get(ctx, client.ObjectKey{Namespace: ins, Name: "ep-discovery-token"}, &token))
+	assert.Len(t, token.Data["token"], 48)
+	var kinds []string
+	for _, u := range objs {
+		if u.GetKind() == "NetworkPolicy" {
+			kinds = append(kinds, u.GetName())
+		}
+	}
+	assert.ElementsMatch(t, []string{"ep-controller", "ep-prober", "ep-broker", "ep-redis"}, kinds, "NetworkPolicies are on by default")
+}
+
+// Each knob a well-kept chart has reaches the pod it is set for.
+func TestEveryComponentTakesTheCommonKnobs(t *testing.T) {
+	testenv.Require(t)
+	objs := render(t, abs([]string{"-f", "testdata/all-on.yaml"})...)
+	ctl := podSpec(t, find(t, objs, "Deployment", "ep-controller"))
+	assert.Equal(t, "registry.example.com/mirror/team/ctl@sha256:0000000000000000000000000000000000000000000000000000000000000000", ctl.Containers[0].Image,
+		"the repository as given, under the global registry, pinned by digest")
+	assert.Equal(t, map[string]string{"pool": "system"}, ctl.NodeSelector)
+	assert.Equal(t, "dedicated", ctl.Tolerations[0].Key)
+	assert.NotNil(t, ctl.Affinity.PodAntiAffinity)
+	assert.Equal(t, "topology.kubernetes.io/zone", ctl.TopologySpreadConstraints[0].TopologyKey)
+	assert.Equal(t, "system-cluster-critical", ctl.PriorityClassName)
+	assert.Nil(t, ctl.SecurityContext.RunAsUser, "the component's own pod security context replaces the chart's (OpenShift assigns UIDs)")
+	assert.Contains(t, ctl.Containers[0].Args, "--gc-interval=10m")
+	assert.Contains(t, ctl.Containers[0].Env, corev1.EnvVar{Name: "OTEL_EXPORTER_OTLP_ENDPOINT", Value: "http://otel-collector:4317"})
+	assert.Contains(t, ctl.Containers[0].VolumeMounts, corev1.VolumeMount{Name: "extra", MountPath: "/extra"})
+	assert.Equal(t, []corev1.LocalObjectReference{{Name: "mirror-pull"}}, ctl.ImagePullSecrets)
+	ctlDep := find(t, objs, "Deployment", "ep-controller")
+	labels, _, _ := unstructured.NestedStringMap(ctlDep.Object, "spec", "template", "metadata", "labels")
+	ann, _, _ := unstructured.NestedStringMap(ctlDep.Object, "spec", "template", "metadata", "annotations")
+	assert.Equal(t, "crawl", labels["team"])
+	assert.Equal(t, "crawl", ann["team"])
+	assert.Contains(t, ann, "checksum/providers", "the chart's own annotations stay")
+	sa := find(t, objs, "ServiceAccount", "ep-controller")
+	assert.Equal(t, "proxies@my-project.iam.gserviceaccount.com", sa.GetAnnotations()["iam.gke.io/gcp-service-account"], "GKE Workload Identity")
+
+	brk := podSpec(t, find(t, objs, "Deployment", "ep-broker"))
+	assert.Equal(t, "registry.example.com/mirror/egress-proxies-broker:v9.9.9", brk.Containers[0].Image)
+	assert.Equal(t, []corev1.LocalObjectReference{{Name: "mirror-pull"}, {Name: "broker-pull"}}, brk.ImagePullSecrets)
+	assert.Equal(t, int64(65532), *brk.SecurityContext.RunAsUser, "the chart's restricted default")
+	assert.Contains(t, brk.Containers[0].Args, "--tls-cert-file=/etc/egress-proxies/tls/tls.crt")
+	assert.Contains(t, brk.Containers[0].Args, "--token-file=/etc/egress-proxies/discovery-token/token")
+	var tokenVol *corev1.Volume
+	for i, v := range brk.Volumes {
+		if v.Name == "discovery-token" {
+			tokenVol = &brk.Volumes[i]
+		}
+	}
+	require.NotNil(t, tokenVol)
+	assert.Equal(t, "crawler-token", tokenVol.Secret.SecretName, "a Secret the user made keeps its name")
+	cert := find(t, objs, "Certificate", "ep-broker")
+	dns, _, _ := unstructured.NestedStringSlice(cert.Object, "spec", "dnsNames")
+	assert.Contains(t, dns, "ep-broker-grpc."+ns+".svc")
+	assert.Contains(t, dns, "ep-discovery-service."+ns+".svc")
+
+	prb := podSpec(t, find(t, objs, "Deployment", "ep-prober"))
+	assert.Equal(t, map[string]string{"pool": "probers"}, prb.NodeSelector)
+	assert.Contains(t, prb.Containers[0].Env, corev1.EnvVar{Name: "OTEL_SERVICE_NAME", Value: "prober-eu"})
+}
+
+func decode(t *testing.T, out string) []*unstructured.Unstructured {
+	t.Helper()
+	dec := utilyaml.NewYAMLOrJSONDecoder(strings.NewReader(out), 4096)
+	var objs []*unstructured.Unstructured
+	for {
+		u := &unstructured.Unstructured{}
+		if err := dec.Decode(&u.Object); err != nil {
+			if errors.Is(err, io.EOF) {
+				break
+			}
+			require.NoError(t, err)
+		}
+		if len(u.Object) > 0 {
+			objs = append(objs, u)
+		}
+	}
+	return objs
+}
+
+func find(t *testing.T, objs []*unstructured.Unstructured, kind, name string) *unstructured.Unstructured {
+	t.Helper()
+	for _, u := range objs {
+		if u.GetKind() == kind && u.GetName() == name {
+			return u
+		}
+	}
+	require.FailNow(t, "not rendered", "%s %s", kind, name)
+	return nil
+}
+
+func podSpec(t *testing.T, u *unstructured.Unstructured) corev1.PodSpec {
+	t.Helper()
+	var pod corev1.PodSpec
+	raw, _, _ := unstructured.NestedMap(u.Object, "spec", "template", "spec")
+	require.NoError(t, runtime.DefaultUnstructuredConverter.FromUnstructured(raw, &pod))
+	return pod
 }
