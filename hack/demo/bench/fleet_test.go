@@ -314,7 +314,7 @@ wait:
 			if err != nil {
 				b.Fatal(err)
 			}
-			assigned[r.name] = m["prober_assigned_targets"]
+			assigned[r.name] = m["proxy_operator_prober_assigned_targets"]
 			all, _ := proberProbes(b, r.ops)
 			probes[r.name] = all - probes0[r.name]
 		}
@@ -543,7 +543,7 @@ func proberProbes(b *testing.B, ops string) (all, failed float64) {
 		b.Fatal(err)
 	}
 	for k, v := range m {
-		if strings.HasPrefix(k, "prober_probes_total{") {
+		if strings.HasPrefix(k, "proxy_operator_prober_probes_total{") {
 			all += v
 			if strings.Contains(k, `result="failure"`) {
 				failed += v

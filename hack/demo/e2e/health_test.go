@@ -129,7 +129,7 @@ func TestProbingFollowsTheLeaderBehindARoundRobinService(t *testing.T) {
 		s.StartProber(0)
 		require.Eventually(t, func() bool {
 			m, err := promtext.Scrape(nil, "http://"+s.ProberOps[0]+"/metrics")
-			return err == nil && m["prober_connected"] == 1
+			return err == nil && m["proxy_operator_prober_connected"] == 1
 		}, 4*interval, 50*time.Millisecond, "the prober never reached the leader; log %s", s.Probers[0].LogPath)
 	}
 }

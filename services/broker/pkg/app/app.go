@@ -6,14 +6,18 @@ package app
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
+	"log/slog"
 	"os"
 	"strings"
+	"time"
 
 	"github.com/redis/go-redis/extra/redisotel/v9"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/egress-proxies/egress-proxies/pkg/auth"
+	"github.com/egress-proxies/egress-proxies/pkg/certs"
 	"github.com/egress-proxies/egress-proxies/pkg/kube"
 	"github.com/egress-proxies/egress-proxies/pkg/service"
 	"github.com/egress-proxies/egress-proxies/pkg/version"
@@ -52,18 +56,36 @@ func Run(ctx context.Context, env service.Env, o Options) error {
 	if err != nil {
 		return err
 	}
-	srv, err := server.New(ctx, log, server.Options{GRPCAddr: o.GRPCAddr, HTTPAddr: o.HTTPAddr, MaxBodyBytes: o.MaxBody, MaxRecvBytes: 1 << 20, Tracing: env.Tracing},
+	serverTLS, err := servingTLS(ctx, log, o)
+	if err != nil {
+		return err
+	}
+	srv, err := server.New(ctx, log, server.Options{GRPCAddr: o.GRPCAddr, HTTPAddr: o.HTTPAddr, MaxBodyBytes: o.MaxBody, MaxRecvBytes: 1 << 20, Tracing: env.Tracing, TLS: serverTLS},
 		leases.New(inv, st, idx, o.Leases), tok)
 	if err != nil {
 		return service.UsageError{Err: err}
 	}
+	srv.FollowHealth(ctx, 2*time.Second, st.Ping)
 	waitOps, err := serveOps(ctx, o, env, st, inv)
 	if err != nil {
 		return err
 	}
-	log.Info("starting", "commit", version.Commit, "leaseCap", o.Leases.LeaseCap, "cooldown", o.Leases.Cooldown, "auth", tok.Enabled())
+	log.Info("starting", "commit", version.Commit, "leaseCap", o.Leases.LeaseCap, "cooldown", o.Leases.Cooldown, "auth", tok.Enabled(), "tls", serverTLS != nil)
 	serveErr := srv.Serve(ctx)
 	return errors.Join(serveErr, waitOps())
+}
+
+// servingTLS is the listeners' TLS from --tls-cert-file and --tls-key-file,
+// re-read when they change (cert-manager rotates the Secret), or nil.
+func servingTLS(ctx context.Context, log *slog.Logger, o Options) (*tls.Config, error) {
+	if o.TLSCert == "" {
+		return nil, nil
+	}
+	cert, err := certs.NewReloading(ctx, log, o.TLSCert, o.TLSKey)
+	if err != nil {
+		return nil, service.Usagef("--tls-cert-file: %v", err)
+	}
+	return cert.ServerConfig(), nil
 }
 
 // redisClient connects to a single Redis, a Sentinel set-up or a Cluster,

@@ -27,6 +27,8 @@ type Options struct {
 	RedisPrefix       string
 	RedisWait         store.Wait
 	TokenFile         string
+	TLSCert           string
+	TLSKey            string
 	Leases            leases.Config
 	IndexResync       time.Duration
 	IndexIdle         time.Duration
@@ -49,11 +51,13 @@ func (o *Options) Register(fs *flag.FlagSet) {
 	fs.IntVar(&o.RedisDB, "redis-db", 0, "Redis database (not in Cluster mode)")
 	fs.StringVar(&o.RedisPrefix, "redis-key-prefix", store.DefaultPrefix, "prefix of every key; it must hold a {hash tag}. Brokers with different prefixes (say, one Deployment per namespace) keep separate state, on different Cluster shards")
 	fs.IntVar(&o.RedisWait.Replicas, "redis-wait-replicas", 0, "after each lease change, wait for this many replicas to acknowledge it (Redis WAIT), so a failover cannot lose it; 0 answers at once")
-	fs.DurationVar(&o.RedisWait.Timeout, "redis-wait-timeout", 100*time.Millisecond, "longest wait for --redis-wait-replicas; a lease change not acknowledged in time is answered UNAVAILABLE (Redis may hold it: a retry with the same requestId finds it) and counted in broker_redis_wait_shortfalls_total")
+	fs.DurationVar(&o.RedisWait.Timeout, "redis-wait-timeout", 100*time.Millisecond, "longest wait for --redis-wait-replicas; a lease change not acknowledged in time is answered UNAVAILABLE (Redis may hold it: a retry with the same requestId finds it) and counted in proxy_operator_broker_redis_wait_shortfalls_total")
 	fs.DurationVar(&o.IndexResync, "index-resync", index.DefaultResync, "how often every selector index is checked against the inventory")
 	fs.DurationVar(&o.IndexIdle, "index-idle", index.DefaultIdle, "how long a selector index nobody leases from is kept")
 	fs.IntVar(&o.MaxIndexes, "max-indexes", index.DefaultMaxIndexes, "most selector indexes kept at once (distinct namespace and selector pairs in use); the least recently used go first")
 	fs.StringVar(&o.TokenFile, "token-file", "", "file holding the bearer token clients must send; empty serves unauthenticated")
+	fs.StringVar(&o.TLSCert, "tls-cert-file", "", "PEM certificate the gRPC and REST ports serve (re-read when it changes, so cert-manager can rotate it); empty serves plaintext")
+	fs.StringVar(&o.TLSKey, "tls-key-file", "", "PEM key of --tls-cert-file")
 	fs.DurationVar(&o.Leases.DefaultTTL, "default-ttl", d.DefaultTTL, "lease TTL when a request gives ttlSeconds 0")
 	fs.DurationVar(&o.Leases.MinTTL, "min-ttl", d.MinTTL, "shortest lease TTL a request may ask for")
 	fs.DurationVar(&o.Leases.MaxTTL, "max-ttl", d.MaxTTL, "longest lease TTL a request may ask for")
@@ -82,6 +86,8 @@ func (o *Options) Validate() error {
 		return fmt.Errorf("--redis-key-prefix %q must hold a non-empty {hash tag}, so each script's keys share one Cluster slot", o.RedisPrefix)
 	case o.RedisWait.Replicas < 0 || o.RedisWait.Timeout <= 0:
 		return errors.New("--redis-wait-replicas must not be negative and --redis-wait-timeout must be positive")
+	case (o.TLSCert == "") != (o.TLSKey == ""):
+		return errors.New("--tls-cert-file and --tls-key-file go together")
 	case o.IndexResync <= 0 || o.IndexIdle <= 0 || o.MaxIndexes < 1:
 		return errors.New("--index-resync and --index-idle must be positive and --max-indexes at least 1")
 	}

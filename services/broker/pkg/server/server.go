@@ -6,6 +6,7 @@ package server
 
 import (
 	"context"
+	"crypto/tls"
 	"fmt"
 	"log/slog"
 	"net"
@@ -21,15 +22,17 @@ import (
 	"go.opentelemetry.io/contrib/instrumentation/google.golang.org/grpc/otelgrpc"
 	"go.opentelemetry.io/contrib/instrumentation/net/http/otelhttp"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
-	"google.golang.org/grpc/status"
+	"google.golang.org/grpc/reflection"
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/egress-proxies/egress-proxies/pkg/auth"
 	leasev1 "github.com/egress-proxies/egress-proxies/pkg/gen/egressproxies/lease/v1"
 	"github.com/egress-proxies/egress-proxies/pkg/openapi"
+	"github.com/egress-proxies/egress-proxies/pkg/service"
 )
 
 // Options configure the listeners.
@@ -43,24 +46,17 @@ type Options struct {
 	// Tracing adds OpenTelemetry spans to gRPC and REST calls; without an
 	// exporter they would cost a twentieth of a lease's CPU for nothing.
 	Tracing bool
+	// TLS, when set, serves both ports over TLS only.
+	TLS *tls.Config
 }
 
-var requestDuration = prometheus.NewHistogramVec(prometheus.HistogramOpts{
-	Name:    "broker_request_duration_seconds",
-	Help:    "LeaseService request latency by method and gRPC code, REST and gRPC alike.",
-	Buckets: []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5},
-}, []string{"method", "code"})
+// grpcMetrics counts REST calls as well as gRPC ones: the gateway calls
+// the service through the same interceptor chain, so a REST lease is a
+// grpc_server_handled_total{grpc_method="CreateLease"} like any other.
+var grpcMetrics = service.NewGRPCMetrics()
 
 // Collectors are the server's metrics.
-func Collectors() []prometheus.Collector { return []prometheus.Collector{requestDuration} }
-
-func metricsInterceptor(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
-	start := time.Now()
-	resp, err := h(ctx, req)
-	m := info.FullMethod[strings.LastIndex(info.FullMethod, "/")+1:]
-	requestDuration.WithLabelValues(m, status.Code(err).String()).Observe(time.Since(start).Seconds())
-	return resp, err
-}
+func Collectors() []prometheus.Collector { return []prometheus.Collector{grpcMetrics} }
 
 // chain runs interceptors in order around a handler, as
 // grpc.ChainUnaryInterceptor does, as one interceptor both the gRPC
@@ -137,7 +133,7 @@ func New(ctx context.Context, log *slog.Logger, o Options, svc leasev1.LeaseServ
 		_ = gln.Close()
 		return nil, fmt.Errorf("--http-addr %s: %w", o.HTTPAddr, err)
 	}
-	ic := chain(metricsInterceptor, tok.UnaryInterceptor())
+	ic := chain(grpcMetrics.UnaryServerInterceptor(), tok.UnaryInterceptor())
 	opts := []grpc.ServerOption{
 		// Calls run on reused goroutines whose stacks have already grown,
 		// rather than a new goroutine per call growing its stack through the
@@ -150,10 +146,17 @@ func New(ctx context.Context, log *slog.Logger, o Options, svc leasev1.LeaseServ
 	if o.Tracing {
 		opts = append(opts, grpc.StatsHandler(otelgrpc.NewServerHandler()))
 	}
+	if o.TLS != nil {
+		opts = append(opts, grpc.Creds(credentials.NewTLS(o.TLS)))
+		hln = tls.NewListener(hln, o.TLS)
+	}
 	gs := grpc.NewServer(opts...)
 	leasev1.RegisterLeaseServiceServer(gs, svc)
 	hs := health.NewServer()
 	healthpb.RegisterHealthServer(gs, hs)
+	// grpcurl and grpcui discover the API without the .proto files; it
+	// describes only what is public in proto/ anyway.
+	reflection.Register(gs)
 
 	mux := runtime.NewServeMux(
 		runtime.WithMarshalerOption(runtime.MIMEWildcard, &runtime.JSONPb{
@@ -185,6 +188,39 @@ func New(ctx context.Context, log *slog.Logger, o Options, svc leasev1.LeaseServ
 	return s, nil
 }
 
+// FollowHealth sets the gRPC health service's status, overall and for
+// LeaseService, from check every interval until ctx ends: NOT_SERVING
+// while check fails (Redis unreachable), so a gRPC load balancer or a
+// grpc-health-probe moves callers to a broker that can lease.
+func (s *Servers) FollowHealth(ctx context.Context, interval time.Duration, check func(context.Context) error) {
+	set := func(st healthpb.HealthCheckResponse_ServingStatus) {
+		s.Health.SetServingStatus("", st)
+		s.Health.SetServingStatus(leasev1.LeaseService_ServiceDesc.ServiceName, st)
+	}
+	go func() {
+		t := time.NewTicker(interval)
+		defer t.Stop()
+		for {
+			cctx, cancel := context.WithTimeout(ctx, interval)
+			err := check(cctx)
+			cancel()
+			if ctx.Err() != nil {
+				return
+			}
+			if err != nil {
+				set(healthpb.HealthCheckResponse_NOT_SERVING)
+			} else {
+				set(healthpb.HealthCheckResponse_SERVING)
+			}
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+			}
+		}
+	}()
+}
+
 // Serve runs both servers until ctx ends, then stops them gracefully.
 func (s *Servers) Serve(ctx context.Context) error {
 	errc := make(chan error, 2)
@@ -201,6 +237,7 @@ func (s *Servers) Serve(ctx context.Context) error {
 		return err
 	case <-ctx.Done():
 	}
+	s.Health.Shutdown()
 	sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	_ = s.HTTP.Shutdown(sctx)

@@ -3,7 +3,7 @@ package store
 import "github.com/prometheus/client_golang/prometheus"
 
 var waitShortfalls = prometheus.NewCounter(prometheus.CounterOpts{
-	Name: "broker_redis_wait_shortfalls_total",
+	Name: "proxy_operator_broker_redis_wait_shortfalls_total",
 	Help: "Lease changes that fewer replicas than --redis-wait-replicas acknowledged within --redis-wait-timeout: answered as unavailable, since a failover could lose them.",
 })
 

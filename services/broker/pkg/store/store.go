@@ -149,7 +149,7 @@ type Wait struct {
 	Replicas int
 	// Timeout bounds the wait. A change not acknowledged in time fails as
 	// unavailable (though Redis applied it, and a retry finds it), and is
-	// counted in broker_redis_wait_shortfalls_total.
+	// counted in proxy_operator_broker_redis_wait_shortfalls_total.
 	Timeout time.Duration
 }
 

@@ -36,6 +36,7 @@ import (
 	"github.com/egress-proxies/egress-proxies/pkg/kube"
 	"github.com/egress-proxies/egress-proxies/pkg/netpolicy"
 	"github.com/egress-proxies/egress-proxies/pkg/sanitize"
+	"github.com/egress-proxies/egress-proxies/pkg/service"
 	"github.com/egress-proxies/egress-proxies/services/controller/pkg/controllers/proxy/health"
 )
 
@@ -49,7 +50,12 @@ var (
 	}, []string{"reason"})
 )
 
-func init() { ctrlmetrics.Registry.MustRegister(probersConnected, assignments, reassigned, rejected) }
+// grpcMetrics are the probe endpoint's grpc_server_* series.
+var grpcMetrics = service.NewGRPCMetrics()
+
+func init() {
+	ctrlmetrics.Registry.MustRegister(probersConnected, assignments, reassigned, rejected, grpcMetrics)
+}
 
 // Hub serves the probe stream and keeps the assignment: every probe-able
 // Proxy belongs to exactly one connected prober, chosen by rendezvous
@@ -443,7 +449,7 @@ func (h *Hub) Start(ctx context.Context) error {
 	}
 	opts := []grpc.ServerOption{
 		grpc.StatsHandler(otelgrpc.NewServerHandler()),
-		grpc.ChainStreamInterceptor(h.Token.StreamInterceptor()),
+		grpc.ChainStreamInterceptor(grpcMetrics.StreamServerInterceptor(), h.Token.StreamInterceptor()),
 		grpc.KeepaliveParams(keepalive.ServerParameters{Time: 10 * time.Second, Timeout: 5 * time.Second}),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 5 * time.Second, PermitWithoutStream: true}),
 	}

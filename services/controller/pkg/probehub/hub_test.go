@@ -321,9 +321,9 @@ func TestFiftyThousandTargetsReachARealProber(t *testing.T) {
 		}
 		return m[name]
 	}
-	require.Eventually(t, func() bool { return metric("prober_assigned_targets") == n }, 60*time.Second, 100*time.Millisecond,
+	require.Eventually(t, func() bool { return metric("proxy_operator_prober_assigned_targets") == n }, 60*time.Second, 100*time.Millisecond,
 		"the prober never held all %d targets; log %s", n, prober.LogPath)
-	assert.Equal(t, 1.0, metric("prober_connected"))
+	assert.Equal(t, 1.0, metric("proxy_operator_prober_connected"))
 	failedBefore := resultsCounted(t, "failure")
 	require.Eventually(t, func() bool { return resultsCounted(t, "failure") > failedBefore+1000 },
 		60*time.Second, 100*time.Millisecond, "results did not come back from the prober")

@@ -37,14 +37,14 @@ import (
 )
 
 var (
-	probes        = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "prober_probes_total", Help: "Probes run by result (success, failure) and failing phase."}, []string{"result", "phase"})
-	probeDuration = prometheus.NewHistogram(prometheus.HistogramOpts{Name: "prober_probe_duration_seconds", Help: "Probe latency.",
+	probes        = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "proxy_operator_prober_probes_total", Help: "Probes run by result (success, failure) and failing phase."}, []string{"result", "phase"})
+	probeDuration = prometheus.NewHistogram(prometheus.HistogramOpts{Name: "proxy_operator_prober_probe_duration_seconds", Help: "Probe latency.",
 		Buckets: []float64{.005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10}})
-	assigned  = prometheus.NewGauge(prometheus.GaugeOpts{Name: "prober_assigned_targets", Help: "Proxies assigned to this prober."})
-	connected = prometheus.NewGauge(prometheus.GaugeOpts{Name: "prober_connected", Help: "1 while the stream to the controller is up."})
-	inflight  = prometheus.NewGauge(prometheus.GaugeOpts{Name: "prober_probes_in_flight", Help: "Probes running now (bounded by --concurrency)."})
-	dropped   = prometheus.NewCounter(prometheus.CounterOpts{Name: "prober_results_dropped_total", Help: "Results dropped because the controller took them in more slowly than they were made, or no stream was up."})
-	skipped   = prometheus.NewCounter(prometheus.CounterOpts{Name: "prober_probes_skipped_total", Help: "Probes not started because the proxy's previous probe was still running (its timeout is longer than its interval, or the prober is behind)."})
+	assigned  = prometheus.NewGauge(prometheus.GaugeOpts{Name: "proxy_operator_prober_assigned_targets", Help: "Proxies assigned to this prober."})
+	connected = prometheus.NewGauge(prometheus.GaugeOpts{Name: "proxy_operator_prober_connected", Help: "1 while the stream to the controller is up."})
+	inflight  = prometheus.NewGauge(prometheus.GaugeOpts{Name: "proxy_operator_prober_probes_in_flight", Help: "Probes running now (bounded by --concurrency)."})
+	dropped   = prometheus.NewCounter(prometheus.CounterOpts{Name: "proxy_operator_prober_results_dropped_total", Help: "Results dropped because the controller took them in more slowly than they were made, or no stream was up."})
+	skipped   = prometheus.NewCounter(prometheus.CounterOpts{Name: "proxy_operator_prober_probes_skipped_total", Help: "Probes not started because the proxy's previous probe was still running (its timeout is longer than its interval, or the prober is behind)."})
 )
 
 // Collectors are the agent's metrics.
