@@ -8,6 +8,7 @@ package kubernetes
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 
 	corev1 "k8s.io/api/core/v1"
@@ -32,6 +33,11 @@ type Config struct {
 	Namespace string `json:"namespace,omitempty"`
 	// Image of the Squid container; placement.image overrides it per Proxy.
 	Image string `json:"image,omitempty"`
+	// AllowedImages are the other images placement.image may name. The
+	// pods run in the controller's namespace with its network reach, and
+	// anyone who may create a Proxy in any namespace names the image, so
+	// only images the operator listed here (or Image) run.
+	AllowedImages []string `json:"allowedImages,omitempty"`
 }
 
 // Provider creates one pod per instance.
@@ -78,6 +84,9 @@ func parseID(id string) (client.ObjectKey, error) {
 
 // Create creates the pod; an existing pod of ours with that name is returned.
 func (p *Provider) Create(ctx context.Context, req *providers.CreateRequest) (*providers.Instance, error) {
+	if img := req.Placement.Image; img != "" && img != p.cfg.Image && !slices.Contains(p.cfg.AllowedImages, img) {
+		return nil, providers.NewInvalidConfig("placement.image %q is not allowed by provider entry %s: it runs %s, or an image listed in its kubernetes.allowedImages", img, p.entry, p.cfg.Image)
+	}
 	pod := p.pod(req)
 	err := p.client.Create(ctx, pod)
 	switch {

@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/uuid"
@@ -32,7 +33,7 @@ func namespace(t *testing.T) string { return env.Namespace(t, "kp") }
 func newProvider(t *testing.T, ns string) providers.Provider {
 	t.Helper()
 	p, err := kubernetes.New(context.Background(), providers.Entry{Name: "kubernetes", Type: kubernetes.Type,
-		Block: []byte(fmt.Sprintf(`{"namespace":%q}`, ns))}, providers.Deps{Client: env.Client, APIReader: env.Client})
+		Block: []byte(fmt.Sprintf(`{"namespace":%q,"allowedImages":["example/squid:1"]}`, ns))}, providers.Deps{Client: env.Client, APIReader: env.Client})
 	require.NoError(t, err)
 	return p
 }
@@ -111,6 +112,38 @@ func TestPodShape(t *testing.T) {
 	require.NoError(t, err)
 	assert.True(t, got.Ready())
 	assert.Equal(t, "127.0.0.10", got.IP)
+}
+
+// placement.image names only the entry's image or one it allows: a Proxy
+// in any namespace must not run any image in the controller's namespace.
+func TestPlacementImageMustBeAllowed(t *testing.T) {
+	testenv.Require(t)
+	ns := namespace(t)
+	p := newProvider(t, ns)
+	o := providers.Owner{UID: uuid.NewUUID(), Namespace: "crawl", Name: "img", Generation: 1}
+	for _, tc := range []struct {
+		image string
+		ok    bool
+	}{
+		{"", true},
+		{kubernetes.DefaultImage, true},
+		{"example/squid:1", true},
+		{"attacker/miner:latest", false},
+		{"example/squid:2", false},
+	} {
+		req := request("img-"+strings.NewReplacer("/", "-", ":", "-", ".", "-", "_", "-").Replace(tc.image)+"x", o)
+		req.Placement.Image = tc.image
+		_, err := p.Create(context.Background(), req)
+		if tc.ok {
+			assert.NoError(t, err, tc.image)
+			continue
+		}
+		require.Error(t, err, tc.image)
+		assert.True(t, providers.IsInvalidConfig(err), "a Proxy error, not a retry: %v", err)
+		assert.ErrorContains(t, err, `placement.image "`+tc.image+`" is not allowed by provider entry kubernetes`)
+		assert.ErrorContains(t, err, "allowedImages")
+		assert.True(t, apierrors.IsNotFound(env.Client.Get(context.Background(), client.ObjectKey{Namespace: ns, Name: req.Name}, &corev1.Pod{})), "no pod was made for %s", tc.image)
+	}
 }
 
 // A ResourceQuota that admits no more pods is the real quota answer of
