@@ -58,3 +58,26 @@ func TestTracingConfigFromEnv(t *testing.T) {
 	_, err := SetupTracing(context.Background(), "x", TracingConfig{Exporter: "zipkin"})
 	assert.ErrorContains(t, err, `OTEL_TRACES_EXPORTER="zipkin"`)
 }
+
+// The environment names the service when it says a name; our own name is
+// the fallback.
+func TestServiceNameFollowsTheEnvironment(t *testing.T) {
+	for _, tc := range []struct{ name, serviceName, attrs, want string }{
+		{"default", "", "", "broker"},
+		{"OTEL_SERVICE_NAME", "prober-eu", "", "prober-eu"},
+		{"resource attributes", "", "service.name=prober-us,team=crawl", "prober-us"},
+		{"OTEL_SERVICE_NAME wins", "prober-eu", "service.name=prober-us", "prober-eu"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Setenv("OTEL_SERVICE_NAME", tc.serviceName)
+			t.Setenv("OTEL_RESOURCE_ATTRIBUTES", tc.attrs)
+			var spans bytes.Buffer
+			shutdown, err := SetupTracing(context.Background(), "broker", TracingConfig{Exporter: ExporterConsole, Console: &spans})
+			require.NoError(t, err)
+			_, span := otel.Tracer("t").Start(context.Background(), "op")
+			span.End()
+			require.NoError(t, shutdown(context.Background()))
+			assert.Contains(t, spans.String(), `"Key":"service.name","Value":{"Type":"STRING","Value":"`+tc.want+`"}`)
+		})
+	}
+}

@@ -95,11 +95,26 @@ func SetupTracing(ctx context.Context, service string, cfg TracingConfig) (func(
 		return nil, fmt.Errorf("creating %s trace exporter: %w", cfg.Exporter, err)
 	}
 
-	res, err := resource.Merge(resource.Default(), resource.NewWithAttributes(semconv.SchemaURL, semconv.ServiceName(service)))
-	if err != nil && !errors.Is(err, resource.ErrSchemaURLConflict) {
-		return nil, fmt.Errorf("building trace resource: %w", err)
+	res, err := traceResource(service)
+	if err != nil {
+		return nil, err
 	}
 	tp := sdktrace.NewTracerProvider(sdktrace.WithBatcher(exporter), sdktrace.WithResource(res))
 	otel.SetTracerProvider(tp)
 	return tp.Shutdown, nil
+}
+
+// traceResource names the service as the OpenTelemetry environment does
+// (OTEL_SERVICE_NAME, or service.name in OTEL_RESOURCE_ATTRIBUTES), so two
+// prober fleets can be told apart; only without either is it our own
+// name. Later detectors override earlier ones.
+func traceResource(service string) (*resource.Resource, error) {
+	res, err := resource.New(context.Background(),
+		resource.WithTelemetrySDK(),
+		resource.WithAttributes(semconv.ServiceName(service)),
+		resource.WithFromEnv())
+	if err != nil && !errors.Is(err, resource.ErrSchemaURLConflict) {
+		return nil, fmt.Errorf("building trace resource: %w", err)
+	}
+	return res, nil
 }

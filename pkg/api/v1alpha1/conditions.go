@@ -142,7 +142,7 @@ const (
 var warningReasons = map[string]bool{
 	ReasonUnknownProvider: true, ReasonProviderUnavailable: true, ReasonInvalidPlacement: true,
 	ReasonCloudInitError: true, ReasonQuotaExceeded: true, ReasonProviderError: true,
-	ReasonCleanupFailed: true, ReasonInstanceLost: true, ReasonProbeStale: true,
+	ReasonCleanupFailed: true, ReasonInstanceLost: true, ReasonProbeStale: true, ReasonProbeFailed: true, ReasonProbeDenied: true,
 	EventCleanupSkipped: true, ReasonDisruptionBlocked: true, ReasonRetriesExhausted: true, ReasonTooManyUnhealthy: true,
 }
 

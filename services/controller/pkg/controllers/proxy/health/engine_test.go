@@ -55,9 +55,12 @@ func get(t *testing.T, px *v1.Proxy) *v1.Proxy {
 
 // startEngine runs an engine's writers against the API server until the
 // test ends.
-func startEngine(t *testing.T) *Engine {
+func startEngine(t *testing.T, rec ...*events.FakeRecorder) *Engine {
 	t.Helper()
 	e := &Engine{Client: env.Client, Log: slog.Default()}
+	if len(rec) > 0 {
+		e.Recorder = rec[0]
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { e.Run(ctx); close(done) }()
@@ -85,7 +88,8 @@ func healthCond(px *v1.Proxy) *metav1.Condition {
 func TestThresholdsAreExactAndWritesTransitionOnly(t *testing.T) {
 	testenv.Require(t)
 	px := readyProxy(t, "thresholds", "127.0.0.5")
-	e := startEngine(t)
+	rec := events.NewFakeRecorder(16)
+	e := startEngine(t, rec)
 	track(e, px, "127.0.0.5:3128", DefaultDefaults.Resolve(&v1.HealthCheck{FailureThreshold: 3, SuccessThreshold: 2}))
 	writes := func() float64 { return testutil.ToFloat64(metrics.StatusWrites.WithLabelValues("health")) }
 
@@ -98,6 +102,7 @@ func TestThresholdsAreExactAndWritesTransitionOnly(t *testing.T) {
 	assert.True(t, got.Status.Healthy)
 	require.NotNil(t, got.Status.LastHealthCheckTime)
 	assert.Equal(t, w0+1, writes())
+	assert.Contains(t, <-rec.Events, "Normal ProbeSucceeded")
 
 	for range 50 {
 		handle(t, e, result(px, true))
@@ -119,10 +124,12 @@ func TestThresholdsAreExactAndWritesTransitionOnly(t *testing.T) {
 	assert.Equal(t, v1.ReasonProbeFailed, c.Reason)
 	assert.Contains(t, c.Message, "connect failed: proxy refused CONNECT")
 	assert.Equal(t, w0+2, writes())
+	assert.Contains(t, <-rec.Events, "Warning ProbeFailed connect failed: proxy refused CONNECT")
 	for range 20 {
 		handle(t, e, result(px, false))
 	}
 	assert.Equal(t, w0+2, writes(), "a steadily dead proxy writes nothing more")
+	assert.Empty(t, rec.Events, "an Event per transition, not per probe")
 }
 
 func TestStaleResultsAreDroppedAndEgressIPRecorded(t *testing.T) {
@@ -221,6 +228,7 @@ func TestNoResultsMakeHealthStaleOnceAndAResultRestoresIt(t *testing.T) {
 	assert.Contains(t, c.Message, "no probe result for")
 	assert.Contains(t, c.Message, "3 intervals of 300ms")
 	assert.Equal(t, 1.0, testutil.ToFloat64(staleProxies))
+	assert.Contains(t, <-rec.Events, "Normal ProbeSucceeded", "the pre-election verdict")
 	assert.Contains(t, <-rec.Events, "Warning ProbeStale no probe result for")
 	require.Eventually(t, e.Idle, 5*time.Second, 5*time.Millisecond)
 	time.Sleep(5 * interval)

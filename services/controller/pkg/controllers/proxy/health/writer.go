@@ -158,8 +158,10 @@ func (e *Engine) write(ctx context.Context, uid types.UID) (uint64, error) {
 	return w.queued, nil
 }
 
-// announce makes an Event of the transitions an SRE is paged for: health
-// gone stale (probing stopped), and its end.
+// announce makes an Event of each health transition, so `kubectl describe`
+// tells a proxy's story: health gone stale (probing stopped) and its end,
+// and every change between healthy, unhealthy and denied. Like the
+// status write, it happens on transitions only, never per probe.
 func (e *Engine) announce(px *v1.Proxy, was string, v verdict) {
 	switch {
 	case e.Recorder == nil:
@@ -167,5 +169,7 @@ func (e *Engine) announce(px *v1.Proxy, was string, v verdict) {
 		e.Recorder.Eventf(px, nil, v1.EventType(v1.ReasonProbeStale), v1.ReasonProbeStale, "Probe", "%s", v.msg)
 	case was == v1.ReasonProbeStale:
 		e.Recorder.Eventf(px, nil, v1.EventType(v1.EventProbeResumed), v1.EventProbeResumed, "Probe", "probe results arrive again: %s (%s)", v.reason, v.msg)
+	case v.reason == v1.ReasonProbeSucceeded || v.reason == v1.ReasonProbeFailed || v.reason == v1.ReasonProbeDenied:
+		e.Recorder.Eventf(px, nil, v1.EventType(v.reason), v.reason, "Probe", "%s", v.msg)
 	}
 }
