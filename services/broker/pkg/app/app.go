@@ -131,6 +131,7 @@ func watchProxies(ctx context.Context, o Options, st *store.Store, env service.E
 func serveOps(ctx context.Context, o Options, env service.Env, st *store.Store, inv *inventory.Inventory) (func() error, error) {
 	ops := service.NewOps()
 	ops.Registry.MustRegister(append(append(append(leases.Collectors(), server.Collectors()...), index.Collectors()...), store.Collectors()...)...)
+	ops.Registry.MustRegister(store.FleetCollector(st))
 	ops.AddReadyCheck("redis", st.Ping)
 	ops.AddReadyCheck("inventory", func(context.Context) error {
 		if !inv.Synced() {

@@ -510,3 +510,32 @@ func TestCoolingDeepInTheIndex(t *testing.T) {
 		_, _ = f.st.Release(f.ctx, l.ID)
 	}
 }
+
+// The fleet gauges read what the scripts keep: live leases by namespace,
+// and cooldowns as what is due that is no lease.
+func TestFleetCountsLeasesAndCooldowns(t *testing.T) {
+	f := newFixture(t)
+	f.index("ix", uids(3)...)
+	fl, err := f.st.Fleet(f.ctx)
+	require.NoError(t, err)
+	assert.Empty(t, fl.Leases)
+	assert.Zero(t, fl.Cooldowns)
+
+	a, b := f.mustAcquire("ix", "", 0), f.mustAcquire("ix", "", 0)
+	f.mustAcquire("ix", "", 0)
+	_, err = f.st.Cooldown(f.ctx, a.ID, "x.example", time.Hour)
+	require.NoError(t, err)
+	_, err = f.st.Cooldown(f.ctx, b.ID, "y.example", time.Hour)
+	require.NoError(t, err)
+	fl, err = f.st.Fleet(f.ctx)
+	require.NoError(t, err)
+	assert.Equal(t, map[string]int64{"ns": 3}, fl.Leases)
+	assert.Equal(t, int64(2), fl.Cooldowns)
+
+	_, err = f.st.Release(f.ctx, a.ID)
+	require.NoError(t, err)
+	fl, err = f.st.Fleet(f.ctx)
+	require.NoError(t, err)
+	assert.Equal(t, map[string]int64{"ns": 2}, fl.Leases)
+	assert.Equal(t, int64(2), fl.Cooldowns, "a released lease's cooldown stays")
+}

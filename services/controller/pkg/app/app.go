@@ -23,6 +23,7 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
+	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	"github.com/egress-proxies/egress-proxies/pkg/auth"
@@ -37,6 +38,7 @@ import (
 	"github.com/egress-proxies/egress-proxies/services/controller/pkg/controllers/proxypool"
 	"github.com/egress-proxies/egress-proxies/services/controller/pkg/leaseview"
 	"github.com/egress-proxies/egress-proxies/services/controller/pkg/probehub"
+	"github.com/egress-proxies/egress-proxies/services/controller/pkg/metrics"
 	"github.com/egress-proxies/egress-proxies/services/controller/pkg/providers"
 )
 
@@ -145,6 +147,9 @@ func addProxyControllers(ctx context.Context, mgr ctrl.Manager, registry *provid
 	})
 	if err := rec.SetupWithManager(ctx, mgr); err != nil {
 		return fmt.Errorf("setting up the Proxy controller: %w", err)
+	}
+	if err := ctrlmetrics.Registry.Register(metrics.FleetCollector(mgr.GetCache(), mgr.Elected())); err != nil {
+		return fmt.Errorf("registering the fleet gauges: %w", err)
 	}
 	return mgr.Add(&garbagecollection.Collector{
 		Registry: registry, Reader: mgr.GetAPIReader(), Interval: o.GCInterval, Grace: o.GCGrace, Log: log.With("controller", "gc"),
