@@ -15,6 +15,8 @@ var (
 		[]string{"namespace"}, nil)
 	cooldownsDesc = prometheus.NewDesc("proxy_operator_broker_cooldowns",
 		"Proxy and target pairs cooling down after a rate_limited report, fleet-wide (aggregate with max).", nil, nil)
+	redisUpDesc = prometheus.NewDesc("proxy_operator_broker_redis_up",
+		"1 when this broker's scrape-time read of Redis succeeded, else 0 (it cannot lease then).", nil, nil)
 )
 
 // Fleet is the counts the fleet gauges report, read from the store at once.
@@ -55,9 +57,9 @@ func (s *Store) Fleet(ctx context.Context) (Fleet, error) {
 	return f, nil
 }
 
-// FleetCollector reports Fleet on each scrape. While Redis is unreachable
-// it reports nothing, so the rest of /metrics still scrapes (the gRPC
-// health service and /readyz say why).
+// FleetCollector reports Fleet on each scrape, and whether Redis answered.
+// While Redis is unreachable it reports redis_up 0 and no counts, so the
+// rest of /metrics still scrapes.
 func FleetCollector(s *Store) prometheus.Collector { return fleetCollector{s} }
 
 type fleetCollector struct{ s *Store }
@@ -65,6 +67,7 @@ type fleetCollector struct{ s *Store }
 func (c fleetCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- liveLeasesDesc
 	ch <- cooldownsDesc
+	ch <- redisUpDesc
 }
 
 func (c fleetCollector) Collect(ch chan<- prometheus.Metric) {
@@ -72,8 +75,10 @@ func (c fleetCollector) Collect(ch chan<- prometheus.Metric) {
 	defer cancel()
 	f, err := c.s.Fleet(ctx)
 	if err != nil {
+		ch <- prometheus.MustNewConstMetric(redisUpDesc, prometheus.GaugeValue, 0)
 		return
 	}
+	ch <- prometheus.MustNewConstMetric(redisUpDesc, prometheus.GaugeValue, 1)
 	for ns, n := range f.Leases {
 		ch <- prometheus.MustNewConstMetric(liveLeasesDesc, prometheus.GaugeValue, float64(n), ns)
 	}
