@@ -252,7 +252,7 @@ func TestRedisDownAnswers503ThenRecovers(t *testing.T) {
 	m, err = promtext.Scrape(nil, b.opsURL+"/metrics")
 	require.NoError(t, err)
 	assert.Equal(t, 1.0, m["proxy_operator_broker_redis_up"])
-	assert.Equal(t, 2.0, m[`proxy_operator_broker_live_leases{namespace="`+f.ns+`"}`], "the fleet gauge counts both leases")
+	assert.Equal(t, 2.0, m[`proxy_operator_broker_live_leases{proxy_namespace="`+f.ns+`"}`], "the fleet gauge counts both leases")
 	assert.Positive(t, m.Sum(`grpc_server_handled_total{grpc_code="OK",grpc_method="CreateLease"`), "REST leases count as gRPC calls")
 	assert.Equal(t, 204, b.do("DELETE", "/v1/leases/"+held, "").Status)
 	assert.False(t, b.p.Exited(), "the broker was never restarted")

@@ -11,8 +11,8 @@ import (
 
 var (
 	liveLeasesDesc = prometheus.NewDesc("proxy_operator_broker_live_leases",
-		"Live leases in the shared store, by the leased proxy's namespace: fleet-wide, so every broker replica reports the same (aggregate with max, not sum).",
-		[]string{"namespace"}, nil)
+		"Live leases in the shared store, by the leased proxy's namespace (proxy_namespace): fleet-wide, so every broker replica reports the same (aggregate with max, not sum).",
+		[]string{"proxy_namespace"}, nil)
 	cooldownsDesc = prometheus.NewDesc("proxy_operator_broker_cooldowns",
 		"Proxy and target pairs cooling down after a rate_limited report, fleet-wide (aggregate with max).", nil, nil)
 	redisUpDesc = prometheus.NewDesc("proxy_operator_broker_redis_up",

@@ -13,8 +13,8 @@ import (
 )
 
 var proxiesDesc = prometheus.NewDesc("proxy_operator_proxies",
-	"Proxies by namespace, phase and health (the Healthy condition's status: true, false, unknown). Only the elected controller reports it, so the fleet is counted once.",
-	[]string{"namespace", "phase", "healthy"}, nil)
+	"Proxies by their namespace (proxy_namespace: Prometheus gives namespace to the scraped pod), phase and health (the Healthy condition's status: true, false, unknown). Only the elected controller reports it, so the fleet is counted once.",
+	[]string{"proxy_namespace", "phase", "healthy"}, nil)
 
 // FleetCollector counts the Proxies in the manager's cache at each scrape:
 // a walk of the cache, no API call, and nothing kept between scrapes. A

@@ -41,12 +41,12 @@ func TestFleetGaugeCountsByNamespacePhaseAndHealth(t *testing.T) {
 
 	elected := make(chan struct{})
 	close(elected)
-	want := `# HELP proxy_operator_proxies Proxies by namespace, phase and health (the Healthy condition's status: true, false, unknown). Only the elected controller reports it, so the fleet is counted once.
+	want := `# HELP proxy_operator_proxies Proxies by their namespace (proxy_namespace: Prometheus gives namespace to the scraped pod), phase and health (the Healthy condition's status: true, false, unknown). Only the elected controller reports it, so the fleet is counted once.
 # TYPE proxy_operator_proxies gauge
-proxy_operator_proxies{healthy="true",namespace="` + a + `",phase="Ready"} 2
-proxy_operator_proxies{healthy="unknown",namespace="` + a + `",phase="Ready"} 1
-proxy_operator_proxies{healthy="true",namespace="` + b + `",phase="Ready"} 1
-proxy_operator_proxies{healthy="unknown",namespace="` + b + `",phase="Pending"} 1
+proxy_operator_proxies{healthy="true",phase="Ready",proxy_namespace="` + a + `"} 2
+proxy_operator_proxies{healthy="unknown",phase="Ready",proxy_namespace="` + a + `"} 1
+proxy_operator_proxies{healthy="true",phase="Ready",proxy_namespace="` + b + `"} 1
+proxy_operator_proxies{healthy="unknown",phase="Pending",proxy_namespace="` + b + `"} 1
 `
 	assert.NoError(t, testutil.GatherAndCompare(registry(t, metrics.FleetCollector(scoped, elected)), strings.NewReader(want)))
 }
