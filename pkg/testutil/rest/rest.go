@@ -17,6 +17,8 @@ type Reply struct {
 	Body   []byte
 	// JSON is the body decoded as an object; nil when it is not one.
 	JSON map[string]any
+	// Header is the response's header.
+	Header http.Header
 }
 
 // Do sends method url with body ("" for none) and header pairs (name,
@@ -39,7 +41,7 @@ func Do(t testing.TB, method, url, body string, header ...string) Reply {
 		t.Fatalf("%s %s: %v", method, url, err)
 	}
 	defer func() { _ = resp.Body.Close() }()
-	r := Reply{Status: resp.StatusCode}
+	r := Reply{Status: resp.StatusCode, Header: resp.Header}
 	r.Body, _ = io.ReadAll(resp.Body)
 	if len(bytes.TrimSpace(r.Body)) > 0 {
 		_ = json.Unmarshal(r.Body, &r.JSON)

@@ -73,10 +73,33 @@ func TestQuickstartOverREST(t *testing.T) {
 	}
 	assert.Equal(t, 0, b.counts()[f.ns+"/proxy-kubernetes-sample"])
 
-	// The OpenAPI document is served.
+	// The OpenAPI document is served and states what the API answers:
+	// the statuses seen above, the bearer scheme, a version.
 	doc := b.do("GET", "/openapi.json", "")
 	assert.Equal(t, 200, doc.Status)
-	assert.Contains(t, string(doc.Body), "/v1/leases/{leaseID}/report")
+	paths := doc.JSON["paths"].(map[string]any)
+	responses := func(path, method string) map[string]any {
+		return paths[path].(map[string]any)[method].(map[string]any)["responses"].(map[string]any)
+	}
+	for _, c := range []struct {
+		path, method string
+		want         []string
+	}{
+		{"/v1/proxies", "get", []string{"200", "401", "503"}},
+		{"/v1/leases", "post", []string{"200", "400", "401", "409", "429", "503"}},
+		{"/v1/leases/{leaseID}/renew", "post", []string{"200", "404"}},
+		{"/v1/leases/{leaseID}/report", "post", []string{"200", "400", "404"}},
+		{"/v1/leases/{leaseID}", "delete", []string{"204"}},
+	} {
+		r := responses(c.path, c.method)
+		for _, code := range c.want {
+			assert.Contains(t, r, code, "%s %s", c.method, c.path)
+		}
+	}
+	assert.NotContains(t, responses("/v1/leases/{leaseID}", "delete"), "200", "a release answers 204, never 200")
+	assert.Contains(t, responses("/v1/leases", "post")["429"].(map[string]any)["headers"], "Retry-After")
+	assert.Contains(t, doc.JSON["securityDefinitions"], "bearer")
+	assert.Equal(t, "v1", doc.JSON["info"].(map[string]any)["version"])
 }
 
 func TestLeastLoadedAndTargetCooldown(t *testing.T) {
@@ -299,6 +322,16 @@ func TestBadInputIsRejectedAndChangesNothing(t *testing.T) {
 	}
 	assert.Equal(t, before, b.counts(), "lease counts unchanged")
 	assert.Equal(t, 200, b.do("POST", "/v1/leases/"+id+"/renew", `{}`).Status, "the good lease is untouched")
+	// A refused lease says when to come back: no match waits for the
+	// fleet to change; a full fleet frees up any moment.
+	assert.Equal(t, "10", b.lease(`{"selector":{"geo":"mars"}}`).Header.Get("Retry-After"))
+	for b.lease(`{}`).Status == 200 {
+	}
+	full := b.lease(`{}`)
+	assert.Equal(t, 429, full.Status)
+	assert.Contains(t, string(full.Body), "ALL_AT_CAP")
+	assert.Equal(t, "1", full.Header.Get("Retry-After"))
+	assert.Contains(t, string(full.Body), "google.rpc.RetryInfo", "gRPC callers get the same as RetryInfo")
 	// Attribute filters on list work as plain query parameters.
 	eu := b.do("GET", "/v1/proxies?geo=eu", "")
 	assert.Len(t, eu.JSON["proxies"], 1)

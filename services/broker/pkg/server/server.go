@@ -8,16 +8,19 @@ import (
 	"context"
 	"crypto/tls"
 	"fmt"
+	"math"
 	"log/slog"
 	"net"
 	"net/http"
 	"net/url"
 	goruntime "runtime"
+	"strconv"
 	"strings"
 	"time"
 
 	"github.com/grpc-ecosystem/grpc-gateway/v2/runtime"
 	"github.com/grpc-ecosystem/grpc-gateway/v2/utilities"
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"github.com/prometheus/client_golang/prometheus"
 	"go.opentelemetry.io/contrib/instrumentation/google.golang.org/grpc/otelgrpc"
 	"go.opentelemetry.io/contrib/instrumentation/net/http/otelhttp"
@@ -26,6 +29,7 @@ import (
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/reflection"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
 
@@ -165,6 +169,7 @@ func New(ctx context.Context, log *slog.Logger, o Options, svc leasev1.LeaseServ
 		}),
 		// The parser is process-global in grpc-gateway; the broker has one mux.
 		runtime.SetQueryParameterParser(attributeQueryParser{}),
+		runtime.WithErrorHandler(retryAfterHeader),
 	)
 	if err := leasev1.RegisterLeaseServiceHandlerServer(ctx, mux, inProcess{svc: svc, ic: ic}); err != nil {
 		return nil, err
@@ -243,6 +248,21 @@ func (s *Servers) Serve(ctx context.Context) error {
 	_ = s.HTTP.Shutdown(sctx)
 	s.GRPC.GracefulStop()
 	return nil
+}
+
+// retryAfterHeader is the gateway's error answer plus, when the status
+// carries a RetryInfo (a refused lease), the Retry-After header HTTP
+// clients and their retry libraries read, in whole seconds rounded up.
+func retryAfterHeader(ctx context.Context, mux *runtime.ServeMux, m runtime.Marshaler, w http.ResponseWriter, r *http.Request, err error) {
+	if st, ok := status.FromError(err); ok {
+		for _, d := range st.Details() {
+			if ri, ok := d.(*errdetails.RetryInfo); ok {
+				secs := int64(math.Ceil(ri.GetRetryDelay().AsDuration().Seconds()))
+				w.Header().Set("Retry-After", strconv.FormatInt(max(secs, 1), 10))
+			}
+		}
+	}
+	runtime.DefaultHTTPErrorHandler(ctx, mux, m, w, r, err)
 }
 
 // limitBody turns an oversize body into the gateway's 400 with a message.

@@ -51,7 +51,9 @@ proxy_operator_proxies{healthy="unknown",phase="Pending",proxy_namespace="` + b 
 	assert.NoError(t, testutil.GatherAndCompare(registry(t, metrics.FleetCollector(scoped, elected)), strings.NewReader(want)))
 }
 
-func objectMeta(ns, name string) metav1.ObjectMeta { return metav1.ObjectMeta{Namespace: ns, Name: name} }
+func objectMeta(ns, name string) metav1.ObjectMeta {
+	return metav1.ObjectMeta{Namespace: ns, Name: name}
+}
 
 func registry(t *testing.T, c prometheus.Collector) *prometheus.Registry {
 	t.Helper()
