@@ -37,8 +37,8 @@ import (
 	"github.com/egress-proxies/egress-proxies/services/controller/pkg/controllers/proxy/lifecycle"
 	"github.com/egress-proxies/egress-proxies/services/controller/pkg/controllers/proxypool"
 	"github.com/egress-proxies/egress-proxies/services/controller/pkg/leaseview"
-	"github.com/egress-proxies/egress-proxies/services/controller/pkg/probehub"
 	"github.com/egress-proxies/egress-proxies/services/controller/pkg/metrics"
+	"github.com/egress-proxies/egress-proxies/services/controller/pkg/probehub"
 	"github.com/egress-proxies/egress-proxies/services/controller/pkg/providers"
 )
 
