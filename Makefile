@@ -91,7 +91,7 @@ build: ## Build the three static binaries (CGO_ENABLED=0) into bin/.
 .PHONY: docker-build
 docker-build: ## Build the three images $(IMG)-{controller,prober,broker}:$(TAG) (needs a Docker engine).
 	for s in controller prober broker; do \
-	  docker build -f services/$$s/Dockerfile --build-arg GIT_COMMIT=$(GIT_COMMIT) -t $(IMG)-$$s:$(TAG) .; done
+	  docker build --build-arg SERVICE=$$s --build-arg GIT_COMMIT=$(GIT_COMMIT) -t $(IMG)-$$s:$(TAG) .; done
 
 HELM := GOWORK=$(CURDIR)/hack/tools/go.work go tool helm
 # The images docker-build tags, as the chart's values.
