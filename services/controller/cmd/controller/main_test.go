@@ -1,11 +1,18 @@
 package main
 
 import (
+	"errors"
 	"fmt"
 	"os"
+	"os/exec"
 	"testing"
 
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	v1 "github.com/egress-proxies/egress-proxies/pkg/api/v1alpha1"
 
 	"github.com/egress-proxies/egress-proxies/pkg/testenv"
 	"github.com/egress-proxies/egress-proxies/pkg/testutil/proc"
@@ -92,4 +99,39 @@ func TestBadProvidersConfigFailsStartup(t *testing.T) {
 				"--metrics-bind-address", "0", "--health-probe-bind-address", "0", "--probe-addr", "127.0.0.1:0", "--probe-insecure"}, "--providers-config", tc.want)
 		})
 	}
+}
+
+// The chart's pre-delete hook runs the binary with --uninstall: a Proxy
+// whose instance is not deleted in time fails it, naming the Proxy, and
+// once it is gone the hook succeeds.
+func TestUninstallHook(t *testing.T) {
+	testenv.Require(t)
+	bin := proc.Build(t, pkgPath)
+	kubeconfig, err := env.WriteKubeconfig(t.TempDir())
+	require.NoError(t, err)
+	ns := env.Namespace(t, "hook")
+	px := &v1.Proxy{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "held", Finalizers: []string{"test.crawl.example.com/held"}},
+		Spec: v1.ProxySpec{Mode: v1.ModeManaged, Provider: "kubernetes"}}
+	require.NoError(t, env.Client.Create(t.Context(), px))
+	run := func() (string, int) {
+		cmd := exec.Command(bin, "--kubeconfig", kubeconfig, "--uninstall", "--uninstall-timeout", "1s")
+		out, err := cmd.CombinedOutput()
+		var exit *exec.ExitError
+		if errors.As(err, &exit) {
+			return string(out), exit.ExitCode()
+		}
+		require.NoError(t, err)
+		return string(out), 0
+	}
+	out, code := run()
+	assert.Equal(t, 1, code, out)
+	assert.Contains(t, out, ns+"/held")
+	assert.Contains(t, out, "uninstall again")
+
+	require.NoError(t, env.Client.Get(t.Context(), client.ObjectKeyFromObject(px), px))
+	px.Finalizers = nil
+	require.NoError(t, env.Client.Update(t.Context(), px))
+	out, code = run()
+	assert.Equal(t, 0, code, out)
+	assert.Contains(t, out, "no Proxy is left")
 }

@@ -15,6 +15,7 @@ import (
 	"log/slog"
 	"os"
 	"strings"
+	"time"
 
 	"github.com/go-logr/logr"
 	"google.golang.org/grpc"
@@ -22,6 +23,7 @@ import (
 	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
 	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
@@ -40,6 +42,7 @@ import (
 	"github.com/egress-proxies/egress-proxies/services/controller/pkg/metrics"
 	"github.com/egress-proxies/egress-proxies/services/controller/pkg/probehub"
 	"github.com/egress-proxies/egress-proxies/services/controller/pkg/providers"
+	"github.com/egress-proxies/egress-proxies/services/controller/pkg/uninstall"
 )
 
 // Name is the controller's name in logs, flags' environment variables,
@@ -50,6 +53,9 @@ const Name = "controller"
 func Run(ctx context.Context, env service.Env, o Options) error {
 	log := env.Log
 	ctrl.SetLogger(logr.FromSlogHandler(log.Handler()))
+	if o.Uninstall {
+		return runUninstall(ctx, log, o)
+	}
 	probeTLS, probeToken, err := probeCredentials(ctx, log, o)
 	if err != nil {
 		return err
@@ -154,6 +160,20 @@ func addProxyControllers(ctx context.Context, mgr ctrl.Manager, registry *provid
 	return mgr.Add(&garbagecollection.Collector{
 		Registry: registry, Reader: mgr.GetAPIReader(), Interval: o.GCInterval, Grace: o.GCGrace, Log: log.With("controller", "gc"),
 	})
+}
+
+// runUninstall is the pre-delete hook: it empties the cluster of Pools and
+// Proxies while the controller still runs to delete their instances.
+func runUninstall(ctx context.Context, log *slog.Logger, o Options) error {
+	cfg, err := kube.RestConfig(o.Kubeconfig)
+	if err != nil {
+		return service.Usagef("--kubeconfig: %v", err)
+	}
+	c, err := client.New(cfg, client.Options{Scheme: kube.NewScheme()})
+	if err != nil {
+		return err
+	}
+	return (&uninstall.Cleaner{Client: c, Log: log, Timeout: o.UninstallTimeout, Poll: 2 * time.Second}).Run(ctx)
 }
 
 // addPoolController adds the ProxyPool reconciler and, with a broker

@@ -14,7 +14,11 @@ import (
 
 // Options are the controller's flags.
 type Options struct {
-	Kubeconfig       string
+	Kubeconfig string
+	// Uninstall runs the release's pre-delete clean-up instead of the
+	// controller (the Helm hook's Job runs the controller's image).
+	Uninstall        bool
+	UninstallTimeout time.Duration
 	MetricsAddr      string
 	HealthAddr       string
 	PprofAddr        string
@@ -54,6 +58,8 @@ type Options struct {
 // Register adds the flags to fs.
 func (o *Options) Register(fs *flag.FlagSet) {
 	fs.StringVar(&o.Kubeconfig, "kubeconfig", "", "kubeconfig file; empty means in-cluster config or $KUBECONFIG")
+	fs.BoolVar(&o.Uninstall, "uninstall", false, "instead of running, delete every ProxyPool and Proxy in the cluster and wait until their instances are deleted (the chart's pre-delete hook; the controller must still run)")
+	fs.DurationVar(&o.UninstallTimeout, "uninstall-timeout", 10*time.Minute, "with --uninstall, how long to wait for the Proxies to go before failing with what is left")
 	fs.StringVar(&o.MetricsAddr, "metrics-bind-address", ":8080", "address of /metrics")
 	fs.StringVar(&o.HealthAddr, "health-probe-bind-address", ":8081", "address of /healthz and /readyz")
 	fs.StringVar(&o.PprofAddr, "pprof-bind-address", "", "address of Go's /debug/pprof profiles; empty means off")
@@ -110,6 +116,12 @@ const (
 // Validate names the first bad flag and parses the deny list and the
 // providers config.
 func (o *Options) Validate() error {
+	if o.Uninstall {
+		if o.UninstallTimeout <= 0 {
+			return errors.New("--uninstall-timeout must be positive")
+		}
+		return nil // nothing else runs
+	}
 	switch {
 	case o.LeaseDuration < 3*time.Second:
 		return errors.New("--leader-election-lease-duration must be at least 3s")
