@@ -77,7 +77,7 @@ func (h *harness) start() *harness {
 		gcp.Type:  gcp.New,
 		kvm.Type2: kvm.New2,
 	}
-	cfg := fmt.Sprintf("providers:\n- {name: kubernetes, type: kubernetes, kubernetes: {namespace: %s}}\n- {name: fake, type: fake}\n", h.ns)
+	cfg := fmt.Sprintf("providers:\n- {name: kubernetes, type: kubernetes, kubernetes: {namespace: %s, allowedImages: [example/squid:2]}}\n- {name: fake, type: fake}\n", h.ns)
 	if h.compute != nil {
 		cfg += fmt.Sprintf("- {name: gcp-eu, type: gcp, gcp: {project: p, endpoint: %q, withoutAuthentication: true}}\n", h.compute.URL)
 	}
