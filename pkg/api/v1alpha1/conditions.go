@@ -160,6 +160,10 @@ const (
 	// LabelCloudInit must be "true" on a Secret referenced by
 	// spec.cloudInit.secretRef; the controller's cache holds no others.
 	LabelCloudInit = "crawl.example.com/cloud-init"
+	// LabelProxyCredentials must be "true" on a Secret referenced by
+	// spec.credentialsSecretRef; the controller's and the broker's caches
+	// hold no others.
+	LabelProxyCredentials = "crawl.example.com/proxy-credentials"
 	// AnnotationSkipCleanup set to "true" on a Terminating Proxy abandons
 	// its instance and releases the object.
 	AnnotationSkipCleanup = "crawl.example.com/skip-cleanup"

@@ -27,6 +27,7 @@ const (
 // +kubebuilder:validation:XValidation:rule="self.mode != 'External' || !has(self.provider)",message="spec.provider is not allowed when spec.mode is External",fieldPath=".provider"
 // +kubebuilder:validation:XValidation:rule="self.mode != 'External' || !has(self.placement)",message="spec.placement is not allowed when spec.mode is External",fieldPath=".placement"
 // +kubebuilder:validation:XValidation:rule="self.mode != 'External' || !has(self.cloudInit)",message="spec.cloudInit is not allowed when spec.mode is External",fieldPath=".cloudInit"
+// +kubebuilder:validation:XValidation:rule="self.mode == 'External' || !has(self.credentialsSecretRef)",message="spec.credentialsSecretRef is only allowed when spec.mode is External",fieldPath=".credentialsSecretRef"
 // +kubebuilder:validation:XValidation:rule="self.mode == oldSelf.mode",message="spec.mode is immutable: create a new Proxy instead",fieldPath=".mode"
 // +kubebuilder:validation:XValidation:rule="has(self.provider) == has(oldSelf.provider) && (!has(self.provider) || self.provider == oldSelf.provider)",message="spec.provider is immutable: create a new Proxy instead",fieldPath=".provider"
 type ProxySpec struct {
@@ -74,6 +75,14 @@ type ProxySpec struct {
 	// +kubebuilder:validation:Pattern=`^[A-Za-z0-9]([-A-Za-z0-9.:]*[A-Za-z0-9])?$`
 	// +optional
 	Address string `json:"address,omitempty"`
+
+	// CredentialsSecretRef names a Secret in the Proxy's namespace, labelled
+	// crawl.example.com/proxy-credentials=true, holding the "username" and
+	// "password" an External proxy asks for (Basic Proxy-Authorization).
+	// Probers authenticate with them, and the broker hands them to the
+	// crawler that leases the proxy. External only.
+	// +optional
+	CredentialsSecretRef *LocalSecretRef `json:"credentialsSecretRef,omitempty"`
 
 	// Attributes are free-form labels (geo, tier, ...) that lease
 	// selectors match against. Changing them never replaces the instance.
@@ -131,6 +140,16 @@ type CloudInit struct {
 }
 
 // SecretKeyRef names one key of a Secret in the Proxy's namespace.
+type LocalSecretRef struct {
+	// Name of the Secret.
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=253
+	// +kubebuilder:validation:Pattern=`^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$`
+	// +required
+	Name string `json:"name"`
+}
+
+// SecretKeyRef names a key of a Secret in the Proxy's namespace.
 type SecretKeyRef struct {
 	// Name of the Secret.
 	// +kubebuilder:validation:MinLength=1

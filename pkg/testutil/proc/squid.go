@@ -43,6 +43,39 @@ func StartSquid(t T, host string, denyAll bool) *Squid {
 // StartSquidAt starts Squid on host:port.
 func StartSquidAt(t T, host string, port int, denyAll bool) *Squid {
 	t.Helper()
+	access := "http_access allow all"
+	if denyAll {
+		access = "http_access deny all"
+	}
+	s := newSquid(t, host, port, func(string) string { return access })
+	s.DenyAll = denyAll
+	return s
+}
+
+// StartSquidWithAuth starts Squid on host and a free port, asking every
+// client for Basic proxy credentials (407 without them) and admitting
+// only user with password, through a helper script in Squid's protocol:
+// a bought proxy, or a Managed one that is not an open proxy.
+func StartSquidWithAuth(t T, host, user, password string) *Squid {
+	t.Helper()
+	return newSquid(t, host, FreePort(t), func(dir string) string {
+		helper := filepath.Join(dir, "auth.sh")
+		script := fmt.Sprintf("#!/bin/sh\nwhile read -r u p; do if [ \"$u\" = %q ] && [ \"$p\" = %q ]; then echo OK; else echo ERR; fi; done\n", user, password)
+		if err := os.WriteFile(helper, []byte(script), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		return fmt.Sprintf(`auth_param basic program /bin/sh %s
+auth_param basic realm egress-proxies
+acl authenticated proxy_auth REQUIRED
+http_access allow authenticated
+http_access deny all`, helper)
+	})
+}
+
+// newSquid writes a config whose access rules access returns (given the
+// directory, for any file they need) and starts Squid.
+func newSquid(t T, host string, port int, access func(dir string) string) *Squid {
+	t.Helper()
 	if tb, ok := t.(testing.TB); ok {
 		RequireProcesses(tb)
 	}
@@ -54,14 +87,10 @@ func StartSquidAt(t T, host string, port int, denyAll bool) *Squid {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = os.RemoveAll(dir) })
-	s := &Squid{Host: host, Port: port, Dir: dir, DenyAll: denyAll, t: t}
+	s := &Squid{Host: host, Port: port, Dir: dir, t: t}
 	s.Addr = fmt.Sprintf("%s:%d", host, s.Port)
 	if err := os.Chmod(s.Dir, 0o777); err != nil {
 		t.Fatal(err)
-	}
-	access := "http_access allow all"
-	if denyAll {
-		access = "http_access deny all"
 	}
 	conf := fmt.Sprintf(`http_port %s
 pid_filename %[2]s/squid.pid
@@ -73,7 +102,7 @@ pinger_enable off
 shutdown_lifetime 0 seconds
 connect_timeout 5 seconds
 %s
-`, s.Addr, s.Dir, access)
+`, s.Addr, s.Dir, access(s.Dir))
 	if err := os.WriteFile(filepath.Join(s.Dir, "squid.conf"), []byte(conf), 0o644); err != nil {
 		t.Fatal(err)
 	}

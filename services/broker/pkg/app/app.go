@@ -39,8 +39,9 @@ func Run(ctx context.Context, env service.Env, o Options) error {
 		return service.UsageError{Err: err}
 	}
 	if !tok.Enabled() {
-		log.Warn("NO TOKEN CONFIGURED: the lease API serves every caller UNAUTHENTICATED; set --token-file (BROKER_TOKEN_FILE) to a mounted Secret")
+		log.Warn("NO TOKEN CONFIGURED: the lease API serves every caller UNAUTHENTICATED, and leases carry no proxy credentials; set --token-file (BROKER_TOKEN_FILE) to a mounted Secret")
 	}
+	o.Leases.ShareCredentials = tok.Enabled()
 	rdb, err := redisClient(o, env.Tracing)
 	if err != nil {
 		return err

@@ -5,6 +5,7 @@ package inventory
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"sort"
@@ -13,13 +14,17 @@ import (
 	"sync/atomic"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	v1 "github.com/egress-proxies/egress-proxies/pkg/api/v1alpha1"
 	"github.com/egress-proxies/egress-proxies/pkg/kube"
+	"github.com/egress-proxies/egress-proxies/pkg/proxyauth"
 )
 
 // Proxy is what the broker needs of one Proxy object.
@@ -45,6 +50,9 @@ type Proxy struct {
 	// Leasable: Ready, healthy, not deleting, not draining, with an
 	// address.
 	Leasable bool
+	// CredentialsSecret names the Secret, in the proxy's namespace, of the
+	// credentials it asks for; "" when it asks for none.
+	CredentialsSecret string
 }
 
 // Draining reports whether the proxy takes no new leases.
@@ -92,8 +100,13 @@ func fromObject(px *v1.Proxy) Proxy {
 	ready := meta.IsStatusConditionTrue(px.Status.Conditions, v1.ConditionReady) && px.Status.Phase == v1.PhaseReady && px.Status.IP != ""
 	h := meta.FindStatusCondition(px.Status.Conditions, v1.ConditionHealthy)
 	drain, _ := px.DrainDeadline()
+	var creds string
+	if ref := px.Spec.CredentialsSecretRef; ref != nil {
+		creds = ref.Name
+	}
 	return Proxy{
-		UID: string(px.UID), ID: px.Key(), Namespace: px.Namespace,
+		CredentialsSecret: creds,
+		UID:               string(px.UID), ID: px.Key(), Namespace: px.Namespace,
 		IP: px.Status.IP, Port: px.Status.Port, EgressIP: px.Status.EgressIP,
 		Attributes: px.Spec.Attributes, Healthy: px.Status.Healthy,
 		HealthStale: h != nil && h.Status == metav1.ConditionUnknown && h.Reason == v1.ReasonProbeStale,
@@ -105,6 +118,8 @@ func fromObject(px *v1.Proxy) Proxy {
 
 // Inventory is the snapshot, keyed by UID.
 type Inventory struct {
+	// secrets reads the Secrets labelled crawl.example.com/proxy-credentials.
+	secrets client.Reader
 	mu      sync.RWMutex
 	proxies map[string]Proxy
 	synced  atomic.Bool
@@ -125,7 +140,11 @@ func New(changed func(uid string)) *Inventory {
 // It returns once the informer is running; Synced turns true after the
 // first full list.
 func (i *Inventory) Run(ctx context.Context, cfg *rest.Config, namespace string) error {
-	opts := cache.Options{Scheme: kube.NewScheme()}
+	// The Secrets proxies name for their credentials, and only those: the
+	// label narrows a watch RBAC cannot narrow.
+	opts := cache.Options{Scheme: kube.NewScheme(), ByObject: map[client.Object]cache.ByObject{
+		&corev1.Secret{}: {Label: labels.SelectorFromSet(labels.Set{v1.LabelProxyCredentials: "true"})},
+	}}
 	if namespace != "" {
 		opts.DefaultNamespaces = map[string]cache.Config{namespace: {}}
 	}
@@ -143,6 +162,10 @@ func (i *Inventory) Run(ctx context.Context, cfg *rest.Config, namespace string)
 	)); err != nil {
 		return err
 	}
+	if _, err := c.GetInformer(ctx, &corev1.Secret{}); err != nil {
+		return fmt.Errorf("getting the credentials Secret informer: %w", err)
+	}
+	i.secrets = c
 	go func() { _ = c.Start(ctx) }()
 	go func() {
 		if c.WaitForCacheSync(ctx) {
@@ -150,6 +173,22 @@ func (i *Inventory) Run(ctx context.Context, cfg *rest.Config, namespace string)
 		}
 	}()
 	return nil
+}
+
+// Credentials are what p asks for: none when it names no Secret, else the
+// Secret's, or an error naming what is wrong with it.
+func (i *Inventory) Credentials(ctx context.Context, p Proxy) (proxyauth.Credentials, error) {
+	if p.CredentialsSecret == "" {
+		return proxyauth.Credentials{}, nil
+	}
+	if i.secrets == nil {
+		return proxyauth.Credentials{}, errors.New("no credentials Secret cache")
+	}
+	var s corev1.Secret
+	if err := i.secrets.Get(ctx, client.ObjectKey{Namespace: p.Namespace, Name: p.CredentialsSecret}, &s); err != nil {
+		return proxyauth.Credentials{}, fmt.Errorf("reading Secret %s/%s (it must be labelled %s=true): %w", p.Namespace, p.CredentialsSecret, v1.LabelProxyCredentials, err)
+	}
+	return proxyauth.FromSecret(&s)
 }
 
 // Set adds or replaces a proxy.

@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"regexp"
 	"sort"
 	"strconv"
@@ -37,6 +38,10 @@ type Config struct {
 	Cooldown time.Duration
 	// LeaseCap is the most live leases one proxy may hold; 0 means no cap.
 	LeaseCap int
+	// ShareCredentials puts a proxy's credentials in the lease; the
+	// broker sets it only when callers must present a bearer token, so
+	// credentials never leave over an API anyone can call.
+	ShareCredentials bool
 }
 
 // DefaultConfig is what the flags default to.
@@ -131,6 +136,21 @@ func (s *Service) ttl(secs int32) (time.Duration, error) {
 			int(s.cfg.MinTTL.Seconds()), int(s.cfg.MaxTTL.Seconds()), int(s.cfg.DefaultTTL.Seconds()))
 	}
 	return d, nil
+}
+
+// credentials are what the leased proxy asks for, when this broker may
+// hand them out. A Secret it cannot read leaves them out: the proxy
+// answers 407, as its probes do, which marks it unhealthy soon enough.
+func (s *Service) credentials(ctx context.Context, p inventory.Proxy) *leasev1.ProxyCredentials {
+	if !s.cfg.ShareCredentials || p.CredentialsSecret == "" {
+		return nil
+	}
+	c, err := s.inv.Credentials(ctx, p)
+	if err != nil {
+		slog.WarnContext(ctx, "leasing without the proxy's credentials", "proxy", p.ID, "err", err)
+		return nil
+	}
+	return &leasev1.ProxyCredentials{Username: c.Username, Password: c.Password}
 }
 
 // retryAfter is how long a caller refused for reason should wait: a
@@ -274,7 +294,7 @@ func (s *Service) CreateLease(ctx context.Context, req *leasev1.CreateLeaseReque
 		p, ok := s.inv.Get(l.Proxy)
 		if ok && p.Leasable {
 			leasesCreated.Inc()
-			return &leasev1.CreateLeaseResponse{LeaseId: l.ID, Proxy: toProto(p, l.Load), ExpiresAt: timestamppb.New(l.Expires)}, nil
+			return &leasev1.CreateLeaseResponse{LeaseId: l.ID, Proxy: toProto(p, l.Load), ExpiresAt: timestamppb.New(l.Expires), Credentials: s.credentials(ctx, p)}, nil
 		}
 		// The index still holds a proxy this broker has seen leave the
 		// leasable set: hand the lease back, fix the index, pick again.

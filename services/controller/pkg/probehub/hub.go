@@ -24,9 +24,12 @@ import (
 	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
+	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/types"
+	toolscache "k8s.io/client-go/tools/cache"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
 
 	v1 "github.com/egress-proxies/egress-proxies/pkg/api/v1alpha1"
@@ -35,6 +38,7 @@ import (
 	probev1 "github.com/egress-proxies/egress-proxies/pkg/gen/egressproxies/probe/v1"
 	"github.com/egress-proxies/egress-proxies/pkg/kube"
 	"github.com/egress-proxies/egress-proxies/pkg/netpolicy"
+	"github.com/egress-proxies/egress-proxies/pkg/proxyauth"
 	"github.com/egress-proxies/egress-proxies/pkg/sanitize"
 	"github.com/egress-proxies/egress-proxies/pkg/service"
 	"github.com/egress-proxies/egress-proxies/services/controller/pkg/controllers/proxy/health"
@@ -80,6 +84,10 @@ type Hub struct {
 	// health-check URL is in it is refused (ProbeDenied), not assigned.
 	Deny netpolicy.DenyList
 	Log  *slog.Logger
+	// Credentials reads the Secrets Proxies name in
+	// spec.credentialsSecretRef (a cache of those labelled
+	// crawl.example.com/proxy-credentials); nil sends none.
+	Credentials client.Reader
 	// MaxMessageBytes bounds one assignment message; 0 means
 	// assignment.MaxMessageBytes.
 	MaxMessageBytes int
@@ -161,6 +169,9 @@ func (h *Hub) upsert(px *v1.Proxy) {
 	}
 	h.Engine.Track(key, px.UID, addr, r, meta.FindStatusCondition(px.Status.Conditions, v1.ConditionHealthy), px.Status.EgressIP)
 	t := &probev1.ProbeTarget{Id: id, Uid: string(px.UID), Address: px.Status.IP, Port: px.Status.Port, Settings: r.Proto()}
+	if c := h.credentials(px); !c.Empty() {
+		t.Credentials = &probev1.ProxyCredentials{Username: c.Username, Password: c.Password}
+	}
 	h.mu.Lock()
 	// Most informer events are status writes that leave the target as it
 	// was: those cost a comparison, not a message.
@@ -170,6 +181,62 @@ func (h *Hub) upsert(px *v1.Proxy) {
 		h.trigger()
 	}
 	h.mu.Unlock()
+}
+
+// credentials are what px's proxy asks for, or none. A missing or
+// malformed Secret probes without any: the proxy's 407 becomes the
+// Healthy condition's message, which is where the user looks.
+func (h *Hub) credentials(px *v1.Proxy) proxyauth.Credentials {
+	ref := px.Spec.CredentialsSecretRef
+	if ref == nil || h.Credentials == nil {
+		return proxyauth.Credentials{}
+	}
+	// Bounded: the Secret cache may still be syncing; its add events
+	// bring the credentials to the targets that wait for them.
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	var s corev1.Secret
+	if err := h.Credentials.Get(ctx, types.NamespacedName{Namespace: px.Namespace, Name: ref.Name}, &s); err != nil {
+		h.Log.Debug("credentials Secret not readable; probing without credentials", "proxy", px.Key(), "secret", ref.Name, "err", err)
+		return proxyauth.Credentials{}
+	}
+	c, err := proxyauth.FromSecret(&s)
+	if err != nil {
+		h.Log.Debug("probing without credentials", "proxy", px.Key(), "err", err)
+	}
+	return c
+}
+
+// WatchCredentials re-sends the targets whose credentials Secret changed,
+// came or went; proxies lists their Proxies.
+func (h *Hub) WatchCredentials(ctx context.Context, secrets cache.Cache, proxies client.Reader) error {
+	inf, err := secrets.GetInformer(ctx, &corev1.Secret{})
+	if err != nil {
+		return err
+	}
+	changed := func(obj any) {
+		if d, ok := obj.(toolscache.DeletedFinalStateUnknown); ok {
+			obj = d.Obj
+		}
+		s, ok := obj.(*corev1.Secret)
+		if !ok {
+			return
+		}
+		var list v1.ProxyList
+		if err := proxies.List(ctx, &list, client.InNamespace(s.Namespace)); err != nil {
+			h.Log.Warn("listing the Proxies a credentials Secret serves", "secret", s.Namespace+"/"+s.Name, "err", err)
+			return
+		}
+		for i := range list.Items {
+			if ref := list.Items[i].Spec.CredentialsSecretRef; ref != nil && ref.Name == s.Name {
+				h.upsert(&list.Items[i])
+			}
+		}
+	}
+	_, err = inf.AddEventHandler(toolscache.ResourceEventHandlerFuncs{
+		AddFunc: changed, UpdateFunc: func(_, n any) { changed(n) }, DeleteFunc: changed,
+	})
+	return err
 }
 
 func (h *Hub) remove(id string, uid types.UID) {

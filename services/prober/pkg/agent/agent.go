@@ -33,6 +33,7 @@ import (
 	"github.com/egress-proxies/egress-proxies/pkg/assignment"
 	probev1 "github.com/egress-proxies/egress-proxies/pkg/gen/egressproxies/probe/v1"
 	"github.com/egress-proxies/egress-proxies/pkg/probespec"
+	"github.com/egress-proxies/egress-proxies/pkg/proxyauth"
 	"github.com/egress-proxies/egress-proxies/services/prober/pkg/probe"
 )
 
@@ -425,6 +426,7 @@ func runOne(ctx context.Context, p *probe.Prober, t *probev1.ProbeTarget) *probe
 	}
 	res := p.Do(ctx, joinHostPort(t.GetAddress(), t.GetPort()), probe.Settings{
 		URL: st.GetUrl(), ExpectedStatus: int(st.GetExpectedStatus()), Timeout: timeout, EchoFormat: st.GetEchoFormat(),
+		Credentials: proxyauth.Credentials{Username: t.GetCredentials().GetUsername(), Password: t.GetCredentials().GetPassword()},
 	})
 	result := "success"
 	if !res.Success {

@@ -23,6 +23,7 @@ import (
 	probev1 "github.com/egress-proxies/egress-proxies/pkg/gen/egressproxies/probe/v1"
 	"github.com/egress-proxies/egress-proxies/pkg/netpolicy"
 	"github.com/egress-proxies/egress-proxies/pkg/probespec"
+	"github.com/egress-proxies/egress-proxies/pkg/proxyauth"
 	"github.com/egress-proxies/egress-proxies/pkg/sanitize"
 )
 
@@ -40,6 +41,9 @@ type Settings struct {
 	Timeout        time.Duration
 	// EchoFormat is how the target echoes the caller's IP (see probespec).
 	EchoFormat string
+	// Credentials, unless empty, go to the proxy as Basic
+	// Proxy-Authorization (on CONNECT, or on a plain http request).
+	Credentials proxyauth.Credentials
 }
 
 // Result of one probe.
@@ -137,6 +141,9 @@ func (p *Prober) Do(ctx context.Context, proxyAddr string, s Settings) Result {
 			host = net.JoinHostPort(u.Hostname(), "443")
 		}
 		connect := &http.Request{Method: http.MethodConnect, URL: &url.URL{Opaque: host}, Host: host, Header: http.Header{}}
+		if !s.Credentials.Empty() {
+			connect.Header.Set("Proxy-Authorization", s.Credentials.Header())
+		}
 		if err := connect.Write(conn); err != nil {
 			return fail(probev1.ProbePhase_PROBE_PHASE_CONNECT, start, "sending CONNECT: %s", short(err))
 		}
@@ -161,8 +168,15 @@ func (p *Prober) Do(ctx context.Context, proxyAddr string, s Settings) Result {
 			return fail(probev1.ProbePhase_PROBE_PHASE_HTTP, start, "sending request: %s", short(err))
 		}
 		exchange = tc
-	} else if err := req.WriteProxy(conn); err != nil {
-		return fail(probev1.ProbePhase_PROBE_PHASE_HTTP, start, "sending request: %s", short(err))
+	} else {
+		// A plain http request goes to the proxy itself, so it carries
+		// the credentials; inside a tunnel they never go to the target.
+		if !s.Credentials.Empty() {
+			req.Header.Set("Proxy-Authorization", s.Credentials.Header())
+		}
+		if err := req.WriteProxy(conn); err != nil {
+			return fail(probev1.ProbePhase_PROBE_PHASE_HTTP, start, "sending request: %s", short(err))
+		}
 	}
 	// The head gets its own budget; the body's is added once the head is
 	// read, so "exceed" in a reason is exact.

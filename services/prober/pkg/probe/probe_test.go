@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/assert"
 
 	probev1 "github.com/egress-proxies/egress-proxies/pkg/gen/egressproxies/probe/v1"
+	"github.com/egress-proxies/egress-proxies/pkg/proxyauth"
 	"github.com/egress-proxies/egress-proxies/pkg/testutil/proc"
 	"github.com/egress-proxies/egress-proxies/pkg/testutil/tlstarget"
 	"github.com/egress-proxies/egress-proxies/services/prober/pkg/probe"
@@ -31,6 +32,11 @@ func TestProbesThroughRealSquid(t *testing.T) {
 	srv, pool := target(t)
 	squid := proc.StartSquid(t, "127.0.0.1", false)
 	denying := proc.StartSquid(t, "127.0.0.1", true)
+	authed := proc.StartSquidWithAuth(t, "127.0.0.1", "crawler", "s3cret")
+	withCreds := func(s probe.Settings, user, pass string) probe.Settings {
+		s.Credentials = proxyauth.Credentials{Username: user, Password: pass}
+		return s
+	}
 	plain := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusNoContent) }))
 	defer plain.Close()
 
@@ -58,6 +64,10 @@ func TestProbesThroughRealSquid(t *testing.T) {
 		{"proxy down", good, proc.Addr(closedPort), settings(srv.URL+"/ok", 204), false, probev1.ProbePhase_PROBE_PHASE_DIAL, "refused", ""},
 		{"unknown CA", &probe.Prober{}, squid.Addr, settings(srv.URL+"/ok", 204), false, probev1.ProbePhase_PROBE_PHASE_TLS, "certificate", ""},
 		{"wrong status", good, squid.Addr, settings(srv.URL+"/missing", 204), false, probev1.ProbePhase_PROBE_PHASE_STATUS, "404", ""},
+		{"https with credentials", good, authed.Addr, withCreds(settings(srv.URL+"/ok", 204), "crawler", "s3cret"), true, 0, "", ""},
+		{"http with credentials", good, authed.Addr, withCreds(settings(plain.URL+"/", 204), "crawler", "s3cret"), true, 0, "", ""},
+		{"credentials missing", good, authed.Addr, settings(srv.URL+"/ok", 204), false, probev1.ProbePhase_PROBE_PHASE_CONNECT, "407 Proxy Authentication Required", ""},
+		{"wrong password", good, authed.Addr, withCreds(settings(srv.URL+"/ok", 204), "crawler", "guess"), false, probev1.ProbePhase_PROBE_PHASE_CONNECT, "407", ""},
 		{"target down behind squid", good, squid.Addr, settings(fmt.Sprintf("https://127.0.0.1:%d/", closedPort), 204), false, probev1.ProbePhase_PROBE_PHASE_CONNECT, "503", ""},
 	}
 	for _, tc := range cases {

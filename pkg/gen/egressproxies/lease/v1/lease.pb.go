@@ -330,7 +330,10 @@ type CreateLeaseResponse struct {
 	// proxy that was leased.
 	Proxy *Proxy `protobuf:"bytes,2,opt,name=proxy,proto3" json:"proxy,omitempty"`
 	// expires_at is when the lease ends unless renewed.
-	ExpiresAt     *timestamppb.Timestamp `protobuf:"bytes,3,opt,name=expires_at,json=expiresAt,proto3" json:"expires_at,omitempty"`
+	ExpiresAt *timestamppb.Timestamp `protobuf:"bytes,3,opt,name=expires_at,json=expiresAt,proto3" json:"expires_at,omitempty"`
+	// credentials the proxy asks for (Basic Proxy-Authorization), when it
+	// has any; sent only by a broker that requires a bearer token.
+	Credentials   *ProxyCredentials `protobuf:"bytes,4,opt,name=credentials,proto3" json:"credentials,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -386,6 +389,68 @@ func (x *CreateLeaseResponse) GetExpiresAt() *timestamppb.Timestamp {
 	return nil
 }
 
+func (x *CreateLeaseResponse) GetCredentials() *ProxyCredentials {
+	if x != nil {
+		return x.Credentials
+	}
+	return nil
+}
+
+// ProxyCredentials are a proxy's user name and password.
+type ProxyCredentials struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// username to send in Proxy-Authorization.
+	Username string `protobuf:"bytes,1,opt,name=username,proto3" json:"username,omitempty"`
+	// password to send in Proxy-Authorization.
+	Password      string `protobuf:"bytes,2,opt,name=password,proto3" json:"password,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ProxyCredentials) Reset() {
+	*x = ProxyCredentials{}
+	mi := &file_egressproxies_lease_v1_lease_proto_msgTypes[5]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ProxyCredentials) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ProxyCredentials) ProtoMessage() {}
+
+func (x *ProxyCredentials) ProtoReflect() protoreflect.Message {
+	mi := &file_egressproxies_lease_v1_lease_proto_msgTypes[5]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ProxyCredentials.ProtoReflect.Descriptor instead.
+func (*ProxyCredentials) Descriptor() ([]byte, []int) {
+	return file_egressproxies_lease_v1_lease_proto_rawDescGZIP(), []int{5}
+}
+
+func (x *ProxyCredentials) GetUsername() string {
+	if x != nil {
+		return x.Username
+	}
+	return ""
+}
+
+func (x *ProxyCredentials) GetPassword() string {
+	if x != nil {
+		return x.Password
+	}
+	return ""
+}
+
 // RenewLeaseRequest extends a lease.
 type RenewLeaseRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -399,7 +464,7 @@ type RenewLeaseRequest struct {
 
 func (x *RenewLeaseRequest) Reset() {
 	*x = RenewLeaseRequest{}
-	mi := &file_egressproxies_lease_v1_lease_proto_msgTypes[5]
+	mi := &file_egressproxies_lease_v1_lease_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -411,7 +476,7 @@ func (x *RenewLeaseRequest) String() string {
 func (*RenewLeaseRequest) ProtoMessage() {}
 
 func (x *RenewLeaseRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_egressproxies_lease_v1_lease_proto_msgTypes[5]
+	mi := &file_egressproxies_lease_v1_lease_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -424,7 +489,7 @@ func (x *RenewLeaseRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RenewLeaseRequest.ProtoReflect.Descriptor instead.
 func (*RenewLeaseRequest) Descriptor() ([]byte, []int) {
-	return file_egressproxies_lease_v1_lease_proto_rawDescGZIP(), []int{5}
+	return file_egressproxies_lease_v1_lease_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *RenewLeaseRequest) GetLeaseId() string {
@@ -454,7 +519,7 @@ type RenewLeaseResponse struct {
 
 func (x *RenewLeaseResponse) Reset() {
 	*x = RenewLeaseResponse{}
-	mi := &file_egressproxies_lease_v1_lease_proto_msgTypes[6]
+	mi := &file_egressproxies_lease_v1_lease_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -466,7 +531,7 @@ func (x *RenewLeaseResponse) String() string {
 func (*RenewLeaseResponse) ProtoMessage() {}
 
 func (x *RenewLeaseResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_egressproxies_lease_v1_lease_proto_msgTypes[6]
+	mi := &file_egressproxies_lease_v1_lease_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -479,7 +544,7 @@ func (x *RenewLeaseResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RenewLeaseResponse.ProtoReflect.Descriptor instead.
 func (*RenewLeaseResponse) Descriptor() ([]byte, []int) {
-	return file_egressproxies_lease_v1_lease_proto_rawDescGZIP(), []int{6}
+	return file_egressproxies_lease_v1_lease_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *RenewLeaseResponse) GetLeaseId() string {
@@ -507,7 +572,7 @@ type ReleaseLeaseRequest struct {
 
 func (x *ReleaseLeaseRequest) Reset() {
 	*x = ReleaseLeaseRequest{}
-	mi := &file_egressproxies_lease_v1_lease_proto_msgTypes[7]
+	mi := &file_egressproxies_lease_v1_lease_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -519,7 +584,7 @@ func (x *ReleaseLeaseRequest) String() string {
 func (*ReleaseLeaseRequest) ProtoMessage() {}
 
 func (x *ReleaseLeaseRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_egressproxies_lease_v1_lease_proto_msgTypes[7]
+	mi := &file_egressproxies_lease_v1_lease_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -532,7 +597,7 @@ func (x *ReleaseLeaseRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseLeaseRequest.ProtoReflect.Descriptor instead.
 func (*ReleaseLeaseRequest) Descriptor() ([]byte, []int) {
-	return file_egressproxies_lease_v1_lease_proto_rawDescGZIP(), []int{7}
+	return file_egressproxies_lease_v1_lease_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *ReleaseLeaseRequest) GetLeaseId() string {
@@ -551,7 +616,7 @@ type ReleaseLeaseResponse struct {
 
 func (x *ReleaseLeaseResponse) Reset() {
 	*x = ReleaseLeaseResponse{}
-	mi := &file_egressproxies_lease_v1_lease_proto_msgTypes[8]
+	mi := &file_egressproxies_lease_v1_lease_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -563,7 +628,7 @@ func (x *ReleaseLeaseResponse) String() string {
 func (*ReleaseLeaseResponse) ProtoMessage() {}
 
 func (x *ReleaseLeaseResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_egressproxies_lease_v1_lease_proto_msgTypes[8]
+	mi := &file_egressproxies_lease_v1_lease_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -576,7 +641,7 @@ func (x *ReleaseLeaseResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseLeaseResponse.ProtoReflect.Descriptor instead.
 func (*ReleaseLeaseResponse) Descriptor() ([]byte, []int) {
-	return file_egressproxies_lease_v1_lease_proto_rawDescGZIP(), []int{8}
+	return file_egressproxies_lease_v1_lease_proto_rawDescGZIP(), []int{9}
 }
 
 // ReportLeaseRequest reports an outcome on a live lease.
@@ -597,7 +662,7 @@ type ReportLeaseRequest struct {
 
 func (x *ReportLeaseRequest) Reset() {
 	*x = ReportLeaseRequest{}
-	mi := &file_egressproxies_lease_v1_lease_proto_msgTypes[9]
+	mi := &file_egressproxies_lease_v1_lease_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -609,7 +674,7 @@ func (x *ReportLeaseRequest) String() string {
 func (*ReportLeaseRequest) ProtoMessage() {}
 
 func (x *ReportLeaseRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_egressproxies_lease_v1_lease_proto_msgTypes[9]
+	mi := &file_egressproxies_lease_v1_lease_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -622,7 +687,7 @@ func (x *ReportLeaseRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReportLeaseRequest.ProtoReflect.Descriptor instead.
 func (*ReportLeaseRequest) Descriptor() ([]byte, []int) {
-	return file_egressproxies_lease_v1_lease_proto_rawDescGZIP(), []int{9}
+	return file_egressproxies_lease_v1_lease_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *ReportLeaseRequest) GetLeaseId() string {
@@ -657,7 +722,7 @@ type ReportLeaseResponse struct {
 
 func (x *ReportLeaseResponse) Reset() {
 	*x = ReportLeaseResponse{}
-	mi := &file_egressproxies_lease_v1_lease_proto_msgTypes[10]
+	mi := &file_egressproxies_lease_v1_lease_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -669,7 +734,7 @@ func (x *ReportLeaseResponse) String() string {
 func (*ReportLeaseResponse) ProtoMessage() {}
 
 func (x *ReportLeaseResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_egressproxies_lease_v1_lease_proto_msgTypes[10]
+	mi := &file_egressproxies_lease_v1_lease_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -682,7 +747,7 @@ func (x *ReportLeaseResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReportLeaseResponse.ProtoReflect.Descriptor instead.
 func (*ReportLeaseResponse) Descriptor() ([]byte, []int) {
-	return file_egressproxies_lease_v1_lease_proto_rawDescGZIP(), []int{10}
+	return file_egressproxies_lease_v1_lease_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *ReportLeaseResponse) GetCooldownUntil() *timestamppb.Timestamp {
@@ -703,7 +768,7 @@ type ListRefusalsRequest struct {
 
 func (x *ListRefusalsRequest) Reset() {
 	*x = ListRefusalsRequest{}
-	mi := &file_egressproxies_lease_v1_lease_proto_msgTypes[11]
+	mi := &file_egressproxies_lease_v1_lease_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -715,7 +780,7 @@ func (x *ListRefusalsRequest) String() string {
 func (*ListRefusalsRequest) ProtoMessage() {}
 
 func (x *ListRefusalsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_egressproxies_lease_v1_lease_proto_msgTypes[11]
+	mi := &file_egressproxies_lease_v1_lease_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -728,7 +793,7 @@ func (x *ListRefusalsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRefusalsRequest.ProtoReflect.Descriptor instead.
 func (*ListRefusalsRequest) Descriptor() ([]byte, []int) {
-	return file_egressproxies_lease_v1_lease_proto_rawDescGZIP(), []int{11}
+	return file_egressproxies_lease_v1_lease_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *ListRefusalsRequest) GetWindowSeconds() int32 {
@@ -754,7 +819,7 @@ type SelectorRefusals struct {
 
 func (x *SelectorRefusals) Reset() {
 	*x = SelectorRefusals{}
-	mi := &file_egressproxies_lease_v1_lease_proto_msgTypes[12]
+	mi := &file_egressproxies_lease_v1_lease_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -766,7 +831,7 @@ func (x *SelectorRefusals) String() string {
 func (*SelectorRefusals) ProtoMessage() {}
 
 func (x *SelectorRefusals) ProtoReflect() protoreflect.Message {
-	mi := &file_egressproxies_lease_v1_lease_proto_msgTypes[12]
+	mi := &file_egressproxies_lease_v1_lease_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -779,7 +844,7 @@ func (x *SelectorRefusals) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SelectorRefusals.ProtoReflect.Descriptor instead.
 func (*SelectorRefusals) Descriptor() ([]byte, []int) {
-	return file_egressproxies_lease_v1_lease_proto_rawDescGZIP(), []int{12}
+	return file_egressproxies_lease_v1_lease_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *SelectorRefusals) GetNamespace() string {
@@ -815,7 +880,7 @@ type ListRefusalsResponse struct {
 
 func (x *ListRefusalsResponse) Reset() {
 	*x = ListRefusalsResponse{}
-	mi := &file_egressproxies_lease_v1_lease_proto_msgTypes[13]
+	mi := &file_egressproxies_lease_v1_lease_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -827,7 +892,7 @@ func (x *ListRefusalsResponse) String() string {
 func (*ListRefusalsResponse) ProtoMessage() {}
 
 func (x *ListRefusalsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_egressproxies_lease_v1_lease_proto_msgTypes[13]
+	mi := &file_egressproxies_lease_v1_lease_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -840,7 +905,7 @@ func (x *ListRefusalsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRefusalsResponse.ProtoReflect.Descriptor instead.
 func (*ListRefusalsResponse) Descriptor() ([]byte, []int) {
-	return file_egressproxies_lease_v1_lease_proto_rawDescGZIP(), []int{13}
+	return file_egressproxies_lease_v1_lease_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *ListRefusalsResponse) GetSelectors() []*SelectorRefusals {
@@ -890,12 +955,16 @@ const file_egressproxies_lease_v1_lease_proto_rawDesc = "" +
 	"request_id\x18\x05 \x01(\tR\trequestId\x1a;\n" +
 	"\rSelectorEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xa0\x01\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xec\x01\n" +
 	"\x13CreateLeaseResponse\x12\x19\n" +
 	"\blease_id\x18\x01 \x01(\tR\aleaseID\x123\n" +
 	"\x05proxy\x18\x02 \x01(\v2\x1d.egressproxies.lease.v1.ProxyR\x05proxy\x129\n" +
 	"\n" +
-	"expires_at\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\texpiresAt\"O\n" +
+	"expires_at\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\texpiresAt\x12J\n" +
+	"\vcredentials\x18\x04 \x01(\v2(.egressproxies.lease.v1.ProxyCredentialsR\vcredentials\"J\n" +
+	"\x10ProxyCredentials\x12\x1a\n" +
+	"\busername\x18\x01 \x01(\tR\busername\x12\x1a\n" +
+	"\bpassword\x18\x02 \x01(\tR\bpassword\"O\n" +
 	"\x11RenewLeaseRequest\x12\x19\n" +
 	"\blease_id\x18\x01 \x01(\tR\aleaseID\x12\x1f\n" +
 	"\vttl_seconds\x18\x02 \x01(\x05R\n" +
@@ -945,56 +1014,58 @@ func file_egressproxies_lease_v1_lease_proto_rawDescGZIP() []byte {
 	return file_egressproxies_lease_v1_lease_proto_rawDescData
 }
 
-var file_egressproxies_lease_v1_lease_proto_msgTypes = make([]protoimpl.MessageInfo, 18)
+var file_egressproxies_lease_v1_lease_proto_msgTypes = make([]protoimpl.MessageInfo, 19)
 var file_egressproxies_lease_v1_lease_proto_goTypes = []any{
 	(*Proxy)(nil),                 // 0: egressproxies.lease.v1.Proxy
 	(*ListProxiesRequest)(nil),    // 1: egressproxies.lease.v1.ListProxiesRequest
 	(*ListProxiesResponse)(nil),   // 2: egressproxies.lease.v1.ListProxiesResponse
 	(*CreateLeaseRequest)(nil),    // 3: egressproxies.lease.v1.CreateLeaseRequest
 	(*CreateLeaseResponse)(nil),   // 4: egressproxies.lease.v1.CreateLeaseResponse
-	(*RenewLeaseRequest)(nil),     // 5: egressproxies.lease.v1.RenewLeaseRequest
-	(*RenewLeaseResponse)(nil),    // 6: egressproxies.lease.v1.RenewLeaseResponse
-	(*ReleaseLeaseRequest)(nil),   // 7: egressproxies.lease.v1.ReleaseLeaseRequest
-	(*ReleaseLeaseResponse)(nil),  // 8: egressproxies.lease.v1.ReleaseLeaseResponse
-	(*ReportLeaseRequest)(nil),    // 9: egressproxies.lease.v1.ReportLeaseRequest
-	(*ReportLeaseResponse)(nil),   // 10: egressproxies.lease.v1.ReportLeaseResponse
-	(*ListRefusalsRequest)(nil),   // 11: egressproxies.lease.v1.ListRefusalsRequest
-	(*SelectorRefusals)(nil),      // 12: egressproxies.lease.v1.SelectorRefusals
-	(*ListRefusalsResponse)(nil),  // 13: egressproxies.lease.v1.ListRefusalsResponse
-	nil,                           // 14: egressproxies.lease.v1.Proxy.AttributesEntry
-	nil,                           // 15: egressproxies.lease.v1.ListProxiesRequest.SelectorEntry
-	nil,                           // 16: egressproxies.lease.v1.CreateLeaseRequest.SelectorEntry
-	nil,                           // 17: egressproxies.lease.v1.SelectorRefusals.SelectorEntry
-	(*timestamppb.Timestamp)(nil), // 18: google.protobuf.Timestamp
+	(*ProxyCredentials)(nil),      // 5: egressproxies.lease.v1.ProxyCredentials
+	(*RenewLeaseRequest)(nil),     // 6: egressproxies.lease.v1.RenewLeaseRequest
+	(*RenewLeaseResponse)(nil),    // 7: egressproxies.lease.v1.RenewLeaseResponse
+	(*ReleaseLeaseRequest)(nil),   // 8: egressproxies.lease.v1.ReleaseLeaseRequest
+	(*ReleaseLeaseResponse)(nil),  // 9: egressproxies.lease.v1.ReleaseLeaseResponse
+	(*ReportLeaseRequest)(nil),    // 10: egressproxies.lease.v1.ReportLeaseRequest
+	(*ReportLeaseResponse)(nil),   // 11: egressproxies.lease.v1.ReportLeaseResponse
+	(*ListRefusalsRequest)(nil),   // 12: egressproxies.lease.v1.ListRefusalsRequest
+	(*SelectorRefusals)(nil),      // 13: egressproxies.lease.v1.SelectorRefusals
+	(*ListRefusalsResponse)(nil),  // 14: egressproxies.lease.v1.ListRefusalsResponse
+	nil,                           // 15: egressproxies.lease.v1.Proxy.AttributesEntry
+	nil,                           // 16: egressproxies.lease.v1.ListProxiesRequest.SelectorEntry
+	nil,                           // 17: egressproxies.lease.v1.CreateLeaseRequest.SelectorEntry
+	nil,                           // 18: egressproxies.lease.v1.SelectorRefusals.SelectorEntry
+	(*timestamppb.Timestamp)(nil), // 19: google.protobuf.Timestamp
 }
 var file_egressproxies_lease_v1_lease_proto_depIdxs = []int32{
-	14, // 0: egressproxies.lease.v1.Proxy.attributes:type_name -> egressproxies.lease.v1.Proxy.AttributesEntry
-	15, // 1: egressproxies.lease.v1.ListProxiesRequest.selector:type_name -> egressproxies.lease.v1.ListProxiesRequest.SelectorEntry
+	15, // 0: egressproxies.lease.v1.Proxy.attributes:type_name -> egressproxies.lease.v1.Proxy.AttributesEntry
+	16, // 1: egressproxies.lease.v1.ListProxiesRequest.selector:type_name -> egressproxies.lease.v1.ListProxiesRequest.SelectorEntry
 	0,  // 2: egressproxies.lease.v1.ListProxiesResponse.proxies:type_name -> egressproxies.lease.v1.Proxy
-	16, // 3: egressproxies.lease.v1.CreateLeaseRequest.selector:type_name -> egressproxies.lease.v1.CreateLeaseRequest.SelectorEntry
+	17, // 3: egressproxies.lease.v1.CreateLeaseRequest.selector:type_name -> egressproxies.lease.v1.CreateLeaseRequest.SelectorEntry
 	0,  // 4: egressproxies.lease.v1.CreateLeaseResponse.proxy:type_name -> egressproxies.lease.v1.Proxy
-	18, // 5: egressproxies.lease.v1.CreateLeaseResponse.expires_at:type_name -> google.protobuf.Timestamp
-	18, // 6: egressproxies.lease.v1.RenewLeaseResponse.expires_at:type_name -> google.protobuf.Timestamp
-	18, // 7: egressproxies.lease.v1.ReportLeaseResponse.cooldown_until:type_name -> google.protobuf.Timestamp
-	17, // 8: egressproxies.lease.v1.SelectorRefusals.selector:type_name -> egressproxies.lease.v1.SelectorRefusals.SelectorEntry
-	12, // 9: egressproxies.lease.v1.ListRefusalsResponse.selectors:type_name -> egressproxies.lease.v1.SelectorRefusals
-	1,  // 10: egressproxies.lease.v1.LeaseService.ListProxies:input_type -> egressproxies.lease.v1.ListProxiesRequest
-	3,  // 11: egressproxies.lease.v1.LeaseService.CreateLease:input_type -> egressproxies.lease.v1.CreateLeaseRequest
-	5,  // 12: egressproxies.lease.v1.LeaseService.RenewLease:input_type -> egressproxies.lease.v1.RenewLeaseRequest
-	7,  // 13: egressproxies.lease.v1.LeaseService.ReleaseLease:input_type -> egressproxies.lease.v1.ReleaseLeaseRequest
-	9,  // 14: egressproxies.lease.v1.LeaseService.ReportLease:input_type -> egressproxies.lease.v1.ReportLeaseRequest
-	11, // 15: egressproxies.lease.v1.LeaseService.ListRefusals:input_type -> egressproxies.lease.v1.ListRefusalsRequest
-	2,  // 16: egressproxies.lease.v1.LeaseService.ListProxies:output_type -> egressproxies.lease.v1.ListProxiesResponse
-	4,  // 17: egressproxies.lease.v1.LeaseService.CreateLease:output_type -> egressproxies.lease.v1.CreateLeaseResponse
-	6,  // 18: egressproxies.lease.v1.LeaseService.RenewLease:output_type -> egressproxies.lease.v1.RenewLeaseResponse
-	8,  // 19: egressproxies.lease.v1.LeaseService.ReleaseLease:output_type -> egressproxies.lease.v1.ReleaseLeaseResponse
-	10, // 20: egressproxies.lease.v1.LeaseService.ReportLease:output_type -> egressproxies.lease.v1.ReportLeaseResponse
-	13, // 21: egressproxies.lease.v1.LeaseService.ListRefusals:output_type -> egressproxies.lease.v1.ListRefusalsResponse
-	16, // [16:22] is the sub-list for method output_type
-	10, // [10:16] is the sub-list for method input_type
-	10, // [10:10] is the sub-list for extension type_name
-	10, // [10:10] is the sub-list for extension extendee
-	0,  // [0:10] is the sub-list for field type_name
+	19, // 5: egressproxies.lease.v1.CreateLeaseResponse.expires_at:type_name -> google.protobuf.Timestamp
+	5,  // 6: egressproxies.lease.v1.CreateLeaseResponse.credentials:type_name -> egressproxies.lease.v1.ProxyCredentials
+	19, // 7: egressproxies.lease.v1.RenewLeaseResponse.expires_at:type_name -> google.protobuf.Timestamp
+	19, // 8: egressproxies.lease.v1.ReportLeaseResponse.cooldown_until:type_name -> google.protobuf.Timestamp
+	18, // 9: egressproxies.lease.v1.SelectorRefusals.selector:type_name -> egressproxies.lease.v1.SelectorRefusals.SelectorEntry
+	13, // 10: egressproxies.lease.v1.ListRefusalsResponse.selectors:type_name -> egressproxies.lease.v1.SelectorRefusals
+	1,  // 11: egressproxies.lease.v1.LeaseService.ListProxies:input_type -> egressproxies.lease.v1.ListProxiesRequest
+	3,  // 12: egressproxies.lease.v1.LeaseService.CreateLease:input_type -> egressproxies.lease.v1.CreateLeaseRequest
+	6,  // 13: egressproxies.lease.v1.LeaseService.RenewLease:input_type -> egressproxies.lease.v1.RenewLeaseRequest
+	8,  // 14: egressproxies.lease.v1.LeaseService.ReleaseLease:input_type -> egressproxies.lease.v1.ReleaseLeaseRequest
+	10, // 15: egressproxies.lease.v1.LeaseService.ReportLease:input_type -> egressproxies.lease.v1.ReportLeaseRequest
+	12, // 16: egressproxies.lease.v1.LeaseService.ListRefusals:input_type -> egressproxies.lease.v1.ListRefusalsRequest
+	2,  // 17: egressproxies.lease.v1.LeaseService.ListProxies:output_type -> egressproxies.lease.v1.ListProxiesResponse
+	4,  // 18: egressproxies.lease.v1.LeaseService.CreateLease:output_type -> egressproxies.lease.v1.CreateLeaseResponse
+	7,  // 19: egressproxies.lease.v1.LeaseService.RenewLease:output_type -> egressproxies.lease.v1.RenewLeaseResponse
+	9,  // 20: egressproxies.lease.v1.LeaseService.ReleaseLease:output_type -> egressproxies.lease.v1.ReleaseLeaseResponse
+	11, // 21: egressproxies.lease.v1.LeaseService.ReportLease:output_type -> egressproxies.lease.v1.ReportLeaseResponse
+	14, // 22: egressproxies.lease.v1.LeaseService.ListRefusals:output_type -> egressproxies.lease.v1.ListRefusalsResponse
+	17, // [17:23] is the sub-list for method output_type
+	11, // [11:17] is the sub-list for method input_type
+	11, // [11:11] is the sub-list for extension type_name
+	11, // [11:11] is the sub-list for extension extendee
+	0,  // [0:11] is the sub-list for field type_name
 }
 
 func init() { file_egressproxies_lease_v1_lease_proto_init() }
@@ -1009,7 +1080,7 @@ func file_egressproxies_lease_v1_lease_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_egressproxies_lease_v1_lease_proto_rawDesc), len(file_egressproxies_lease_v1_lease_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   18,
+			NumMessages:   19,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

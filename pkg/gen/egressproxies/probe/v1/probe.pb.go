@@ -388,7 +388,10 @@ type ProbeTarget struct {
 	// port of the proxy.
 	Port int32 `protobuf:"varint,4,opt,name=port,proto3" json:"port,omitempty"`
 	// settings of the probe.
-	Settings      *ProbeSettings `protobuf:"bytes,5,opt,name=settings,proto3" json:"settings,omitempty"`
+	Settings *ProbeSettings `protobuf:"bytes,5,opt,name=settings,proto3" json:"settings,omitempty"`
+	// credentials the proxy asks for, sent as Basic Proxy-Authorization;
+	// unset for a proxy that asks for none.
+	Credentials   *ProxyCredentials `protobuf:"bytes,6,opt,name=credentials,proto3" json:"credentials,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -458,6 +461,68 @@ func (x *ProbeTarget) GetSettings() *ProbeSettings {
 	return nil
 }
 
+func (x *ProbeTarget) GetCredentials() *ProxyCredentials {
+	if x != nil {
+		return x.Credentials
+	}
+	return nil
+}
+
+// ProxyCredentials are a proxy's user name and password.
+type ProxyCredentials struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// username to send in Proxy-Authorization.
+	Username string `protobuf:"bytes,1,opt,name=username,proto3" json:"username,omitempty"`
+	// password to send in Proxy-Authorization.
+	Password      string `protobuf:"bytes,2,opt,name=password,proto3" json:"password,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ProxyCredentials) Reset() {
+	*x = ProxyCredentials{}
+	mi := &file_egressproxies_probe_v1_probe_proto_msgTypes[5]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ProxyCredentials) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ProxyCredentials) ProtoMessage() {}
+
+func (x *ProxyCredentials) ProtoReflect() protoreflect.Message {
+	mi := &file_egressproxies_probe_v1_probe_proto_msgTypes[5]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ProxyCredentials.ProtoReflect.Descriptor instead.
+func (*ProxyCredentials) Descriptor() ([]byte, []int) {
+	return file_egressproxies_probe_v1_probe_proto_rawDescGZIP(), []int{5}
+}
+
+func (x *ProxyCredentials) GetUsername() string {
+	if x != nil {
+		return x.Username
+	}
+	return ""
+}
+
+func (x *ProxyCredentials) GetPassword() string {
+	if x != nil {
+		return x.Password
+	}
+	return ""
+}
+
 // ProbeSettings are the resolved probe settings for one proxy.
 type ProbeSettings struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -480,7 +545,7 @@ type ProbeSettings struct {
 
 func (x *ProbeSettings) Reset() {
 	*x = ProbeSettings{}
-	mi := &file_egressproxies_probe_v1_probe_proto_msgTypes[5]
+	mi := &file_egressproxies_probe_v1_probe_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -492,7 +557,7 @@ func (x *ProbeSettings) String() string {
 func (*ProbeSettings) ProtoMessage() {}
 
 func (x *ProbeSettings) ProtoReflect() protoreflect.Message {
-	mi := &file_egressproxies_probe_v1_probe_proto_msgTypes[5]
+	mi := &file_egressproxies_probe_v1_probe_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -505,7 +570,7 @@ func (x *ProbeSettings) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProbeSettings.ProtoReflect.Descriptor instead.
 func (*ProbeSettings) Descriptor() ([]byte, []int) {
-	return file_egressproxies_probe_v1_probe_proto_rawDescGZIP(), []int{5}
+	return file_egressproxies_probe_v1_probe_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *ProbeSettings) GetUrl() string {
@@ -561,7 +626,7 @@ type ProbeResults struct {
 
 func (x *ProbeResults) Reset() {
 	*x = ProbeResults{}
-	mi := &file_egressproxies_probe_v1_probe_proto_msgTypes[6]
+	mi := &file_egressproxies_probe_v1_probe_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -573,7 +638,7 @@ func (x *ProbeResults) String() string {
 func (*ProbeResults) ProtoMessage() {}
 
 func (x *ProbeResults) ProtoReflect() protoreflect.Message {
-	mi := &file_egressproxies_probe_v1_probe_proto_msgTypes[6]
+	mi := &file_egressproxies_probe_v1_probe_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -586,7 +651,7 @@ func (x *ProbeResults) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProbeResults.ProtoReflect.Descriptor instead.
 func (*ProbeResults) Descriptor() ([]byte, []int) {
-	return file_egressproxies_probe_v1_probe_proto_rawDescGZIP(), []int{6}
+	return file_egressproxies_probe_v1_probe_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *ProbeResults) GetResults() []*ProbeResult {
@@ -623,7 +688,7 @@ type ProbeResult struct {
 
 func (x *ProbeResult) Reset() {
 	*x = ProbeResult{}
-	mi := &file_egressproxies_probe_v1_probe_proto_msgTypes[7]
+	mi := &file_egressproxies_probe_v1_probe_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -635,7 +700,7 @@ func (x *ProbeResult) String() string {
 func (*ProbeResult) ProtoMessage() {}
 
 func (x *ProbeResult) ProtoReflect() protoreflect.Message {
-	mi := &file_egressproxies_probe_v1_probe_proto_msgTypes[7]
+	mi := &file_egressproxies_probe_v1_probe_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -648,7 +713,7 @@ func (x *ProbeResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProbeResult.ProtoReflect.Descriptor instead.
 func (*ProbeResult) Descriptor() ([]byte, []int) {
-	return file_egressproxies_probe_v1_probe_proto_rawDescGZIP(), []int{7}
+	return file_egressproxies_probe_v1_probe_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *ProbeResult) GetId() string {
@@ -736,13 +801,17 @@ const file_egressproxies_probe_v1_probe_proto_rawDesc = "" +
 	"\x04full\x18\x01 \x01(\bR\x04full\x12;\n" +
 	"\x06upsert\x18\x02 \x03(\v2#.egressproxies.probe.v1.ProbeTargetR\x06upsert\x12\x16\n" +
 	"\x06remove\x18\x03 \x03(\tR\x06remove\x12\x12\n" +
-	"\x04more\x18\x04 \x01(\bR\x04more\"\xa0\x01\n" +
+	"\x04more\x18\x04 \x01(\bR\x04more\"\xec\x01\n" +
 	"\vProbeTarget\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x10\n" +
 	"\x03uid\x18\x02 \x01(\tR\x03uid\x12\x18\n" +
 	"\aaddress\x18\x03 \x01(\tR\aaddress\x12\x12\n" +
 	"\x04port\x18\x04 \x01(\x05R\x04port\x12A\n" +
-	"\bsettings\x18\x05 \x01(\v2%.egressproxies.probe.v1.ProbeSettingsR\bsettings\"\xed\x01\n" +
+	"\bsettings\x18\x05 \x01(\v2%.egressproxies.probe.v1.ProbeSettingsR\bsettings\x12J\n" +
+	"\vcredentials\x18\x06 \x01(\v2(.egressproxies.probe.v1.ProxyCredentialsR\vcredentials\"J\n" +
+	"\x10ProxyCredentials\x12\x1a\n" +
+	"\busername\x18\x01 \x01(\tR\busername\x12\x1a\n" +
+	"\bpassword\x18\x02 \x01(\tR\bpassword\"\xed\x01\n" +
 	"\rProbeSettings\x12\x10\n" +
 	"\x03url\x18\x01 \x01(\tR\x03url\x12'\n" +
 	"\x0fexpected_status\x18\x02 \x01(\x05R\x0eexpectedStatus\x125\n" +
@@ -788,7 +857,7 @@ func file_egressproxies_probe_v1_probe_proto_rawDescGZIP() []byte {
 }
 
 var file_egressproxies_probe_v1_probe_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_egressproxies_probe_v1_probe_proto_msgTypes = make([]protoimpl.MessageInfo, 8)
+var file_egressproxies_probe_v1_probe_proto_msgTypes = make([]protoimpl.MessageInfo, 9)
 var file_egressproxies_probe_v1_probe_proto_goTypes = []any{
 	(ProbePhase)(0),               // 0: egressproxies.probe.v1.ProbePhase
 	(*ConnectRequest)(nil),        // 1: egressproxies.probe.v1.ConnectRequest
@@ -796,31 +865,33 @@ var file_egressproxies_probe_v1_probe_proto_goTypes = []any{
 	(*ConnectResponse)(nil),       // 3: egressproxies.probe.v1.ConnectResponse
 	(*Assignment)(nil),            // 4: egressproxies.probe.v1.Assignment
 	(*ProbeTarget)(nil),           // 5: egressproxies.probe.v1.ProbeTarget
-	(*ProbeSettings)(nil),         // 6: egressproxies.probe.v1.ProbeSettings
-	(*ProbeResults)(nil),          // 7: egressproxies.probe.v1.ProbeResults
-	(*ProbeResult)(nil),           // 8: egressproxies.probe.v1.ProbeResult
-	(*durationpb.Duration)(nil),   // 9: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil), // 10: google.protobuf.Timestamp
+	(*ProxyCredentials)(nil),      // 6: egressproxies.probe.v1.ProxyCredentials
+	(*ProbeSettings)(nil),         // 7: egressproxies.probe.v1.ProbeSettings
+	(*ProbeResults)(nil),          // 8: egressproxies.probe.v1.ProbeResults
+	(*ProbeResult)(nil),           // 9: egressproxies.probe.v1.ProbeResult
+	(*durationpb.Duration)(nil),   // 10: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil), // 11: google.protobuf.Timestamp
 }
 var file_egressproxies_probe_v1_probe_proto_depIdxs = []int32{
 	2,  // 0: egressproxies.probe.v1.ConnectRequest.hello:type_name -> egressproxies.probe.v1.Hello
-	7,  // 1: egressproxies.probe.v1.ConnectRequest.results:type_name -> egressproxies.probe.v1.ProbeResults
+	8,  // 1: egressproxies.probe.v1.ConnectRequest.results:type_name -> egressproxies.probe.v1.ProbeResults
 	4,  // 2: egressproxies.probe.v1.ConnectResponse.assignment:type_name -> egressproxies.probe.v1.Assignment
 	5,  // 3: egressproxies.probe.v1.Assignment.upsert:type_name -> egressproxies.probe.v1.ProbeTarget
-	6,  // 4: egressproxies.probe.v1.ProbeTarget.settings:type_name -> egressproxies.probe.v1.ProbeSettings
-	9,  // 5: egressproxies.probe.v1.ProbeSettings.interval:type_name -> google.protobuf.Duration
-	9,  // 6: egressproxies.probe.v1.ProbeSettings.timeout:type_name -> google.protobuf.Duration
-	8,  // 7: egressproxies.probe.v1.ProbeResults.results:type_name -> egressproxies.probe.v1.ProbeResult
-	9,  // 8: egressproxies.probe.v1.ProbeResult.latency:type_name -> google.protobuf.Duration
-	0,  // 9: egressproxies.probe.v1.ProbeResult.phase:type_name -> egressproxies.probe.v1.ProbePhase
-	10, // 10: egressproxies.probe.v1.ProbeResult.finished_at:type_name -> google.protobuf.Timestamp
-	1,  // 11: egressproxies.probe.v1.ProbeService.Connect:input_type -> egressproxies.probe.v1.ConnectRequest
-	3,  // 12: egressproxies.probe.v1.ProbeService.Connect:output_type -> egressproxies.probe.v1.ConnectResponse
-	12, // [12:13] is the sub-list for method output_type
-	11, // [11:12] is the sub-list for method input_type
-	11, // [11:11] is the sub-list for extension type_name
-	11, // [11:11] is the sub-list for extension extendee
-	0,  // [0:11] is the sub-list for field type_name
+	7,  // 4: egressproxies.probe.v1.ProbeTarget.settings:type_name -> egressproxies.probe.v1.ProbeSettings
+	6,  // 5: egressproxies.probe.v1.ProbeTarget.credentials:type_name -> egressproxies.probe.v1.ProxyCredentials
+	10, // 6: egressproxies.probe.v1.ProbeSettings.interval:type_name -> google.protobuf.Duration
+	10, // 7: egressproxies.probe.v1.ProbeSettings.timeout:type_name -> google.protobuf.Duration
+	9,  // 8: egressproxies.probe.v1.ProbeResults.results:type_name -> egressproxies.probe.v1.ProbeResult
+	10, // 9: egressproxies.probe.v1.ProbeResult.latency:type_name -> google.protobuf.Duration
+	0,  // 10: egressproxies.probe.v1.ProbeResult.phase:type_name -> egressproxies.probe.v1.ProbePhase
+	11, // 11: egressproxies.probe.v1.ProbeResult.finished_at:type_name -> google.protobuf.Timestamp
+	1,  // 12: egressproxies.probe.v1.ProbeService.Connect:input_type -> egressproxies.probe.v1.ConnectRequest
+	3,  // 13: egressproxies.probe.v1.ProbeService.Connect:output_type -> egressproxies.probe.v1.ConnectResponse
+	13, // [13:14] is the sub-list for method output_type
+	12, // [12:13] is the sub-list for method input_type
+	12, // [12:12] is the sub-list for extension type_name
+	12, // [12:12] is the sub-list for extension extendee
+	0,  // [0:12] is the sub-list for field type_name
 }
 
 func init() { file_egressproxies_probe_v1_probe_proto_init() }
@@ -841,7 +912,7 @@ func file_egressproxies_probe_v1_probe_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_egressproxies_probe_v1_probe_proto_rawDesc), len(file_egressproxies_probe_v1_probe_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   8,
+			NumMessages:   9,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
