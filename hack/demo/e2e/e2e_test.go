@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/url"
 	"os"
 	"strings"
 	"sync"
@@ -25,6 +26,7 @@ import (
 	"github.com/egress-proxies/egress-proxies/hack/demo/system"
 	v1 "github.com/egress-proxies/egress-proxies/pkg/api/v1alpha1"
 	"github.com/egress-proxies/egress-proxies/pkg/testenv"
+	"github.com/egress-proxies/egress-proxies/pkg/testutil/proc"
 	"github.com/egress-proxies/egress-proxies/pkg/testutil/rest"
 )
 
@@ -412,4 +414,55 @@ func TestAPIServerUnreachableForAWhile(t *testing.T) {
 	waitProxy(t, ns, "during", "healthy after the partition", healthy)
 	require.Eventually(t, func() bool { return listed(t, b)[ns+"/during"] != "" }, 60*time.Second, 100*time.Millisecond, "the broker's inventory caught up")
 	assert.True(t, waitProxy(t, ns, "before", "still healthy", healthy).Status.Healthy)
+}
+
+// A bought proxy that asks for credentials: the probers authenticate with
+// the ones its Proxy names, so it turns Healthy; the lease hands them to
+// the crawler, which egresses through the proxy with them, and without
+// them gets 407.
+func TestAnExternalProxyWithCredentials(t *testing.T) {
+	s, ns := up(t, system.Options{BrokerToken: "crawler-token"})
+	squid := proc.StartSquidWithAuth(t, "127.0.0.1", "buyer", "paid-for")
+	ctx := context.Background()
+	require.NoError(t, env.Client.Create(ctx, &corev1.Secret{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "bought", Labels: map[string]string{v1.LabelProxyCredentials: "true"}},
+		Data:       map[string][]byte{"username": []byte("buyer"), "password": []byte("paid-for")},
+	}))
+	require.NoError(t, env.Client.Create(ctx, &v1.Proxy{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "bought"},
+		Spec: v1.ProxySpec{Mode: v1.ModeExternal, Address: squid.Host, Port: int32(squid.Port), CredentialsSecretRef: &v1.LocalSecretRef{Name: "bought"}}}))
+	waitProxy(t, ns, "bought", "Healthy through its credentials", healthy)
+
+	var lease rest.Reply
+	require.Eventually(t, func() bool {
+		lease = rest.Do(t, "POST", s.Brokers[0].REST+"/v1/leases", `{"namespace":"`+ns+`"}`, "Authorization", "Bearer crawler-token")
+		return lease.Status == 200
+	}, 30*time.Second, 50*time.Millisecond)
+	creds := lease.JSON["credentials"].(map[string]any)
+	assert.Equal(t, "buyer", creds["username"])
+	proxyURL := mustURL("http://" + squid.Addr)
+	get := func(u *url.URL) (int, string) {
+		tr := &http.Transport{Proxy: http.ProxyURL(u), TLSClientConfig: tlsTo(s)}
+		resp, err := (&http.Client{Transport: tr, Timeout: 5 * time.Second}).Get(s.Target.URL + "/ip")
+		if err != nil {
+			return 0, err.Error()
+		}
+		defer func() { _ = resp.Body.Close() }()
+		body, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, strings.TrimSpace(string(body))
+	}
+	proxyURL.User = url.UserPassword(creds["username"].(string), creds["password"].(string))
+	code, body := get(proxyURL)
+	assert.Equal(t, 200, code, body)
+	assert.Equal(t, "127.0.0.1", body, "egressed through the bought proxy with the lease's credentials")
+	_, body = get(mustURL("http://" + squid.Addr))
+	assert.Contains(t, body, "Proxy Authentication Required", "without them the proxy refuses")
+
+	// Wrong credentials in the Secret: the probers' CONNECT is refused,
+	// and the Proxy says why.
+	var sec corev1.Secret
+	require.NoError(t, env.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: "bought"}, &sec))
+	sec.Data["password"] = []byte("expired")
+	require.NoError(t, env.Client.Update(ctx, &sec))
+	px := waitProxy(t, ns, "bought", "unhealthy with the wrong password", func(px *v1.Proxy) bool { return !px.Status.Healthy })
+	assert.Contains(t, healthCondition(px).Message, "407")
 }

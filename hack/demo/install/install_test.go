@@ -162,7 +162,11 @@ func TestRBACIsLeastPrivilege(t *testing.T) {
 		{"ep-broker", "update", "crawl.example.com", "proxies", "", "team-a", false},
 		{"ep-broker", "patch", "crawl.example.com", "proxies", "status", "team-a", false},
 		{"ep-broker", "create", "events.k8s.io", "events", "", "team-a", false},
-		{"ep-broker", "get", "", "secrets", "", ns, false},
+		// Secrets read-only: External proxies' credentials (its cache
+		// narrows the watch to those labelled for it).
+		{"ep-broker", "watch", "", "secrets", "", "team-a", true},
+		{"ep-broker", "create", "", "secrets", "", "team-a", false},
+		{"ep-broker", "update", "", "secrets", "", ns, false},
 		// The controller: Proxies and their status, its pods, Secrets read-only,
 		// Events, its leader Lease; nothing else.
 		{"ep-controller", "patch", "crawl.example.com", "proxies", "status", "team-a", true},

@@ -45,6 +45,9 @@ type Options struct {
 	// CuttableAPIServer routes every service to the API server through a
 	// proc.Cutter (System.APILink), so a test can partition them from it.
 	CuttableAPIServer bool
+	// BrokerToken, when set, is the bearer token the brokers require
+	// (and the controllers send): then leases carry proxy credentials.
+	BrokerToken string
 	// Step, when set, hears progress.
 	Step func(format string, args ...any)
 }
@@ -168,14 +171,25 @@ func Start(t proc.T, env *testenv.Env, o Options) *System {
 	// Brokers keep their gRPC address across restarts, behind one
 	// balancer the controllers read live leases through, as through the
 	// chart's Service.
+	var tokenArgs []string
+	if o.BrokerToken != "" {
+		tokenFile := filepath.Join(dir, "broker-token")
+		if err := os.WriteFile(tokenFile, []byte(o.BrokerToken), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		tokenArgs = []string{"--token-file", tokenFile}
+	}
 	grpcs := make([]string, o.Brokers)
 	for i := range o.Brokers {
 		grpcs[i] = proc.Addr(proc.FreePort(t))
-		s.Brokers = append(s.Brokers, &Broker{GRPC: grpcs[i], args: []string{"--kubeconfig", s.Kubeconfig, "--redis-addrs", s.Redis.Addr}})
+		s.Brokers = append(s.Brokers, &Broker{GRPC: grpcs[i], args: append([]string{"--kubeconfig", s.Kubeconfig, "--redis-addrs", s.Redis.Addr}, tokenArgs...)})
 	}
 	var brokerArgs []string
 	if o.Brokers > 0 {
 		brokerArgs = []string{"--broker-address", proc.NewBalancer(t, grpcs...).Addr, "--broker-poll-interval", "500ms"}
+		if len(tokenArgs) > 0 {
+			brokerArgs = append(brokerArgs, "--broker-token-file", tokenArgs[1])
+		}
 	}
 	o.Step("starting %d controller replica(s) (leader election, probe endpoint, health checks through every proxy, ProxyPools)", o.Controllers)
 	for range o.Controllers {

@@ -176,13 +176,30 @@ func (p *Process) Exited() bool {
 // FreePort returns a TCP port free on 127.0.0.1 at the time of the call.
 func FreePort(t T) int {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
+	for {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		port := ln.Addr().(*net.TCPAddr).Port
+		_ = ln.Close()
+		// The kernel may hand a just-closed port out again: two calls
+		// before either port is bound (a service's ops and REST ports)
+		// must not get the same one.
+		handedOutMu.Lock()
+		seen := handedOut[port]
+		handedOut[port] = true
+		handedOutMu.Unlock()
+		if !seen {
+			return port
+		}
 	}
-	defer func() { _ = ln.Close() }()
-	return ln.Addr().(*net.TCPAddr).Port
 }
+
+var (
+	handedOutMu sync.Mutex
+	handedOut   = map[int]bool{}
+)
 
 // Addr is "127.0.0.1:<port>".
 func Addr(port int) string { return net.JoinHostPort("127.0.0.1", strconv.Itoa(port)) }
