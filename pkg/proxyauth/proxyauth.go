@@ -1,11 +1,18 @@
-// Package proxyauth reads a proxy's credentials from the Secret its
-// Proxy names (spec.credentialsSecretRef): the controller gives them to
-// the probers, the broker to the crawler that leases the proxy.
+// Package proxyauth is the credentials a proxy asks for: an External
+// proxy's from the Secret its Proxy names (spec.credentialsSecretRef), a
+// Managed proxy's derived from a key and its UID. The controller gives
+// them to the instance and the probers, the broker to the crawler that
+// leases the proxy.
 package proxyauth
 
 import (
+	"bytes"
+	"crypto/hmac"
+	"crypto/sha256"
 	"encoding/base64"
+	"encoding/hex"
 	"fmt"
+	"os"
 	"strings"
 
 	corev1 "k8s.io/api/core/v1"
@@ -39,4 +46,58 @@ func FromSecret(s *corev1.Secret) (Credentials, error) {
 		return Credentials{}, fmt.Errorf("Secret %s/%s: %q may not hold a colon or a line break (Basic auth joins it to the password with a colon)", s.Namespace, s.Name, KeyUsername)
 	}
 	return c, nil
+}
+
+// MinKeyBytes is the shortest key Derive may use.
+const MinKeyBytes = 32
+
+// Key derives Managed proxies' credentials: each gets its own, from the
+// key and its Proxy's UID, so the controller (configuring the instance,
+// probing it) and the brokers (handing them to a crawler) agree without
+// storing one Secret per proxy. An instance keeps what it was made with:
+// a new key replaces every Managed proxy's credentials, so rotate it by
+// rolling the proxies (a ProxyPool template change).
+type Key []byte
+
+// LoadKey reads a key file (the chart's generated Secret); the error
+// names the file and what is wrong.
+func LoadKey(file string) (Key, error) {
+	b, err := os.ReadFile(file)
+	if err != nil {
+		return nil, err
+	}
+	k := bytes.TrimSpace(b)
+	if len(k) < MinKeyBytes {
+		return nil, fmt.Errorf("%s holds %d bytes; a proxy credentials key needs at least %d", file, len(k), MinKeyBytes)
+	}
+	return Key(k), nil
+}
+
+// Derive is the proxy's user name and password: hex, so no proxy or
+// helper protocol needs to escape them.
+func (k Key) Derive(uid string) Credentials {
+	if len(k) == 0 {
+		return Credentials{}
+	}
+	mac := func(what string) string {
+		h := hmac.New(sha256.New, k)
+		h.Write([]byte(what + "\x00" + uid))
+		return hex.EncodeToString(h.Sum(nil))
+	}
+	return Credentials{Username: "ep-" + mac("username")[:16], Password: mac("password")[:32]}
+}
+
+// Placeholders a Managed proxy's cloud-init may hold; Expand puts the
+// proxy's credentials in their place before the instance boots.
+const (
+	PlaceholderUsername = "${EGRESS_PROXY_USERNAME}"
+	PlaceholderPassword = "${EGRESS_PROXY_PASSWORD}"
+)
+
+// Expand replaces the placeholders in userData with c.
+func (c Credentials) Expand(userData []byte) []byte {
+	if !bytes.Contains(userData, []byte("${EGRESS_PROXY_")) {
+		return userData
+	}
+	return []byte(strings.NewReplacer(PlaceholderUsername, c.Username, PlaceholderPassword, c.Password).Replace(string(userData)))
 }

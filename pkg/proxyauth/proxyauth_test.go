@@ -1,9 +1,13 @@
 package proxyauth_test
 
 import (
+	"os"
+	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
@@ -38,4 +42,27 @@ func TestFromSecret(t *testing.T) {
 	}
 	assert.Equal(t, "Basic Y3Jhd2xlcjpzM2NyOnQ=", proxyauth.Credentials{Username: "crawler", Password: "s3cr:t"}.Header())
 	assert.True(t, proxyauth.Credentials{}.Empty())
+}
+
+func TestDeriveIsPerProxyAndStable(t *testing.T) {
+	k := proxyauth.Key(strings.Repeat("k", 32))
+	a, b := k.Derive("uid-a"), k.Derive("uid-b")
+	assert.Equal(t, a, k.Derive("uid-a"), "the controller and every broker agree")
+	assert.NotEqual(t, a.Username, b.Username)
+	assert.NotEqual(t, a.Password, b.Password)
+	assert.Regexp(t, `^ep-[0-9a-f]{16}$`, a.Username)
+	assert.Regexp(t, `^[0-9a-f]{32}$`, a.Password)
+	assert.NotEqual(t, a, proxyauth.Key(strings.Repeat("j", 32)).Derive("uid-a"), "another key, other credentials")
+	assert.True(t, proxyauth.Key(nil).Derive("uid-a").Empty(), "no key, no credentials")
+
+	dir := t.TempDir()
+	short := filepath.Join(dir, "short")
+	require.NoError(t, os.WriteFile(short, []byte("tiny\n"), 0o600))
+	_, err := proxyauth.LoadKey(short)
+	assert.ErrorContains(t, err, "holds 4 bytes; a proxy credentials key needs at least 32")
+	good := filepath.Join(dir, "good")
+	require.NoError(t, os.WriteFile(good, []byte(strings.Repeat("k", 32)+"\n"), 0o600))
+	got, err := proxyauth.LoadKey(good)
+	require.NoError(t, err)
+	assert.Equal(t, k, got)
 }

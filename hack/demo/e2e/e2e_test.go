@@ -466,3 +466,44 @@ func TestAnExternalProxyWithCredentials(t *testing.T) {
 	px := waitProxy(t, ns, "bought", "unhealthy with the wrong password", func(px *v1.Proxy) bool { return !px.Status.Healthy })
 	assert.Contains(t, healthCondition(px).Message, "407")
 }
+
+// A Managed proxy is no open proxy: its Squid asks for credentials of its
+// own (derived from the controller's key), the probers send them so it
+// turns Healthy, and the lease hands them to the crawler.
+func TestAManagedProxyAsksForItsOwnCredentials(t *testing.T) {
+	s, ns := up(t, system.Options{BrokerToken: "crawler-token", ProxyCredentials: true})
+	ctx := context.Background()
+	require.NoError(t, env.Client.Create(ctx, managed(ns, "locked")))
+	px := waitProxy(t, ns, "locked", "Ready and Healthy through its credentials", healthy)
+
+	var lease rest.Reply
+	require.Eventually(t, func() bool {
+		lease = rest.Do(t, "POST", s.Brokers[1].REST+"/v1/leases", `{"namespace":"`+ns+`"}`, "Authorization", "Bearer crawler-token")
+		return lease.Status == 200
+	}, 30*time.Second, 50*time.Millisecond)
+	creds, ok := lease.JSON["credentials"].(map[string]any)
+	require.True(t, ok, "the lease carries credentials: %s", lease.Body)
+	assert.Regexp(t, `^ep-[0-9a-f]{16}$`, creds["username"])
+
+	fetch := func(u *url.URL) string {
+		tr := &http.Transport{Proxy: http.ProxyURL(u), TLSClientConfig: tlsTo(s)}
+		resp, err := (&http.Client{Transport: tr, Timeout: 5 * time.Second}).Get(s.Target.URL + "/ip")
+		if err != nil {
+			return err.Error()
+		}
+		_ = resp.Body.Close()
+		return resp.Status
+	}
+	open := mustURL(fmt.Sprintf("http://%s:%d", px.Status.IP, px.Status.Port))
+	assert.Contains(t, fetch(open), "Proxy Authentication Required", "without credentials the CONNECT is refused")
+	withCreds := *open
+	withCreds.User = url.UserPassword(creds["username"].(string), creds["password"].(string))
+	assert.Equal(t, "200 OK", fetch(&withCreds), "with the lease's credentials it egresses")
+
+	// Another proxy's credentials are not these.
+	require.NoError(t, env.Client.Create(ctx, managed(ns, "other")))
+	other := waitProxy(t, ns, "other", "Ready and Healthy", healthy)
+	otherURL := mustURL(fmt.Sprintf("http://%s:%d", other.Status.IP, other.Status.Port))
+	otherURL.User = withCreds.User
+	assert.Contains(t, fetch(otherURL), "Proxy Authentication Required", "each Managed proxy has credentials of its own")
+}

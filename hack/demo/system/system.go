@@ -48,6 +48,9 @@ type Options struct {
 	// BrokerToken, when set, is the bearer token the brokers require
 	// (and the controllers send): then leases carry proxy credentials.
 	BrokerToken string
+	// ProxyCredentials gives the controllers and brokers a credentials
+	// key: Managed proxies then ask every client for their own.
+	ProxyCredentials bool
 	// Step, when set, hears progress.
 	Step func(format string, args ...any)
 }
@@ -179,6 +182,15 @@ func Start(t proc.T, env *testenv.Env, o Options) *System {
 		}
 		tokenArgs = []string{"--token-file", tokenFile}
 	}
+	var keyArgs []string
+	if o.ProxyCredentials {
+		keyFile := filepath.Join(dir, "proxy-credentials-key")
+		if err := os.WriteFile(keyFile, []byte("a key of this system, 32 bytes or more\n"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		keyArgs = []string{"--proxy-credentials-key-file", keyFile}
+		tokenArgs = append(tokenArgs, keyArgs...)
+	}
 	grpcs := make([]string, o.Brokers)
 	for i := range o.Brokers {
 		grpcs[i] = proc.Addr(proc.FreePort(t))
@@ -187,10 +199,11 @@ func Start(t proc.T, env *testenv.Env, o Options) *System {
 	var brokerArgs []string
 	if o.Brokers > 0 {
 		brokerArgs = []string{"--broker-address", proc.NewBalancer(t, grpcs...).Addr, "--broker-poll-interval", "500ms"}
-		if len(tokenArgs) > 0 {
+		if o.BrokerToken != "" {
 			brokerArgs = append(brokerArgs, "--broker-token-file", tokenArgs[1])
 		}
 	}
+	brokerArgs = append(brokerArgs, keyArgs...)
 	o.Step("starting %d controller replica(s) (leader election, probe endpoint, health checks through every proxy, ProxyPools)", o.Controllers)
 	for range o.Controllers {
 		c := &Controller{Metrics: proc.Addr(proc.FreePort(t)), Pprof: proc.Addr(proc.FreePort(t)), Probe: proc.Addr(proc.FreePort(t))}

@@ -84,13 +84,24 @@ func (k *StandIn) Sync(ctx context.Context) {
 		if c := pod.Spec.Containers; len(c) > 0 && len(c[0].Ports) > 0 {
 			port = int(c[0].Ports[0].ContainerPort)
 		}
+		// As a kubelet, a container whose env names a Secret that does
+		// not exist yet waits for it.
+		user, password, ok := k.secretEnv(ctx, pod)
+		if !ok {
+			continue
+		}
 		k.next++
 		host := fmt.Sprintf("%s.%d", k.subnet, 9+k.next)
 		if k.AddressOnly {
 			_ = MarkRunning(ctx, k.Client, pod, host) // retried at the next Sync
 			continue
 		}
-		squid := proc.StartSquidAt(k.T, host, port, false)
+		var squid *proc.Squid
+		if user != "" {
+			squid = proc.StartSquidWithAuthAt(k.T, host, port, user, password)
+		} else {
+			squid = proc.StartSquidAt(k.T, host, port, false)
+		}
 		if err := MarkRunning(ctx, k.Client, pod, host); err != nil {
 			squid.Kill()
 			continue
@@ -105,6 +116,28 @@ func (k *StandIn) Sync(ctx context.Context) {
 			k.logf("kubelet stand-in: pod gone, stopped Squid at %s", squid.Addr)
 		}
 	}
+}
+
+// secretEnv resolves the pod's PROXY_USERNAME and PROXY_PASSWORD from the
+// Secret they name (the kubernetes provider's credentials); ok is false
+// while that Secret is missing.
+func (k *StandIn) secretEnv(ctx context.Context, pod *corev1.Pod) (user, password string, ok bool) {
+	if len(pod.Spec.Containers) == 0 {
+		return "", "", true
+	}
+	vals := map[string]string{}
+	for _, e := range pod.Spec.Containers[0].Env {
+		ref := e.ValueFrom
+		if ref == nil || ref.SecretKeyRef == nil {
+			continue
+		}
+		var s corev1.Secret
+		if err := k.Client.Get(ctx, client.ObjectKey{Namespace: pod.Namespace, Name: ref.SecretKeyRef.Name}, &s); err != nil {
+			return "", "", false
+		}
+		vals[e.Name] = string(s.Data[ref.SecretKeyRef.Key])
+	}
+	return vals["PROXY_USERNAME"], vals["PROXY_PASSWORD"], true
 }
 
 // MarkRunning writes the status a kubelet writes once pod runs at ip.

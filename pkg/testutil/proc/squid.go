@@ -58,7 +58,13 @@ func StartSquidAt(t T, host string, port int, denyAll bool) *Squid {
 // a bought proxy, or a Managed one that is not an open proxy.
 func StartSquidWithAuth(t T, host, user, password string) *Squid {
 	t.Helper()
-	return newSquid(t, host, FreePort(t), func(dir string) string {
+	return StartSquidWithAuthAt(t, host, FreePort(t), user, password)
+}
+
+// StartSquidWithAuthAt is StartSquidWithAuth on host:port.
+func StartSquidWithAuthAt(t T, host string, port int, user, password string) *Squid {
+	t.Helper()
+	return newSquid(t, host, port, func(dir string) string {
 		helper := filepath.Join(dir, "auth.sh")
 		script := fmt.Sprintf("#!/bin/sh\nwhile read -r u p; do if [ \"$u\" = %q ] && [ \"$p\" = %q ]; then echo OK; else echo ERR; fi; done\n", user, password)
 		if err := os.WriteFile(helper, []byte(script), 0o755); err != nil {

@@ -7,6 +7,7 @@ import (
 	"regexp"
 	"time"
 
+	"github.com/egress-proxies/egress-proxies/pkg/proxyauth"
 	"github.com/egress-proxies/egress-proxies/services/broker/pkg/index"
 	"github.com/egress-proxies/egress-proxies/services/broker/pkg/leases"
 	"github.com/egress-proxies/egress-proxies/services/broker/pkg/store"
@@ -29,11 +30,15 @@ type Options struct {
 	TokenFile         string
 	TLSCert           string
 	TLSKey            string
-	Leases            leases.Config
-	IndexResync       time.Duration
-	IndexIdle         time.Duration
-	MaxIndexes        int
-	MaxBody           int64
+	// CredentialsKeyFile: the controller's key Managed proxies'
+	// credentials are derived from.
+	CredentialsKeyFile string
+	credentialsKey     proxyauth.Key
+	Leases             leases.Config
+	IndexResync        time.Duration
+	IndexIdle          time.Duration
+	MaxIndexes         int
+	MaxBody            int64
 }
 
 // Register adds the flags to fs.
@@ -58,6 +63,7 @@ func (o *Options) Register(fs *flag.FlagSet) {
 	fs.StringVar(&o.TokenFile, "token-file", "", "file holding the bearer token clients must send; empty serves unauthenticated")
 	fs.StringVar(&o.TLSCert, "tls-cert-file", "", "PEM certificate the gRPC and REST ports serve (re-read when it changes, so cert-manager can rotate it); empty serves plaintext")
 	fs.StringVar(&o.TLSKey, "tls-key-file", "", "PEM key of --tls-cert-file")
+	fs.StringVar(&o.CredentialsKeyFile, "proxy-credentials-key-file", "", "the controller's --proxy-credentials-key-file, so leases of Managed proxies carry their credentials")
 	fs.DurationVar(&o.Leases.DefaultTTL, "default-ttl", d.DefaultTTL, "lease TTL when a request gives ttlSeconds 0")
 	fs.DurationVar(&o.Leases.MinTTL, "min-ttl", d.MinTTL, "shortest lease TTL a request may ask for")
 	fs.DurationVar(&o.Leases.MaxTTL, "max-ttl", d.MaxTTL, "longest lease TTL a request may ask for")
@@ -90,6 +96,12 @@ func (o *Options) Validate() error {
 		return errors.New("--tls-cert-file and --tls-key-file go together")
 	case o.IndexResync <= 0 || o.IndexIdle <= 0 || o.MaxIndexes < 1:
 		return errors.New("--index-resync and --index-idle must be positive and --max-indexes at least 1")
+	}
+	if o.CredentialsKeyFile != "" {
+		var err error
+		if o.credentialsKey, err = proxyauth.LoadKey(o.CredentialsKeyFile); err != nil {
+			return fmt.Errorf("--proxy-credentials-key-file: %w", err)
+		}
 	}
 	return nil
 }

@@ -51,8 +51,10 @@ type Proxy struct {
 	// address.
 	Leasable bool
 	// CredentialsSecret names the Secret, in the proxy's namespace, of the
-	// credentials it asks for; "" when it asks for none.
+	// credentials an External proxy asks for.
 	CredentialsSecret string
+	// Managed: its credentials are derived from the key (Inventory.Key).
+	Managed bool
 }
 
 // Draining reports whether the proxy takes no new leases.
@@ -105,8 +107,8 @@ func fromObject(px *v1.Proxy) Proxy {
 		creds = ref.Name
 	}
 	return Proxy{
-		CredentialsSecret: creds,
-		UID:               string(px.UID), ID: px.Key(), Namespace: px.Namespace,
+		CredentialsSecret: creds, Managed: px.Spec.Mode == v1.ModeManaged,
+		UID: string(px.UID), ID: px.Key(), Namespace: px.Namespace,
 		IP: px.Status.IP, Port: px.Status.Port, EgressIP: px.Status.EgressIP,
 		Attributes: px.Spec.Attributes, Healthy: px.Status.Healthy,
 		HealthStale: h != nil && h.Status == metav1.ConditionUnknown && h.Reason == v1.ReasonProbeStale,
@@ -118,6 +120,9 @@ func fromObject(px *v1.Proxy) Proxy {
 
 // Inventory is the snapshot, keyed by UID.
 type Inventory struct {
+	// Key derives Managed proxies' credentials, as the controller does;
+	// set it before serving.
+	Key proxyauth.Key
 	// secrets reads the Secrets labelled crawl.example.com/proxy-credentials.
 	secrets client.Reader
 	mu      sync.RWMutex
@@ -178,6 +183,9 @@ func (i *Inventory) Run(ctx context.Context, cfg *rest.Config, namespace string)
 // Credentials are what p asks for: none when it names no Secret, else the
 // Secret's, or an error naming what is wrong with it.
 func (i *Inventory) Credentials(ctx context.Context, p Proxy) (proxyauth.Credentials, error) {
+	if p.Managed {
+		return i.Key.Derive(p.UID), nil
+	}
 	if p.CredentialsSecret == "" {
 		return proxyauth.Credentials{}, nil
 	}

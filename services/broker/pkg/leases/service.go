@@ -142,12 +142,15 @@ func (s *Service) ttl(secs int32) (time.Duration, error) {
 // hand them out. A Secret it cannot read leaves them out: the proxy
 // answers 407, as its probes do, which marks it unhealthy soon enough.
 func (s *Service) credentials(ctx context.Context, p inventory.Proxy) *leasev1.ProxyCredentials {
-	if !s.cfg.ShareCredentials || p.CredentialsSecret == "" {
+	if !s.cfg.ShareCredentials {
 		return nil
 	}
 	c, err := s.inv.Credentials(ctx, p)
 	if err != nil {
 		slog.WarnContext(ctx, "leasing without the proxy's credentials", "proxy", p.ID, "err", err)
+		return nil
+	}
+	if c.Empty() {
 		return nil
 	}
 	return &leasev1.ProxyCredentials{Username: c.Username, Password: c.Password}

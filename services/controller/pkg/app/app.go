@@ -83,6 +83,9 @@ func Run(ctx context.Context, env service.Env, o Options) error {
 	if err := addProbeHub(ctx, mgr, log, o, probeTLS, probeToken); err != nil {
 		return err
 	}
+	if o.credentialsKey == nil {
+		log.Warn("NO PROXY CREDENTIALS KEY: Managed instances are made as OPEN proxies, which anyone who reaches them may use; set --proxy-credentials-key-file")
+	}
 	log.Info("starting", "providers", registry.Names(), "namespace", namespace, "commit", version.Commit,
 		"probeAuth", probeToken.Enabled(), "probeTLS", probeTLS != nil)
 	return mgr.Start(ctx)
@@ -152,7 +155,7 @@ func newManager(o Options, namespace string) (ctrl.Manager, error) {
 func addProxyControllers(ctx context.Context, mgr ctrl.Manager, registry *providers.Registry, log *slog.Logger, o Options) error {
 	rec := lifecycle.New(mgr.GetClient(), registry, mgr.GetEventRecorder(EventSource), log.With("controller", "lifecycle"), lifecycle.Options{
 		PollInterval: o.PollInterval, ResyncInterval: o.ResyncInterval, ResyncQPS: o.ResyncQPS, BackoffBase: o.BackoffBase,
-		MaxConcurrentReconciles: o.Reconcilers,
+		MaxConcurrentReconciles: o.Reconcilers, CredentialsKey: o.credentialsKey,
 	})
 	if err := rec.SetupWithManager(ctx, mgr); err != nil {
 		return fmt.Errorf("setting up the Proxy controller: %w", err)
@@ -250,7 +253,7 @@ func addProbeHub(ctx context.Context, mgr ctrl.Manager, log *slog.Logger, o Opti
 	if err := mgr.Add(creds); err != nil {
 		return err
 	}
-	hub.Credentials = creds
+	hub.Credentials, hub.Key = creds, o.credentialsKey
 	if err := hub.WatchCredentials(ctx, creds, mgr.GetCache()); err != nil {
 		return err
 	}

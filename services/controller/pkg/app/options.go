@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/egress-proxies/egress-proxies/pkg/netpolicy"
+	"github.com/egress-proxies/egress-proxies/pkg/proxyauth"
 	"github.com/egress-proxies/egress-proxies/services/controller/pkg/controllers/proxy/health"
 	"github.com/egress-proxies/egress-proxies/services/controller/pkg/controllers/proxy/lifecycle"
 	"github.com/egress-proxies/egress-proxies/services/controller/pkg/providers"
@@ -19,36 +20,40 @@ type Options struct {
 	// controller (the Helm hook's Job runs the controller's image).
 	Uninstall        bool
 	UninstallTimeout time.Duration
-	MetricsAddr      string
-	HealthAddr       string
-	PprofAddr        string
-	LeaderElect      bool
-	LeaderElectionID string
-	LeaderElectionNS string
-	LeaseDuration    time.Duration
-	ProvidersConfig  string
-	Namespace        string
-	KubeAPIQPS       float64
-	KubeAPIBurst     int
-	Reconcilers      int
-	HealthWriters    int
-	StaleIntervals   int
-	PollInterval     time.Duration
-	ResyncInterval   time.Duration
-	ResyncQPS        float64
-	BackoffBase      time.Duration
-	GCInterval       time.Duration
-	GCGrace          time.Duration
-	ProbeAddr        string
-	ProbeTokenFile   string
-	ProbeDenyCIDRs   string
-	ProbeTLSCert     string
-	ProbeTLSKey      string
-	ProbeInsecure    bool
-	Health           health.Defaults
-	BrokerAddr       string
-	BrokerTokenFile  string
-	BrokerPoll       time.Duration
+	// CredentialsKeyFile holds the key Managed proxies' credentials are
+	// derived from; credentialsKey is what it held.
+	CredentialsKeyFile string
+	credentialsKey     proxyauth.Key
+	MetricsAddr        string
+	HealthAddr         string
+	PprofAddr          string
+	LeaderElect        bool
+	LeaderElectionID   string
+	LeaderElectionNS   string
+	LeaseDuration      time.Duration
+	ProvidersConfig    string
+	Namespace          string
+	KubeAPIQPS         float64
+	KubeAPIBurst       int
+	Reconcilers        int
+	HealthWriters      int
+	StaleIntervals     int
+	PollInterval       time.Duration
+	ResyncInterval     time.Duration
+	ResyncQPS          float64
+	BackoffBase        time.Duration
+	GCInterval         time.Duration
+	GCGrace            time.Duration
+	ProbeAddr          string
+	ProbeTokenFile     string
+	ProbeDenyCIDRs     string
+	ProbeTLSCert       string
+	ProbeTLSKey        string
+	ProbeInsecure      bool
+	Health             health.Defaults
+	BrokerAddr         string
+	BrokerTokenFile    string
+	BrokerPoll         time.Duration
 
 	// What Validate parsed.
 	deny    netpolicy.DenyList
@@ -58,6 +63,7 @@ type Options struct {
 // Register adds the flags to fs.
 func (o *Options) Register(fs *flag.FlagSet) {
 	fs.StringVar(&o.Kubeconfig, "kubeconfig", "", "kubeconfig file; empty means in-cluster config or $KUBECONFIG")
+	fs.StringVar(&o.CredentialsKeyFile, "proxy-credentials-key-file", "", "file holding the key (32 bytes or more) each Managed proxy's credentials are derived from: its instance asks every client for them, the probers and the brokers' leases give them; empty makes Managed instances open proxies")
 	fs.BoolVar(&o.Uninstall, "uninstall", false, "instead of running, delete every ProxyPool and Proxy in the cluster and wait until their instances are deleted (the chart's pre-delete hook; the controller must still run)")
 	fs.DurationVar(&o.UninstallTimeout, "uninstall-timeout", 10*time.Minute, "with --uninstall, how long to wait for the Proxies to go before failing with what is left")
 	fs.StringVar(&o.MetricsAddr, "metrics-bind-address", ":8080", "address of /metrics")
@@ -153,6 +159,11 @@ func (o *Options) Validate() error {
 	}
 	if o.entries, err = loadEntries(o.ProvidersConfig); err != nil {
 		return fmt.Errorf("--providers-config: %w", err)
+	}
+	if o.CredentialsKeyFile != "" {
+		if o.credentialsKey, err = proxyauth.LoadKey(o.CredentialsKeyFile); err != nil {
+			return fmt.Errorf("--proxy-credentials-key-file: %w", err)
+		}
 	}
 	return nil
 }

@@ -88,6 +88,9 @@ type Hub struct {
 	// spec.credentialsSecretRef (a cache of those labelled
 	// crawl.example.com/proxy-credentials); nil sends none.
 	Credentials client.Reader
+	// Key derives Managed proxies' credentials (as the lifecycle
+	// configured their instances with).
+	Key proxyauth.Key
 	// MaxMessageBytes bounds one assignment message; 0 means
 	// assignment.MaxMessageBytes.
 	MaxMessageBytes int
@@ -188,6 +191,9 @@ func (h *Hub) upsert(px *v1.Proxy) {
 // Healthy condition's message, which is where the user looks.
 func (h *Hub) credentials(px *v1.Proxy) proxyauth.Credentials {
 	ref := px.Spec.CredentialsSecretRef
+	if px.Spec.Mode == v1.ModeManaged {
+		return h.Key.Derive(string(px.UID))
+	}
 	if ref == nil || h.Credentials == nil {
 		return proxyauth.Credentials{}
 	}

@@ -12,6 +12,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	v1 "github.com/egress-proxies/egress-proxies/pkg/api/v1alpha1"
+	"github.com/egress-proxies/egress-proxies/pkg/proxyauth"
 )
 
 // Provider runs instances for one providers-config entry.
@@ -69,6 +70,10 @@ type CreateRequest struct {
 	CloudInit []byte
 	// Port the proxy must listen on.
 	Port int32
+	// Credentials the instance must ask every client for (Basic
+	// Proxy-Authorization), so it is no open proxy; empty asks for none.
+	// The cloud-init already holds them where it asked for them.
+	Credentials proxyauth.Credentials
 }
 
 // Owner identifies the Proxy an instance belongs to.

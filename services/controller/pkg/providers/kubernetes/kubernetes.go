@@ -18,6 +18,7 @@ import (
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/egress-proxies/egress-proxies/pkg/proxyauth"
 	"github.com/egress-proxies/egress-proxies/services/controller/pkg/providers"
 )
 
@@ -91,7 +92,7 @@ func (p *Provider) Create(ctx context.Context, req *providers.CreateRequest) (*p
 	err := p.client.Create(ctx, pod)
 	switch {
 	case err == nil:
-		return p.instance(pod), nil
+		return p.instance(pod), p.authSecret(ctx, pod, req)
 	case apierrors.IsAlreadyExists(err):
 		existing := &corev1.Pod{}
 		if err := p.apiReader.Get(ctx, client.ObjectKeyFromObject(pod), existing); err != nil {
@@ -100,7 +101,9 @@ func (p *Provider) Create(ctx context.Context, req *providers.CreateRequest) (*p
 		if existing.Labels[providers.TagOwnerUID] != string(req.Owner.UID) {
 			return nil, providers.NewInvalidConfig("pod %s/%s exists and belongs to another owner (uid %q)", existing.Namespace, existing.Name, existing.Labels[providers.TagOwnerUID])
 		}
-		return p.instance(existing), nil
+		// A create that died between the pod and its Secret: the pod
+		// waits for the Secret, which this retry makes.
+		return p.instance(existing), p.authSecret(ctx, existing, req)
 	case apierrors.IsForbidden(err) && strings.Contains(err.Error(), "exceeded quota"):
 		return nil, providers.NewQuota(err)
 	case apierrors.IsInvalid(err):
@@ -109,6 +112,43 @@ func (p *Provider) Create(ctx context.Context, req *providers.CreateRequest) (*p
 		return nil, err
 	}
 }
+
+// authSecretName is the Secret holding a pod's proxy credentials.
+func authSecretName(pod string) string { return pod + "-auth" }
+
+// authSecret stores the credentials the pod's Squid asks for, owned by
+// the pod, so the API server's garbage collector removes it with the pod.
+// The pod is made first (an owner needs a UID); until this Secret exists
+// its container waits to start.
+func (p *Provider) authSecret(ctx context.Context, pod *corev1.Pod, req *providers.CreateRequest) error {
+	if req.Credentials.Empty() {
+		return nil
+	}
+	s := &corev1.Secret{
+		ObjectMeta: metav1.ObjectMeta{
+			Name: authSecretName(pod.Name), Namespace: pod.Namespace, Labels: providers.OwnerTags(p.entry, req.Owner),
+			OwnerReferences: []metav1.OwnerReference{{APIVersion: "v1", Kind: "Pod", Name: pod.Name, UID: pod.UID}},
+		},
+		Data: map[string][]byte{proxyauth.KeyUsername: []byte(req.Credentials.Username), proxyauth.KeyPassword: []byte(req.Credentials.Password)},
+	}
+	if err := p.client.Create(ctx, s); err != nil && !apierrors.IsAlreadyExists(err) {
+		return fmt.Errorf("creating the credentials Secret of pod %s: %w", pod.Name, err)
+	}
+	return nil
+}
+
+// squidCommand starts the image's Squid on the Proxy's port and, with
+// credentials, asks every client for them: a helper in Squid's basic auth
+// protocol compares them, and no rule admits anyone else.
+const squidCommand = `set -e
+sed -i "s/^http_port .*/http_port ${PROXY_PORT}/" /etc/squid/squid.conf
+if [ -n "${PROXY_USERNAME:-}" ]; then
+  printf '#!/bin/sh\nwhile read -r u p; do if [ "$u" = "%s" ] && [ "$p" = "%s" ]; then echo OK; else echo ERR; fi; done\n' "$PROXY_USERNAME" "$PROXY_PASSWORD" > /etc/squid/egress-auth.sh
+  chmod 0755 /etc/squid/egress-auth.sh
+  { printf 'auth_param basic program /bin/sh /etc/squid/egress-auth.sh\nauth_param basic realm egress-proxies\nacl egress_authenticated proxy_auth REQUIRED\nhttp_access allow egress_authenticated\nhttp_access deny all\n'; cat /etc/squid/squid.conf; } > /etc/squid/squid.conf.auth
+  mv /etc/squid/squid.conf.auth /etc/squid/squid.conf
+fi
+exec /usr/local/bin/entrypoint.sh -f /etc/squid/squid.conf -NYC`
 
 func (p *Provider) pod(req *providers.CreateRequest) *corev1.Pod {
 	image := p.cfg.Image
@@ -123,6 +163,13 @@ func (p *Provider) pod(req *providers.CreateRequest) *corev1.Pod {
 		nodeSelector[corev1.LabelInstanceTypeStable] = req.Placement.MachineType
 	}
 	port := intstr.FromInt32(req.Port)
+	env := []corev1.EnvVar{{Name: "PROXY_PORT", Value: port.String()}}
+	if !req.Credentials.Empty() {
+		ref := func(key string) *corev1.EnvVarSource {
+			return &corev1.EnvVarSource{SecretKeyRef: &corev1.SecretKeySelector{LocalObjectReference: corev1.LocalObjectReference{Name: authSecretName(req.Name)}, Key: key}}
+		}
+		env = append(env, corev1.EnvVar{Name: "PROXY_USERNAME", ValueFrom: ref(proxyauth.KeyUsername)}, corev1.EnvVar{Name: "PROXY_PASSWORD", ValueFrom: ref(proxyauth.KeyPassword)})
+	}
 	return &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{
 			Name:        req.Name,
@@ -138,8 +185,8 @@ func (p *Provider) pod(req *providers.CreateRequest) *corev1.Pod {
 				Image: image,
 				// The image listens on 3128; a different spec.port is
 				// written into squid.conf before Squid starts.
-				Command: []string{"/bin/sh", "-c", `sed -i "s/^http_port .*/http_port ${PROXY_PORT}/" /etc/squid/squid.conf && exec /usr/local/bin/entrypoint.sh -f /etc/squid/squid.conf -NYC`},
-				Env:     []corev1.EnvVar{{Name: "PROXY_PORT", Value: port.String()}},
+				Command: []string{"/bin/sh", "-c", squidCommand},
+				Env:     env,
 				Ports:   []corev1.ContainerPort{{Name: "proxy", ContainerPort: req.Port, Protocol: corev1.ProtocolTCP}},
 				ReadinessProbe: &corev1.Probe{
 					ProbeHandler: corev1.ProbeHandler{TCPSocket: &corev1.TCPSocketAction{Port: port}},

@@ -17,6 +17,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	v1 "github.com/egress-proxies/egress-proxies/pkg/api/v1alpha1"
+	"github.com/egress-proxies/egress-proxies/pkg/proxyauth"
 	"github.com/egress-proxies/egress-proxies/pkg/testenv"
 	"github.com/egress-proxies/egress-proxies/pkg/testutil/kubelet"
 	"github.com/egress-proxies/egress-proxies/services/controller/pkg/providers"
@@ -173,4 +174,56 @@ func TestConfigBlockIsStrict(t *testing.T) {
 	_, err := kubernetes.New(context.Background(), providers.Entry{Name: "k", Type: kubernetes.Type, Block: []byte(`{"namespace":"x","imgae":"typo"}`)}, providers.Deps{})
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), `unknown field "imgae"`)
+}
+
+// With credentials the pod's Squid asks every client for them: they live
+// in a Secret the pod owns (gone with the pod), which its env names; a
+// retried create after a crash between the two makes the Secret.
+func TestCredentialsGoToAPodOwnedSecret(t *testing.T) {
+	testenv.Require(t)
+	ns := namespace(t)
+	p := newProvider(t, ns)
+	o := providers.Owner{UID: uuid.NewUUID(), Namespace: "crawl", Name: "auth", Generation: 1}
+	req := request("px-auth-1", o)
+	req.Credentials = proxyauth.Credentials{Username: "ep-user", Password: "pw"}
+	_, err := p.Create(context.Background(), req)
+	require.NoError(t, err)
+
+	pod := &corev1.Pod{}
+	require.NoError(t, env.Client.Get(context.Background(), client.ObjectKey{Namespace: ns, Name: req.Name}, pod))
+	vars := map[string]*corev1.EnvVarSource{}
+	for _, e := range pod.Spec.Containers[0].Env {
+		vars[e.Name] = e.ValueFrom
+	}
+	require.NotNil(t, vars["PROXY_USERNAME"])
+	assert.Equal(t, "px-auth-1-auth", vars["PROXY_USERNAME"].SecretKeyRef.Name)
+	assert.Equal(t, "password", vars["PROXY_PASSWORD"].SecretKeyRef.Key)
+	assert.Contains(t, pod.Spec.Containers[0].Command[2], "auth_param basic program", "Squid asks for them")
+	assert.Contains(t, pod.Spec.Containers[0].Command[2], "http_access deny all")
+
+	s := &corev1.Secret{}
+	require.NoError(t, get(t, ns, "px-auth-1-auth", s))
+	assert.Equal(t, "ep-user", string(s.Data["username"]))
+	assert.Equal(t, "pw", string(s.Data["password"]))
+	require.Len(t, s.OwnerReferences, 1)
+	assert.Equal(t, pod.UID, s.OwnerReferences[0].UID, "the pod owns it: garbage-collected with it")
+
+	// The Secret lost (a create that died after the pod): the retry makes it.
+	require.NoError(t, env.Client.Delete(context.Background(), s))
+	_, err = p.Create(context.Background(), req)
+	require.NoError(t, err)
+	require.NoError(t, get(t, ns, "px-auth-1-auth", &corev1.Secret{}))
+
+	// Without credentials: no Secret, no auth.
+	open := request("px-open-1", o)
+	_, err = p.Create(context.Background(), open)
+	require.NoError(t, err)
+	require.NoError(t, get(t, ns, "px-open-1", pod))
+	assert.Len(t, pod.Spec.Containers[0].Env, 1)
+	assert.True(t, apierrors.IsNotFound(get(t, ns, "px-open-1-auth", &corev1.Secret{})))
+}
+
+func get(t *testing.T, ns, name string, obj client.Object) error {
+	t.Helper()
+	return env.Client.Get(context.Background(), client.ObjectKey{Namespace: ns, Name: name}, obj)
 }

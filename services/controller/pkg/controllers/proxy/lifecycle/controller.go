@@ -35,6 +35,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	v1 "github.com/egress-proxies/egress-proxies/pkg/api/v1alpha1"
+	"github.com/egress-proxies/egress-proxies/pkg/proxyauth"
 	"github.com/egress-proxies/egress-proxies/services/controller/pkg/providers"
 )
 
@@ -55,6 +56,9 @@ type Options struct {
 	// MaxConcurrentReconciles is how many Proxies reconcile at once; 0
 	// means DefaultMaxConcurrentReconciles.
 	MaxConcurrentReconciles int
+	// CredentialsKey derives each Managed instance's proxy credentials;
+	// empty makes instances that ask for none.
+	CredentialsKey proxyauth.Key
 }
 
 // DefaultResyncQPS lets one provider entry re-read 6,000 Ready instances

@@ -115,12 +115,14 @@ func (r *Reconciler) create(ctx context.Context, px *v1.Proxy, prov providers.Pr
 	if px.Spec.Placement != nil {
 		placement = *px.Spec.Placement
 	}
+	creds := r.opts.CredentialsKey.Derive(string(px.UID))
 	inst, err := prov.Create(ctx, &providers.CreateRequest{
-		Name:      providers.InstanceName(px.Name, px.UID, gen),
-		Owner:     providers.Owner{UID: px.UID, Namespace: px.Namespace, Name: px.Name, Generation: gen},
-		Placement: placement,
-		CloudInit: cloudInit,
-		Port:      px.Spec.Port,
+		Name:        providers.InstanceName(px.Name, px.UID, gen),
+		Owner:       providers.Owner{UID: px.UID, Namespace: px.Namespace, Name: px.Name, Generation: gen},
+		Placement:   placement,
+		CloudInit:   creds.Expand(cloudInit),
+		Port:        px.Spec.Port,
+		Credentials: creds,
 	})
 	if err != nil {
 		return r.providerError(px, err)
