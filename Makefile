@@ -109,7 +109,7 @@ deploy: install ## Plain manifests, no Helm release: render the chart and kubect
 	bash hack/deploy-secrets.sh $(DEPLOY_NS) egress-proxies
 	$(HELM) template egress-proxies charts/egress-proxies --namespace $(DEPLOY_NS) $(CHART_IMAGES) \
 	  --set auth.probeToken.create=false --set auth.discoveryToken.create=false --set auth.discoveryToken.secretName=egress-proxies-discovery-token \
-	  --set redis.internal.auth.create=false --set auth.probeTLS.source=existing --set auth.probeTLS.secretName=egress-proxies-probe-tls \
+	  --set redis.internal.auth.create=false --set auth.proxyCredentials.create=false --set auth.probeTLS.source=existing --set auth.probeTLS.secretName=egress-proxies-probe-tls \
 	  | kubectl apply --server-side -f -
 
 .PHONY: helm-install

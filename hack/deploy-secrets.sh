@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Creates, once, the Secrets `make deploy` cannot have the chart make (the
-# probe token, the lease API's token, the bundled Redis's password and the
-# probe certificate):
+# probe token, the lease API's token, the bundled Redis's password, the
+# proxy credentials key and the probe certificate):
 # `helm template` cannot look up what exists, so a chart-made token or
 # certificate would be replaced on every apply, cutting every prober off
 # until it restarts. An existing Secret is left as it is (rotate it by
@@ -20,6 +20,7 @@ once() {
 once "$release-probe-token" token
 once "$release-discovery-token" token
 once "$release-redis" password
+once "$release-proxy-credentials-key" key
 if ! kubectl -n "$ns" get secret "$tls" >/dev/null 2>&1; then
   dir=$(mktemp -d)
   trap 'rm -rf "$dir"' EXIT

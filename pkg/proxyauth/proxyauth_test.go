@@ -66,3 +66,11 @@ func TestDeriveIsPerProxyAndStable(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, k, got)
 }
+
+func TestExpandPlacesTheCredentials(t *testing.T) {
+	c := proxyauth.Credentials{Username: "ep-0123", Password: "abcd"}
+	in := []byte("user ${EGRESS_PROXY_USERNAME} pass ${EGRESS_PROXY_PASSWORD} shell ${HOME}\n")
+	assert.Equal(t, "user ep-0123 pass abcd shell ${HOME}\n", string(c.Expand(in)), "only our placeholders")
+	plain := []byte("#cloud-config\n")
+	assert.Equal(t, plain, c.Expand(plain))
+}

@@ -144,6 +144,13 @@ data:
 {{- end -}}
 {{- end }}
 
+{{/* The proxy credentials key's Secret name, or empty when Managed proxies are open. */}}
+{{- define "ep.credentialsKeySecret" -}}
+{{- if .Values.auth.proxyCredentials.enabled -}}
+{{ include "ep.name" . }}-{{ .Values.auth.proxyCredentials.secretName }}
+{{- end -}}
+{{- end }}
+
 {{/* The probe stream's TLS Secret: the user's own when source is "existing". */}}
 {{- define "ep.probeTLSSecret" -}}
 {{- if eq .Values.auth.probeTLS.source "existing" -}}

@@ -31,6 +31,7 @@ import (
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/egress-proxies/egress-proxies/pkg/proxyauth"
 	"github.com/egress-proxies/egress-proxies/pkg/testenv"
 )
 
@@ -177,6 +178,7 @@ func TestRBACIsLeastPrivilege(t *testing.T) {
 		{"ep-controller", "update", "", "secrets", "", ns, false},
 		{"ep-controller", "delete", "", "secrets", "", ns, false},
 		{"ep-controller", "create", "", "pods", "", ns, true},
+		{"ep-controller", "create", "", "secrets", "", ns, true}, // a Squid pod's credentials
 		{"ep-controller", "delete", "", "pods", "", ns, true},
 		{"ep-controller", "create", "", "pods", "", "team-a", false},
 		{"ep-controller", "create", "events.k8s.io", "events", "", "team-a", true},
@@ -281,6 +283,15 @@ func TestSamplesAreAccepted(t *testing.T) {
 		require.NoError(t, utilyaml.Unmarshal(b, &u.Object))
 		u.SetNamespace("default")
 		assert.NoError(t, env.Client.Create(context.Background(), u, client.DryRunAll), filepath.Base(m))
+		// A Managed sample with cloud-init makes no open proxy: its
+		// Squid asks for the credentials the controller places.
+		if ci, ok, _ := unstructured.NestedString(u.Object, "spec", "cloudInit", "inline"); ok {
+			creds := proxyauth.Credentials{Username: "ep-user", Password: "pw"}
+			out := string(creds.Expand([]byte(ci)))
+			assert.Contains(t, out, `"$u" = "ep-user" ] && [ "$p" = "pw" ]`, filepath.Base(m))
+			assert.Contains(t, out, "acl egress_authenticated proxy_auth REQUIRED", filepath.Base(m))
+			assert.NotContains(t, out, "http_access allow all", filepath.Base(m))
+		}
 	}
 }
 
@@ -343,6 +354,7 @@ func TestDeploySecretsAreMadeOnce(t *testing.T) {
 	assert.Len(t, token.Data["token"], 48)
 	assert.Len(t, discovery.Data["token"], 48)
 	assert.Len(t, redis.Data["password"], 48)
+	assert.Len(t, get("egress-proxies-proxy-credentials-key").Data["key"], 48)
 	assert.Equal(t, corev1.SecretTypeTLS, tls.Type)
 	run()
 	assert.Equal(t, token.Data, get("egress-proxies-probe-token").Data, "a second deploy keeps the token")
@@ -421,6 +433,8 @@ func TestDefaultInstallMountsOnlyWhatExists(t *testing.T) {
 	args := podSpec(t, broker).Containers[0].Args
 	assert.Contains(t, args, "--token-file=/etc/egress-proxies/discovery-token/token")
 	assert.Contains(t, args, "--redis-password-file=/etc/egress-proxies/redis/password")
+	assert.Contains(t, args, "--proxy-credentials-key-file=/etc/egress-proxies/proxy-credentials/key", "Managed proxies are no open proxies")
+	assert.Contains(t, podSpec(t, find(t, objs, "Deployment", "ep-controller")).Containers[0].Args, "--proxy-credentials-key-file=/etc/egress-proxies/proxy-credentials/key")
 	var token corev1.Secret
 	require.NoError(t, env.Client.Get(ctx, client.ObjectKey{Namespace: ins, Name: "ep-discovery-token"}, &token))
 	assert.Len(t, token.Data["token"], 48)
