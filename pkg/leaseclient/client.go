@@ -108,13 +108,15 @@ func (e *NoProxyError) Unwrap() error { return ErrNoProxy }
 
 // Lease is a live lease.
 type Lease struct {
-	ID       string
-	Proxy    *leasev1.Proxy
-	Target   string
-	c        *Client
-	mu       sync.Mutex
-	expires  time.Time
-	released bool
+	ID    string
+	Proxy *leasev1.Proxy
+	// Credentials the proxy asks for, or nil; ProxyURL carries them.
+	Credentials *leasev1.ProxyCredentials
+	Target      string
+	c           *Client
+	mu          sync.Mutex
+	expires     time.Time
+	released    bool
 }
 
 // Lease takes a proxy. A broker that is unavailable (restarting, or its
@@ -150,7 +152,7 @@ func (c *Client) Lease(ctx context.Context, r Request) (*Lease, error) {
 		}
 		return nil, err
 	}
-	return &Lease{ID: resp.GetLeaseId(), Proxy: resp.GetProxy(), Target: r.Target, c: c, expires: resp.GetExpiresAt().AsTime()}, nil
+	return &Lease{ID: resp.GetLeaseId(), Proxy: resp.GetProxy(), Credentials: resp.GetCredentials(), Target: r.Target, c: c, expires: resp.GetExpiresAt().AsTime()}, nil
 }
 
 // Expires is the lease's current expiry.
@@ -160,9 +162,15 @@ func (l *Lease) Expires() time.Time {
 	return l.expires
 }
 
-// ProxyURL is the proxy as an http:// URL, for http.ProxyURL.
+// ProxyURL is the proxy as an http:// URL, for http.ProxyURL, with the
+// proxy's credentials as its user info when it asks for some (Go's
+// transport sends them as Proxy-Authorization, on CONNECT too).
 func (l *Lease) ProxyURL() *url.URL {
-	return &url.URL{Scheme: "http", Host: net.JoinHostPort(l.Proxy.GetIp(), strconv.Itoa(int(l.Proxy.GetPort())))}
+	u := &url.URL{Scheme: "http", Host: net.JoinHostPort(l.Proxy.GetIp(), strconv.Itoa(int(l.Proxy.GetPort())))}
+	if c := l.Credentials; c.GetUsername() != "" {
+		u.User = url.UserPassword(c.GetUsername(), c.GetPassword())
+	}
+	return u
 }
 
 // Renew extends the lease by ttl from now (0: the broker's default).

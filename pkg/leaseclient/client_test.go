@@ -14,6 +14,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	v1 "github.com/egress-proxies/egress-proxies/pkg/api/v1alpha1"
+	leasev1 "github.com/egress-proxies/egress-proxies/pkg/gen/egressproxies/lease/v1"
 	"github.com/egress-proxies/egress-proxies/pkg/leaseclient"
 	"github.com/egress-proxies/egress-proxies/pkg/testenv"
 	"github.com/egress-proxies/egress-proxies/pkg/testutil/proc"
@@ -94,4 +95,16 @@ func TestLeaseRenewReportRelease(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("auto-renew never reported the lease lost")
 	}
+}
+
+// A lease of a proxy that asks for credentials gives a URL carrying them,
+// so http.ProxyURL sends them on CONNECT.
+func TestProxyURLCarriesTheCredentials(t *testing.T) {
+	l := &leaseclient.Lease{Proxy: &leasev1.Proxy{Ip: "127.0.0.91", Port: 3128},
+		Credentials: &leasev1.ProxyCredentials{Username: "ep-0123", Password: "p@ss:word"}}
+	u := l.ProxyURL()
+	assert.Equal(t, "ep-0123", u.User.Username())
+	pw, _ := u.User.Password()
+	assert.Equal(t, "p@ss:word", pw)
+	assert.Equal(t, "127.0.0.91:3128", u.Host)
 }
