@@ -81,6 +81,8 @@ func TestInvalidProxiesAreRejectedNamingTheField(t *testing.T) {
 		{"external with placement", func(p *v1.Proxy) { p.Spec.Placement = &v1.Placement{Zone: "z"} }, external, []string{"spec.placement", "not allowed when spec.mode is External"}},
 		{"external with cloudInit", func(p *v1.Proxy) { p.Spec.CloudInit = &v1.CloudInit{Inline: "x"} }, external, []string{"spec.cloudInit", "not allowed"}},
 		{"external with provider", func(p *v1.Proxy) { p.Spec.Provider = "gcp" }, external, []string{"spec.provider", "not allowed"}},
+		{"managed with credentialsSecretRef", func(p *v1.Proxy) { p.Spec.CredentialsSecretRef = &v1.LocalSecretRef{Name: "creds"} }, managed, []string{"spec.credentialsSecretRef", "only allowed when spec.mode is External"}},
+		{"credentialsSecretRef not a name", func(p *v1.Proxy) { p.Spec.CredentialsSecretRef = &v1.LocalSecretRef{Name: "Bad_Name"} }, external, []string{"spec.credentialsSecretRef.name"}},
 		{"port -1", func(p *v1.Proxy) { p.Spec.Port = -1 }, managed, []string{"spec.port", "greater than or equal to 1"}},
 		{"port 70000", func(p *v1.Proxy) { p.Spec.Port = 70000 }, managed, []string{"spec.port", "65535"}},
 		{"unknown mode", func(p *v1.Proxy) { p.Spec.Mode = "Borrowed" }, managed, []string{"spec.mode", "Managed", "External"}},
