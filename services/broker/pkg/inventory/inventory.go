@@ -17,7 +17,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -147,9 +146,7 @@ func New(changed func(uid string)) *Inventory {
 func (i *Inventory) Run(ctx context.Context, cfg *rest.Config, namespace string) error {
 	// The Secrets proxies name for their credentials, and only those: the
 	// label narrows a watch RBAC cannot narrow.
-	opts := cache.Options{Scheme: kube.NewScheme(), ByObject: map[client.Object]cache.ByObject{
-		&corev1.Secret{}: {Label: labels.SelectorFromSet(labels.Set{v1.LabelProxyCredentials: "true"})},
-	}}
+	opts := cache.Options{Scheme: kube.NewScheme(), ByObject: kube.CredentialSecrets()}
 	if namespace != "" {
 		opts.DefaultNamespaces = map[string]cache.Config{namespace: {}}
 	}
