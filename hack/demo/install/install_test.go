@@ -230,7 +230,7 @@ func TestValuesThatBreakTheSchemaAreNamed(t *testing.T) {
 		{"auth.probeTLS.source=self", "auth/probeTLS/source"},
 		{"broker.tls.enabled=true", "broker/tls/secretName"},
 		{"controller.image.digest=latest", "controller/image/digest"},
-		{"controller.extraArgs[0]=gc-interval", "controller/extraArgs/0"},
+		{"controller.extraEnv[0].value=x", "controller/extraEnv/0"},
 		{"global.imagePullSecrets[0]=mirror", "global/imagePullSecrets/0"},
 		{"controller.health.staleIntervals=1", "controller/health/staleIntervals"},
 		{"controller.health.denyCIDRs=metadata", "controller/health/denyCIDRs"},
