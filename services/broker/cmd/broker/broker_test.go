@@ -53,7 +53,8 @@ func TestQuickstartOverREST(t *testing.T) {
 
 	lease := b.lease(`{"selector":{"geo":"local"},"ttlSeconds":300}`)
 	require.Equal(t, 200, lease.Status, string(lease.Body))
-	assert.ElementsMatch(t, []string{"leaseID", "proxy", "expiresAt"}, keys(lease.JSON))
+	assert.ElementsMatch(t, []string{"leaseID", "proxy", "expiresAt", "credentials"}, keys(lease.JSON))
+	assert.Nil(t, lease.JSON["credentials"], "a proxy that asks for none")
 	id := lease.JSON["leaseID"].(string)
 	assert.Len(t, id, 32)
 	assert.Equal(t, f.ns+"/proxy-kubernetes-sample", lease.JSON["proxy"].(map[string]any)["id"])
