@@ -59,9 +59,12 @@ const MinKeyBytes = 32
 // rolling the proxies (a ProxyPool template change).
 type Key []byte
 
-// LoadKey reads a key file (the chart's generated Secret); the error
-// names the file and what is wrong.
+// LoadKey reads a key file (the chart's generated Secret), or gives no
+// key for ""; the error names the file and what is wrong.
 func LoadKey(file string) (Key, error) {
+	if file == "" {
+		return nil, nil
+	}
 	b, err := os.ReadFile(file)
 	if err != nil {
 		return nil, err
@@ -101,3 +104,29 @@ func (c Credentials) Expand(userData []byte) []byte {
 	}
 	return []byte(strings.NewReplacer(PlaceholderUsername, c.Username, PlaceholderPassword, c.Password).Replace(string(userData)))
 }
+
+// SquidHelper is a basic-auth helper for Squid admitting only c: Squid's
+// helper protocol sends "user password" a line and reads OK or ERR. Squid
+// passes both URL-escaped, which leaves derived (hex) credentials as they
+// are. The kubernetes provider's pods and the tests' Squids run this same
+// script.
+func (c Credentials) SquidHelper() string {
+	return "#!/bin/sh\n" +
+		"# Squid's basic auth helper protocol: \"user password\" in, OK or ERR out.\n" +
+		"while read -r u p; do\n" +
+		"  if [ \"$u\" = " + shellQuote(c.Username) + " ] && [ \"$p\" = " + shellQuote(c.Password) + " ]; then echo OK; else echo ERR; fi\n" +
+		"done\n"
+}
+
+// SquidAuthConfig are the squid.conf lines that, ahead of all others, make
+// Squid ask every client for credentials, check them with the helper at
+// helperPath, and admit nobody else: no open proxy.
+func SquidAuthConfig(helperPath string) string {
+	return "auth_param basic program /bin/sh " + helperPath + "\n" +
+		"auth_param basic realm egress-proxies\n" +
+		"acl egress_authenticated proxy_auth REQUIRED\n" +
+		"http_access allow egress_authenticated\n" +
+		"http_access deny all\n"
+}
+
+func shellQuote(s string) string { return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'" }

@@ -19,6 +19,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/egress-proxies/egress-proxies/pkg/proxyauth"
 	"github.com/egress-proxies/egress-proxies/pkg/testutil/proc"
 )
 
@@ -84,9 +85,9 @@ func (k *StandIn) Sync(ctx context.Context) {
 		if c := pod.Spec.Containers; len(c) > 0 && len(c[0].Ports) > 0 {
 			port = int(c[0].Ports[0].ContainerPort)
 		}
-		// As a kubelet, a container whose env names a Secret that does
-		// not exist yet waits for it.
-		user, password, ok := k.secretEnv(ctx, pod)
+		// As a kubelet, a pod mounting a Secret that does not exist yet
+		// waits for it.
+		creds, ok := k.credentials(ctx, pod)
 		if !ok {
 			continue
 		}
@@ -97,8 +98,8 @@ func (k *StandIn) Sync(ctx context.Context) {
 			continue
 		}
 		var squid *proc.Squid
-		if user != "" {
-			squid = proc.StartSquidWithAuthAt(k.T, host, port, user, password)
+		if !creds.Empty() {
+			squid = proc.StartSquidWithAuthAt(k.T, host, port, creds.Username, creds.Password)
 		} else {
 			squid = proc.StartSquidAt(k.T, host, port, false)
 		}
@@ -118,26 +119,23 @@ func (k *StandIn) Sync(ctx context.Context) {
 	}
 }
 
-// secretEnv resolves the pod's PROXY_USERNAME and PROXY_PASSWORD from the
-// Secret they name (the kubernetes provider's credentials); ok is false
-// while that Secret is missing.
-func (k *StandIn) secretEnv(ctx context.Context, pod *corev1.Pod) (user, password string, ok bool) {
-	if len(pod.Spec.Containers) == 0 {
-		return "", "", true
-	}
-	vals := map[string]string{}
-	for _, e := range pod.Spec.Containers[0].Env {
-		ref := e.ValueFrom
-		if ref == nil || ref.SecretKeyRef == nil {
+// credentials are what the pod's mounted credentials Secret holds (the
+// kubernetes provider's); ok is false while a Secret it mounts is
+// missing, as a kubelet keeps such a pod waiting.
+func (k *StandIn) credentials(ctx context.Context, pod *corev1.Pod) (c proxyauth.Credentials, ok bool) {
+	for _, v := range pod.Spec.Volumes {
+		if v.Secret == nil {
 			continue
 		}
 		var s corev1.Secret
-		if err := k.Client.Get(ctx, client.ObjectKey{Namespace: pod.Namespace, Name: ref.SecretKeyRef.Name}, &s); err != nil {
-			return "", "", false
+		if err := k.Client.Get(ctx, client.ObjectKey{Namespace: pod.Namespace, Name: v.Secret.SecretName}, &s); err != nil {
+			return proxyauth.Credentials{}, false
 		}
-		vals[e.Name] = string(s.Data[ref.SecretKeyRef.Key])
+		if creds, err := proxyauth.FromSecret(&s); err == nil {
+			c = creds
+		}
 	}
-	return vals["PROXY_USERNAME"], vals["PROXY_PASSWORD"], true
+	return c, true
 }
 
 // MarkRunning writes the status a kubelet writes once pod runs at ip.

@@ -7,6 +7,8 @@ import (
 	"path/filepath"
 	"testing"
 	"time"
+
+	"github.com/egress-proxies/egress-proxies/pkg/proxyauth"
 )
 
 // Squid is a real Squid on a loopback address with a generated config.
@@ -54,8 +56,9 @@ func StartSquidAt(t T, host string, port int, denyAll bool) *Squid {
 
 // StartSquidWithAuth starts Squid on host and a free port, asking every
 // client for Basic proxy credentials (407 without them) and admitting
-// only user with password, through a helper script in Squid's protocol:
-// a bought proxy, or a Managed one that is not an open proxy.
+// only user with password through proxyauth's helper, the one the
+// kubernetes provider's pods run: a bought proxy, or a Managed one that is
+// not an open proxy.
 func StartSquidWithAuth(t T, host, user, password string) *Squid {
 	t.Helper()
 	return StartSquidWithAuthAt(t, host, FreePort(t), user, password)
@@ -66,15 +69,11 @@ func StartSquidWithAuthAt(t T, host string, port int, user, password string) *Sq
 	t.Helper()
 	return newSquid(t, host, port, func(dir string) string {
 		helper := filepath.Join(dir, "auth.sh")
-		script := fmt.Sprintf("#!/bin/sh\nwhile read -r u p; do if [ \"$u\" = %q ] && [ \"$p\" = %q ]; then echo OK; else echo ERR; fi; done\n", user, password)
-		if err := os.WriteFile(helper, []byte(script), 0o755); err != nil {
+		c := proxyauth.Credentials{Username: user, Password: password}
+		if err := os.WriteFile(helper, []byte(c.SquidHelper()), 0o755); err != nil {
 			t.Fatal(err)
 		}
-		return fmt.Sprintf(`auth_param basic program /bin/sh %s
-auth_param basic realm egress-proxies
-acl authenticated proxy_auth REQUIRED
-http_access allow authenticated
-http_access deny all`, helper)
+		return proxyauth.SquidAuthConfig(helper)
 	})
 }
 

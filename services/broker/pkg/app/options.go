@@ -97,11 +97,9 @@ func (o *Options) Validate() error {
 	case o.IndexResync <= 0 || o.IndexIdle <= 0 || o.MaxIndexes < 1:
 		return errors.New("--index-resync and --index-idle must be positive and --max-indexes at least 1")
 	}
-	if o.CredentialsKeyFile != "" {
-		var err error
-		if o.credentialsKey, err = proxyauth.LoadKey(o.CredentialsKeyFile); err != nil {
-			return fmt.Errorf("--proxy-credentials-key-file: %w", err)
-		}
+	var err error
+	if o.credentialsKey, err = proxyauth.LoadKey(o.CredentialsKeyFile); err != nil {
+		return fmt.Errorf("--proxy-credentials-key-file: %w", err)
 	}
 	return nil
 }

@@ -160,10 +160,8 @@ func (o *Options) Validate() error {
 	if o.entries, err = loadEntries(o.ProvidersConfig); err != nil {
 		return fmt.Errorf("--providers-config: %w", err)
 	}
-	if o.CredentialsKeyFile != "" {
-		if o.credentialsKey, err = proxyauth.LoadKey(o.CredentialsKeyFile); err != nil {
-			return fmt.Errorf("--proxy-credentials-key-file: %w", err)
-		}
+	if o.credentialsKey, err = proxyauth.LoadKey(o.CredentialsKeyFile); err != nil {
+		return fmt.Errorf("--proxy-credentials-key-file: %w", err)
 	}
 	return nil
 }

@@ -116,10 +116,12 @@ func (p *Provider) Create(ctx context.Context, req *providers.CreateRequest) (*p
 // authSecretName is the Secret holding a pod's proxy credentials.
 func authSecretName(pod string) string { return pod + "-auth" }
 
-// authSecret stores the credentials the pod's Squid asks for, owned by
-// the pod, so the API server's garbage collector removes it with the pod.
-// The pod is made first (an owner needs a UID); until this Secret exists
-// its container waits to start.
+// authSecret stores what the pod's Squid asks for, owned by the pod, so
+// the API server's garbage collector removes it with the pod: the
+// credentials (read back by whoever needs them), proxyauth's helper with
+// them, and the squid.conf lines that run it. The pod is made first (an
+// owner needs a UID); until this Secret exists its container waits to
+// start.
 func (p *Provider) authSecret(ctx context.Context, pod *corev1.Pod, req *providers.CreateRequest) error {
 	if req.Credentials.Empty() {
 		return nil
@@ -129,7 +131,11 @@ func (p *Provider) authSecret(ctx context.Context, pod *corev1.Pod, req *provide
 			Name: authSecretName(pod.Name), Namespace: pod.Namespace, Labels: providers.OwnerTags(p.entry, req.Owner),
 			OwnerReferences: []metav1.OwnerReference{{APIVersion: "v1", Kind: "Pod", Name: pod.Name, UID: pod.UID}},
 		},
-		Data: map[string][]byte{proxyauth.KeyUsername: []byte(req.Credentials.Username), proxyauth.KeyPassword: []byte(req.Credentials.Password)},
+		Data: map[string][]byte{
+			proxyauth.KeyUsername: []byte(req.Credentials.Username), proxyauth.KeyPassword: []byte(req.Credentials.Password),
+			authHelperKey: []byte(req.Credentials.SquidHelper()),
+			authConfKey:   []byte(proxyauth.SquidAuthConfig(authDir + "/" + authHelperKey)),
+		},
 	}
 	if err := p.client.Create(ctx, s); err != nil && !apierrors.IsAlreadyExists(err) {
 		return fmt.Errorf("creating the credentials Secret of pod %s: %w", pod.Name, err)
@@ -137,15 +143,19 @@ func (p *Provider) authSecret(ctx context.Context, pod *corev1.Pod, req *provide
 	return nil
 }
 
-// squidCommand starts the image's Squid on the Proxy's port and, with
-// credentials, asks every client for them: a helper in Squid's basic auth
-// protocol compares them, and no rule admits anyone else.
+// Where the pod mounts its credentials Secret, and the Secret's files.
+const (
+	authDir       = "/etc/squid/egress-auth"
+	authHelperKey = "auth.sh"
+	authConfKey   = "squid-auth.conf"
+)
+
+// squidCommand starts the image's Squid on the Proxy's port, with the
+// auth lines of a mounted credentials Secret ahead of its own config.
 const squidCommand = `set -e
 sed -i "s/^http_port .*/http_port ${PROXY_PORT}/" /etc/squid/squid.conf
-if [ -n "${PROXY_USERNAME:-}" ]; then
-  printf '#!/bin/sh\nwhile read -r u p; do if [ "$u" = "%s" ] && [ "$p" = "%s" ]; then echo OK; else echo ERR; fi; done\n' "$PROXY_USERNAME" "$PROXY_PASSWORD" > /etc/squid/egress-auth.sh
-  chmod 0755 /etc/squid/egress-auth.sh
-  { printf 'auth_param basic program /bin/sh /etc/squid/egress-auth.sh\nauth_param basic realm egress-proxies\nacl egress_authenticated proxy_auth REQUIRED\nhttp_access allow egress_authenticated\nhttp_access deny all\n'; cat /etc/squid/squid.conf; } > /etc/squid/squid.conf.auth
+if [ -f ` + authDir + "/" + authConfKey + ` ]; then
+  cat ` + authDir + "/" + authConfKey + ` /etc/squid/squid.conf > /etc/squid/squid.conf.auth
   mv /etc/squid/squid.conf.auth /etc/squid/squid.conf
 fi
 exec /usr/local/bin/entrypoint.sh -f /etc/squid/squid.conf -NYC`
@@ -163,12 +173,11 @@ func (p *Provider) pod(req *providers.CreateRequest) *corev1.Pod {
 		nodeSelector[corev1.LabelInstanceTypeStable] = req.Placement.MachineType
 	}
 	port := intstr.FromInt32(req.Port)
-	env := []corev1.EnvVar{{Name: "PROXY_PORT", Value: port.String()}}
+	var volumes []corev1.Volume
+	var mounts []corev1.VolumeMount
 	if !req.Credentials.Empty() {
-		ref := func(key string) *corev1.EnvVarSource {
-			return &corev1.EnvVarSource{SecretKeyRef: &corev1.SecretKeySelector{LocalObjectReference: corev1.LocalObjectReference{Name: authSecretName(req.Name)}, Key: key}}
-		}
-		env = append(env, corev1.EnvVar{Name: "PROXY_USERNAME", ValueFrom: ref(proxyauth.KeyUsername)}, corev1.EnvVar{Name: "PROXY_PASSWORD", ValueFrom: ref(proxyauth.KeyPassword)})
+		volumes = []corev1.Volume{{Name: "auth", VolumeSource: corev1.VolumeSource{Secret: &corev1.SecretVolumeSource{SecretName: authSecretName(req.Name)}}}}
+		mounts = []corev1.VolumeMount{{Name: "auth", MountPath: authDir, ReadOnly: true}}
 	}
 	return &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{
@@ -179,15 +188,17 @@ func (p *Provider) pod(req *providers.CreateRequest) *corev1.Pod {
 		},
 		Spec: corev1.PodSpec{
 			AutomountServiceAccountToken: ptr.To(false),
+			Volumes:                      volumes,
 			NodeSelector:                 nodeSelector,
 			Containers: []corev1.Container{{
 				Name:  "squid",
 				Image: image,
 				// The image listens on 3128; a different spec.port is
 				// written into squid.conf before Squid starts.
-				Command: []string{"/bin/sh", "-c", squidCommand},
-				Env:     env,
-				Ports:   []corev1.ContainerPort{{Name: "proxy", ContainerPort: req.Port, Protocol: corev1.ProtocolTCP}},
+				Command:      []string{"/bin/sh", "-c", squidCommand},
+				Env:          []corev1.EnvVar{{Name: "PROXY_PORT", Value: port.String()}},
+				VolumeMounts: mounts,
+				Ports:        []corev1.ContainerPort{{Name: "proxy", ContainerPort: req.Port, Protocol: corev1.ProtocolTCP}},
 				ReadinessProbe: &corev1.Probe{
 					ProbeHandler: corev1.ProbeHandler{TCPSocket: &corev1.TCPSocketAction{Port: port}},
 				},

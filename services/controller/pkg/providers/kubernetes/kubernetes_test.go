@@ -191,20 +191,17 @@ func TestCredentialsGoToAPodOwnedSecret(t *testing.T) {
 
 	pod := &corev1.Pod{}
 	require.NoError(t, env.Client.Get(context.Background(), client.ObjectKey{Namespace: ns, Name: req.Name}, pod))
-	vars := map[string]*corev1.EnvVarSource{}
-	for _, e := range pod.Spec.Containers[0].Env {
-		vars[e.Name] = e.ValueFrom
-	}
-	require.NotNil(t, vars["PROXY_USERNAME"])
-	assert.Equal(t, "px-auth-1-auth", vars["PROXY_USERNAME"].SecretKeyRef.Name)
-	assert.Equal(t, "password", vars["PROXY_PASSWORD"].SecretKeyRef.Key)
-	assert.Contains(t, pod.Spec.Containers[0].Command[2], "auth_param basic program", "Squid asks for them")
-	assert.Contains(t, pod.Spec.Containers[0].Command[2], "http_access deny all")
-
+	require.Len(t, pod.Spec.Volumes, 1)
+	assert.Equal(t, "px-auth-1-auth", pod.Spec.Volumes[0].Secret.SecretName, "the pod mounts its credentials Secret")
+	assert.Equal(t, "/etc/squid/egress-auth", pod.Spec.Containers[0].VolumeMounts[0].MountPath)
+	assert.Contains(t, pod.Spec.Containers[0].Command[2], "cat /etc/squid/egress-auth/squid-auth.conf /etc/squid/squid.conf", "Squid asks for them, ahead of the image's rules")
 	s := &corev1.Secret{}
 	require.NoError(t, get(t, ns, "px-auth-1-auth", s))
 	assert.Equal(t, "ep-user", string(s.Data["username"]))
 	assert.Equal(t, "pw", string(s.Data["password"]))
+	assert.Equal(t, req.Credentials.SquidHelper(), string(s.Data["auth.sh"]), "proxyauth's helper, the one the tests' Squids run")
+	assert.Contains(t, string(s.Data["squid-auth.conf"]), "auth_param basic program /bin/sh /etc/squid/egress-auth/auth.sh")
+	assert.Contains(t, string(s.Data["squid-auth.conf"]), "http_access deny all")
 	require.Len(t, s.OwnerReferences, 1)
 	assert.Equal(t, pod.UID, s.OwnerReferences[0].UID, "the pod owns it: garbage-collected with it")
 
@@ -219,7 +216,7 @@ func TestCredentialsGoToAPodOwnedSecret(t *testing.T) {
 	_, err = p.Create(context.Background(), open)
 	require.NoError(t, err)
 	require.NoError(t, get(t, ns, "px-open-1", pod))
-	assert.Len(t, pod.Spec.Containers[0].Env, 1)
+	assert.Empty(t, pod.Spec.Volumes)
 	assert.True(t, apierrors.IsNotFound(get(t, ns, "px-open-1-auth", &corev1.Secret{})))
 }
 
