@@ -39,8 +39,9 @@ func (f fleet) Collect(ch chan<- prometheus.Metric) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
+	// Read-only: the cache's own objects, not a copy of the fleet per scrape.
 	var list v1.ProxyList
-	if err := f.cache.List(ctx, &list); err != nil {
+	if err := f.cache.List(ctx, &list, client.UnsafeDisableDeepCopy); err != nil {
 		return
 	}
 	type key struct{ ns, phase, healthy string }
