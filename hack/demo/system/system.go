@@ -171,39 +171,37 @@ func Start(t proc.T, env *testenv.Env, o Options) *System {
 	if s.probeTLS, err = probeCA.WriteServer(dir, "127.0.0.1"); err != nil {
 		t.Fatal(err)
 	}
-	// Brokers keep their gRPC address across restarts, behind one
-	// balancer the controllers read live leases through, as through the
-	// chart's Service.
-	var tokenArgs []string
+	// Flags the brokers get, and the same files as the controllers name them.
+	var brokerAuth, controllerAuth []string
 	if o.BrokerToken != "" {
 		tokenFile := filepath.Join(dir, "broker-token")
 		if err := os.WriteFile(tokenFile, []byte(o.BrokerToken), 0o600); err != nil {
 			t.Fatal(err)
 		}
-		tokenArgs = []string{"--token-file", tokenFile}
+		brokerAuth = []string{"--token-file", tokenFile}
+		controllerAuth = []string{"--broker-token-file", tokenFile}
 	}
-	var keyArgs []string
 	if o.ProxyCredentials {
 		keyFile := filepath.Join(dir, "proxy-credentials-key")
 		if err := os.WriteFile(keyFile, []byte("a key of this system, 32 bytes or more\n"), 0o600); err != nil {
 			t.Fatal(err)
 		}
-		keyArgs = []string{"--proxy-credentials-key-file", keyFile}
-		tokenArgs = append(tokenArgs, keyArgs...)
+		keyArgs := []string{"--proxy-credentials-key-file", keyFile}
+		brokerAuth, controllerAuth = append(brokerAuth, keyArgs...), append(controllerAuth, keyArgs...)
 	}
+	// Brokers keep their gRPC address across restarts, behind one
+	// balancer the controllers read live leases through, as through the
+	// chart's Service.
 	grpcs := make([]string, o.Brokers)
 	for i := range o.Brokers {
 		grpcs[i] = proc.Addr(proc.FreePort(t))
-		s.Brokers = append(s.Brokers, &Broker{GRPC: grpcs[i], args: append([]string{"--kubeconfig", s.Kubeconfig, "--redis-addrs", s.Redis.Addr}, tokenArgs...)})
+		s.Brokers = append(s.Brokers, &Broker{GRPC: grpcs[i], args: append([]string{"--kubeconfig", s.Kubeconfig, "--redis-addrs", s.Redis.Addr}, brokerAuth...)})
 	}
 	var brokerArgs []string
 	if o.Brokers > 0 {
 		brokerArgs = []string{"--broker-address", proc.NewBalancer(t, grpcs...).Addr, "--broker-poll-interval", "500ms"}
-		if o.BrokerToken != "" {
-			brokerArgs = append(brokerArgs, "--broker-token-file", tokenArgs[1])
-		}
 	}
-	brokerArgs = append(brokerArgs, keyArgs...)
+	brokerArgs = append(brokerArgs, controllerAuth...)
 	o.Step("starting %d controller replica(s) (leader election, probe endpoint, health checks through every proxy, ProxyPools)", o.Controllers)
 	for range o.Controllers {
 		c := &Controller{Metrics: proc.Addr(proc.FreePort(t)), Pprof: proc.Addr(proc.FreePort(t)), Probe: proc.Addr(proc.FreePort(t))}
