@@ -2,16 +2,12 @@
 package kube
 
 import (
-	corev1 "k8s.io/api/core/v1"
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
-	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 	ctrl "sigs.k8s.io/controller-runtime"
-	"sigs.k8s.io/controller-runtime/pkg/cache"
-	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	crawlv1alpha1 "github.com/egress-proxies/egress-proxies/pkg/api/v1alpha1"
 )
@@ -34,14 +30,4 @@ func RestConfig(path string) (*rest.Config, error) {
 		return ctrl.GetConfig()
 	}
 	return clientcmd.BuildConfigFromFlags("", path)
-}
-
-// CredentialSecrets narrows a cache's Secrets to those labelled
-// crawl.example.com/proxy-credentials=true, the ones Proxies name for
-// their credentials: both the controller's probe hub and the broker
-// watch Secrets cluster-wide, which RBAC cannot narrow.
-func CredentialSecrets() map[client.Object]cache.ByObject {
-	return map[client.Object]cache.ByObject{
-		&corev1.Secret{}: {Label: labels.SelectorFromSet(labels.Set{crawlv1alpha1.LabelProxyCredentials: "true"})},
-	}
 }

@@ -57,7 +57,7 @@ func Run(ctx context.Context, env service.Env, o Options) error {
 	if err != nil {
 		return err
 	}
-	inv.Key = o.credentialsKey
+	inv.Credentials.Key = o.credentialsKey
 	serverTLS, err := servingTLS(ctx, log, o)
 	if err != nil {
 		return err

@@ -5,7 +5,6 @@ package inventory
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"net"
 	"sort"
@@ -19,11 +18,9 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
-	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	v1 "github.com/egress-proxies/egress-proxies/pkg/api/v1alpha1"
 	"github.com/egress-proxies/egress-proxies/pkg/kube"
-	"github.com/egress-proxies/egress-proxies/pkg/proxyauth"
 )
 
 // Proxy is what the broker needs of one Proxy object.
@@ -49,11 +46,9 @@ type Proxy struct {
 	// Leasable: Ready, healthy, not deleting, not draining, with an
 	// address.
 	Leasable bool
-	// CredentialsSecret names the Secret, in the proxy's namespace, of the
-	// credentials an External proxy asks for.
-	CredentialsSecret string
-	// Managed: its credentials are derived from the key (Inventory.Key).
-	Managed bool
+	// CredentialsRef decides the credentials its leases carry
+	// (Inventory.Credentials).
+	CredentialsRef kube.CredentialsRef
 }
 
 // Draining reports whether the proxy takes no new leases.
@@ -101,13 +96,9 @@ func fromObject(px *v1.Proxy) Proxy {
 	ready := meta.IsStatusConditionTrue(px.Status.Conditions, v1.ConditionReady) && px.Status.Phase == v1.PhaseReady && px.Status.IP != ""
 	h := meta.FindStatusCondition(px.Status.Conditions, v1.ConditionHealthy)
 	drain, _ := px.DrainDeadline()
-	var creds string
-	if ref := px.Spec.CredentialsSecretRef; ref != nil {
-		creds = ref.Name
-	}
 	return Proxy{
-		CredentialsSecret: creds, Managed: px.Spec.Mode == v1.ModeManaged,
-		UID: string(px.UID), ID: px.Key(), Namespace: px.Namespace,
+		CredentialsRef: kube.CredentialsRefOf(px),
+		UID:            string(px.UID), ID: px.Key(), Namespace: px.Namespace,
 		IP: px.Status.IP, Port: px.Status.Port, EgressIP: px.Status.EgressIP,
 		Attributes: px.Spec.Attributes, Healthy: px.Status.Healthy,
 		HealthStale: h != nil && h.Status == metav1.ConditionUnknown && h.Reason == v1.ReasonProbeStale,
@@ -119,15 +110,14 @@ func fromObject(px *v1.Proxy) Proxy {
 
 // Inventory is the snapshot, keyed by UID.
 type Inventory struct {
-	// Key derives Managed proxies' credentials, as the controller does;
-	// set it before serving.
-	Key proxyauth.Key
-	// secrets reads the Secrets labelled crawl.example.com/proxy-credentials.
-	secrets client.Reader
-	mu      sync.RWMutex
-	proxies map[string]Proxy
-	synced  atomic.Bool
-	changed func(uid string)
+	// Credentials gives leased proxies their credentials as the controller
+	// gives them to probes: set its Key before serving; Run sets its
+	// Secrets.
+	Credentials kube.ProxyCredentials
+	mu          sync.RWMutex
+	proxies     map[string]Proxy
+	synced      atomic.Bool
+	changed     func(uid string)
 }
 
 // New returns an empty inventory; Run fills it from an informer. changed
@@ -167,7 +157,7 @@ func (i *Inventory) Run(ctx context.Context, cfg *rest.Config, namespace string)
 	if _, err := c.GetInformer(ctx, &corev1.Secret{}); err != nil {
 		return fmt.Errorf("getting the credentials Secret informer: %w", err)
 	}
-	i.secrets = c
+	i.Credentials.Secrets = c
 	go func() { _ = c.Start(ctx) }()
 	go func() {
 		if c.WaitForCacheSync(ctx) {
@@ -175,25 +165,6 @@ func (i *Inventory) Run(ctx context.Context, cfg *rest.Config, namespace string)
 		}
 	}()
 	return nil
-}
-
-// Credentials are what p asks for: none when it names no Secret, else the
-// Secret's, or an error naming what is wrong with it.
-func (i *Inventory) Credentials(ctx context.Context, p Proxy) (proxyauth.Credentials, error) {
-	if p.Managed {
-		return i.Key.Derive(p.UID), nil
-	}
-	if p.CredentialsSecret == "" {
-		return proxyauth.Credentials{}, nil
-	}
-	if i.secrets == nil {
-		return proxyauth.Credentials{}, errors.New("no credentials Secret cache")
-	}
-	var s corev1.Secret
-	if err := i.secrets.Get(ctx, client.ObjectKey{Namespace: p.Namespace, Name: p.CredentialsSecret}, &s); err != nil {
-		return proxyauth.Credentials{}, fmt.Errorf("reading Secret %s/%s (it must be labelled %s=true): %w", p.Namespace, p.CredentialsSecret, v1.LabelProxyCredentials, err)
-	}
-	return proxyauth.FromSecret(&s)
 }
 
 // Set adds or replaces a proxy.

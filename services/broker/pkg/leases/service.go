@@ -145,7 +145,7 @@ func (s *Service) credentials(ctx context.Context, p inventory.Proxy) *leasev1.P
 	if !s.cfg.ShareCredentials {
 		return nil
 	}
-	c, err := s.inv.Credentials(ctx, p)
+	c, err := s.inv.Credentials.Of(ctx, p.CredentialsRef)
 	if err != nil {
 		slog.WarnContext(ctx, "leasing without the proxy's credentials", "proxy", p.ID, "err", err)
 		return nil

@@ -248,7 +248,7 @@ func addProbeHub(ctx context.Context, mgr ctrl.Manager, log *slog.Logger, o Opti
 	if err := mgr.Add(creds); err != nil {
 		return err
 	}
-	hub.Credentials, hub.Key = creds, o.credentialsKey
+	hub.Credentials = kube.ProxyCredentials{Key: o.credentialsKey, Secrets: creds}
 	if err := hub.WatchCredentials(ctx, creds, mgr.GetCache()); err != nil {
 		return err
 	}

@@ -84,13 +84,9 @@ type Hub struct {
 	// health-check URL is in it is refused (ProbeDenied), not assigned.
 	Deny netpolicy.DenyList
 	Log  *slog.Logger
-	// Credentials reads the Secrets Proxies name in
-	// spec.credentialsSecretRef (a cache of those labelled
-	// crawl.example.com/proxy-credentials); nil sends none.
-	Credentials client.Reader
-	// Key derives Managed proxies' credentials (as the lifecycle
-	// configured their instances with).
-	Key proxyauth.Key
+	// Credentials gives each target the credentials its proxy asks for;
+	// without Secrets, External proxies are probed with none.
+	Credentials kube.ProxyCredentials
 	// MaxMessageBytes bounds one assignment message; 0 means
 	// assignment.MaxMessageBytes.
 	MaxMessageBytes int
@@ -190,23 +186,11 @@ func (h *Hub) upsert(px *v1.Proxy) {
 // malformed Secret probes without any: the proxy's 407 becomes the
 // Healthy condition's message, which is where the user looks.
 func (h *Hub) credentials(px *v1.Proxy) proxyauth.Credentials {
-	ref := px.Spec.CredentialsSecretRef
-	if px.Spec.Mode == v1.ModeManaged {
-		return h.Key.Derive(string(px.UID))
-	}
-	if ref == nil || h.Credentials == nil {
-		return proxyauth.Credentials{}
-	}
 	// Bounded: the Secret cache may still be syncing; its add events
 	// bring the credentials to the targets that wait for them.
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
-	var s corev1.Secret
-	if err := h.Credentials.Get(ctx, types.NamespacedName{Namespace: px.Namespace, Name: ref.Name}, &s); err != nil {
-		h.Log.Debug("credentials Secret not readable; probing without credentials", "proxy", px.Key(), "secret", ref.Name, "err", err)
-		return proxyauth.Credentials{}
-	}
-	c, err := proxyauth.FromSecret(&s)
+	c, err := h.Credentials.Of(ctx, kube.CredentialsRefOf(px))
 	if err != nil {
 		h.Log.Debug("probing without credentials", "proxy", px.Key(), "err", err)
 	}
