@@ -156,18 +156,6 @@ func (s *Service) credentials(ctx context.Context, p inventory.Proxy) *leasev1.P
 	return &leasev1.ProxyCredentials{Username: c.Username, Password: c.Password}
 }
 
-// retryAfter is how long a caller refused for reason should wait: a
-// lease frees a proxy at the cap or a cooldown ends any moment, but no
-// match, or matches whose health is stale, wait for the fleet to change.
-func retryAfter(reason string) time.Duration {
-	switch reason {
-	case "NO_MATCHING_PROXY", "HEALTH_STALE":
-		return 10 * time.Second
-	default:
-		return time.Second
-	}
-}
-
 // storeError maps store errors to the documented codes.
 func storeError(err error) error {
 	var nc *store.NoCandidateError
@@ -184,7 +172,7 @@ func storeError(err error) error {
 		st, _ = st.WithDetails(&errdetails.ErrorInfo{Reason: nc.Reason(), Domain: ErrorDomain, Metadata: map[string]string{
 			"candidates": strconv.Itoa(nc.Candidates), "coolingDown": strconv.Itoa(nc.CoolingDown), "atCap": strconv.Itoa(nc.AtCap),
 			"healthStale": strconv.Itoa(nc.Stale),
-		}}, &errdetails.RetryInfo{RetryDelay: durationpb.New(retryAfter(nc.Reason()))})
+		}}, &errdetails.RetryInfo{RetryDelay: durationpb.New(nc.RetryAfter())})
 		return st.Err()
 	case errors.As(err, &un):
 		return status.Error(codes.Unavailable, "lease store unavailable; retry (a CreateLease may have been applied: retry it with the same requestId to get that lease rather than a second one)")

@@ -103,6 +103,16 @@ func (e *NoCandidateError) Error() string {
 	return fmt.Sprintf("all %d matching proxies are unavailable: %d cooling down for the target, %d at the lease cap", e.Candidates, e.CoolingDown, e.AtCap)
 }
 
+// RetryAfter is how long a refused caller should wait: a lease frees a
+// proxy at the cap, or a cooldown ends, any moment; when nothing matches,
+// or only proxies whose health is stale, it waits for the fleet to change.
+func (e *NoCandidateError) RetryAfter() time.Duration {
+	if e.Candidates == 0 {
+		return 10 * time.Second
+	}
+	return time.Second
+}
+
 // Reason is a stable machine-readable reason.
 func (e *NoCandidateError) Reason() string {
 	switch {
