@@ -12,6 +12,7 @@ import (
 	"encoding/base64"
 	"encoding/hex"
 	"fmt"
+	"net/http"
 	"os"
 	"strings"
 
@@ -30,9 +31,11 @@ type Credentials struct{ Username, Password string }
 // Empty: the proxy asks for none.
 func (c Credentials) Empty() bool { return c.Username == "" && c.Password == "" }
 
-// Header is the Proxy-Authorization value.
-func (c Credentials) Header() string {
-	return "Basic " + base64.StdEncoding.EncodeToString([]byte(c.Username+":"+c.Password))
+// Authorize puts c in h as Basic Proxy-Authorization, unless c is empty.
+func (c Credentials) Authorize(h http.Header) {
+	if !c.Empty() {
+		h.Set("Proxy-Authorization", "Basic "+base64.StdEncoding.EncodeToString([]byte(c.Username+":"+c.Password)))
+	}
 }
 
 // FromSecret reads the username and password keys; the error names the

@@ -1,6 +1,7 @@
 package proxyauth_test
 
 import (
+	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
@@ -40,8 +41,13 @@ func TestFromSecret(t *testing.T) {
 			assert.Equal(t, tc.want, got)
 		})
 	}
-	assert.Equal(t, "Basic Y3Jhd2xlcjpzM2NyOnQ=", proxyauth.Credentials{Username: "crawler", Password: "s3cr:t"}.Header())
+	h := http.Header{}
+	proxyauth.Credentials{Username: "crawler", Password: "s3cr:t"}.Authorize(h)
+	assert.Equal(t, "Basic Y3Jhd2xlcjpzM2NyOnQ=", h.Get("Proxy-Authorization"))
 	assert.True(t, proxyauth.Credentials{}.Empty())
+	none := http.Header{}
+	proxyauth.Credentials{}.Authorize(none)
+	assert.Empty(t, none, "no credentials, no header")
 }
 
 func TestDeriveIsPerProxyAndStable(t *testing.T) {

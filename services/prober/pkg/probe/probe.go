@@ -141,9 +141,7 @@ func (p *Prober) Do(ctx context.Context, proxyAddr string, s Settings) Result {
 			host = net.JoinHostPort(u.Hostname(), "443")
 		}
 		connect := &http.Request{Method: http.MethodConnect, URL: &url.URL{Opaque: host}, Host: host, Header: http.Header{}}
-		if !s.Credentials.Empty() {
-			connect.Header.Set("Proxy-Authorization", s.Credentials.Header())
-		}
+		s.Credentials.Authorize(connect.Header)
 		if err := connect.Write(conn); err != nil {
 			return fail(probev1.ProbePhase_PROBE_PHASE_CONNECT, start, "sending CONNECT: %s", short(err))
 		}
@@ -171,9 +169,7 @@ func (p *Prober) Do(ctx context.Context, proxyAddr string, s Settings) Result {
 	} else {
 		// A plain http request goes to the proxy itself, so it carries
 		// the credentials; inside a tunnel they never go to the target.
-		if !s.Credentials.Empty() {
-			req.Header.Set("Proxy-Authorization", s.Credentials.Header())
-		}
+		s.Credentials.Authorize(req.Header)
 		if err := req.WriteProxy(conn); err != nil {
 			return fail(probev1.ProbePhase_PROBE_PHASE_HTTP, start, "sending request: %s", short(err))
 		}
