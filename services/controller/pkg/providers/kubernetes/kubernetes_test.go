@@ -177,7 +177,7 @@ func TestConfigBlockIsStrict(t *testing.T) {
 }
 
 // With credentials the pod's Squid asks every client for them: they live
-// in a Secret the pod owns (gone with the pod), which its env names; a
+// in a Secret the pod owns (gone with the pod) and mounts; a
 // retried create after a crash between the two makes the Secret.
 func TestCredentialsGoToAPodOwnedSecret(t *testing.T) {
 	testenv.Require(t)
