@@ -107,9 +107,7 @@ install: ## Install the CRD into the current cluster.
 deploy: install ## Plain manifests, no Helm release: render the chart and kubectl apply it (IMG, TAG as for docker-build; needs openssl).
 	kubectl create namespace $(DEPLOY_NS) --dry-run=client -o yaml | kubectl apply -f -
 	bash hack/deploy-secrets.sh $(DEPLOY_NS) egress-proxies
-	$(HELM) template egress-proxies charts/egress-proxies --namespace $(DEPLOY_NS) $(CHART_IMAGES) \
-	  --set auth.probeToken.create=false --set auth.discoveryToken.create=false --set auth.discoveryToken.secretName=egress-proxies-discovery-token \
-	  --set redis.internal.auth.create=false --set auth.proxyCredentials.create=false --set auth.probeTLS.source=existing --set auth.probeTLS.secretName=egress-proxies-probe-tls \
+	$(HELM) template egress-proxies charts/egress-proxies --namespace $(DEPLOY_NS) $(CHART_IMAGES) -f hack/deploy-values.yaml \
 	  | kubectl apply --server-side -f -
 
 .PHONY: helm-install

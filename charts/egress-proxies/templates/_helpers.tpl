@@ -112,10 +112,19 @@ automountServiceAccountToken: false
 {{/* The Secret holding the Redis password (key `password`), or nothing. */}}
 {{- define "ep.redisPasswordSecret" -}}
 {{- if .Values.redis.internal.enabled -}}
-{{- if .Values.redis.internal.auth.enabled }}{{ include "ep.name" . }}-redis{{ end -}}
+{{- if .Values.redis.internal.auth.enabled }}{{ include "ep.secretName" (dict "root" . "cfg" .Values.redis.internal.auth) }}{{ end -}}
 {{- else -}}
 {{ .Values.redis.external.passwordSecret }}
 {{- end -}}
+{{- end }}
+
+{{/*
+The name of a Secret the chart makes unless told it exists, one rule for
+all of them: with create, <release>-<secretName>; without, secretName as
+given (a Secret you, or `make deploy`, made). (dict "root" "cfg").
+*/}}
+{{- define "ep.secretName" -}}
+{{- if .cfg.create }}{{ include "ep.name" .root }}-{{ .cfg.secretName }}{{ else }}{{ .cfg.secretName }}{{ end -}}
 {{- end }}
 
 {{/*
@@ -138,16 +147,15 @@ data:
 
 {{/* The discovery token's Secret name, or empty when the lease API is unauthenticated. */}}
 {{- define "ep.discoveryTokenSecret" -}}
-{{- $a := .Values.auth.discoveryToken -}}
-{{- if $a.enabled -}}
-{{- if $a.create }}{{ include "ep.name" . }}-{{ $a.secretName }}{{ else }}{{ $a.secretName }}{{ end -}}
+{{- if .Values.auth.discoveryToken.enabled -}}
+{{ include "ep.secretName" (dict "root" . "cfg" .Values.auth.discoveryToken) }}
 {{- end -}}
 {{- end }}
 
 {{/* The proxy credentials key's Secret name, or empty when Managed proxies are open. */}}
 {{- define "ep.credentialsKeySecret" -}}
 {{- if .Values.auth.proxyCredentials.enabled -}}
-{{ include "ep.name" . }}-{{ .Values.auth.proxyCredentials.secretName }}
+{{ include "ep.secretName" (dict "root" . "cfg" .Values.auth.proxyCredentials) }}
 {{- end -}}
 {{- end }}
 

@@ -374,6 +374,16 @@ func TestDeploySecretsAreMadeOnce(t *testing.T) {
 	}
 	_, err = cryptotls.X509KeyPair(tls.Data["tls.crt"], tls.Data["tls.key"])
 	assert.NoError(t, err, "the key matches the certificate")
+
+	// make deploy's render names exactly what the script made: applied
+	// beside those Secrets, every pod finds what it mounts.
+	out, err := helm(t, "template", "egress-proxies", chart, "--namespace", dns, "-f", filepath.Join(testenv.RepoRoot(), "hack", "deploy-values.yaml"))
+	require.NoError(t, err, out)
+	objs := decode(t, out)
+	for _, u := range objs {
+		assert.NotEqual(t, "Secret", u.GetKind(), "make deploy renders no Secret (%s): helm template would mint a new one on every apply", u.GetName())
+	}
+	assert.Equal(t, 6, applyAndCheckMounts(t, dns, objs))
 }
 
 // The default install, applied for real, starts: every Secret and
@@ -387,6 +397,35 @@ func TestDefaultInstallMountsOnlyWhatExists(t *testing.T) {
 	out, err := helm(t, "template", "ep", chart, "--namespace", ins)
 	require.NoError(t, err, out)
 	objs := decode(t, out)
+	assert.Equal(t, 6, applyAndCheckMounts(t, ins, objs), "controller, prober, broker, Redis, the uninstall hook and the helm test")
+
+	// And the default is secure: the lease API wants a token, and Redis a
+	// password the brokers are given.
+	broker := find(t, objs, "Deployment", "ep-broker")
+	args := podSpec(t, broker).Containers[0].Args
+	assert.Contains(t, args, "--token-file=/etc/egress-proxies/discovery-token/token")
+	assert.Contains(t, args, "--redis-password-file=/etc/egress-proxies/redis/password")
+	assert.Contains(t, args, "--proxy-credentials-key-file=/etc/egress-proxies/proxy-credentials/key", "Managed proxies are no open proxies")
+	assert.Contains(t, podSpec(t, find(t, objs, "Deployment", "ep-controller")).Containers[0].Args, "--proxy-credentials-key-file=/etc/egress-proxies/proxy-credentials/key")
+	var token corev1.Secret
+	require.NoError(t, env.Client.Get(ctx, client.ObjectKey{Namespace: ins, Name: "ep-discovery-token"}, &token))
+	assert.Len(t, token.Data["token"], 48)
+	var kinds []string
+	for _, u := range objs {
+		if u.GetKind() == "NetworkPolicy" {
+			kinds = append(kinds, u.GetName())
+		}
+	}
+	assert.ElementsMatch(t, []string{"ep-controller", "ep-prober", "ep-broker", "ep-redis"}, kinds, "NetworkPolicies are on by default")
+}
+
+// applyAndCheckMounts applies a render's namespaced objects server-side in
+// ns, then checks that every Secret and ConfigMap a workload mounts or
+// reads env from exists (or the reference is optional), as a kubelet
+// would need it to; it returns how many workloads it checked.
+func applyAndCheckMounts(t *testing.T, ns string, objs []*unstructured.Unstructured) int {
+	t.Helper()
+	ctx := context.Background()
 	workloads := 0
 	for _, u := range objs {
 		if u.GetNamespace() == "" {
@@ -399,7 +438,7 @@ func TestDefaultInstallMountsOnlyWhatExists(t *testing.T) {
 		if kind == "ConfigMap" {
 			obj = &corev1.ConfigMap{}
 		}
-		return env.Client.Get(ctx, client.ObjectKey{Namespace: ins, Name: name}, obj) == nil
+		return env.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, obj) == nil
 	}
 	for _, u := range objs {
 		if !slices.Contains([]string{"Deployment", "StatefulSet", "Job", "Pod"}, u.GetKind()) {
@@ -425,26 +464,7 @@ func TestDefaultInstallMountsOnlyWhatExists(t *testing.T) {
 			}
 		}
 	}
-	assert.Equal(t, 6, workloads, "controller, prober, broker, Redis, the uninstall hook and the helm test")
-
-	// And the default is secure: the lease API wants a token, and Redis a
-	// password the brokers are given.
-	broker := find(t, objs, "Deployment", "ep-broker")
-	args := podSpec(t, broker).Containers[0].Args
-	assert.Contains(t, args, "--token-file=/etc/egress-proxies/discovery-token/token")
-	assert.Contains(t, args, "--redis-password-file=/etc/egress-proxies/redis/password")
-	assert.Contains(t, args, "--proxy-credentials-key-file=/etc/egress-proxies/proxy-credentials/key", "Managed proxies are no open proxies")
-	assert.Contains(t, podSpec(t, find(t, objs, "Deployment", "ep-controller")).Containers[0].Args, "--proxy-credentials-key-file=/etc/egress-proxies/proxy-credentials/key")
-	var token corev1.Secret
-	require.NoError(t, env.Client.Get(ctx, client.ObjectKey{Namespace: ins, Name: "ep-discovery-token"}, &token))
-	assert.Len(t, token.Data["token"], 48)
-	var kinds []string
-	for _, u := range objs {
-		if u.GetKind() == "NetworkPolicy" {
-			kinds = append(kinds, u.GetName())
-		}
-	}
-	assert.ElementsMatch(t, []string{"ep-controller", "ep-prober", "ep-broker", "ep-redis"}, kinds, "NetworkPolicies are on by default")
+	return workloads
 }
 
 // Each knob a well-kept chart has reaches the pod it is set for.
