@@ -1,18 +1,25 @@
 -- Leases the least-loaded proxy of index h that is not cooling down for
--- target and is below cap, a uniformly random one among ties.
--- ARGV: h, target, cap (0: none), ttl_ms, lease_id, random, request_id, fingerprint.
--- Returns {'ok', proxy, expires_ms, load, lease_id}: the lease (a retry of a
---   committed call, by lease id or request id, returns the same one);
+-- target and is below cap, a uniformly random one among ties; with a
+-- session key, the proxy of the key's live leases while it still qualifies.
+-- ARGV: h, target, cap (0: none), ttl_ms, lease_id, random, request_id,
+-- fingerprint, target_cap (0: none), session, per_target ('1': count the
+-- target's live leases, honour its cap and pacing, keep sessions).
+-- Returns {'ok', proxy, expires_ms, load, lease_id, moved}: the lease (a
+--   retry of a committed call, by lease id or request id, returns the same
+--   one); moved is 1 when the session's proxy no longer qualified;
 -- {'none', candidates, cooling, at_cap}; {'noindex'}; {'reused', lease_id}
 --   when request_id was given with other parameters; {'stale', proxy} when
---   the index disagrees with the proxy's cooldowns (the caller rebuilds it).
+--   the index disagrees with the proxy's cooldowns (the caller rebuilds it);
+-- {'tcap', live} when the target has its cap of live leases;
+-- {'paced', retry_ms, rate} when the target's pace allows no lease now.
 local h, target, cap, ttl = ARGV[1], ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])
 local id, rnd, req, fp = ARGV[5], tonumber(ARGV[6]), ARGV[7], ARGV[8]
+local tcap, sess, per_target = tonumber(ARGV[9]), ARGV[10], ARGV[11] == '1'
 local now = now_ms()
 
 local function granted(lid, l)
   local s = tonumber(redis.call('HGET', P .. 'score', l[1]) or '0')
-  return {'ok', l[1], tonumber(l[2]), math.floor(s / SHIFT), lid}
+  return {'ok', l[1], tonumber(l[2]), math.floor(s / SHIFT), lid, 0}
 end
 local l = live_lease(id, now)
 if l then
@@ -34,6 +41,26 @@ end
 
 local more = drain(now, DRAIN)
 local ix, cx = P .. 'ix:' .. h, P .. 'cx:' .. h .. ':' .. target
+local counted = per_target and target ~= ''
+-- GCRA: a lease is due every 1000/rate ms, with up to a second's worth
+-- early (a burst of rate leases after a quiet second).
+local tat
+if counted then
+  local t = redis.call('HMGET', P .. 't:' .. target, 'n', 'rate', 'tat')
+  if tcap > 0 and tonumber(t[1] or '0') >= tcap then
+    return {'tcap', tonumber(t[1])}
+  end
+  local rate = t[2] and pace_get(target, now)
+  if rate then
+    local interval = 1000 / rate
+    local early = math.max(1000 - interval, 0)
+    tat = math.max(tonumber(t[3] or now), now)
+    if tat - now > early then
+      return {'paced', math.ceil(tat - early - now), tostring(rate)}
+    end
+    tat = tat + interval
+  end
+end
 
 -- free(i): how many of the members ranked 0..i are not cooling (nc > 0).
 local function free(i)
@@ -133,23 +160,56 @@ local function pick()
   end
 end
 
-local uid, refused = pick()
-if refused and refused[1] == 'none' and more then
-  -- Expiries still due may be what holds proxies at the cap: apply them all.
-  while drain(now, DRAIN) do end
+local function cooling(uid)
+  return target ~= '' and tonumber(redis.call('HGET', P .. 'cool:' .. uid, target) or '0') > now
+end
+
+-- The session's proxy, while it is in the index, below the cap and not
+-- cooling down for the target.
+local uid, refused, moved = nil, nil, 0
+if per_target and sess ~= '' then
+  local was = redis.call('HGET', P .. 'sess:' .. sess, 'proxy')
+  if was then
+    local sc = redis.call('ZSCORE', ix, was)
+    if sc and (cap == 0 or math.floor(tonumber(sc) / SHIFT) < cap) and not cooling(was) then
+      uid = was
+    else
+      moved = 1
+    end
+  end
+end
+if not uid then
   uid, refused = pick()
-end
-if refused then
-  return refused
-end
-if target ~= '' and tonumber(redis.call('HGET', P .. 'cool:' .. uid, target) or '0') > now then
-  return {'stale', uid}
+  if refused and refused[1] == 'none' and more then
+    -- Expiries still due may be what holds proxies at the cap: apply them all.
+    while drain(now, DRAIN) do end
+    uid, refused = pick()
+  end
+  if refused then
+    return refused
+  end
+  if cooling(uid) then
+    return {'stale', uid}
+  end
 end
 local expires = now + ttl
-redis.call('HSET', P .. 'lease:' .. id, 'proxy', uid, 'target', target, 'expires', expires, 'req', req,
-  'addr', redis.call('HGET', P .. 'addr', uid) or '')
+local f = {'proxy', uid, 'target', target, 'expires', expires, 'req', req,
+  'addr', redis.call('HGET', P .. 'addr', uid) or '', 'ix', h, 'at', now}
+if counted then
+  f[#f + 1], f[#f + 2] = 'ct', target
+  redis.call('HINCRBY', P .. 't:' .. target, 'n', 1)
+  if tat then
+    redis.call('HSET', P .. 't:' .. target, 'tat', tat)
+  end
+end
+if per_target and sess ~= '' then
+  f[#f + 1], f[#f + 2] = 'sess', sess
+  redis.call('HSET', P .. 'sess:' .. sess, 'proxy', uid)
+  redis.call('HINCRBY', P .. 'sess:' .. sess, 'n', 1)
+end
+redis.call('HSET', P .. 'lease:' .. id, unpack(f))
 redis.call('ZADD', DUE, expires, 'l|' .. id .. '|' .. uid)
 if req ~= '' then
   redis.call('SET', P .. 'req:' .. req, id .. '|' .. fp, 'PXAT', expires)
 end
-return {'ok', uid, expires, add_load(uid, 1), id}
+return {'ok', uid, expires, add_load(uid, 1), id, moved}

@@ -14,7 +14,11 @@ var (
 		"Live leases in the shared store, by the leased proxy's namespace (proxy_namespace): fleet-wide, so every broker replica reports the same (aggregate with max, not sum).",
 		[]string{"proxy_namespace"}, nil)
 	cooldownsDesc = prometheus.NewDesc("proxy_operator_broker_cooldowns",
-		"Proxy and target pairs cooling down after a rate_limited report, fleet-wide (aggregate with max).", nil, nil)
+		"Proxy and target pairs cooling down after a rate_limited or blocked report, fleet-wide (aggregate with max).", nil, nil)
+	quarantinesDesc = prometheus.NewDesc("proxy_operator_broker_quarantined_proxies",
+		"Proxies quarantined after error reports on several targets, fleet-wide (aggregate with max).", nil, nil)
+	pacedDesc = prometheus.NewDesc("proxy_operator_broker_target_pace_rate",
+		"Leases per second a paced target is held to, fleet-wide, one series per paced target (aggregate with max).", []string{"target"}, nil)
 	redisUpDesc = prometheus.NewDesc("proxy_operator_broker_redis_up",
 		"1 when this broker's scrape-time read of Redis succeeded, else 0 (it cannot lease then).", nil, nil)
 )
@@ -25,24 +29,35 @@ type Fleet struct {
 	Leases map[string]int64
 	// Cooldowns counts proxy and target pairs cooling down.
 	Cooldowns int64
+	// Quarantines counts quarantined proxies.
+	Quarantines int64
+	// Paced maps each paced target to its rate, leases/s.
+	Paced map[string]float64
 }
 
-// Fleet reads the live lease counts (the high half of each proxy's score)
-// and the cooldowns (what is due that is not a lease) in one round trip:
-// a read of the score and namespace hashes, O(proxies), at scrape time
-// rather than a counter every script must keep.
+// Fleet reads the live lease counts (the high half of each proxy's score),
+// the quarantines, the paced targets and the cooldowns (what is due that
+// is neither a lease nor a quarantine) in one round trip: a read of the
+// score and namespace hashes, O(proxies), at scrape time rather than a
+// counter every script must keep. Pacing that lapsed is reported until a
+// lease or report for the target notices.
 func (s *Store) Fleet(ctx context.Context) (Fleet, error) {
-	var scores, namespaces *redis.MapStringStringCmd
-	var due *redis.IntCmd
+	var scores, namespaces, paced *redis.MapStringStringCmd
+	var due, quarantines *redis.IntCmd
 	if _, err := s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
 		scores = p.HGetAll(ctx, s.prefix+"score")
 		namespaces = p.HGetAll(ctx, s.prefix+"ns")
 		due = p.ZCard(ctx, s.prefix+"due")
+		quarantines = p.HLen(ctx, s.prefix+"quar")
+		paced = p.HGetAll(ctx, s.prefix+"paced")
 		return nil
 	}); err != nil {
 		return Fleet{}, wrap(err)
 	}
-	f := Fleet{Leases: map[string]int64{}}
+	f := Fleet{Leases: map[string]int64{}, Quarantines: quarantines.Val(), Paced: map[string]float64{}}
+	for t, v := range paced.Val() {
+		f.Paced[t], _ = strconv.ParseFloat(v, 64)
+	}
 	var total int64
 	ns := namespaces.Val()
 	for uid, v := range scores.Val() {
@@ -53,7 +68,7 @@ func (s *Store) Fleet(ctx context.Context) (Fleet, error) {
 			total += n
 		}
 	}
-	f.Cooldowns = max(due.Val()-total, 0)
+	f.Cooldowns = max(due.Val()-total-f.Quarantines, 0)
 	return f, nil
 }
 
@@ -68,6 +83,8 @@ func (c fleetCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- liveLeasesDesc
 	ch <- cooldownsDesc
 	ch <- redisUpDesc
+	ch <- quarantinesDesc
+	ch <- pacedDesc
 }
 
 func (c fleetCollector) Collect(ch chan<- prometheus.Metric) {
@@ -83,4 +100,8 @@ func (c fleetCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(liveLeasesDesc, prometheus.GaugeValue, float64(n), ns)
 	}
 	ch <- prometheus.MustNewConstMetric(cooldownsDesc, prometheus.GaugeValue, float64(f.Cooldowns))
+	ch <- prometheus.MustNewConstMetric(quarantinesDesc, prometheus.GaugeValue, float64(f.Quarantines))
+	for t, r := range f.Paced {
+		ch <- prometheus.MustNewConstMetric(pacedDesc, prometheus.GaugeValue, r, t)
+	}
 }

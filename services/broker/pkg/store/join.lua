@@ -1,27 +1,54 @@
 -- Adds proxies to selector indexes, at their current load and with their
--- live cooldowns, and records each one's namespace and address. ARGV:
--- definition ('' when the indexes exist), count k, k {proxy, namespace,
--- address} triples... then the index hashes. A definition registers the
--- (single) index first; indexes not registered are skipped, so a join
--- racing a drop cannot resurrect half an index.
--- Puts uid in index h at its score, with its live cooldowns.
-local function join(uid, h, score, cooling, now)
-  redis.call('ZADD', P .. 'ix:' .. h, score, uid)
-  redis.call('SADD', P .. 'in:' .. uid, 'ix:' .. h)
-  for j = 1, #cooling, 2 do
-    if tonumber(cooling[j + 1]) > now then
-      local cx = 'cx:' .. h .. ':' .. cooling[j]
-      redis.call('ZADD', P .. cx, score, uid)
-      redis.call('SADD', P .. 'in:' .. uid, cx)
-      redis.call('SADD', P .. 'cxs:' .. h, cooling[j])
+-- live cooldowns, and records each one's namespace, address and cooldown
+-- key. ARGV: definition ('' when the indexes exist), count k, k {proxy,
+-- namespace, address, cooldown key, healthy since (ms, 0: not healthy)}
+-- tuples... then the index hashes. A definition registers the (single)
+-- index first; indexes not registered are skipped, so a join racing a drop
+-- cannot resurrect half an index. A quarantined proxy is parked instead:
+-- it joins when the quarantine ends, or now, if it turned healthy after
+-- the quarantine began (the prober's success clears it).
+local N = 5
+
+-- Files uid under cooldown key ck (its exit IP, or the proxy itself):
+-- a proxy that lands on a key inherits the key's live cooldowns.
+local function set_key(uid, ck, now)
+  local was = redis.call('HGET', P .. 'key', uid)
+  if was == ck then
+    return
+  end
+  if was then
+    redis.call('SREM', P .. 'via:' .. was, uid)
+  end
+  redis.call('HSET', P .. 'key', uid, ck)
+  redis.call('SADD', P .. 'via:' .. ck, uid)
+  local cd = redis.call('HGETALL', P .. 'cd:' .. ck)
+  for j = 1, #cd, 2 do
+    local ends = tonumber((split(cd[j + 1])))
+    if ends > now then
+      cool(uid, cd[j], ends, now)
     end
   end
+end
+
+-- Whether uid stays out of the indexes: quarantined, and not healthy
+-- since the quarantine began.
+local function parked(uid, healthy_since, now)
+  local q = redis.call('HGET', P .. 'quar', uid)
+  if not q then
+    return false
+  end
+  local from = tonumber((split(q)))
+  if healthy_since > from then
+    unquarantine(uid, now)
+    return false
+  end
+  return true
 end
 
 local def, k = ARGV[1], tonumber(ARGV[2])
 local now = now_ms()
 local hs = {}
-for i = 3 + 3 * k, #ARGV do
+for i = 3 + N * k, #ARGV do
   if def ~= '' then
     redis.call('HSETNX', P .. 'ixs', ARGV[i], def)
     redis.call('ZADD', P .. 'ixused', 'NX', now, ARGV[i])
@@ -31,17 +58,25 @@ for i = 3 + 3 * k, #ARGV do
   end
 end
 for i = 0, k - 1 do
-  local uid = ARGV[3 + 3 * i]
+  local o = 3 + N * i
+  local uid = ARGV[o]
   local s = redis.call('HGET', P .. 'score', uid)
   if not s then
     s = redis.call('INCR', P .. 'seq') % SHIFT
     redis.call('HSET', P .. 'score', uid, s)
   end
-  redis.call('HSET', P .. 'ns', uid, ARGV[4 + 3 * i])
-  redis.call('HSET', P .. 'addr', uid, ARGV[5 + 3 * i])
-  local cooling = redis.call('HGETALL', P .. 'cool:' .. uid)
-  for _, h in ipairs(hs) do
-    join(uid, h, s, cooling, now)
+  redis.call('HSET', P .. 'ns', uid, ARGV[o + 1])
+  redis.call('HSET', P .. 'addr', uid, ARGV[o + 2])
+  set_key(uid, ARGV[o + 3], now)
+  if parked(uid, tonumber(ARGV[o + 4]), now) then
+    for _, h in ipairs(hs) do
+      redis.call('SADD', P .. 'qix:' .. uid, h)
+    end
+  else
+    local cooling = redis.call('HGETALL', P .. 'cool:' .. uid)
+    for _, h in ipairs(hs) do
+      join(uid, h, s, cooling, now)
+    end
   end
 end
 return #hs

@@ -54,6 +54,55 @@ local function add_load(uid, delta)
   return math.floor(s / SHIFT)
 end
 
+-- Puts uid in index h at its score, with its live cooldowns (cooling,
+-- HGETALL of cool:<uid>).
+local function join(uid, h, score, cooling, now)
+  redis.call('ZADD', P .. 'ix:' .. h, score, uid)
+  redis.call('SADD', P .. 'in:' .. uid, 'ix:' .. h)
+  for j = 1, #cooling, 2 do
+    if tonumber(cooling[j + 1]) > now then
+      local cx = 'cx:' .. h .. ':' .. cooling[j]
+      redis.call('ZADD', P .. cx, score, uid)
+      redis.call('SADD', P .. 'in:' .. uid, cx)
+      redis.call('SADD', P .. 'cxs:' .. h, cooling[j])
+    end
+  end
+end
+
+-- Takes uid out of index h and its cooling indexes for targets.
+local function leave(uid, h, targets)
+  redis.call('ZREM', P .. 'ix:' .. h, uid)
+  redis.call('SREM', P .. 'in:' .. uid, 'ix:' .. h)
+  for _, t in ipairs(targets) do
+    local cx = 'cx:' .. h .. ':' .. t
+    redis.call('ZREM', P .. cx, uid)
+    redis.call('SREM', P .. 'in:' .. uid, cx)
+  end
+end
+
+-- Keeps uid away from target until ends (or later, if it already cools
+-- down longer): into the cooling index of every index holding it.
+local function cool(uid, target, ends, now)
+  local prev = tonumber(redis.call('HGET', P .. 'cool:' .. uid, target) or '0')
+  if prev >= ends then
+    return
+  end
+  redis.call('HSET', P .. 'cool:' .. uid, target, ends)
+  redis.call('ZADD', DUE, ends, 'c|' .. uid .. '|' .. target)
+  if prev > now then
+    return -- already in the cooling indexes
+  end
+  for _, k in ipairs(redis.call('SMEMBERS', P .. 'in:' .. uid)) do
+    if k:sub(1, 3) == 'ix:' then
+      local h = k:sub(4)
+      local cx = 'cx:' .. h .. ':' .. target
+      redis.call('ZADD', P .. cx, redis.call('ZSCORE', P .. k, uid), uid)
+      redis.call('SADD', P .. 'in:' .. uid, cx)
+      redis.call('SADD', P .. 'cxs:' .. h, target)
+    end
+  end
+end
+
 -- Stops uid cooling down for target: out of every cooling index.
 local function end_cooldown(uid, target)
   redis.call('HDEL', P .. 'cool:' .. uid, target)
@@ -70,19 +119,68 @@ local function end_cooldown(uid, target)
   end
 end
 
--- Applies up to limit lease expiries and cooldown ends that are due
--- ("l|<lease>|<uid>" and "c|<uid>|<target>" in the due set). Returns true
--- when more are due.
+-- A quarantined proxy leaves every index until ends; qix:<uid> remembers
+-- the indexes it left (and those a join asked for meanwhile), so
+-- unquarantine puts it back where it belongs.
+local function quarantine(uid, now, ends)
+  redis.call('HSET', P .. 'quar', uid, now .. '|' .. ends)
+  redis.call('ZADD', DUE, ends, 'q|' .. uid .. '|')
+  local targets = redis.call('HKEYS', P .. 'cool:' .. uid)
+  for _, k in ipairs(redis.call('SMEMBERS', P .. 'in:' .. uid)) do
+    if k:sub(1, 3) == 'ix:' then
+      leave(uid, k:sub(4), targets)
+      redis.call('SADD', P .. 'qix:' .. uid, k:sub(4))
+    end
+  end
+end
+
+local function unquarantine(uid, now)
+  redis.call('HDEL', P .. 'quar', uid)
+  redis.call('ZREM', DUE, 'q|' .. uid .. '|')
+  local s = redis.call('HGET', P .. 'score', uid)
+  if s then
+    local cooling = redis.call('HGETALL', P .. 'cool:' .. uid)
+    for _, h in ipairs(redis.call('SMEMBERS', P .. 'qix:' .. uid)) do
+      if redis.call('HEXISTS', P .. 'ixs', h) == 1 then
+        join(uid, h, s, cooling, now)
+      end
+    end
+  end
+  redis.call('DEL', P .. 'qix:' .. uid)
+end
+
+-- Ends a lease: its proxy's load, and the live counts of its target
+-- (field ct, set when counted) and session (field sess).
+local function end_lease(id, uid, ct, sess)
+  redis.call('DEL', P .. 'lease:' .. id)
+  add_load(uid, -1)
+  if ct then
+    if redis.call('HINCRBY', P .. 't:' .. ct, 'n', -1) <= 0 then
+      redis.call('HDEL', P .. 't:' .. ct, 'n')
+    end
+  end
+  if sess then
+    if redis.call('HINCRBY', P .. 'sess:' .. sess, 'n', -1) <= 0 then
+      redis.call('DEL', P .. 'sess:' .. sess)
+    end
+  end
+end
+
+-- Applies up to limit lease expiries, cooldown ends and quarantine ends
+-- that are due ("l|<lease>|<uid>", "c|<uid>|<target>" and "q|<uid>|" in
+-- the due set). Returns true when more are due.
 local function drain(now, limit)
   local due = redis.call('ZRANGEBYSCORE', DUE, '-inf', now, 'LIMIT', 0, limit)
   for _, m in ipairs(due) do
     redis.call('ZREM', DUE, m)
-    local a, b = split(m:sub(3))
-    if m:sub(1, 1) == 'l' then
-      redis.call('DEL', P .. 'lease:' .. a)
-      add_load(b, -1)
-    else
+    local kind, a, b = m:sub(1, 1), split(m:sub(3))
+    if kind == 'l' then
+      local f = redis.call('HMGET', P .. 'lease:' .. a, 'ct', 'sess')
+      end_lease(a, b, f[1], f[2])
+    elseif kind == 'c' then
       end_cooldown(a, b)
+    else
+      unquarantine(a, now)
     end
   end
   return #due == limit
@@ -90,9 +188,10 @@ end
 
 local DRAIN = 256
 
--- A live lease's fields {proxy, expires, target, req, addr}, or nil.
+-- A live lease's fields {proxy, expires, target, req, addr, ix, at, ct,
+-- sess}, or nil.
 local function live_lease(id, now)
-  local l = redis.call('HMGET', P .. 'lease:' .. id, 'proxy', 'expires', 'target', 'req', 'addr')
+  local l = redis.call('HMGET', P .. 'lease:' .. id, 'proxy', 'expires', 'target', 'req', 'addr', 'ix', 'at', 'ct', 'sess')
   if l[1] and tonumber(l[2]) > now then
     return l
   end
@@ -105,4 +204,37 @@ local function open_lease(id)
   local now = now_ms()
   drain(now, DRAIN)
   return now, live_lease(id, now)
+end
+
+-- Pacing. A paced target keeps in t:<target> its fleet-wide lease rate
+-- (leases/s), tat (GCRA's theoretical arrival time, ms), cut (when the
+-- rate last changed down: reports on leases granted before it are the
+-- burst that caused it) and until (pacing lapses after a memory window
+-- with no report); the paced hash mirrors the rate, for metrics.
+local function pace_get(target, now)
+  local t = redis.call('HMGET', P .. 't:' .. target, 'rate', 'cut', 'until')
+  if not t[1] then
+    return nil
+  end
+  if tonumber(t[3]) <= now then
+    redis.call('HDEL', P .. 't:' .. target, 'rate', 'tat', 'cut', 'until')
+    redis.call('HDEL', P .. 'paced', target)
+    return nil
+  end
+  return tonumber(t[1]), tonumber(t[2])
+end
+
+local function pace_set(target, rate, now, window, cut)
+  local tk = P .. 't:' .. target
+  redis.call('HSET', tk, 'rate', rate, 'until', now + window)
+  if cut then
+    redis.call('HSET', tk, 'cut', now)
+    redis.call('HSETNX', tk, 'tat', now)
+  end
+  redis.call('HSET', P .. 'paced', target, rate)
+end
+
+local function pace_end(target)
+  redis.call('HDEL', P .. 't:' .. target, 'rate', 'tat', 'cut', 'until')
+  redis.call('HDEL', P .. 'paced', target)
 end

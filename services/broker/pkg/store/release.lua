@@ -4,10 +4,9 @@ local _, l = open_lease(id)
 if not l then
   return 0
 end
-redis.call('DEL', P .. 'lease:' .. id)
 redis.call('ZREM', DUE, 'l|' .. id .. '|' .. l[1])
 if l[4] ~= '' then
   redis.call('DEL', P .. 'req:' .. l[4])
 end
-add_load(l[1], -1)
+end_lease(id, l[1], l[8], l[9])
 return 1

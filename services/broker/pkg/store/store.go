@@ -6,13 +6,25 @@
 // named by its Proxy's UID, so a Proxy re-created under the same name
 // starts clean:
 //
-//	{ep}:lease:<leaseID>   hash {proxy, target, expires, req, addr}
+//	{ep}:lease:<leaseID>   hash {proxy, target, expires, req, addr, ix (its index), at (granted),
+//	                       ct (the target, when counted), sess (its session key)}
 //	{ep}:due               sorted set by time: "l|<leaseID>|<uid>" at lease expiry,
-//	                       "c|<uid>|<target>" at cooldown end; the scripts apply what is due
+//	                       "c|<uid>|<target>" at cooldown end, "q|<uid>|" at quarantine end;
+//	                       the scripts apply what is due
 //	{ep}:req:<requestID>   "<leaseID>|<fingerprint>" while that lease lives (CreateLease idempotency)
 //	{ep}:score             hash uid -> live lease count * 2^32 + a number unique to the proxy
 //	{ep}:ns, {ep}:addr     hash uid -> namespace, ip:port
-//	{ep}:cool:<uid>        hash target -> cooldown end
+//	{ep}:cool:<uid>        hash target -> cooldown end (the proxy's, from its key's)
+//	{ep}:key               hash uid -> cooldown key: "ip:<egress IP>", else "p:<uid>"
+//	{ep}:via:<key>         set of the uids filed under a cooldown key
+//	{ep}:cd:<key>          hash target -> "<end>|<level>" of the key's last cooldown, kept
+//	                       a memory window past its end (escalation, inheritance)
+//	{ep}:t:<target>        hash {n: live leases for the target; rate, tat, cut, until: its pace}
+//	{ep}:paced             hash target -> pace rate, for metrics
+//	{ep}:sess:<key>        hash {proxy, n: live leases} of a sticky session
+//	{ep}:errs:<uid>        sorted set target -> time of the proxy's error reports in the window
+//	{ep}:quar              hash uid -> "<start>|<end>" of quarantined proxies
+//	{ep}:qix:<uid>         set of the indexes a quarantined proxy rejoins at its end
 //	{ep}:ixs, {ep}:ixused  hash index -> definition; sorted set index -> last use
 //	{ep}:ix:<index>        sorted set uid -> score: the leasable proxies a selector matches
 //	{ep}:cx:<index>:<t>    the members of ix:<index> cooling down for target t, same scores
@@ -54,8 +66,8 @@ var (
 	releaseSrc string
 	//go:embed get.lua
 	getSrc string
-	//go:embed cooldown.lua
-	cooldownSrc string
+	//go:embed report.lua
+	reportSrc string
 	//go:embed join.lua
 	joinSrc string
 	//go:embed leave.lua
@@ -65,15 +77,15 @@ var (
 	//go:embed loads.lua
 	loadsSrc string
 
-	acquireScript  = script(acquireSrc)
-	renewScript    = script(renewSrc)
-	releaseScript  = script(releaseSrc)
-	getScript      = script(getSrc)
-	cooldownScript = script(cooldownSrc)
-	joinScript     = script(joinSrc)
-	leaveScript    = script(leaveSrc)
-	dropScript     = script(dropSrc)
-	loadsScript    = script(loadsSrc)
+	acquireScript = script(acquireSrc)
+	renewScript   = script(renewSrc)
+	releaseScript = script(releaseSrc)
+	getScript     = script(getSrc)
+	reportScript  = script(reportSrc)
+	joinScript    = script(joinSrc)
+	leaveScript   = script(leaveSrc)
+	dropScript    = script(dropSrc)
+	loadsScript   = script(loadsSrc)
 )
 
 func script(body string) *redis.Script { return redis.NewScript(libSrc + "\n" + body) }
@@ -329,6 +341,16 @@ type Lease struct {
 	// Load is the proxy's live lease count including this lease (set by
 	// Acquire only).
 	Load int
+	// SessionMoved: the lease's session held another proxy, which no
+	// longer qualified (set by Acquire only).
+	SessionMoved bool
+}
+
+func flag(b bool) string {
+	if b {
+		return "1"
+	}
+	return "0"
 }
 
 // NewLeaseID returns 128 random bits as 32 hex characters.
@@ -388,6 +410,14 @@ type Acquire struct {
 	// first try made, for as long as that lease lives; Fingerprint (the
 	// request's other parameters) tells a retry from a reuse.
 	RequestID, Fingerprint string
+	// PerTarget counts the target's live leases fleet-wide and applies
+	// its TargetCap and pace, and keeps Session sticky.
+	PerTarget bool
+	// TargetCap is the most live leases for Target fleet-wide; 0: no cap.
+	TargetCap int
+	// Session, when set, leases the proxy of the session's live leases
+	// while it qualifies (in the index, below Cap, not cooling down).
+	Session string
 }
 
 // Acquire atomically leases the least-loaded proxy of the index that is
@@ -400,13 +430,14 @@ func (s *Store) Acquire(ctx context.Context, a Acquire) (*Lease, error) {
 	var rnd [8]byte
 	_, _ = rand.Read(rnd[:])
 	res, err := s.run(ctx, acquireScript, a.Index, a.Target, a.Cap, a.TTL.Milliseconds(), a.LeaseID,
-		binary.BigEndian.Uint64(rnd[:])>>12, a.RequestID, a.Fingerprint).Slice()
+		binary.BigEndian.Uint64(rnd[:])>>12, a.RequestID, a.Fingerprint, a.TargetCap, a.Session, flag(a.PerTarget)).Slice()
 	if err != nil {
 		return nil, wrap(err)
 	}
 	switch res[0] {
 	case "ok":
-		return &Lease{ID: res[4].(string), Proxy: res[1].(string), Target: a.Target, Expires: time.UnixMilli(res[2].(int64)), Load: int(res[3].(int64))}, nil
+		return &Lease{ID: res[4].(string), Proxy: res[1].(string), Target: a.Target, Expires: time.UnixMilli(res[2].(int64)),
+			Load: int(res[3].(int64)), SessionMoved: res[5].(int64) == 1}, nil
 	case "none":
 		return nil, &NoCandidateError{Candidates: int(res[1].(int64)), CoolingDown: int(res[2].(int64)), AtCap: int(res[3].(int64))}
 	case "noindex":
@@ -415,6 +446,11 @@ func (s *Store) Acquire(ctx context.Context, a Acquire) (*Lease, error) {
 		return nil, &RequestReusedError{LeaseID: res[1].(string)}
 	case "stale":
 		return nil, &StaleIndexError{Proxy: res[1].(string)}
+	case "tcap":
+		return nil, &TargetCapError{Target: a.Target, Cap: a.TargetCap}
+	case "paced":
+		rate, _ := strconv.ParseFloat(res[2].(string), 64)
+		return nil, &PacedError{Target: a.Target, Rate: rate, Wait: time.Duration(res[1].(int64)) * time.Millisecond}
 	}
 	return nil, fmt.Errorf("acquire script: unexpected reply %v", res)
 }
@@ -459,28 +495,21 @@ func (s *Store) Release(ctx context.Context, id string) (bool, error) {
 	return n == 1, nil
 }
 
-// Cooldown keeps the lease's proxy away from target for d from now (or
-// longer, when it already cools down longer), if the lease is live. It
-// returns the cooldown's end.
-func (s *Store) Cooldown(ctx context.Context, id, target string, d time.Duration) (time.Time, error) {
-	ctx, span := s.tracer.Start(ctx, "store.Cooldown")
-	defer span.End()
-	end, err := s.run(ctx, cooldownScript, id, target, d.Milliseconds()).Int64()
-	if err != nil {
-		return time.Time{}, wrap(err)
-	}
-	if end == 0 {
-		return time.Time{}, ErrLeaseNotFound
-	}
-	return time.UnixMilli(end), nil
-}
-
 // batch bounds the arguments of one script call.
 const batch = 500
 
-// Loads returns the live lease count of each proxy (by UID).
-func (s *Store) Loads(ctx context.Context, proxies []string) (map[string]int, error) {
-	out := make(map[string]int, len(proxies))
+// State is what the store keeps of one proxy that clients see.
+type State struct {
+	// Load is its live lease count.
+	Load int
+	// QuarantinedUntil is set while error reports on several targets keep
+	// it out of every index.
+	QuarantinedUntil time.Time
+}
+
+// States returns the state of each proxy (by UID).
+func (s *Store) States(ctx context.Context, proxies []string) (map[string]State, error) {
+	out := make(map[string]State, len(proxies))
 	for lo := 0; lo < len(proxies); lo += batch {
 		chunk := proxies[lo:min(lo+batch, len(proxies))]
 		args := make([]any, len(chunk))
@@ -491,15 +520,35 @@ func (s *Store) Loads(ctx context.Context, proxies []string) (map[string]int, er
 		if err != nil {
 			return nil, wrap(err)
 		}
-		for i, v := range res {
-			out[chunk[i]] = int(v.(int64))
+		for i, p := range chunk {
+			st := State{Load: int(res[2*i].(int64))}
+			if q := res[2*i+1].(int64); q > 0 {
+				st.QuarantinedUntil = time.UnixMilli(q)
+			}
+			out[p] = st
 		}
 	}
 	return out, nil
 }
 
 // Member is a proxy as the indexes know it.
-type Member struct{ UID, Namespace, Addr string }
+type Member struct {
+	UID, Namespace, Addr string
+	// EgressIP, when known, files the proxy's cooldowns under its exit IP,
+	// shared with every proxy on it and inherited by the next one.
+	EgressIP string
+	// HealthySince is when the proxy last turned healthy (zero: it is
+	// not healthy); a later time than a quarantine's start ends it.
+	HealthySince time.Time
+}
+
+// CooldownKey is what the member's cooldowns are filed under.
+func (m Member) CooldownKey() string {
+	if m.EgressIP != "" {
+		return "ip:" + m.EgressIP
+	}
+	return "p:" + m.UID
+}
 
 // Join adds members to indexes at their current loads and cooldowns.
 // With def set it first registers the one index named (def is its
@@ -508,10 +557,14 @@ type Member struct{ UID, Namespace, Addr string }
 func (s *Store) Join(ctx context.Context, def string, members []Member, indexes []string) error {
 	for lo := 0; lo < len(members); lo += batch {
 		chunk := members[lo:min(lo+batch, len(members))]
-		args := make([]any, 0, 2+3*len(chunk)+len(indexes))
+		args := make([]any, 0, 2+5*len(chunk)+len(indexes))
 		args = append(args, def, len(chunk))
 		for _, m := range chunk {
-			args = append(args, m.UID, m.Namespace, m.Addr)
+			var since int64
+			if !m.HealthySince.IsZero() {
+				since = m.HealthySince.UnixMilli()
+			}
+			args = append(args, m.UID, m.Namespace, m.Addr, m.CooldownKey(), since)
 		}
 		for _, h := range indexes {
 			args = append(args, h)

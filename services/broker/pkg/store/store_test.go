@@ -45,6 +45,31 @@ func (f *fixture) index(key string, uids ...string) {
 	require.NoError(f.t, f.st.Join(f.ctx, `{"def":"`+key+`"}`, ms, []string{key}))
 }
 
+// hourLong cools a proxy down for exactly an hour on a rate_limited
+// report, with no guard, escalation, pacing or quarantine.
+var hourLong = store.Policy{CooldownBase: time.Hour, CooldownMax: time.Hour, CooldownWindow: time.Hour, MaxCoolingFraction: 1,
+	PacingInitial: 1, PacingMin: 1, PacingMax: 1}
+
+// cool reports the lease rate_limited for target under hourLong and
+// returns the cooldown's end.
+func (f *fixture) cool(id, target string) (time.Time, error) {
+	v, err := f.st.Report(f.ctx, store.Report{LeaseID: id, Outcome: store.RateLimited, Target: target, Policy: hourLong})
+	if err != nil {
+		return time.Time{}, err
+	}
+	return v.CooldownEnd, nil
+}
+
+// loads is the live lease count of each proxy.
+func (f *fixture) loads(proxies []string) (map[string]int, error) {
+	st, err := f.st.States(f.ctx, proxies)
+	out := map[string]int{}
+	for p, s := range st {
+		out[p] = s.Load
+	}
+	return out, err
+}
+
 func uids(n int) []string {
 	out := make([]string, n)
 	for i := range out {
@@ -140,12 +165,12 @@ func TestAcquireMatchesAModel(t *testing.T) {
 		case len(ids) > 0:
 			id := ids[rng.IntN(len(ids))]
 			target := []string{"a", "b"}[rng.IntN(2)]
-			_, err := f.st.Cooldown(f.ctx, id, target, time.Hour)
+			_, err := f.cool(id, target)
 			require.NoError(t, err)
 			cooling[target][leases[id]] = true
 		}
 	}
-	loads, err := f.st.Loads(f.ctx, all)
+	loads, err := f.loads(all)
 	require.NoError(t, err)
 	for _, u := range all {
 		assert.Equal(t, load[u], loads[u], u)
@@ -182,7 +207,7 @@ func (f *fixture) coolDown(uid, target string) {
 	for range 100 {
 		l := f.mustAcquire("ix", "", 0)
 		if l.Proxy == uid {
-			_, err := f.st.Cooldown(f.ctx, l.ID, target, time.Hour)
+			_, err := f.cool(l.ID, target)
 			require.NoError(f.t, err)
 			_, _ = f.st.Release(f.ctx, l.ID)
 			return
@@ -271,7 +296,7 @@ return 1`, nil).Err()
 		require.NoError(t, <-stalled)
 	}
 	require.Positive(t, dials.Load(), "go-redis retried on a new connection")
-	loads, err := f.st.Loads(f.ctx, uids(4))
+	loads, err := f.loads(uids(4))
 	require.NoError(t, err)
 	total := 0
 	for _, n := range loads {
@@ -331,7 +356,7 @@ func TestExpiredLeasesFreeTheirSlots(t *testing.T) {
 	l, err := f.acquire("one", "", 1)
 	require.NoError(t, err, "the expired lease no longer counts against the cap")
 	assert.Equal(t, 1, l.Load)
-	loads, err := f.st.Loads(f.ctx, many)
+	loads, err := f.loads(many)
 	require.NoError(t, err)
 	for _, u := range many[:599] {
 		require.Zero(t, loads[u], u)
@@ -398,7 +423,7 @@ func TestForgetDropsEverythingAboutAProxy(t *testing.T) {
 	f.index("a", uids(2)...)
 	f.index("b", uids(2)...)
 	mine := f.leaseOn("a", "uid-000")
-	_, err := f.st.Cooldown(f.ctx, mine.ID, "example.com", time.Hour)
+	_, err := f.cool(mine.ID, "example.com")
 	require.NoError(t, err)
 	require.NotEmpty(t, f.keysNaming("uid-000"))
 
@@ -422,7 +447,7 @@ func TestJoinCarriesCooldownsAndDropRemovesAnIndex(t *testing.T) {
 	f := newFixture(t)
 	f.index("a", uids(2)...)
 	l := f.leaseOn("a", "uid-000")
-	_, err := f.st.Cooldown(f.ctx, l.ID, "t", time.Hour)
+	_, err := f.cool(l.ID, "t")
 	require.NoError(t, err)
 	// An index built after the cooldown began still skips the proxy.
 	f.index("late", uids(2)...)
@@ -462,7 +487,7 @@ func TestCoolingDeepInTheIndex(t *testing.T) {
 	}
 	coolOn := func(uid string) {
 		l := leaseOn(uid, 1)
-		_, err := f.st.Cooldown(f.ctx, l.ID, "t", time.Hour)
+		_, err := f.cool(l.ID, "t")
 		require.NoError(t, err)
 		ok, err := f.st.Release(f.ctx, l.ID)
 		require.NoError(t, err)
@@ -523,9 +548,9 @@ func TestFleetCountsLeasesAndCooldowns(t *testing.T) {
 
 	a, b := f.mustAcquire("ix", "", 0), f.mustAcquire("ix", "", 0)
 	f.mustAcquire("ix", "", 0)
-	_, err = f.st.Cooldown(f.ctx, a.ID, "x.example", time.Hour)
+	_, err = f.cool(a.ID, "x.example")
 	require.NoError(t, err)
-	_, err = f.st.Cooldown(f.ctx, b.ID, "y.example", time.Hour)
+	_, err = f.cool(b.ID, "y.example")
 	require.NoError(t, err)
 	fl, err = f.st.Fleet(f.ctx)
 	require.NoError(t, err)

@@ -1,0 +1,168 @@
+-- Applies an outcome report on a live lease: every decision about the
+-- proxy, its exit IP and the target in one script, so reports racing from
+-- any number of brokers never double a cooldown or cut a pace twice.
+-- ARGV: lease_id, result (ok, rate_limited, blocked, error), target,
+-- cooldown base_ms, max_ms, window_ms, max_cooling_fraction, pacing
+-- initial, min, max (leases/s), error window_ms,
+-- error targets (0: never quarantine), quarantine_ms, random in [0, 1).
+-- Returns {} when the lease is gone, else {cooldown start_ms, end_ms,
+-- level, proxies sharing it, quarantine end_ms, pace rate ('' unpaced),
+-- actions...}.
+local id, result, target = ARGV[1], ARGV[2], ARGV[3]
+local base, maxd, window = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
+local fraction = tonumber(ARGV[7])
+local pinit, pmin, pmax = tonumber(ARGV[8]), tonumber(ARGV[9]), tonumber(ARGV[10])
+local ewindow, etargets, qperiod = tonumber(ARGV[11]), tonumber(ARGV[12]), tonumber(ARGV[13])
+local rnd = tonumber(ARGV[14])
+local now, l = open_lease(id)
+if not l then
+  return {}
+end
+local uid, h, granted = l[1], l[6], tonumber(l[7] or '0')
+local out = {0, 0, 0, 0, 0, ''}
+local function did(action)
+  out[#out + 1] = action
+end
+
+local ck = redis.call('HGET', P .. 'key', uid) or ('p:' .. uid)
+local cdk = P .. 'cd:' .. ck
+-- The key's record for the target: the last cooldown's end and level.
+local function record()
+  local r = redis.call('HGET', cdk, target)
+  if not r then
+    return nil
+  end
+  local e, lv = split(r)
+  return tonumber(e), tonumber(lv)
+end
+
+local rate, cut = nil, nil
+if target ~= '' then
+  rate, cut = pace_get(target, now)
+end
+
+-- Halves the pace, once per burst: reports on leases granted before the
+-- last cut were sent at the old rate, and say nothing new.
+local function slow_down()
+  if granted < cut then
+    did('PACE_HELD')
+    return
+  end
+  rate = math.max(pmin, rate / 2)
+  pace_set(target, rate, now, window, true)
+  did('PACE_CUT')
+end
+
+-- How many more members of the lease's index a cooldown on ck would
+-- take out for the target, and whether that passes the fraction.
+local function guard_holds()
+  if fraction >= 1 or not h then
+    return false
+  end
+  local ix, cx = P .. 'ix:' .. h, P .. 'cx:' .. h .. ':' .. target
+  local n = redis.call('ZCARD', ix)
+  if n == 0 then
+    return false
+  end
+  local more = 0
+  for _, u in ipairs(redis.call('SMEMBERS', P .. 'via:' .. ck)) do
+    if redis.call('ZSCORE', ix, u) and not redis.call('ZSCORE', cx, u) then
+      more = more + 1
+    end
+  end
+  if ck:sub(1, 2) == 'p:' and redis.call('ZSCORE', ix, uid) and not redis.call('ZSCORE', cx, uid) then
+    more = 1 -- a proxy with no known exit IP is not filed under its key
+  end
+  return more > 0 and redis.call('ZCARD', cx) + more > math.floor(fraction * n)
+end
+
+-- Cools ck down for the target: the base period, or, within the memory
+-- window of the last cooldown's end, one level up: a uniformly random
+-- period between the last level's and twice it, at most the maximum.
+local function cool_down(last_end, last_level)
+  local level = 0
+  if last_end and now - last_end <= window then
+    level = math.min(last_level + 1, 40)
+  end
+  local d = base
+  if level > 0 then
+    local lo = base * 2 ^ (level - 1)
+    d = math.min(maxd, lo + rnd * lo)
+  end
+  local ends = now + math.floor(d)
+  redis.call('HSET', cdk, target, ends .. '|' .. level)
+  if redis.call('PTTL', cdk) < ends - now + window then
+    redis.call('PEXPIRE', cdk, ends - now + window)
+  end
+  local shared = redis.call('SMEMBERS', P .. 'via:' .. ck)
+  if #shared == 0 then
+    shared = {uid}
+  end
+  for _, u in ipairs(shared) do
+    cool(u, target, ends, now)
+  end
+  out[1], out[2], out[3], out[4] = now, ends, level, #shared
+  did(level == 0 and 'COOLDOWN_STARTED' or 'COOLDOWN_ESCALATED')
+end
+
+if result == 'ok' then
+  local e, lv = record()
+  if e and lv > 0 then
+    redis.call('HSET', cdk, target, e .. '|' .. (lv - 1))
+    did('COOLDOWN_DECAYED')
+  end
+  if rate then
+    -- Additive increase: about one lease/s more per second of ok reports
+    -- at the current rate; below 1/s each ok doubles it.
+    rate = rate + math.min(rate, 1 / rate)
+    if rate >= pmax then
+      pace_end(target)
+      rate = nil
+      did('PACING_ENDED')
+    else
+      pace_set(target, rate, now, window, false)
+      did('PACE_RAISED')
+    end
+  end
+elseif result == 'rate_limited' or result == 'blocked' then
+  local e, lv = record()
+  if rate and result == 'rate_limited' then
+    slow_down() -- the target throttles the fleet, not this proxy
+  elseif e and e > now then
+    out[1], out[2], out[3] = now, e, lv
+    did('COOLDOWN_ACTIVE')
+  elseif guard_holds() then
+    did('GUARD_HELD')
+    if rate then
+      slow_down()
+    else
+      rate = pinit
+      pace_set(target, rate, now, window, true)
+      did('PACING_STARTED')
+    end
+  else
+    cool_down(e, lv)
+  end
+elseif result == 'error' then
+  local ek = P .. 'errs:' .. uid
+  redis.call('ZADD', ek, now, target)
+  redis.call('ZREMRANGEBYSCORE', ek, '-inf', now - ewindow)
+  redis.call('PEXPIRE', ek, ewindow)
+  local q = redis.call('HGET', P .. 'quar', uid)
+  if q then
+    local _, qe = split(q)
+    out[5] = tonumber(qe)
+  elseif etargets > 0 and redis.call('ZCARD', ek) >= etargets then
+    quarantine(uid, now, now + qperiod)
+    redis.call('DEL', ek)
+    out[5] = now + qperiod
+    did('QUARANTINED')
+  end
+end
+if rate then
+  out[6] = tostring(rate)
+end
+if #out == 6 then
+  did('NONE')
+end
+return out
