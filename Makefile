@@ -57,7 +57,7 @@ generate: manifests ## Regenerate protobuf/gRPC/gateway code, the OpenAPI docume
 
 .PHONY: manifests
 manifests: ## Regenerate the CRD YAML in deploy/crds and the chart's crds/ (one source) from pkg/api.
-	cd pkg && $(CONTROLLER_GEN) crd paths=./api/... output:crd:artifacts:config=../deploy/crds
+	cd pkg && $(CONTROLLER_GEN) crd:allowDangerousTypes=true paths=./api/... output:crd:artifacts:config=../deploy/crds
 	cp deploy/crds/*.yaml charts/egress-proxies/files/crds/
 
 GENERATED := pkg/gen pkg/openapi/gen deploy/crds charts/egress-proxies/files/crds pkg/api/v1alpha1/zz_generated.deepcopy.go

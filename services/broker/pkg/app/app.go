@@ -24,6 +24,7 @@ import (
 	"github.com/egress-proxies/egress-proxies/services/broker/pkg/index"
 	"github.com/egress-proxies/egress-proxies/services/broker/pkg/inventory"
 	"github.com/egress-proxies/egress-proxies/services/broker/pkg/leases"
+	"github.com/egress-proxies/egress-proxies/services/broker/pkg/policy"
 	"github.com/egress-proxies/egress-proxies/services/broker/pkg/server"
 	"github.com/egress-proxies/egress-proxies/services/broker/pkg/store"
 )
@@ -58,12 +59,16 @@ func Run(ctx context.Context, env service.Env, o Options) error {
 		return err
 	}
 	inv.Credentials.Key = o.credentialsKey
+	pol := &policy.Policies{Defaults: o.Policy, Log: log}
+	if err := pol.Watch(ctx, inv.Cache()); err != nil {
+		return err
+	}
 	serverTLS, err := servingTLS(ctx, log, o)
 	if err != nil {
 		return err
 	}
 	srv, err := server.New(ctx, log, server.Options{GRPCAddr: o.GRPCAddr, HTTPAddr: o.HTTPAddr, MaxBodyBytes: o.MaxBody, MaxRecvBytes: 1 << 20, Tracing: env.Tracing, TLS: serverTLS},
-		leases.New(inv, st, idx, o.Leases), tok)
+		leases.New(inv, st, idx, pol, o.Leases), tok)
 	if err != nil {
 		return service.UsageError{Err: err}
 	}
@@ -72,7 +77,7 @@ func Run(ctx context.Context, env service.Env, o Options) error {
 	if err != nil {
 		return err
 	}
-	log.Info("starting", "commit", version.Commit, "leaseCap", o.Leases.LeaseCap, "cooldown", o.Leases.Cooldown, "auth", tok.Enabled(), "tls", serverTLS != nil)
+	log.Info("starting", "commit", version.Commit, "leaseCap", o.Leases.LeaseCap, "cooldown", o.Policy.CooldownBase, "banAware", o.Leases.BanAware, "auth", tok.Enabled(), "tls", serverTLS != nil)
 	serveErr := srv.Serve(ctx)
 	return errors.Join(serveErr, waitOps())
 }

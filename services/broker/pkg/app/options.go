@@ -10,6 +10,7 @@ import (
 	"github.com/egress-proxies/egress-proxies/pkg/proxyauth"
 	"github.com/egress-proxies/egress-proxies/services/broker/pkg/index"
 	"github.com/egress-proxies/egress-proxies/services/broker/pkg/leases"
+	"github.com/egress-proxies/egress-proxies/services/broker/pkg/policy"
 	"github.com/egress-proxies/egress-proxies/services/broker/pkg/store"
 )
 
@@ -35,10 +36,13 @@ type Options struct {
 	CredentialsKeyFile string
 	credentialsKey     proxyauth.Key
 	Leases             leases.Config
-	IndexResync        time.Duration
-	IndexIdle          time.Duration
-	MaxIndexes         int
-	MaxBody            int64
+	// Policy is what applies to a target no TargetPolicy matches, and
+	// what a matching one leaves out.
+	Policy      policy.Target
+	IndexResync time.Duration
+	IndexIdle   time.Duration
+	MaxIndexes  int
+	MaxBody     int64
 }
 
 // Register adds the flags to fs.
@@ -67,7 +71,19 @@ func (o *Options) Register(fs *flag.FlagSet) {
 	fs.DurationVar(&o.Leases.DefaultTTL, "default-ttl", d.DefaultTTL, "lease TTL when a request gives ttlSeconds 0")
 	fs.DurationVar(&o.Leases.MinTTL, "min-ttl", d.MinTTL, "shortest lease TTL a request may ask for")
 	fs.DurationVar(&o.Leases.MaxTTL, "max-ttl", d.MaxTTL, "longest lease TTL a request may ask for")
-	fs.DurationVar(&o.Leases.Cooldown, "cooldown", d.Cooldown, "how long a rate_limited report keeps a proxy away from that target")
+	p := leases.DefaultPolicy
+	fs.BoolVar(&o.Leases.BanAware, "ban-aware", d.BanAware, "act on outcome reports beyond the seed's fixed cooldown on rate_limited: escalating cooldowns by exit IP, the waterfall guard and pacing, target caps, sticky sessions, quarantine")
+	fs.DurationVar(&o.Policy.CooldownBase, "cooldown", p.CooldownBase, "first cooldown a rate_limited or blocked report puts a proxy's exit IP in for that target")
+	fs.DurationVar(&o.Policy.CooldownMax, "cooldown-max", p.CooldownMax, "longest cooldown, however often it doubled")
+	fs.DurationVar(&o.Policy.CooldownWindow, "cooldown-window", p.CooldownWindow, "how long after a cooldown ends another report doubles the next one (and how long pacing lasts with no report)")
+	fs.Float64Var(&o.Policy.MaxCoolingFraction, "max-cooling-fraction", p.MaxCoolingFraction, "largest share of a lease's matching proxies that may cool down for one target; past it the target is paced instead (1: never pace)")
+	fs.IntVar(&o.Policy.MaxConcurrentLeases, "target-lease-cap", p.MaxConcurrentLeases, "most live leases for one target across the fleet (0: no cap)")
+	fs.Float64Var(&o.Policy.PacingInitial, "pacing-initial", p.PacingInitial, "leases per second a target's pace starts at")
+	fs.Float64Var(&o.Policy.PacingMin, "pacing-min", p.PacingMin, "lowest pace, leases per second")
+	fs.Float64Var(&o.Policy.PacingMax, "pacing-max", p.PacingMax, "pace at which pacing ends, leases per second")
+	fs.IntVar(&o.Leases.Faults.Targets, "quarantine-targets", d.Faults.Targets, "error reports on this many distinct targets within --quarantine-window quarantine a proxy (0: never)")
+	fs.DurationVar(&o.Leases.Faults.Window, "quarantine-window", d.Faults.Window, "window of --quarantine-targets")
+	fs.DurationVar(&o.Leases.Faults.Period, "quarantine-period", d.Faults.Period, "how long a quarantine lasts unless the proxy turns healthy after it began")
 	fs.IntVar(&o.Leases.LeaseCap, "lease-cap", d.LeaseCap, "most live leases per proxy (0: no cap)")
 	fs.Int64Var(&o.MaxBody, "max-body-bytes", 64<<10, "largest REST request body")
 }
@@ -82,8 +98,16 @@ func (o *Options) Validate() error {
 		return errors.New("--min-ttl must be positive and not above --max-ttl")
 	case l.DefaultTTL < l.MinTTL || l.DefaultTTL > l.MaxTTL:
 		return fmt.Errorf("--default-ttl %s must be between --min-ttl %s and --max-ttl %s", l.DefaultTTL, l.MinTTL, l.MaxTTL)
-	case l.Cooldown <= 0:
-		return errors.New("--cooldown must be positive")
+	case o.Policy.CooldownBase < time.Second || o.Policy.CooldownMax < o.Policy.CooldownBase || o.Policy.CooldownWindow < time.Second:
+		return errors.New("--cooldown and --cooldown-window must be at least 1s, and --cooldown-max not below --cooldown")
+	case o.Policy.MaxCoolingFraction <= 0 || o.Policy.MaxCoolingFraction > 1:
+		return fmt.Errorf("--max-cooling-fraction %g must be above 0 and at most 1", o.Policy.MaxCoolingFraction)
+	case o.Policy.MaxConcurrentLeases < 0:
+		return errors.New("--target-lease-cap must not be negative")
+	case o.Policy.PacingMin <= 0 || o.Policy.PacingMin > o.Policy.PacingInitial || o.Policy.PacingInitial > o.Policy.PacingMax:
+		return fmt.Errorf("--pacing-min %g, --pacing-initial %g and --pacing-max %g must be positive and in that order", o.Policy.PacingMin, o.Policy.PacingInitial, o.Policy.PacingMax)
+	case l.Faults.Targets < 0 || l.Faults.Window <= 0 || l.Faults.Period <= 0:
+		return errors.New("--quarantine-targets must not be negative, --quarantine-window and --quarantine-period positive")
 	case l.LeaseCap < 0:
 		return errors.New("--lease-cap must not be negative")
 	case o.MaxBody <= 0:

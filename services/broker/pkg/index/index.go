@@ -167,7 +167,7 @@ func (m *Maintainer) members(sel Selector) []store.Member {
 }
 
 func member(p inventory.Proxy) store.Member {
-	return store.Member{UID: p.UID, Namespace: p.Namespace, Addr: p.Addr()}
+	return store.Member{UID: p.UID, Namespace: p.Namespace, Addr: p.Addr(), EgressIP: p.EgressIP, HealthySince: p.HealthySince}
 }
 
 // Start watches the Proxies of m's scope through cfg into a new

@@ -35,6 +35,9 @@ type Proxy struct {
 	EgressIP   string
 	Attributes map[string]string
 	Healthy    bool
+	// HealthySince is when the Healthy condition last turned True (zero
+	// while not healthy): the broker's view of a probe success.
+	HealthySince time.Time
 	// HealthStale: the controller has had no recent probe result for it
 	// (Healthy=Unknown, reason ProbeStale).
 	HealthStale bool
@@ -101,11 +104,19 @@ func fromObject(px *v1.Proxy) Proxy {
 		UID:            string(px.UID), ID: px.Key(), Namespace: px.Namespace,
 		IP: px.Status.IP, Port: px.Status.Port, EgressIP: px.Status.EgressIP,
 		Attributes: px.Spec.Attributes, Healthy: px.Status.Healthy,
-		HealthStale: h != nil && h.Status == metav1.ConditionUnknown && h.Reason == v1.ReasonProbeStale,
-		Ready:       ready, Deleting: !px.DeletionTimestamp.IsZero(),
+		HealthStale:  h != nil && h.Status == metav1.ConditionUnknown && h.Reason == v1.ReasonProbeStale,
+		HealthySince: healthySince(px.Status.Healthy, h),
+		Ready:        ready, Deleting: !px.DeletionTimestamp.IsZero(),
 		DrainDeadline: drain,
 		Leasable:      ready && px.Status.Healthy && px.DeletionTimestamp.IsZero() && drain.IsZero(),
 	}
+}
+
+func healthySince(healthy bool, h *metav1.Condition) time.Time {
+	if !healthy || h == nil || h.Status != metav1.ConditionTrue {
+		return time.Time{}
+	}
+	return h.LastTransitionTime.Time
 }
 
 // Inventory is the snapshot, keyed by UID.
@@ -118,7 +129,12 @@ type Inventory struct {
 	proxies     map[string]Proxy
 	synced      atomic.Bool
 	changed     func(uid string)
+	cache       cache.Cache
 }
+
+// Cache is the informer cache Run started, for other read-only kinds the
+// broker watches in the same scope.
+func (i *Inventory) Cache() cache.Cache { return i.cache }
 
 // New returns an empty inventory; Run fills it from an informer. changed
 // (may be nil) is called after every change with the proxy's UID, to keep
@@ -158,6 +174,7 @@ func (i *Inventory) Run(ctx context.Context, cfg *rest.Config, namespace string)
 		return fmt.Errorf("getting the credentials Secret informer: %w", err)
 	}
 	i.Credentials.Secrets = c
+	i.cache = c
 	go func() { _ = c.Start(ctx) }()
 	go func() {
 		if c.WaitForCacheSync(ctx) {

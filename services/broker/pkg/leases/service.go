@@ -10,7 +10,6 @@ import (
 	"log/slog"
 	"regexp"
 	"sort"
-	"strconv"
 	"strings"
 	"time"
 
@@ -24,6 +23,7 @@ import (
 	leasev1 "github.com/egress-proxies/egress-proxies/pkg/gen/egressproxies/lease/v1"
 	"github.com/egress-proxies/egress-proxies/services/broker/pkg/index"
 	"github.com/egress-proxies/egress-proxies/services/broker/pkg/inventory"
+	"github.com/egress-proxies/egress-proxies/services/broker/pkg/policy"
 	"github.com/egress-proxies/egress-proxies/services/broker/pkg/store"
 )
 
@@ -33,9 +33,12 @@ type Config struct {
 	DefaultTTL time.Duration
 	// MinTTL and MaxTTL bound ttlSeconds.
 	MinTTL, MaxTTL time.Duration
-	// Cooldown is how long a rate_limited report keeps the proxy away from
-	// that target.
-	Cooldown time.Duration
+	// BanAware turns on what outcome reports drive beyond the seed's fixed
+	// cooldown on rate_limited: escalation by exit IP, the waterfall guard
+	// and pacing, target caps, sticky sessions and quarantine.
+	BanAware bool
+	// Faults is when error reports quarantine a proxy.
+	Faults store.Faults
 	// LeaseCap is the most live leases one proxy may hold; 0 means no cap.
 	LeaseCap int
 	// ShareCredentials puts a proxy's credentials in the lease; the
@@ -45,7 +48,12 @@ type Config struct {
 }
 
 // DefaultConfig is what the flags default to.
-var DefaultConfig = Config{DefaultTTL: 5 * time.Minute, MinTTL: 10 * time.Second, MaxTTL: time.Hour, Cooldown: 15 * time.Minute, LeaseCap: 10}
+var DefaultConfig = Config{DefaultTTL: 5 * time.Minute, MinTTL: 10 * time.Second, MaxTTL: time.Hour, LeaseCap: 10, BanAware: true,
+	Faults: store.Faults{Targets: 3, Window: 10 * time.Minute, Period: 30 * time.Minute}}
+
+// DefaultPolicy is what the flags default to where no TargetPolicy matches.
+var DefaultPolicy = policy.Target{Policy: store.Policy{CooldownBase: 15 * time.Minute, CooldownMax: 4 * time.Hour, CooldownWindow: time.Hour,
+	MaxCoolingFraction: 0.5, PacingInitial: 1, PacingMin: 0.1, PacingMax: 20}}
 
 // Service is the LeaseService server.
 type Service struct {
@@ -53,12 +61,13 @@ type Service struct {
 	inv   *inventory.Inventory
 	store *store.Store
 	idx   *index.Maintainer
+	pol   *policy.Policies
 	cfg   Config
 }
 
 // New returns a Service.
-func New(inv *inventory.Inventory, st *store.Store, idx *index.Maintainer, cfg Config) *Service {
-	return &Service{inv: inv, store: st, idx: idx, cfg: cfg}
+func New(inv *inventory.Inventory, st *store.Store, idx *index.Maintainer, pol *policy.Policies, cfg Config) *Service {
+	return &Service{inv: inv, store: st, idx: idx, pol: pol, cfg: cfg}
 }
 
 // ErrorDomain is the domain of the ErrorInfo details the service returns.
@@ -69,11 +78,19 @@ var (
 	keyPattern     = regexp.MustCompile(`^[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$`)
 	hostPattern    = regexp.MustCompile(`^[A-Za-z0-9]([-A-Za-z0-9.:\[\]]{0,251}[A-Za-z0-9\]])?$`)
 	requestPattern = regexp.MustCompile(`^[A-Za-z0-9_.:-]{1,64}$`)
+	sessionPattern = regexp.MustCompile(`^[A-Za-z0-9_.:-]{1,128}$`)
 )
 
 func checkRequestID(id string) error {
 	if id != "" && !requestPattern.MatchString(id) {
 		return invalid("requestId", "must be 1-64 letters, digits, '-', '_', '.' or ':' (a UUID is a good choice)")
+	}
+	return nil
+}
+
+func checkSessionKey(k string) error {
+	if k != "" && !sessionPattern.MatchString(k) {
+		return invalid("sessionKey", "must be 1-128 letters, digits, '-', '_', '.' or ':'")
 	}
 	return nil
 }
@@ -158,7 +175,7 @@ func (s *Service) credentials(ctx context.Context, p inventory.Proxy) *leasev1.P
 
 // storeError maps store errors to the documented codes.
 func storeError(err error) error {
-	var nc *store.NoCandidateError
+	var refused store.Refusal
 	var un *store.UnavailableError
 	var reused *store.RequestReusedError
 	switch {
@@ -166,13 +183,11 @@ func storeError(err error) error {
 		return status.Error(codes.NotFound, "lease not found or expired")
 	case errors.As(err, &reused):
 		return status.Error(codes.AlreadyExists, reused.Error())
-	case errors.As(err, &nc):
-		noCandidate.WithLabelValues(nc.Reason()).Inc()
-		st := status.New(codes.ResourceExhausted, "no proxy available: "+nc.Error())
-		st, _ = st.WithDetails(&errdetails.ErrorInfo{Reason: nc.Reason(), Domain: ErrorDomain, Metadata: map[string]string{
-			"candidates": strconv.Itoa(nc.Candidates), "coolingDown": strconv.Itoa(nc.CoolingDown), "atCap": strconv.Itoa(nc.AtCap),
-			"healthStale": strconv.Itoa(nc.Stale),
-		}}, &errdetails.RetryInfo{RetryDelay: durationpb.New(nc.RetryAfter())})
+	case errors.As(err, &refused):
+		noCandidate.WithLabelValues(refused.Reason()).Inc()
+		st := status.New(codes.ResourceExhausted, "no proxy available: "+refused.Error())
+		st, _ = st.WithDetails(&errdetails.ErrorInfo{Reason: refused.Reason(), Domain: ErrorDomain, Metadata: refused.Details()},
+			&errdetails.RetryInfo{RetryDelay: durationpb.New(refused.RetryAfter())})
 		return st.Err()
 	case errors.As(err, &un):
 		return status.Error(codes.Unavailable, "lease store unavailable; retry (a CreateLease may have been applied: retry it with the same requestId to get that lease rather than a second one)")
@@ -185,13 +200,22 @@ func storeError(err error) error {
 	}
 }
 
-func toProto(p inventory.Proxy, load int) *leasev1.Proxy {
-	return &leasev1.Proxy{Id: p.ID, Ip: p.IP, Port: p.Port, Attributes: p.Attributes, Healthy: p.Healthy, LeaseCount: int32(load), EgressIp: p.EgressIP}
+func toProto(p inventory.Proxy, st store.State) *leasev1.Proxy {
+	return &leasev1.Proxy{Id: p.ID, Ip: p.IP, Port: p.Port, Attributes: p.Attributes, Healthy: p.Healthy, LeaseCount: int32(st.Load), EgressIp: p.EgressIP,
+		QuarantinedUntil: timestamp(st.QuarantinedUntil)}
+}
+
+// timestamp is t, or nil when t is zero.
+func timestamp(t time.Time) *timestamppb.Timestamp {
+	if t.IsZero() {
+		return nil
+	}
+	return timestamppb.New(t)
 }
 
 func (s *Service) checkSynced() error {
-	if !s.inv.Synced() {
-		return status.Error(codes.Unavailable, "the proxy inventory has not synced with the API server yet")
+	if !s.inv.Synced() || !s.pol.Synced() {
+		return status.Error(codes.Unavailable, "the proxy inventory or the TargetPolicies have not synced with the API server yet")
 	}
 	return nil
 }
@@ -214,13 +238,13 @@ func (s *Service) ListProxies(ctx context.Context, req *leasev1.ListProxiesReque
 	for i, p := range ps {
 		uids[i] = p.UID
 	}
-	loads, err := s.store.Loads(ctx, uids)
+	states, err := s.store.States(ctx, uids)
 	if err != nil {
 		return nil, storeError(err)
 	}
 	resp := &leasev1.ListProxiesResponse{Proxies: make([]*leasev1.Proxy, 0, len(ps))}
 	for _, p := range ps {
-		resp.Proxies = append(resp.Proxies, toProto(p, loads[p.UID]))
+		resp.Proxies = append(resp.Proxies, toProto(p, states[p.UID]))
 	}
 	return resp, nil
 }
@@ -242,18 +266,24 @@ const attempts = 3
 // CreateLease implements LeaseService.
 func (s *Service) CreateLease(ctx context.Context, req *leasev1.CreateLeaseRequest) (*leasev1.CreateLeaseResponse, error) {
 	ttl, err := s.ttl(req.GetTtlSeconds())
-	if err := firstErr(err, checkSelector(req.GetSelector()), checkNamespace(req.GetNamespace()), checkTarget(req.GetTarget()), checkRequestID(req.GetRequestId())); err != nil {
+	if err := firstErr(err, checkSelector(req.GetSelector()), checkNamespace(req.GetNamespace()), checkTarget(req.GetTarget()),
+		checkRequestID(req.GetRequestId()), checkSessionKey(req.GetSessionKey())); err != nil {
 		return nil, err
 	}
 	if err := s.checkSynced(); err != nil {
 		return nil, err
 	}
 	sel := index.Selector{Namespace: req.GetNamespace(), Labels: req.GetSelector()}
-	a := store.Acquire{Target: req.GetTarget(), Cap: s.cfg.LeaseCap, TTL: ttl, LeaseID: store.NewLeaseID(), RequestID: req.GetRequestId()}
+	target := strings.ToLower(req.GetTarget())
+	a := store.Acquire{Target: target, Cap: s.cfg.LeaseCap, TTL: ttl, LeaseID: store.NewLeaseID(), RequestID: req.GetRequestId(),
+		PerTarget: s.cfg.BanAware, Session: req.GetSessionKey()}
+	if a.PerTarget {
+		a.TargetCap = s.pol.For(target).MaxConcurrentLeases
+	}
 	if a.RequestID != "" {
 		// What a request id's retries must repeat: the selector (its index
-		// key is a canonical hash of it), the target and the TTL.
-		a.Fingerprint = fmt.Sprintf("%s %q %d", sel.Key(), req.GetTarget(), req.GetTtlSeconds())
+		// key is a canonical hash of it), the target, the TTL and the session.
+		a.Fingerprint = fmt.Sprintf("%s %q %d %q", sel.Key(), target, req.GetTtlSeconds(), a.Session)
 	}
 	for range attempts {
 		if a.Index, err = s.idx.Ensure(ctx, sel); err != nil {
@@ -285,7 +315,8 @@ func (s *Service) CreateLease(ctx context.Context, req *leasev1.CreateLeaseReque
 		p, ok := s.inv.Get(l.Proxy)
 		if ok && p.Leasable {
 			leasesCreated.Inc()
-			return &leasev1.CreateLeaseResponse{LeaseId: l.ID, Proxy: toProto(p, l.Load), ExpiresAt: timestamppb.New(l.Expires), Credentials: s.credentials(ctx, p)}, nil
+			return &leasev1.CreateLeaseResponse{LeaseId: l.ID, Proxy: toProto(p, store.State{Load: l.Load}), ExpiresAt: timestamppb.New(l.Expires),
+				Credentials: s.credentials(ctx, p), SessionMoved: l.SessionMoved}, nil
 		}
 		// The index still holds a proxy this broker has seen leave the
 		// leasable set: hand the lease back, fix the index, pick again.
@@ -387,46 +418,60 @@ func (s *Service) ReleaseLease(ctx context.Context, req *leasev1.ReleaseLeaseReq
 	return &leasev1.ReleaseLeaseResponse{}, nil
 }
 
-// Report results.
-const (
-	ResultOK          = "ok"
-	ResultRateLimited = "rate_limited"
-	ResultBlocked     = "blocked"
-	ResultError       = "error"
-)
-
 // ReportLease implements LeaseService.
 func (s *Service) ReportLease(ctx context.Context, req *leasev1.ReportLeaseRequest) (*leasev1.ReportLeaseResponse, error) {
-	if err := firstErr(checkLeaseID(req.GetLeaseId()), checkTarget(req.GetTarget())); err != nil {
+	outcome := store.Outcome(req.GetResult())
+	if err := firstErr(checkLeaseID(req.GetLeaseId()), checkTarget(req.GetTarget()), checkOutcome(outcome),
+		checkRange("statusCode", req.GetStatusCode(), 100, 599), checkRange("latencyMs", req.GetLatencyMs(), 0, 3_600_000)); err != nil {
 		return nil, err
 	}
-	switch req.GetResult() {
-	case ResultOK, ResultBlocked, ResultError:
-		if _, err := s.store.Get(ctx, req.GetLeaseId()); err != nil {
-			return nil, storeError(err)
-		}
-		reports.WithLabelValues(req.GetResult()).Inc()
-		return &leasev1.ReportLeaseResponse{}, nil
-	case ResultRateLimited:
-	default:
-		return nil, invalid("result", "must be one of ok, rate_limited, blocked, error (got %q)", req.GetResult())
-	}
-	target := req.GetTarget()
+	target := strings.ToLower(req.GetTarget())
 	if target == "" {
 		l, err := s.store.Get(ctx, req.GetLeaseId())
 		if err != nil {
 			return nil, storeError(err)
 		}
-		if target = l.Target; target == "" {
-			return nil, invalid("target", "is required for rate_limited when the lease was created without one")
+		if target = l.Target; target == "" && outcome != store.OK {
+			return nil, invalid("target", "is required for %s when the lease was created without one", outcome)
 		}
 	}
-	until, err := s.store.Cooldown(ctx, req.GetLeaseId(), target, s.cfg.Cooldown)
+	pol := s.pol.For(target)
+	r := store.Report{LeaseID: req.GetLeaseId(), Outcome: outcome, Target: target, Policy: pol.Policy, Faults: s.cfg.Faults}
+	if !s.cfg.BanAware {
+		// The seed's rule: a fixed cooldown on rate_limited, nothing else.
+		r.Policy = store.Policy{CooldownBase: pol.CooldownBase, CooldownMax: pol.CooldownBase, MaxCoolingFraction: 1,
+			PacingInitial: 1, PacingMin: 1, PacingMax: 1}
+		r.Faults = store.Faults{}
+		if outcome != store.RateLimited {
+			r.Outcome = "" // the script checks the lease and does nothing else
+		}
+	}
+	v, err := s.store.Report(ctx, r)
 	if err != nil {
 		return nil, storeError(err)
 	}
-	reports.WithLabelValues(ResultRateLimited).Inc()
-	return &leasev1.ReportLeaseResponse{CooldownUntil: timestamppb.New(until)}, nil
+	observeReport(outcome, req.GetStatusCode(), req.GetLatencyMs(), v.Actions)
+	return &leasev1.ReportLeaseResponse{
+		CooldownStart: timestamp(v.CooldownStart), CooldownUntil: timestamp(v.CooldownEnd),
+		CooldownLevel: int32(v.CooldownLevel), CooldownShared: int32(v.CooldownShared),
+		QuarantinedUntil: timestamp(v.QuarantinedUntil), PacePerSecond: v.PaceRate, Actions: v.Actions, Policy: pol.Source,
+	}, nil
+}
+
+func checkOutcome(o store.Outcome) error {
+	switch o {
+	case store.OK, store.RateLimited, store.Blocked, store.Failed:
+		return nil
+	}
+	return invalid("result", "must be one of ok, rate_limited, blocked, error (got %q)", string(o))
+}
+
+// checkRange accepts 0 (not given) or a value in [lo, hi].
+func checkRange(field string, v, lo, hi int32) error {
+	if v != 0 && (v < lo || v > hi) {
+		return invalid(field, "must be between %d and %d, or 0 when unknown (got %d)", lo, hi, v)
+	}
+	return nil
 }
 
 // Bounds of ListRefusals' window.

@@ -20,6 +20,7 @@ import (
 	"github.com/egress-proxies/egress-proxies/pkg/testenv"
 	"github.com/egress-proxies/egress-proxies/services/broker/internal/brokertest"
 	"github.com/egress-proxies/egress-proxies/services/broker/pkg/leases"
+	"github.com/egress-proxies/egress-proxies/services/broker/pkg/policy"
 	"github.com/egress-proxies/egress-proxies/services/broker/pkg/store"
 )
 
@@ -29,7 +30,7 @@ func TestMain(m *testing.M) { os.Exit(testenv.Main(m, &env)) }
 
 func newService(t *testing.T) (*brokertest.Stack, *leases.Service) {
 	s := brokertest.New(t, env, nil)
-	return s, leases.New(s.Inv, s.Store, s.Index, leases.DefaultConfig)
+	return s, leases.New(s.Inv, s.Store, s.Index, &policy.Policies{Defaults: leases.DefaultPolicy}, leases.DefaultConfig)
 }
 
 func reasonOf(err error) (codes.Code, string) {
@@ -211,9 +212,9 @@ func TestCreateLeaseNeverHandsOutAnUnleasableProxy(t *testing.T) {
 		_, err = svc.ReleaseLease(ctx, &leasev1.ReleaseLeaseRequest{LeaseId: l.GetLeaseId()})
 		require.NoError(t, err)
 	}
-	loads, err := s.Store.Loads(ctx, []string{bad.UID})
+	states, err := s.Store.States(ctx, []string{bad.UID})
 	require.NoError(t, err)
-	assert.Zero(t, loads[bad.UID], "every lease on bad was handed back")
+	assert.Zero(t, states[bad.UID].Load, "every lease on bad was handed back")
 }
 
 func indexKeys(t *testing.T, s *brokertest.Stack) []string {
@@ -268,7 +269,7 @@ func TestListRefusalsCountsUnmetDemand(t *testing.T) {
 	s := brokertest.New(t, env, nil)
 	cfg := leases.DefaultConfig
 	cfg.LeaseCap = 1
-	svc := leases.New(s.Inv, s.Store, s.Index, cfg)
+	svc := leases.New(s.Inv, s.Store, s.Index, &policy.Policies{Defaults: leases.DefaultPolicy}, cfg)
 	s.Proxy(t, "p", "127.0.0.73", map[string]string{"geo": "eu"})
 	ctx := context.Background()
 	eu := &leasev1.CreateLeaseRequest{Selector: map[string]string{"geo": "eu"}, Namespace: s.NS}

@@ -73,7 +73,8 @@ local function guard_holds()
   if ck:sub(1, 2) == 'p:' and redis.call('ZSCORE', ix, uid) and not redis.call('ZSCORE', cx, uid) then
     more = 1 -- a proxy with no known exit IP is not filed under its key
   end
-  return more > 0 and redis.call('ZCARD', cx) + more > math.floor(fraction * n)
+  -- One proxy may always cool down: a fleet of one is not a waterfall.
+  return more > 0 and redis.call('ZCARD', cx) + more > math.max(1, math.floor(fraction * n))
 end
 
 -- Cools ck down for the target: the base period, or, within the memory

@@ -38,9 +38,12 @@ type Proxy struct {
 	// lease_count is the number of live leases on this proxy.
 	LeaseCount int32 `protobuf:"varint,6,opt,name=lease_count,json=leaseCount,proto3" json:"lease_count,omitempty"`
 	// egress_ip is the address target sites see, when the probe reported it.
-	EgressIp      string `protobuf:"bytes,7,opt,name=egress_ip,json=egressIP,proto3" json:"egress_ip,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	EgressIp string `protobuf:"bytes,7,opt,name=egress_ip,json=egressIP,proto3" json:"egress_ip,omitempty"`
+	// quarantined_until is set while error reports on several targets keep
+	// the proxy from new leases.
+	QuarantinedUntil *timestamppb.Timestamp `protobuf:"bytes,8,opt,name=quarantined_until,json=quarantinedUntil,proto3" json:"quarantined_until,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
 }
 
 func (x *Proxy) Reset() {
@@ -120,6 +123,13 @@ func (x *Proxy) GetEgressIp() string {
 		return x.EgressIp
 	}
 	return ""
+}
+
+func (x *Proxy) GetQuarantinedUntil() *timestamppb.Timestamp {
+	if x != nil {
+		return x.QuarantinedUntil
+	}
+	return nil
 }
 
 // ListProxiesRequest filters the proxy list. Over REST every query
@@ -252,7 +262,13 @@ type CreateLeaseRequest struct {
 	// instead of taking a second proxy, and with other parameters fails
 	// with ALREADY_EXISTS. Use a fresh random id (a UUID) per lease wanted;
 	// 1-64 letters, digits, '-', '_', '.' or ':'. Optional.
-	RequestId     string `protobuf:"bytes,5,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
+	RequestId string `protobuf:"bytes,5,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
+	// session_key makes leases sticky: while a lease made with the same key
+	// lives and its proxy stays leasable (matching, below its cap, not
+	// cooling down for the target), the key gets that proxy again, so a
+	// logged-in session keeps its IP. 1-128 letters, digits, '-', '_', '.'
+	// or ':'. Optional.
+	SessionKey    string `protobuf:"bytes,6,opt,name=session_key,json=sessionKey,proto3" json:"session_key,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -322,6 +338,13 @@ func (x *CreateLeaseRequest) GetRequestId() string {
 	return ""
 }
 
+func (x *CreateLeaseRequest) GetSessionKey() string {
+	if x != nil {
+		return x.SessionKey
+	}
+	return ""
+}
+
 // CreateLeaseResponse is the granted lease.
 type CreateLeaseResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -333,7 +356,10 @@ type CreateLeaseResponse struct {
 	ExpiresAt *timestamppb.Timestamp `protobuf:"bytes,3,opt,name=expires_at,json=expiresAt,proto3" json:"expires_at,omitempty"`
 	// credentials the proxy asks for (Basic Proxy-Authorization), when it
 	// has any; sent only by a broker that requires a bearer token.
-	Credentials   *ProxyCredentials `protobuf:"bytes,4,opt,name=credentials,proto3" json:"credentials,omitempty"`
+	Credentials *ProxyCredentials `protobuf:"bytes,4,opt,name=credentials,proto3" json:"credentials,omitempty"`
+	// session_moved is true when session_key's proxy no longer qualified
+	// and the session moved to this one.
+	SessionMoved  bool `protobuf:"varint,5,opt,name=session_moved,json=sessionMoved,proto3" json:"session_moved,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -394,6 +420,13 @@ func (x *CreateLeaseResponse) GetCredentials() *ProxyCredentials {
 		return x.Credentials
 	}
 	return nil
+}
+
+func (x *CreateLeaseResponse) GetSessionMoved() bool {
+	if x != nil {
+		return x.SessionMoved
+	}
+	return false
 }
 
 // ProxyCredentials are a proxy's user name and password.
@@ -649,13 +682,19 @@ type ReportLeaseRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// lease_id of a live lease.
 	LeaseId string `protobuf:"bytes,1,opt,name=lease_id,json=leaseID,proto3" json:"lease_id,omitempty"`
-	// result at the target, as v1 REST clients write it: "ok",
-	// "rate_limited" (starts a cooldown for the target), "blocked" or
-	// "error". A string rather than an enum so REST clients send exactly
-	// these words.
+	// result at the target, as v1 REST clients write it: "ok" (served),
+	// "rate_limited" (a 429 or the site's slow-down page), "blocked" (a
+	// block page, a captcha, a 403 that means "go away") or "error" (the
+	// request failed inside the proxy: connect refused, timeout, reset). A
+	// string rather than an enum so REST clients send exactly these words.
 	Result string `protobuf:"bytes,2,opt,name=result,proto3" json:"result,omitempty"`
-	// target the result is about; required for rate_limited.
-	Target        string `protobuf:"bytes,3,opt,name=target,proto3" json:"target,omitempty"`
+	// target the result is about; the lease's target when empty. Required
+	// (here or on the lease) for every result but ok.
+	Target string `protobuf:"bytes,3,opt,name=target,proto3" json:"target,omitempty"`
+	// status_code the target answered, 100-599; 0 when there was none.
+	StatusCode int32 `protobuf:"varint,4,opt,name=status_code,json=statusCode,proto3" json:"status_code,omitempty"`
+	// latency_ms the request took, 0-3600000.
+	LatencyMs     int32 `protobuf:"varint,5,opt,name=latency_ms,json=latencyMs,proto3" json:"latency_ms,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -711,11 +750,47 @@ func (x *ReportLeaseRequest) GetTarget() string {
 	return ""
 }
 
-// ReportLeaseResponse says what the report did.
+func (x *ReportLeaseRequest) GetStatusCode() int32 {
+	if x != nil {
+		return x.StatusCode
+	}
+	return 0
+}
+
+func (x *ReportLeaseRequest) GetLatencyMs() int32 {
+	if x != nil {
+		return x.LatencyMs
+	}
+	return 0
+}
+
+// ReportLeaseResponse says what the broker did about the report.
 type ReportLeaseResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// cooldown_until is set when the report started a cooldown.
+	// cooldown_until is the end of the cooldown the report started, or
+	// found running, for the proxy's exit IP and the target.
 	CooldownUntil *timestamppb.Timestamp `protobuf:"bytes,1,opt,name=cooldown_until,json=cooldownUntil,proto3" json:"cooldown_until,omitempty"`
+	// cooldown_start is when that cooldown started (this report, or the
+	// report that found it running).
+	CooldownStart *timestamppb.Timestamp `protobuf:"bytes,2,opt,name=cooldown_start,json=cooldownStart,proto3" json:"cooldown_start,omitempty"`
+	// cooldown_level counts its doublings: 0 is the base period.
+	CooldownLevel int32 `protobuf:"varint,3,opt,name=cooldown_level,json=cooldownLevel,proto3" json:"cooldown_level,omitempty"`
+	// cooldown_shared is how many proxies it covers: every proxy on the
+	// same exit IP.
+	CooldownShared int32 `protobuf:"varint,4,opt,name=cooldown_shared,json=cooldownShared,proto3" json:"cooldown_shared,omitempty"`
+	// quarantined_until is set while the proxy is quarantined.
+	QuarantinedUntil *timestamppb.Timestamp `protobuf:"bytes,5,opt,name=quarantined_until,json=quarantinedUntil,proto3" json:"quarantined_until,omitempty"`
+	// pace_per_second is the target's fleet-wide lease rate after the
+	// report; 0 when the target is not paced.
+	PacePerSecond float64 `protobuf:"fixed64,6,opt,name=pace_per_second,json=pacePerSecond,proto3" json:"pace_per_second,omitempty"`
+	// actions the broker took, in order: COOLDOWN_STARTED,
+	// COOLDOWN_ESCALATED, COOLDOWN_ACTIVE, COOLDOWN_DECAYED, GUARD_HELD,
+	// PACING_STARTED, PACE_CUT, PACE_HELD, PACE_RAISED, PACING_ENDED,
+	// QUARANTINED, or NONE.
+	Actions []string `protobuf:"bytes,7,rep,name=actions,proto3" json:"actions,omitempty"`
+	// policy is the TargetPolicy ("namespace/name") that decided, or empty
+	// for the broker's defaults.
+	Policy        string `protobuf:"bytes,8,opt,name=policy,proto3" json:"policy,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -755,6 +830,55 @@ func (x *ReportLeaseResponse) GetCooldownUntil() *timestamppb.Timestamp {
 		return x.CooldownUntil
 	}
 	return nil
+}
+
+func (x *ReportLeaseResponse) GetCooldownStart() *timestamppb.Timestamp {
+	if x != nil {
+		return x.CooldownStart
+	}
+	return nil
+}
+
+func (x *ReportLeaseResponse) GetCooldownLevel() int32 {
+	if x != nil {
+		return x.CooldownLevel
+	}
+	return 0
+}
+
+func (x *ReportLeaseResponse) GetCooldownShared() int32 {
+	if x != nil {
+		return x.CooldownShared
+	}
+	return 0
+}
+
+func (x *ReportLeaseResponse) GetQuarantinedUntil() *timestamppb.Timestamp {
+	if x != nil {
+		return x.QuarantinedUntil
+	}
+	return nil
+}
+
+func (x *ReportLeaseResponse) GetPacePerSecond() float64 {
+	if x != nil {
+		return x.PacePerSecond
+	}
+	return 0
+}
+
+func (x *ReportLeaseResponse) GetActions() []string {
+	if x != nil {
+		return x.Actions
+	}
+	return nil
+}
+
+func (x *ReportLeaseResponse) GetPolicy() string {
+	if x != nil {
+		return x.Policy
+	}
+	return ""
 }
 
 // ListRefusalsRequest says how far back to count.
@@ -919,7 +1043,7 @@ var File_egressproxies_lease_v1_lease_proto protoreflect.FileDescriptor
 
 const file_egressproxies_lease_v1_lease_proto_rawDesc = "" +
 	"\n" +
-	"\"egressproxies/lease/v1/lease.proto\x12\x16egressproxies.lease.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\xa1\x02\n" +
+	"\"egressproxies/lease/v1/lease.proto\x12\x16egressproxies.lease.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\xea\x02\n" +
 	"\x05Proxy\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x0e\n" +
 	"\x02ip\x18\x02 \x01(\tR\x02ip\x12\x12\n" +
@@ -930,7 +1054,8 @@ const file_egressproxies_lease_v1_lease_proto_rawDesc = "" +
 	"\ahealthy\x18\x05 \x01(\bR\ahealthy\x12\x1f\n" +
 	"\vlease_count\x18\x06 \x01(\x05R\n" +
 	"leaseCount\x12\x1b\n" +
-	"\tegress_ip\x18\a \x01(\tR\begressIP\x1a=\n" +
+	"\tegress_ip\x18\a \x01(\tR\begressIP\x12G\n" +
+	"\x11quarantined_until\x18\b \x01(\v2\x1a.google.protobuf.TimestampR\x10quarantinedUntil\x1a=\n" +
 	"\x0fAttributesEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xf0\x01\n" +
@@ -944,7 +1069,7 @@ const file_egressproxies_lease_v1_lease_proto_rawDesc = "" +
 	"\n" +
 	"\b_healthy\"N\n" +
 	"\x13ListProxiesResponse\x127\n" +
-	"\aproxies\x18\x01 \x03(\v2\x1d.egressproxies.lease.v1.ProxyR\aproxies\"\x9d\x02\n" +
+	"\aproxies\x18\x01 \x03(\v2\x1d.egressproxies.lease.v1.ProxyR\aproxies\"\xbe\x02\n" +
 	"\x12CreateLeaseRequest\x12T\n" +
 	"\bselector\x18\x01 \x03(\v28.egressproxies.lease.v1.CreateLeaseRequest.SelectorEntryR\bselector\x12\x1f\n" +
 	"\vttl_seconds\x18\x02 \x01(\x05R\n" +
@@ -952,16 +1077,19 @@ const file_egressproxies_lease_v1_lease_proto_rawDesc = "" +
 	"\x06target\x18\x03 \x01(\tR\x06target\x12\x1c\n" +
 	"\tnamespace\x18\x04 \x01(\tR\tnamespace\x12\x1d\n" +
 	"\n" +
-	"request_id\x18\x05 \x01(\tR\trequestId\x1a;\n" +
+	"request_id\x18\x05 \x01(\tR\trequestId\x12\x1f\n" +
+	"\vsession_key\x18\x06 \x01(\tR\n" +
+	"sessionKey\x1a;\n" +
 	"\rSelectorEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xec\x01\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x91\x02\n" +
 	"\x13CreateLeaseResponse\x12\x19\n" +
 	"\blease_id\x18\x01 \x01(\tR\aleaseID\x123\n" +
 	"\x05proxy\x18\x02 \x01(\v2\x1d.egressproxies.lease.v1.ProxyR\x05proxy\x129\n" +
 	"\n" +
 	"expires_at\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\texpiresAt\x12J\n" +
-	"\vcredentials\x18\x04 \x01(\v2(.egressproxies.lease.v1.ProxyCredentialsR\vcredentials\"J\n" +
+	"\vcredentials\x18\x04 \x01(\v2(.egressproxies.lease.v1.ProxyCredentialsR\vcredentials\x12#\n" +
+	"\rsession_moved\x18\x05 \x01(\bR\fsessionMoved\"J\n" +
 	"\x10ProxyCredentials\x12\x1a\n" +
 	"\busername\x18\x01 \x01(\tR\busername\x12\x1a\n" +
 	"\bpassword\x18\x02 \x01(\tR\bpassword\"O\n" +
@@ -975,13 +1103,24 @@ const file_egressproxies_lease_v1_lease_proto_rawDesc = "" +
 	"expires_at\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\texpiresAt\"0\n" +
 	"\x13ReleaseLeaseRequest\x12\x19\n" +
 	"\blease_id\x18\x01 \x01(\tR\aleaseID\"\x16\n" +
-	"\x14ReleaseLeaseResponse\"_\n" +
+	"\x14ReleaseLeaseResponse\"\x9f\x01\n" +
 	"\x12ReportLeaseRequest\x12\x19\n" +
 	"\blease_id\x18\x01 \x01(\tR\aleaseID\x12\x16\n" +
 	"\x06result\x18\x02 \x01(\tR\x06result\x12\x16\n" +
-	"\x06target\x18\x03 \x01(\tR\x06target\"X\n" +
+	"\x06target\x18\x03 \x01(\tR\x06target\x12\x1f\n" +
+	"\vstatus_code\x18\x04 \x01(\x05R\n" +
+	"statusCode\x12\x1d\n" +
+	"\n" +
+	"latency_ms\x18\x05 \x01(\x05R\tlatencyMs\"\x8e\x03\n" +
 	"\x13ReportLeaseResponse\x12A\n" +
-	"\x0ecooldown_until\x18\x01 \x01(\v2\x1a.google.protobuf.TimestampR\rcooldownUntil\"<\n" +
+	"\x0ecooldown_until\x18\x01 \x01(\v2\x1a.google.protobuf.TimestampR\rcooldownUntil\x12A\n" +
+	"\x0ecooldown_start\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\rcooldownStart\x12%\n" +
+	"\x0ecooldown_level\x18\x03 \x01(\x05R\rcooldownLevel\x12'\n" +
+	"\x0fcooldown_shared\x18\x04 \x01(\x05R\x0ecooldownShared\x12G\n" +
+	"\x11quarantined_until\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\x10quarantinedUntil\x12&\n" +
+	"\x0fpace_per_second\x18\x06 \x01(\x01R\rpacePerSecond\x12\x18\n" +
+	"\aactions\x18\a \x03(\tR\aactions\x12\x16\n" +
+	"\x06policy\x18\b \x01(\tR\x06policy\"<\n" +
 	"\x13ListRefusalsRequest\x12%\n" +
 	"\x0ewindow_seconds\x18\x01 \x01(\x05R\rwindowSeconds\"\xdb\x01\n" +
 	"\x10SelectorRefusals\x12\x1c\n" +
@@ -1039,33 +1178,36 @@ var file_egressproxies_lease_v1_lease_proto_goTypes = []any{
 }
 var file_egressproxies_lease_v1_lease_proto_depIdxs = []int32{
 	15, // 0: egressproxies.lease.v1.Proxy.attributes:type_name -> egressproxies.lease.v1.Proxy.AttributesEntry
-	16, // 1: egressproxies.lease.v1.ListProxiesRequest.selector:type_name -> egressproxies.lease.v1.ListProxiesRequest.SelectorEntry
-	0,  // 2: egressproxies.lease.v1.ListProxiesResponse.proxies:type_name -> egressproxies.lease.v1.Proxy
-	17, // 3: egressproxies.lease.v1.CreateLeaseRequest.selector:type_name -> egressproxies.lease.v1.CreateLeaseRequest.SelectorEntry
-	0,  // 4: egressproxies.lease.v1.CreateLeaseResponse.proxy:type_name -> egressproxies.lease.v1.Proxy
-	19, // 5: egressproxies.lease.v1.CreateLeaseResponse.expires_at:type_name -> google.protobuf.Timestamp
-	5,  // 6: egressproxies.lease.v1.CreateLeaseResponse.credentials:type_name -> egressproxies.lease.v1.ProxyCredentials
-	19, // 7: egressproxies.lease.v1.RenewLeaseResponse.expires_at:type_name -> google.protobuf.Timestamp
-	19, // 8: egressproxies.lease.v1.ReportLeaseResponse.cooldown_until:type_name -> google.protobuf.Timestamp
-	18, // 9: egressproxies.lease.v1.SelectorRefusals.selector:type_name -> egressproxies.lease.v1.SelectorRefusals.SelectorEntry
-	13, // 10: egressproxies.lease.v1.ListRefusalsResponse.selectors:type_name -> egressproxies.lease.v1.SelectorRefusals
-	1,  // 11: egressproxies.lease.v1.LeaseService.ListProxies:input_type -> egressproxies.lease.v1.ListProxiesRequest
-	3,  // 12: egressproxies.lease.v1.LeaseService.CreateLease:input_type -> egressproxies.lease.v1.CreateLeaseRequest
-	6,  // 13: egressproxies.lease.v1.LeaseService.RenewLease:input_type -> egressproxies.lease.v1.RenewLeaseRequest
-	8,  // 14: egressproxies.lease.v1.LeaseService.ReleaseLease:input_type -> egressproxies.lease.v1.ReleaseLeaseRequest
-	10, // 15: egressproxies.lease.v1.LeaseService.ReportLease:input_type -> egressproxies.lease.v1.ReportLeaseRequest
-	12, // 16: egressproxies.lease.v1.LeaseService.ListRefusals:input_type -> egressproxies.lease.v1.ListRefusalsRequest
-	2,  // 17: egressproxies.lease.v1.LeaseService.ListProxies:output_type -> egressproxies.lease.v1.ListProxiesResponse
-	4,  // 18: egressproxies.lease.v1.LeaseService.CreateLease:output_type -> egressproxies.lease.v1.CreateLeaseResponse
-	7,  // 19: egressproxies.lease.v1.LeaseService.RenewLease:output_type -> egressproxies.lease.v1.RenewLeaseResponse
-	9,  // 20: egressproxies.lease.v1.LeaseService.ReleaseLease:output_type -> egressproxies.lease.v1.ReleaseLeaseResponse
-	11, // 21: egressproxies.lease.v1.LeaseService.ReportLease:output_type -> egressproxies.lease.v1.ReportLeaseResponse
-	14, // 22: egressproxies.lease.v1.LeaseService.ListRefusals:output_type -> egressproxies.lease.v1.ListRefusalsResponse
-	17, // [17:23] is the sub-list for method output_type
-	11, // [11:17] is the sub-list for method input_type
-	11, // [11:11] is the sub-list for extension type_name
-	11, // [11:11] is the sub-list for extension extendee
-	0,  // [0:11] is the sub-list for field type_name
+	19, // 1: egressproxies.lease.v1.Proxy.quarantined_until:type_name -> google.protobuf.Timestamp
+	16, // 2: egressproxies.lease.v1.ListProxiesRequest.selector:type_name -> egressproxies.lease.v1.ListProxiesRequest.SelectorEntry
+	0,  // 3: egressproxies.lease.v1.ListProxiesResponse.proxies:type_name -> egressproxies.lease.v1.Proxy
+	17, // 4: egressproxies.lease.v1.CreateLeaseRequest.selector:type_name -> egressproxies.lease.v1.CreateLeaseRequest.SelectorEntry
+	0,  // 5: egressproxies.lease.v1.CreateLeaseResponse.proxy:type_name -> egressproxies.lease.v1.Proxy
+	19, // 6: egressproxies.lease.v1.CreateLeaseResponse.expires_at:type_name -> google.protobuf.Timestamp
+	5,  // 7: egressproxies.lease.v1.CreateLeaseResponse.credentials:type_name -> egressproxies.lease.v1.ProxyCredentials
+	19, // 8: egressproxies.lease.v1.RenewLeaseResponse.expires_at:type_name -> google.protobuf.Timestamp
+	19, // 9: egressproxies.lease.v1.ReportLeaseResponse.cooldown_until:type_name -> google.protobuf.Timestamp
+	19, // 10: egressproxies.lease.v1.ReportLeaseResponse.cooldown_start:type_name -> google.protobuf.Timestamp
+	19, // 11: egressproxies.lease.v1.ReportLeaseResponse.quarantined_until:type_name -> google.protobuf.Timestamp
+	18, // 12: egressproxies.lease.v1.SelectorRefusals.selector:type_name -> egressproxies.lease.v1.SelectorRefusals.SelectorEntry
+	13, // 13: egressproxies.lease.v1.ListRefusalsResponse.selectors:type_name -> egressproxies.lease.v1.SelectorRefusals
+	1,  // 14: egressproxies.lease.v1.LeaseService.ListProxies:input_type -> egressproxies.lease.v1.ListProxiesRequest
+	3,  // 15: egressproxies.lease.v1.LeaseService.CreateLease:input_type -> egressproxies.lease.v1.CreateLeaseRequest
+	6,  // 16: egressproxies.lease.v1.LeaseService.RenewLease:input_type -> egressproxies.lease.v1.RenewLeaseRequest
+	8,  // 17: egressproxies.lease.v1.LeaseService.ReleaseLease:input_type -> egressproxies.lease.v1.ReleaseLeaseRequest
+	10, // 18: egressproxies.lease.v1.LeaseService.ReportLease:input_type -> egressproxies.lease.v1.ReportLeaseRequest
+	12, // 19: egressproxies.lease.v1.LeaseService.ListRefusals:input_type -> egressproxies.lease.v1.ListRefusalsRequest
+	2,  // 20: egressproxies.lease.v1.LeaseService.ListProxies:output_type -> egressproxies.lease.v1.ListProxiesResponse
+	4,  // 21: egressproxies.lease.v1.LeaseService.CreateLease:output_type -> egressproxies.lease.v1.CreateLeaseResponse
+	7,  // 22: egressproxies.lease.v1.LeaseService.RenewLease:output_type -> egressproxies.lease.v1.RenewLeaseResponse
+	9,  // 23: egressproxies.lease.v1.LeaseService.ReleaseLease:output_type -> egressproxies.lease.v1.ReleaseLeaseResponse
+	11, // 24: egressproxies.lease.v1.LeaseService.ReportLease:output_type -> egressproxies.lease.v1.ReportLeaseResponse
+	14, // 25: egressproxies.lease.v1.LeaseService.ListRefusals:output_type -> egressproxies.lease.v1.ListRefusalsResponse
+	20, // [20:26] is the sub-list for method output_type
+	14, // [14:20] is the sub-list for method input_type
+	14, // [14:14] is the sub-list for extension type_name
+	14, // [14:14] is the sub-list for extension extendee
+	0,  // [0:14] is the sub-list for field type_name
 }
 
 func init() { file_egressproxies_lease_v1_lease_proto_init() }

@@ -48,8 +48,11 @@ type LeaseServiceClient interface {
 	// ReleaseLease ends a lease. Idempotent: releasing an unknown or
 	// already released lease succeeds.
 	ReleaseLease(ctx context.Context, in *ReleaseLeaseRequest, opts ...grpc.CallOption) (*ReleaseLeaseResponse, error)
-	// ReportLease records how a target treated the leased proxy;
-	// rate_limited puts the proxy in a cooldown for that target.
+	// ReportLease records how a target treated the leased proxy and says
+	// what the broker did about it: rate_limited and blocked cool the
+	// proxy's exit IP down for the target (escalating on repeats) or, past
+	// the target's cooling limit, pace the target fleet-wide; error on
+	// several targets quarantines the proxy; ok decays both.
 	ReportLease(ctx context.Context, in *ReportLeaseRequest, opts ...grpc.CallOption) (*ReportLeaseResponse, error)
 	// ListRefusals returns, per selector, how many leases were refused in
 	// the last window because every matching proxy was at its lease cap or
@@ -147,8 +150,11 @@ type LeaseServiceServer interface {
 	// ReleaseLease ends a lease. Idempotent: releasing an unknown or
 	// already released lease succeeds.
 	ReleaseLease(context.Context, *ReleaseLeaseRequest) (*ReleaseLeaseResponse, error)
-	// ReportLease records how a target treated the leased proxy;
-	// rate_limited puts the proxy in a cooldown for that target.
+	// ReportLease records how a target treated the leased proxy and says
+	// what the broker did about it: rate_limited and blocked cool the
+	// proxy's exit IP down for the target (escalating on repeats) or, past
+	// the target's cooling limit, pace the target fleet-wide; error on
+	// several targets quarantines the proxy; ok decays both.
 	ReportLease(context.Context, *ReportLeaseRequest) (*ReportLeaseResponse, error)
 	// ListRefusals returns, per selector, how many leases were refused in
 	// the last window because every matching proxy was at its lease cap or
