@@ -45,7 +45,7 @@ func TestQuickstartOverREST(t *testing.T) {
 	ps := list.JSON["proxies"].([]any)
 	require.Len(t, ps, 1)
 	p := ps[0].(map[string]any)
-	assert.ElementsMatch(t, []string{"id", "ip", "port", "attributes", "healthy", "leaseCount", "egressIP"}, keys(p))
+	assert.ElementsMatch(t, []string{"id", "ip", "port", "attributes", "healthy", "leaseCount", "egressIP", "quarantinedUntil"}, keys(p))
 	assert.Equal(t, f.ns+"/proxy-kubernetes-sample", p["id"])
 	assert.Equal(t, "127.0.0.21", p["ip"])
 	assert.Equal(t, float64(3128), p["port"])
@@ -53,7 +53,7 @@ func TestQuickstartOverREST(t *testing.T) {
 
 	lease := b.lease(`{"selector":{"geo":"local"},"ttlSeconds":300}`)
 	require.Equal(t, 200, lease.Status, string(lease.Body))
-	assert.ElementsMatch(t, []string{"leaseID", "proxy", "expiresAt", "credentials"}, keys(lease.JSON))
+	assert.ElementsMatch(t, []string{"leaseID", "proxy", "expiresAt", "credentials", "sessionMoved"}, keys(lease.JSON))
 	assert.Nil(t, lease.JSON["credentials"], "a proxy that asks for none")
 	id := lease.JSON["leaseID"].(string)
 	assert.Len(t, id, 32)

@@ -261,10 +261,10 @@ func (m *Maintainer) apply(ctx context.Context, uid string) error {
 		}
 	}
 	m.mu.RUnlock()
-	if len(in) > 0 {
-		if err := m.Store.Join(ctx, "", []store.Member{member(p)}, in); err != nil {
-			return err
-		}
+	// Join even with no index: it files the proxy under its exit IP, so
+	// a cooldown on that IP counts it before it joins an index.
+	if err := m.Store.Join(ctx, "", []store.Member{member(p)}, in); err != nil {
+		return err
 	}
 	if len(out) == 0 {
 		return nil

@@ -300,7 +300,9 @@ func (s *Service) CreateLease(ctx context.Context, req *leasev1.CreateLeaseReque
 			s.idx.Forget(a.Index) // the rebuild re-adds its cooling members
 			continue
 		case errors.As(err, &none) && none.Candidates == 0:
-			none.Stale = s.staleMatching(sel)
+			if err := s.explainEmpty(ctx, sel, none); err != nil {
+				return nil, storeError(err)
+			}
 			return nil, storeError(none)
 		case errors.As(err, &none):
 			// Demand the fleet did not meet: pools with autoscaling grow
@@ -331,16 +333,26 @@ func (s *Service) CreateLease(ctx context.Context, req *leasev1.CreateLeaseReque
 	return nil, status.Error(codes.Unavailable, "the lease store and this broker's view of the fleet disagree; retry")
 }
 
-// staleMatching counts the proxies sel matches whose health is stale: it
-// runs only when no proxy matched, to say whether probing stopped.
-func (s *Service) staleMatching(sel index.Selector) int {
-	n := 0
+// explainEmpty says why an index is empty: it runs only when no proxy
+// matched, to count the matching proxies whose health is stale (probing
+// stopped) and the leasable ones in quarantine.
+func (s *Service) explainEmpty(ctx context.Context, sel index.Selector, none *store.NoCandidateError) error {
+	var leasable []string
 	for _, p := range s.inv.Select(sel.Namespace, sel.Labels, nil, false) {
 		if p.HealthStale {
-			n++
+			none.Stale++
+		}
+		if p.Leasable {
+			leasable = append(leasable, p.UID)
 		}
 	}
-	return n
+	states, err := s.store.States(ctx, leasable)
+	for _, st := range states {
+		if !st.QuarantinedUntil.IsZero() {
+			none.Quarantined++
+		}
+	}
+	return err
 }
 
 // RenewLease implements LeaseService. A lease is renewed only while its

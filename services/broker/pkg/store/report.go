@@ -30,7 +30,7 @@ func IsRefusal(err error) bool {
 // Details of a NoCandidateError.
 func (e *NoCandidateError) Details() map[string]string {
 	return map[string]string{"candidates": strconv.Itoa(e.Candidates), "coolingDown": strconv.Itoa(e.CoolingDown),
-		"atCap": strconv.Itoa(e.AtCap), "healthStale": strconv.Itoa(e.Stale)}
+		"atCap": strconv.Itoa(e.AtCap), "healthStale": strconv.Itoa(e.Stale), "quarantined": strconv.Itoa(e.Quarantined)}
 }
 
 // TargetCapError: the target has its fleet-wide cap of live leases.

@@ -101,14 +101,17 @@ var ErrNoIndex = errors.New("selector index not in the store")
 type NoCandidateError struct {
 	Candidates, CoolingDown, AtCap int
 	// Stale counts matching proxies left out because their health is
-	// stale (no recent probe result); it matters when no candidate is left.
-	Stale int
+	// stale (no recent probe result), and Quarantined those left out after
+	// error reports; they matter when no candidate is left.
+	Stale, Quarantined int
 }
 
 func (e *NoCandidateError) Error() string {
 	switch {
 	case e.Candidates == 0 && e.Stale > 0:
 		return fmt.Sprintf("no healthy Ready proxy matches the selector: the health of %d matching proxies is stale (the controller has had no probe result for them lately, so probing has stopped; check the probers)", e.Stale)
+	case e.Candidates == 0 && e.Quarantined > 0:
+		return fmt.Sprintf("every matching proxy is quarantined (%d): error reports on several targets within the quarantine window blamed them; each returns when its quarantine ends or it next turns healthy", e.Quarantined)
 	case e.Candidates == 0:
 		return "no healthy Ready proxy matches the selector"
 	}
@@ -117,7 +120,8 @@ func (e *NoCandidateError) Error() string {
 
 // RetryAfter is how long a refused caller should wait: a lease frees a
 // proxy at the cap, or a cooldown ends, any moment; when nothing matches,
-// or only proxies whose health is stale, it waits for the fleet to change.
+// or only proxies whose health is stale or that are quarantined, it waits
+// for the fleet to change.
 func (e *NoCandidateError) RetryAfter() time.Duration {
 	if e.Candidates == 0 {
 		return 10 * time.Second
@@ -130,6 +134,8 @@ func (e *NoCandidateError) Reason() string {
 	switch {
 	case e.Candidates == 0 && e.Stale > 0:
 		return "HEALTH_STALE"
+	case e.Candidates == 0 && e.Quarantined > 0:
+		return "ALL_QUARANTINED"
 	case e.Candidates == 0:
 		return "NO_MATCHING_PROXY"
 	case e.AtCap == 0:
