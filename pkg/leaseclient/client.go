@@ -86,6 +86,9 @@ type Request struct {
 	// the lease the first try made instead of a second proxy. Empty: Lease
 	// makes a random one and uses it for its own retries.
 	RequestID string
+	// SessionKey keeps the same proxy for every lease with this key while
+	// one lives and the proxy qualifies (a login session keeps its IP).
+	SessionKey string
 }
 
 // attempts bounds Lease's tries when the broker is unavailable.
@@ -97,10 +100,14 @@ var ErrNoProxy = errors.New("no proxy available")
 
 // NoProxyError says why no proxy could be leased.
 type NoProxyError struct {
-	// Reason is NO_MATCHING_PROXY, HEALTH_STALE, ALL_COOLING_DOWN,
-	// ALL_AT_CAP or ALL_COOLING_DOWN_OR_AT_CAP.
+	// Reason is NO_MATCHING_PROXY, HEALTH_STALE, ALL_QUARANTINED,
+	// ALL_COOLING_DOWN, ALL_AT_CAP, ALL_COOLING_DOWN_OR_AT_CAP,
+	// TARGET_AT_CAP or TARGET_PACED (docs/api.md).
 	Reason  string
 	Message string
+	// RetryAfter is how long the broker asks the caller to wait: for a
+	// paced target, until its next lease is due.
+	RetryAfter time.Duration
 }
 
 func (e *NoProxyError) Error() string { return e.Message }
@@ -113,10 +120,13 @@ type Lease struct {
 	// Credentials the proxy asks for, or nil; ProxyURL carries them.
 	Credentials *leasev1.ProxyCredentials
 	Target      string
-	c           *Client
-	mu          sync.Mutex
-	expires     time.Time
-	released    bool
+	// SessionMoved: the request's session key held another proxy, which
+	// no longer qualified.
+	SessionMoved bool
+	c            *Client
+	mu           sync.Mutex
+	expires      time.Time
+	released     bool
 }
 
 // Lease takes a proxy. A broker that is unavailable (restarting, or its
@@ -127,6 +137,7 @@ func (c *Client) Lease(ctx context.Context, r Request) (*Lease, error) {
 	}
 	req := &leasev1.CreateLeaseRequest{
 		Selector: r.Selector, Target: r.Target, Namespace: r.Namespace, TtlSeconds: int32(r.TTL / time.Second), RequestId: r.RequestID,
+		SessionKey: r.SessionKey,
 	}
 	var resp *leasev1.CreateLeaseResponse
 	var err error
@@ -144,15 +155,19 @@ func (c *Client) Lease(ctx context.Context, r Request) (*Lease, error) {
 		if st, ok := status.FromError(err); ok && st.Code() == codes.ResourceExhausted {
 			ne := &NoProxyError{Message: st.Message()}
 			for _, d := range st.Details() {
-				if info, ok := d.(*errdetails.ErrorInfo); ok {
-					ne.Reason = info.GetReason()
+				switch d := d.(type) {
+				case *errdetails.ErrorInfo:
+					ne.Reason = d.GetReason()
+				case *errdetails.RetryInfo:
+					ne.RetryAfter = d.GetRetryDelay().AsDuration()
 				}
 			}
 			return nil, ne
 		}
 		return nil, err
 	}
-	return &Lease{ID: resp.GetLeaseId(), Proxy: resp.GetProxy(), Credentials: resp.GetCredentials(), Target: r.Target, c: c, expires: resp.GetExpiresAt().AsTime()}, nil
+	return &Lease{ID: resp.GetLeaseId(), Proxy: resp.GetProxy(), Credentials: resp.GetCredentials(), Target: r.Target, SessionMoved: resp.GetSessionMoved(),
+		c: c, expires: resp.GetExpiresAt().AsTime()}, nil
 }
 
 // Expires is the lease's current expiry.
@@ -255,11 +270,24 @@ const (
 	ResultError       = "error"
 )
 
-// Report tells the broker how the target treated the proxy; rate_limited
-// cools the proxy down for target (the lease's target when empty).
-func (l *Lease) Report(ctx context.Context, result, target string) error {
-	_, err := l.c.api.ReportLease(ctx, &leasev1.ReportLeaseRequest{LeaseId: l.ID, Result: result, Target: target})
-	return err
+// Outcome is how a target treated a request through the proxy.
+type Outcome struct {
+	// Result is ResultOK, ResultRateLimited, ResultBlocked or ResultError.
+	Result string
+	// Target the result is about; the lease's target when empty.
+	Target string
+	// StatusCode the target answered (0: none) and Latency of the request
+	// (0: unknown) feed the broker's metrics.
+	StatusCode int
+	Latency    time.Duration
+}
+
+// Report tells the broker how the target treated the proxy and returns
+// what the broker did: a cooldown for the proxy's exit IP, pacing for
+// the target, a quarantine for the proxy (docs/api.md).
+func (l *Lease) Report(ctx context.Context, o Outcome) (*leasev1.ReportLeaseResponse, error) {
+	return l.c.api.ReportLease(ctx, &leasev1.ReportLeaseRequest{LeaseId: l.ID, Result: o.Result, Target: o.Target,
+		StatusCode: int32(o.StatusCode), LatencyMs: int32(o.Latency / time.Millisecond)})
 }
 
 // Release ends the lease; calling it again is harmless.

@@ -58,12 +58,15 @@ func TestLeaseRenewReportRelease(t *testing.T) {
 	time.Sleep(2500 * time.Millisecond) // past the original TTL: only renewals keep it alive
 	stop()
 	assert.True(t, l.Expires().After(first), "auto-renew extended the lease")
-	require.NoError(t, l.Report(ctx, leaseclient.ResultRateLimited, ""), "the lease is alive past its first TTL")
+	verdict, err := l.Report(ctx, leaseclient.Outcome{Result: leaseclient.ResultRateLimited, StatusCode: 429, Latency: 80 * time.Millisecond})
+	require.NoError(t, err, "the lease is alive past its first TTL")
+	assert.Equal(t, []string{"COOLDOWN_STARTED"}, verdict.GetActions())
 
 	_, err = c.Lease(ctx, leaseclient.Request{Selector: map[string]string{"geo": "eu"}, Target: "example.com"})
 	var none *leaseclient.NoProxyError
 	require.True(t, errors.As(err, &none), "the only proxy cools down for example.com: %v", err)
 	assert.Equal(t, "ALL_COOLING_DOWN", none.Reason)
+	assert.Equal(t, time.Second, none.RetryAfter)
 	assert.ErrorIs(t, err, leaseclient.ErrNoProxy)
 
 	require.NoError(t, l.Release(ctx))

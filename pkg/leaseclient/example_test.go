@@ -23,7 +23,7 @@ func Example() {
 	l, err := c.Lease(ctx, leaseclient.Request{Selector: map[string]string{"geo": "eu"}, Target: "example.com", TTL: 5 * time.Minute})
 	var none *leaseclient.NoProxyError
 	if errors.As(err, &none) {
-		log.Printf("no proxy (%s); backing off", none.Reason)
+		log.Printf("no proxy (%s); retrying in %s", none.Reason, none.RetryAfter)
 		return
 	}
 	if err != nil {
@@ -34,8 +34,20 @@ func Example() {
 	defer stop()
 
 	hc := &http.Client{Transport: &http.Transport{Proxy: http.ProxyURL(l.ProxyURL())}}
+	start := time.Now()
 	resp, err := hc.Get("https://example.com/")
-	if err == nil && resp.StatusCode == http.StatusTooManyRequests {
-		_ = l.Report(ctx, leaseclient.ResultRateLimited, "")
+	o := leaseclient.Outcome{Result: leaseclient.ResultOK, Latency: time.Since(start)}
+	switch {
+	case err != nil:
+		o.Result = leaseclient.ResultError
+	case resp.StatusCode == http.StatusTooManyRequests:
+		o.Result, o.StatusCode = leaseclient.ResultRateLimited, resp.StatusCode
+	case resp.StatusCode == http.StatusForbidden:
+		o.Result, o.StatusCode = leaseclient.ResultBlocked, resp.StatusCode
+	default:
+		o.StatusCode = resp.StatusCode
+	}
+	if v, err := l.Report(ctx, o); err == nil {
+		log.Printf("the broker: %v", v.GetActions())
 	}
 }

@@ -564,3 +564,100 @@ func TestFleetCountsLeasesAndCooldowns(t *testing.T) {
 	assert.Equal(t, map[string]int64{"ns": 2}, fl.Leases)
 	assert.Equal(t, int64(2), fl.Cooldowns, "a released lease's cooldown stays")
 }
+
+// report sends one outcome report on lease id.
+func (f *fixture) report(id string, o store.Outcome, target string, p store.Policy, faults store.Faults) *store.Verdict {
+	f.t.Helper()
+	v, err := f.st.Report(f.ctx, store.Report{LeaseID: id, Outcome: o, Target: target, Policy: p, Faults: faults})
+	require.NoError(f.t, err)
+	return v
+}
+
+// Each repeat within the window takes the next level: the base, then a
+// period between the last level's and twice it, never past the maximum.
+func TestEscalationStaysWithinItsBounds(t *testing.T) {
+	f := newFixture(t)
+	f.index("ix", uids(1)...)
+	l := f.mustAcquire("ix", "t", 0)
+	// Periods long enough that the repeat below lands within them on a
+	// loaded machine.
+	p := store.Policy{CooldownBase: 500 * time.Millisecond, CooldownMax: time.Second, CooldownWindow: time.Minute, MaxCoolingFraction: 1,
+		PacingInitial: 1, PacingMin: 1, PacingMax: 1}
+	for level := range 4 {
+		v := f.report(l.ID, store.RateLimited, "t", p, store.Faults{})
+		assert.Equal(t, level, v.CooldownLevel)
+		d := v.CooldownEnd.Sub(v.CooldownStart)
+		lo := min(p.CooldownBase<<max(level-1, 0), p.CooldownMax)
+		hi := min(p.CooldownBase<<level, p.CooldownMax)
+		if level == 0 {
+			hi = p.CooldownBase
+		}
+		assert.GreaterOrEqual(t, d, lo, "level %d", level)
+		assert.LessOrEqual(t, d, hi, "level %d", level)
+		again := f.report(l.ID, store.RateLimited, "t", p, store.Faults{})
+		assert.Equal(t, []string{store.ActionCooldownActive}, again.Actions, "a repeat while cooling changes nothing")
+		assert.Equal(t, v.CooldownEnd, again.CooldownEnd)
+		time.Sleep(time.Until(v.CooldownEnd) + 20*time.Millisecond)
+	}
+	v := f.report(l.ID, store.OK, "t", p, store.Faults{})
+	assert.Equal(t, []string{store.ActionCooldownDecayed}, v.Actions)
+	v = f.report(l.ID, store.RateLimited, "t", p, store.Faults{})
+	assert.Equal(t, 3, v.CooldownLevel, "an ok took one level off")
+}
+
+// A quarantined proxy leaves its indexes (and cooling indexes) and comes
+// back, at its end, to the registered ones it belongs in then: those it
+// left, and those a join asked for meanwhile, less those it left since.
+func TestQuarantineParksAndRestoresIndexMembership(t *testing.T) {
+	f := newFixture(t)
+	all := uids(3)
+	f.index("a", all...)
+	f.index("b", all[1:]...)
+	l := f.mustAcquire("a", "t", 1)
+	bad := l.Proxy
+	_, err := f.cool(l.ID, "t")
+	require.NoError(t, err)
+	faults := store.Faults{Targets: 2, Window: time.Minute, Period: 300 * time.Millisecond}
+	assert.Empty(t, f.report(l.ID, store.Failed, "x", hourLong, faults).QuarantinedUntil)
+	v := f.report(l.ID, store.Failed, "y", hourLong, faults)
+	assert.Equal(t, []string{store.ActionQuarantined}, v.Actions)
+	st, err := f.st.States(f.ctx, []string{bad})
+	require.NoError(t, err)
+	assert.Equal(t, v.QuarantinedUntil, st[bad].QuarantinedUntil)
+
+	members := func(ix string) []string {
+		m, err := f.st.Members(f.ctx, ix)
+		require.NoError(t, err)
+		return m
+	}
+	assert.NotContains(t, members("a"), bad)
+	// Joins while quarantined are remembered, not applied.
+	require.NoError(t, f.st.Join(f.ctx, "", []store.Member{{UID: bad, Namespace: "ns", Addr: "127.0.0.1:1"}}, []string{"b"}))
+	assert.NotContains(t, members("b"), bad)
+	f.index("c", bad)
+	require.NoError(t, f.st.Leave(f.ctx, bad, "c"))
+	for range 10 {
+		l, err := f.acquire("a", "", 0)
+		require.NoError(t, err)
+		require.NotEqual(t, bad, l.Proxy, "leased while quarantined")
+	}
+
+	time.Sleep(time.Until(v.QuarantinedUntil) + 50*time.Millisecond)
+	_, _ = f.acquire("b", "", 0) // applies what is due
+	assert.Contains(t, members("a"), bad)
+	assert.Contains(t, members("b"), bad)
+	assert.NotContains(t, members("c"), bad, "it left c while quarantined")
+	leased := map[string]bool{}
+	for range 30 {
+		l, err := f.acquire("a", "", 0)
+		require.NoError(t, err)
+		leased[l.Proxy] = true
+		l, err = f.acquire("a", "t", 0)
+		require.NoError(t, err)
+		require.NotEqual(t, bad, l.Proxy, "its cooldown for t came back with it")
+	}
+	assert.True(t, leased[bad], "least-loaded reaches it again once it is back")
+	st, err = f.st.States(f.ctx, []string{bad})
+	require.NoError(t, err)
+	assert.Zero(t, st[bad].QuarantinedUntil)
+}
