@@ -22,6 +22,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	v1 "github.com/egress-proxies/egress-proxies/pkg/api/v1alpha1"
@@ -140,12 +141,12 @@ type benchBroker struct {
 	pid  int
 }
 
-func startBenchBroker(b *testing.B, r *proc.Redis, leaseCap int, prefix string) *benchBroker {
+func startBenchBroker(b *testing.B, r *proc.Redis, leaseCap int, prefix string, extra ...string) *benchBroker {
 	kc, err := env.WriteKubeconfig(b.TempDir())
 	require.NoError(b, err)
 	g, h, ops := proc.FreePort(b), proc.FreePort(b), proc.FreePort(b)
-	p := proc.Start(b, "broker", proc.Build(b, pkgPath), "--kubeconfig", kc, "--redis-addrs", r.Addr, "--redis-key-prefix", prefix,
-		"--lease-cap", fmt.Sprint(leaseCap), "--grpc-addr", proc.Addr(g), "--http-addr", proc.Addr(h), "--ops-addr", proc.Addr(ops), "--log-level", "warn")
+	p := proc.Start(b, "broker", proc.Build(b, pkgPath), append([]string{"--kubeconfig", kc, "--redis-addrs", r.Addr, "--redis-key-prefix", prefix,
+		"--lease-cap", fmt.Sprint(leaseCap), "--grpc-addr", proc.Addr(g), "--http-addr", proc.Addr(h), "--ops-addr", proc.Addr(ops), "--log-level", "warn"}, extra...)...)
 	proc.WaitHTTP(b, p, "http://"+proc.Addr(ops)+"/readyz", 60*time.Second)
 	conn, err := grpc.NewClient(proc.Addr(g), grpc.WithTransportCredentials(insecure.NewCredentials()))
 	require.NoError(b, err)
@@ -275,8 +276,10 @@ func cpuOf(b *testing.B, pids ...int) []time.Duration {
 
 // BenchmarkLeases is `make bench-broker`: leases/s and latency over gRPC
 // and REST against real broker processes and redis-server, at 100, 1,000
-// and 10,000 matching proxies, with a 1% selector, and with 30% of the
-// fleet cooling down and 30% at the cap; each figure is printed beside the
+// and 10,000 matching proxies, with a 1% selector, with 30% of the fleet
+// cooling down and 30% at the cap, and with ban-aware leasing (a target
+// counted against a TargetPolicy's cap, a session key) against the same
+// broker with --ban-aware=false; each figure is printed beside the
 // baseline measured in the same run, a minimal gRPC handler running one
 // small script on the same Redis.
 func BenchmarkLeases(b *testing.B) {
@@ -285,9 +288,14 @@ func BenchmarkLeases(b *testing.B) {
 	start := time.Now()
 	fleet := makeFleets(b)
 	b.Logf("fleet of %d Proxies ready in %s", 11100, time.Since(start).Round(time.Second))
+	// A policy for the bench's target, so every ban-aware lease resolves it
+	// and checks its cap, which is never reached.
+	require.NoError(b, env.Client.Create(ctx, &v1.TargetPolicy{ObjectMeta: metav1.ObjectMeta{Namespace: "bench-10k", Name: "bench"},
+		Spec: v1.TargetPolicySpec{Targets: []string{"example.com"}, MaxConcurrentLeases: ptr.To[int32](1_000_000)}}))
 	r := proc.StartRedis(b, false)
 	open := startBenchBroker(b, r, 0, store.DefaultPrefix)
 	capped := startBenchBroker(b, r, benchCap, "{bench-cap}:")
+	seed := startBenchBroker(b, r, benchCap, "{bench-seed}:", "--ban-aware=false")
 	base := startBaseline(b, r.Addr)
 
 	grpcLease := func(api leasev1.LeaseServiceClient, req *leasev1.CreateLeaseRequest) func() error {
@@ -371,6 +379,29 @@ func BenchmarkLeases(b *testing.B) {
 	clean := phase(capped, leaseRelease(capped.api, req), true)
 	clean.name, clean.vs, clean.ratio = fmt.Sprintf("gRPC lease+release, 10,000, cap %d, target set", benchCap), "baseline", clean.rate/baseRow.rate
 	rows = append(rows, clean)
+	// Ban-aware leasing against the seed's rule, on the same fleet and
+	// requests, alternated so drift on a shared machine hits both alike;
+	// each keeps its best of two.
+	var off, on, sess benchRow
+	best := func(r *benchRow, row benchRow) {
+		if row.rate > r.rate {
+			*r = row
+		}
+	}
+	for range 2 {
+		best(&off, phase(seed, leaseRelease(seed.api, req), true))
+		best(&on, phase(capped, leaseRelease(capped.api, req), true))
+	}
+	off.name, off.vs, off.ratio = "gRPC lease+release, 10,000, target set, --ban-aware=false", "baseline", off.rate/baseRow.rate
+	on.name, on.vs, on.ratio, on.goal = "  same, ban-aware: target counted against its policy's cap", "ban-aware off", on.rate/off.rate, "≥ 0.85"
+	var sessions atomic.Int64
+	withSession := func() error {
+		r := &leasev1.CreateLeaseRequest{Namespace: "bench-10k", Target: "example.com", TtlSeconds: 600, SessionKey: fmt.Sprint("s", sessions.Add(1)%1000)}
+		return leaseRelease(capped.api, r)()
+	}
+	sess = phase(capped, withSession, true)
+	sess.name, sess.vs, sess.ratio = "  same, with one of 1,000 session keys", "ban-aware off", sess.rate/off.rate
+	rows = append(rows, off, on, sess)
 	loadFleet(b, r, "{bench-cap}:", "example.com", fleet)
 	loaded := phase(capped, leaseRelease(capped.api, req), false)
 	loaded.name, loaded.vs, loaded.ratio, loaded.goal = "  same, 30% cooling down for the target, 30% at the cap", "clean", loaded.rate/clean.rate, "≥ 0.80"
@@ -395,4 +426,5 @@ func BenchmarkLeases(b *testing.B) {
 	b.ReportMetric(flat.rate/byFleet[100].rate, "10k/100")
 	b.ReportMetric(rare.rate/flat.rate, "1%-selector/all")
 	b.ReportMetric(loaded.rate/clean.rate, "contended/clean")
+	b.ReportMetric(on.rate/off.rate, "ban-aware/off")
 }
