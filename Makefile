@@ -154,7 +154,7 @@ test-short: ## Unit tests only (no API server, no outside processes).
 ##@ Benchmarks
 
 .PHONY: bench-broker
-bench-broker: deps envtest ## Leases/s and p50/p99 over gRPC and REST (64 clients, 1,000 proxies, real Redis) against the Lua script's own ceiling.
+bench-broker: deps envtest ## Leases/s and p50/p99 over gRPC and REST (64 clients, 1,000 proxies, real Redis) against the Lua script's own ceiling, and ban-aware leasing against --ban-aware=false.
 	KUBEBUILDER_ASSETS=$$(bash hack/envtest-bins.sh) go test ./services/broker/cmd/broker -run '^$$' -bench BenchmarkLeases -benchtime 1x -timeout 10m
 
 .PHONY: bench-prober

@@ -162,6 +162,9 @@ func TestRBACIsLeastPrivilege(t *testing.T) {
 		{"ep-broker", "watch", "crawl.example.com", "proxies", "", "team-a", true},
 		{"ep-broker", "update", "crawl.example.com", "proxies", "", "team-a", false},
 		{"ep-broker", "patch", "crawl.example.com", "proxies", "status", "team-a", false},
+		{"ep-broker", "list", "crawl.example.com", "targetpolicies", "", "", true},
+		{"ep-broker", "watch", "crawl.example.com", "targetpolicies", "", "team-a", true},
+		{"ep-broker", "update", "crawl.example.com", "targetpolicies", "", "team-a", false},
 		{"ep-broker", "create", "events.k8s.io", "events", "", "team-a", false},
 		// Secrets read-only: External proxies' credentials (its cache
 		// narrows the watch to those labelled for it).
@@ -276,6 +279,7 @@ func TestSamplesAreAccepted(t *testing.T) {
 	require.NoError(t, err)
 	require.NotEmpty(t, matches)
 	assert.Contains(t, matches, filepath.Join(testenv.RepoRoot(), "deploy", "samples", "proxypool.yaml"))
+	matches = append(matches, filepath.Join(testenv.RepoRoot(), "deploy", "samples", "targetpolicy.yaml"))
 	for _, m := range matches {
 		b, err := os.ReadFile(m)
 		require.NoError(t, err)

@@ -362,10 +362,22 @@ func (m *Maintainer) check(ctx context.Context, key string) error {
 		}
 	}
 	var add []store.Member
+	var uids []string
 	for _, mb := range want {
 		add = append(add, mb)
+		uids = append(uids, mb.UID)
 	}
-	indexRepairs.Add(float64(len(add)))
+	// A quarantined proxy is out of its indexes on purpose: the join
+	// below only confirms it rejoins at the end, and is no repair.
+	states, err := m.Store.States(ctx, uids)
+	if err != nil {
+		return err
+	}
+	for _, st := range states {
+		if st.QuarantinedUntil.IsZero() {
+			indexRepairs.Inc()
+		}
+	}
 	return m.Store.Join(ctx, "", add, []string{key})
 }
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
@@ -25,6 +26,9 @@ func TestStoreErrorsMapToDocumentedCodes(t *testing.T) {
 		{&store.NoCandidateError{Candidates: 2, CoolingDown: 2}, codes.ResourceExhausted, "ALL_COOLING_DOWN"},
 		{&store.NoCandidateError{Candidates: 2, AtCap: 2}, codes.ResourceExhausted, "ALL_AT_CAP"},
 		{&store.NoCandidateError{Candidates: 2, CoolingDown: 1, AtCap: 1}, codes.ResourceExhausted, "ALL_COOLING_DOWN_OR_AT_CAP"},
+		{&store.NoCandidateError{Quarantined: 2}, codes.ResourceExhausted, "ALL_QUARANTINED"},
+		{&store.TargetCapError{Target: "a.example", Cap: 3}, codes.ResourceExhausted, "TARGET_AT_CAP"},
+		{&store.PacedError{Target: "a.example", Rate: 2, Wait: 300 * time.Millisecond}, codes.ResourceExhausted, "TARGET_PACED"},
 		{&store.RequestReusedError{LeaseID: "x"}, codes.AlreadyExists, ""},
 		{&store.UnavailableError{Err: errors.New("dial tcp: refused")}, codes.Unavailable, ""},
 		{context.Canceled, codes.Canceled, ""},
