@@ -22,6 +22,18 @@ var env *testenv.Env
 
 func TestMain(m *testing.M) { os.Exit(testenv.Main(m, &env)) }
 
+// rejected creates obj and requires the API server to refuse it as
+// Invalid, with every one of want in the message.
+func rejected(t *testing.T, obj client.Object, want ...string) {
+	t.Helper()
+	err := env.Client.Create(context.Background(), obj)
+	require.Error(t, err)
+	require.True(t, apierrors.IsInvalid(err), "want 422 Invalid, got %v", err)
+	for _, w := range want {
+		assert.Contains(t, err.Error(), w)
+	}
+}
+
 func managed(ns, name string) *v1.Proxy {
 	return &v1.Proxy{
 		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns},
@@ -105,12 +117,7 @@ func TestInvalidProxiesAreRejectedNamingTheField(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			p := tc.base("default", "invalid-"+string(rune('a'+i)))
 			tc.mutate(p)
-			err := env.Client.Create(context.Background(), p)
-			require.Error(t, err)
-			require.True(t, apierrors.IsInvalid(err), "want 422 Invalid, got %v", err)
-			for _, w := range tc.want {
-				assert.Contains(t, err.Error(), w)
-			}
+			rejected(t, p, tc.want...)
 		})
 	}
 }
