@@ -282,6 +282,8 @@ func TestCooldownsEscalateByExitIPAndRacingReportsNeverDoubleThem(t *testing.T) 
 		require.Equal(t, 1, n, "exactly one report starts the cooldown")
 		for _, r := range replies {
 			assert.Equal(t, started.JSON["cooldownUntil"], r.JSON["cooldownUntil"], "one cooldown, one end")
+			assert.Equal(t, started.JSON["cooldownStart"], r.JSON["cooldownStart"], "and one start")
+			assert.Equal(t, started.JSON["cooldownShared"], r.JSON["cooldownShared"])
 		}
 		return started
 	}

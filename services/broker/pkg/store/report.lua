@@ -26,14 +26,25 @@ end
 
 local ck = redis.call('HGET', P .. 'key', uid) or ('p:' .. uid)
 local cdk = P .. 'cd:' .. ck
--- The key's record for the target: the last cooldown's end and level.
+-- The key's record for the target: the last cooldown's end, level and
+-- start ("<end>|<level>|<start>").
 local function record()
   local r = redis.call('HGET', cdk, target)
   if not r then
     return nil
   end
-  local e, lv = split(r)
-  return tonumber(e), tonumber(lv)
+  local e, lv, st = string.match(r, '^(%d+)|(%d+)|(%d+)$')
+  return tonumber(e), tonumber(lv), tonumber(st)
+end
+
+-- The proxies filed under ck; a proxy no join has filed yet (its Proxy
+-- unchanged since the broker's upgrade) stands alone.
+local function sharing()
+  local us = redis.call('SMEMBERS', P .. 'via:' .. ck)
+  if #us == 0 then
+    us = {uid}
+  end
+  return us
 end
 
 local rate, cut = nil, nil
@@ -65,13 +76,10 @@ local function guard_holds()
     return false
   end
   local more = 0
-  for _, u in ipairs(redis.call('SMEMBERS', P .. 'via:' .. ck)) do
+  for _, u in ipairs(sharing()) do
     if redis.call('ZSCORE', ix, u) and not redis.call('ZSCORE', cx, u) then
       more = more + 1
     end
-  end
-  if ck:sub(1, 2) == 'p:' and redis.call('ZSCORE', ix, uid) and not redis.call('ZSCORE', cx, uid) then
-    more = 1 -- a proxy with no known exit IP is not filed under its key
   end
   -- One proxy may always cool down: a fleet of one is not a waterfall.
   return more > 0 and redis.call('ZCARD', cx) + more > math.max(1, math.floor(fraction * n))
@@ -91,14 +99,11 @@ local function cool_down(last_end, last_level)
     d = math.min(maxd, lo + rnd * lo)
   end
   local ends = now + math.floor(d)
-  redis.call('HSET', cdk, target, ends .. '|' .. level)
+  redis.call('HSET', cdk, target, ends .. '|' .. level .. '|' .. now)
   if redis.call('PTTL', cdk) < ends - now + window then
     redis.call('PEXPIRE', cdk, ends - now + window)
   end
-  local shared = redis.call('SMEMBERS', P .. 'via:' .. ck)
-  if #shared == 0 then
-    shared = {uid}
-  end
+  local shared = sharing()
   for _, u in ipairs(shared) do
     cool(u, target, ends, now)
   end
@@ -107,9 +112,9 @@ local function cool_down(last_end, last_level)
 end
 
 if result == 'ok' then
-  local e, lv = record()
+  local e, lv, st = record()
   if e and lv > 0 then
-    redis.call('HSET', cdk, target, e .. '|' .. (lv - 1))
+    redis.call('HSET', cdk, target, e .. '|' .. (lv - 1) .. '|' .. st)
     did('COOLDOWN_DECAYED')
   end
   if rate then
@@ -126,11 +131,11 @@ if result == 'ok' then
     end
   end
 elseif result == 'rate_limited' or result == 'blocked' then
-  local e, lv = record()
+  local e, lv, st = record()
   if rate and result == 'rate_limited' then
     slow_down() -- the target throttles the fleet, not this proxy
   elseif e and e > now then
-    out[1], out[2], out[3] = now, e, lv
+    out[1], out[2], out[3], out[4] = st, e, lv, #sharing()
     did('COOLDOWN_ACTIVE')
   elseif guard_holds() then
     did('GUARD_HELD')

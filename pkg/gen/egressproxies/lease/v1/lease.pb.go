@@ -770,8 +770,7 @@ type ReportLeaseResponse struct {
 	// cooldown_until is the end of the cooldown the report started, or
 	// found running, for the proxy's exit IP and the target.
 	CooldownUntil *timestamppb.Timestamp `protobuf:"bytes,1,opt,name=cooldown_until,json=cooldownUntil,proto3" json:"cooldown_until,omitempty"`
-	// cooldown_start is when that cooldown started (this report, or the
-	// report that found it running).
+	// cooldown_start is when that cooldown started.
 	CooldownStart *timestamppb.Timestamp `protobuf:"bytes,2,opt,name=cooldown_start,json=cooldownStart,proto3" json:"cooldown_start,omitempty"`
 	// cooldown_level counts its doublings: 0 is the base period.
 	CooldownLevel int32 `protobuf:"varint,3,opt,name=cooldown_level,json=cooldownLevel,proto3" json:"cooldown_level,omitempty"`
