@@ -73,7 +73,7 @@ func Run(ctx context.Context, env service.Env, o Options) error {
 		return service.UsageError{Err: err}
 	}
 	srv.FollowHealth(ctx, 2*time.Second, st.Ping)
-	waitOps, err := serveOps(ctx, o, env, st, inv)
+	waitOps, err := serveOps(ctx, o, env, st, inv, pol)
 	if err != nil {
 		return err
 	}
@@ -132,10 +132,10 @@ func watchProxies(ctx context.Context, o Options, st *store.Store, env service.E
 	return inv, idx, err
 }
 
-// serveOps serves /healthz, /readyz (Redis answers, the inventory has
-// synced) and /metrics, and pprof when asked; the returned func waits for
+// serveOps serves /healthz, /readyz (Redis answers, the inventory and
+// the TargetPolicies have synced) and /metrics, and pprof when asked; the returned func waits for
 // them to stop.
-func serveOps(ctx context.Context, o Options, env service.Env, st *store.Store, inv *inventory.Inventory) (func() error, error) {
+func serveOps(ctx context.Context, o Options, env service.Env, st *store.Store, inv *inventory.Inventory, pol *policy.Policies) (func() error, error) {
 	ops := service.NewOps()
 	ops.Registry.MustRegister(append(append(append(leases.Collectors(), server.Collectors()...), index.Collectors()...), store.Collectors()...)...)
 	ops.Registry.MustRegister(store.FleetCollector(st))
@@ -143,6 +143,12 @@ func serveOps(ctx context.Context, o Options, env service.Env, st *store.Store, 
 	ops.AddReadyCheck("inventory", func(context.Context) error {
 		if !inv.Synced() {
 			return errors.New("proxy inventory not synced with the API server yet")
+		}
+		return nil
+	})
+	ops.AddReadyCheck("targetpolicies", func(context.Context) error {
+		if !pol.Synced() {
+			return errors.New("TargetPolicies not synced with the API server yet (is the TargetPolicy CRD installed?)")
 		}
 		return nil
 	})

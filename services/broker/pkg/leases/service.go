@@ -443,7 +443,7 @@ func (s *Service) ReportLease(ctx context.Context, req *leasev1.ReportLeaseReque
 		if err != nil {
 			return nil, storeError(err)
 		}
-		if target = l.Target; target == "" && outcome != store.OK {
+		if target = l.Target; target == "" && s.needsTarget(outcome) {
 			return nil, invalid("target", "is required for %s when the lease was created without one", outcome)
 		}
 	}
@@ -468,6 +468,12 @@ func (s *Service) ReportLease(ctx context.Context, req *leasev1.ReportLeaseReque
 		CooldownLevel: int32(v.CooldownLevel), CooldownShared: int32(v.CooldownShared),
 		QuarantinedUntil: timestamp(v.QuarantinedUntil), PacePerSecond: v.PaceRate, Actions: v.Actions, Policy: pol.Source,
 	}, nil
+}
+
+// needsTarget: every result but ok is about a target; the seed's rule
+// (--ban-aware=false) uses only rate_limited's.
+func (s *Service) needsTarget(o store.Outcome) bool {
+	return o == store.RateLimited || (s.cfg.BanAware && o != store.OK)
 }
 
 func checkOutcome(o store.Outcome) error {
