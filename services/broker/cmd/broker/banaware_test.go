@@ -43,25 +43,32 @@ func (f *fleet) status(name string, mutate func(*v1.Proxy)) {
 	require.NoError(f.t, env.Client.Status().Update(ctx, &px))
 }
 
-// addBehind adds a proxy whose probes saw egress as its exit IP.
+// addBehind adds a proxy whose probes saw egress as its exit IP. As the
+// controller does, the exit IP arrives with the first verdict, in one
+// status write, so the broker never sees the proxy leasable without it.
 func (f *fleet) addBehind(name, ip, egress string) {
 	f.t.Helper()
-	f.add(name, ip, map[string]string{"n": name})
-	f.status(name, func(px *v1.Proxy) { px.Status.EgressIP = egress })
+	env.ReadyProxy(f.t, f.ns, name, ip, 3128, map[string]string{"n": name}, false)
+	f.status(name, func(px *v1.Proxy) {
+		px.Status.EgressIP = egress
+		verdict(px, true)
+	})
 }
 
-// setHealthy writes the probe verdict, as the controller does on a
-// transition.
+// verdict sets the probe verdict as the controller writes it.
+func verdict(px *v1.Proxy, healthy bool) {
+	px.Status.Healthy = healthy
+	c := metav1.Condition{Type: v1.ConditionHealthy, Status: metav1.ConditionFalse, Reason: v1.ReasonProbeFailed, Message: "written by the test"}
+	if healthy {
+		c.Status, c.Reason = metav1.ConditionTrue, v1.ReasonProbeSucceeded
+	}
+	meta.SetStatusCondition(&px.Status.Conditions, c)
+}
+
+// setHealthy writes a verdict, as the controller does on a transition.
 func (f *fleet) setHealthy(name string, healthy bool) {
 	f.t.Helper()
-	f.status(name, func(px *v1.Proxy) {
-		px.Status.Healthy = healthy
-		c := metav1.Condition{Type: v1.ConditionHealthy, Status: metav1.ConditionFalse, Reason: v1.ReasonProbeFailed, Message: "written by the test"}
-		if healthy {
-			c.Status, c.Reason = metav1.ConditionTrue, v1.ReasonProbeSucceeded
-		}
-		meta.SetStatusCondition(&px.Status.Conditions, c)
-	})
+	f.status(name, func(px *v1.Proxy) { verdict(px, healthy) })
 }
 
 func (f *fleet) policy(name string, spec v1.TargetPolicySpec) {
