@@ -196,3 +196,38 @@ func listedIn(t *testing.T, broker, ns string) int {
 	}
 	return n
 }
+
+// Error reports on three targets quarantine a proxy for the default half
+// hour; the prober's next success ends it: the controller, which reads
+// the quarantine from the brokers, writes that success to status, and
+// the brokers, which see probes only there, let the proxy back.
+func TestAQuarantineEndsAtTheProbersNextSuccess(t *testing.T) {
+	s, ns := up(t, system.Options{})
+	proxies(t, ns, 1)
+	b0, b1 := s.Brokers[0].REST, s.Brokers[1].REST
+	l := leaseOnce(t, b0, ns)
+	id := l.JSON["leaseID"].(string)
+	before := time.Now()
+	var rep rest.Reply
+	for i, target := range []string{"a.example", "b.example", "c.example"} {
+		rep = rest.Do(t, "POST", []string{b0, b1}[i%2]+"/v1/leases/"+id+"/report", `{"result":"error","target":"`+target+`"}`)
+		require.Equal(t, 200, rep.Status, string(rep.Body))
+	}
+	require.Contains(t, string(rep.Body), "QUARANTINED")
+	until, err := time.Parse(time.RFC3339Nano, rep.JSON["quarantinedUntil"].(string))
+	require.NoError(t, err)
+	assert.Greater(t, time.Until(until), 25*time.Minute, "the default period")
+	refused := rest.Do(t, "POST", b1+"/v1/leases", `{"namespace":"`+ns+`"}`)
+	assert.Equal(t, 429, refused.Status, string(refused.Body))
+
+	start := time.Now()
+	back := leaseOnce(t, b1, ns)
+	assert.Equal(t, ns+"/p0", back.JSON["proxy"].(map[string]any)["id"])
+	assert.Less(t, time.Since(start), 20*time.Second, "back within a few probe intervals, not the half hour")
+	px := waitProxy(t, ns, "p0", "confirmed", func(px *v1.Proxy) bool { return px.Status.LastHealthCheckTime != nil })
+	assert.False(t, px.Status.LastHealthCheckTime.Time.Before(before.Truncate(time.Second)), "the success written follows the quarantine")
+	for _, b := range []string{b0, b1} {
+		list := rest.Do(t, "GET", b+"/v1/proxies?namespace="+ns, "")
+		assert.Nil(t, list.JSON["proxies"].([]any)[0].(map[string]any)["quarantinedUntil"], "%s still shows it quarantined", b)
+	}
+}

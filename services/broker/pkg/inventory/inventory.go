@@ -35,8 +35,9 @@ type Proxy struct {
 	EgressIP   string
 	Attributes map[string]string
 	Healthy    bool
-	// HealthySince is when the Healthy condition last turned True (zero
-	// while not healthy): the broker's view of a probe success.
+	// HealthySince is the last probe success the broker can see (zero
+	// while not healthy): when the Healthy condition turned True, or a
+	// later success the controller wrote to confirm a quarantined proxy.
 	HealthySince time.Time
 	// HealthStale: the controller has had no recent probe result for it
 	// (Healthy=Unknown, reason ProbeStale).
@@ -105,16 +106,19 @@ func fromObject(px *v1.Proxy) Proxy {
 		IP: px.Status.IP, Port: px.Status.Port, EgressIP: px.Status.EgressIP,
 		Attributes: px.Spec.Attributes, Healthy: px.Status.Healthy,
 		HealthStale:  h != nil && h.Status == metav1.ConditionUnknown && h.Reason == v1.ReasonProbeStale,
-		HealthySince: healthySince(px.Status.Healthy, h),
+		HealthySince: healthySince(px.Status.Healthy, h, px.Status.LastHealthCheckTime),
 		Ready:        ready, Deleting: !px.DeletionTimestamp.IsZero(),
 		DrainDeadline: drain,
 		Leasable:      ready && px.Status.Healthy && px.DeletionTimestamp.IsZero() && drain.IsZero(),
 	}
 }
 
-func healthySince(healthy bool, h *metav1.Condition) time.Time {
+func healthySince(healthy bool, h *metav1.Condition, checked *metav1.Time) time.Time {
 	if !healthy || h == nil || h.Status != metav1.ConditionTrue {
 		return time.Time{}
+	}
+	if checked != nil && checked.After(h.LastTransitionTime.Time) {
+		return checked.Time
 	}
 	return h.LastTransitionTime.Time
 }

@@ -202,7 +202,7 @@ func storeError(err error) error {
 
 func toProto(p inventory.Proxy, st store.State) *leasev1.Proxy {
 	return &leasev1.Proxy{Id: p.ID, Ip: p.IP, Port: p.Port, Attributes: p.Attributes, Healthy: p.Healthy, LeaseCount: int32(st.Load), EgressIp: p.EgressIP,
-		QuarantinedUntil: timestamp(st.QuarantinedUntil)}
+		QuarantinedSince: timestamp(st.QuarantinedSince), QuarantinedUntil: timestamp(st.QuarantinedUntil)}
 }
 
 // timestamp is t, or nil when t is zero.

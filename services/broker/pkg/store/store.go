@@ -508,9 +508,9 @@ const batch = 500
 type State struct {
 	// Load is its live lease count.
 	Load int
-	// QuarantinedUntil is set while error reports on several targets keep
-	// it out of every index.
-	QuarantinedUntil time.Time
+	// QuarantinedSince and QuarantinedUntil bound the quarantine error
+	// reports on several targets put it in (zero: none).
+	QuarantinedSince, QuarantinedUntil time.Time
 }
 
 // States returns the state of each proxy (by UID).
@@ -527,9 +527,9 @@ func (s *Store) States(ctx context.Context, proxies []string) (map[string]State,
 			return nil, wrap(err)
 		}
 		for i, p := range chunk {
-			st := State{Load: int(res[2*i].(int64))}
-			if q := res[2*i+1].(int64); q > 0 {
-				st.QuarantinedUntil = time.UnixMilli(q)
+			st := State{Load: int(res[3*i].(int64))}
+			if q := res[3*i+2].(int64); q > 0 {
+				st.QuarantinedSince, st.QuarantinedUntil = time.UnixMilli(res[3*i+1].(int64)), time.UnixMilli(q)
 			}
 			out[p] = st
 		}

@@ -74,10 +74,11 @@ func Run(ctx context.Context, env service.Env, o Options) error {
 	if err := addProxyControllers(ctx, mgr, registry, log, o); err != nil {
 		return err
 	}
-	if err := addPoolController(ctx, mgr, log, o); err != nil {
+	engine, err := addProbeHub(ctx, mgr, log, o, probeTLS, probeToken)
+	if err != nil {
 		return err
 	}
-	if err := addProbeHub(ctx, mgr, log, o, probeTLS, probeToken); err != nil {
+	if err := addPoolController(ctx, mgr, log, o, engine.Confirm); err != nil {
 		return err
 	}
 	if o.credentialsKey == nil {
@@ -180,8 +181,10 @@ func runUninstall(ctx context.Context, log *slog.Logger, o Options) error {
 }
 
 // addPoolController adds the ProxyPool reconciler and, with a broker
-// configured, the poller that tells it the members' live leases.
-func addPoolController(ctx context.Context, mgr ctrl.Manager, log *slog.Logger, o Options) error {
+// configured, the poller that tells it the members' live leases (and
+// tells quarantined, the health engine's Confirm, which proxies the
+// brokers quarantined).
+func addPoolController(ctx context.Context, mgr ctrl.Manager, log *slog.Logger, o Options, quarantined func(map[string]time.Time)) error {
 	log = log.With("controller", "proxypool")
 	var leases leaseview.Source = leaseview.None{}
 	var poller *leaseview.Poller
@@ -215,7 +218,7 @@ func addPoolController(ctx context.Context, mgr ctrl.Manager, log *slog.Logger, 
 	if poller == nil {
 		return nil
 	}
-	poller.Changed, poller.Polled = rec.LeasesChanged, rec.Polled
+	poller.Changed, poller.Polled, poller.Quarantined = rec.LeasesChanged, rec.Polled, quarantined
 	return mgr.Add(poller)
 }
 
@@ -224,35 +227,37 @@ func addPoolController(ctx context.Context, mgr ctrl.Manager, log *slog.Logger, 
 const EventSource = "egress-proxies-controller"
 
 // addProbeHub opens the probe endpoint and adds the hub, which serves the
-// prober fleet while this replica leads, and the health engine behind it.
-func addProbeHub(ctx context.Context, mgr ctrl.Manager, log *slog.Logger, o Options, probeTLS *tls.Config, probeToken *auth.Token) error {
+// prober fleet while this replica leads, and the health engine behind it,
+// which it returns.
+func addProbeHub(ctx context.Context, mgr ctrl.Manager, log *slog.Logger, o Options, probeTLS *tls.Config, probeToken *auth.Token) (*health.Engine, error) {
+	engine := &health.Engine{
+		Client: mgr.GetClient(), Log: log.With("controller", "health"), Workers: o.HealthWriters,
+		StaleIntervals: o.StaleIntervals, Recorder: mgr.GetEventRecorder(EventSource), Elected: mgr.Elected(),
+	}
 	hub := &probehub.Hub{
-		Engine: &health.Engine{
-			Client: mgr.GetClient(), Log: log.With("controller", "health"), Workers: o.HealthWriters,
-			StaleIntervals: o.StaleIntervals, Recorder: mgr.GetEventRecorder(EventSource), Elected: mgr.Elected(),
-		},
+		Engine:   engine,
 		Defaults: o.Health, Elected: mgr.Elected(), Addr: o.ProbeAddr, TLS: probeTLS, Token: probeToken, Deny: o.deny, Log: log.With("controller", "probe-hub"),
 	}
 	if _, err := hub.Listen(); err != nil {
-		return service.UsageError{Err: err}
+		return nil, service.UsageError{Err: err}
 	}
 	if err := hub.Watch(ctx, mgr.GetCache()); err != nil {
-		return err
+		return nil, err
 	}
 	// A cache of its own: the manager's holds only cloud-init Secrets, and
 	// a label selector cannot take either of two labels.
 	creds, err := cache.New(mgr.GetConfig(), cache.Options{Scheme: mgr.GetScheme(), ByObject: kube.CredentialSecrets()})
 	if err != nil {
-		return err
+		return nil, err
 	}
 	if err := mgr.Add(creds); err != nil {
-		return err
+		return nil, err
 	}
 	hub.Credentials = kube.ProxyCredentials{Key: o.credentialsKey, Secrets: creds}
 	if err := hub.WatchCredentials(ctx, creds, mgr.GetCache()); err != nil {
-		return err
+		return nil, err
 	}
-	return mgr.Add(hub)
+	return engine, mgr.Add(hub)
 }
 
 // podNamespace is the flag's value, else the pod's namespace, else

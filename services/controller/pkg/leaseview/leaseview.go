@@ -97,6 +97,10 @@ type Poller struct {
 	// called after every answer (demand may have changed anywhere).
 	Changed func(ids []string)
 	Polled  func()
+	// Quarantined, when set, is given the proxies the brokers quarantined
+	// and since when, by id, after every answer (the health engine
+	// confirms their next success).
+	Quarantined func(since map[string]time.Time)
 
 	mu   sync.RWMutex
 	snap Snapshot
@@ -137,10 +141,17 @@ func (p *Poller) poll(ctx context.Context) {
 		return
 	}
 	next := Snapshot{At: time.Now(), Leases: make(map[string]int32, len(resp.GetProxies()))}
+	quarantined := map[string]time.Time{}
 	for _, px := range resp.GetProxies() {
 		if n := px.GetLeaseCount(); n > 0 {
 			next.Leases[px.GetId()] = n
 		}
+		if px.QuarantinedSince != nil {
+			quarantined[px.GetId()] = px.GetQuarantinedSince().AsTime()
+		}
+	}
+	if p.Quarantined != nil {
+		p.Quarantined(quarantined)
 	}
 	refused, err := p.API.ListRefusals(ctx, &leasev1.ListRefusalsRequest{WindowSeconds: int32(RefusalWindow / time.Second)})
 	switch {

@@ -42,6 +42,10 @@ type Proxy struct {
 	// quarantined_until is set while error reports on several targets keep
 	// the proxy from new leases.
 	QuarantinedUntil *timestamppb.Timestamp `protobuf:"bytes,8,opt,name=quarantined_until,json=quarantinedUntil,proto3" json:"quarantined_until,omitempty"`
+	// quarantined_since is when that quarantine began: the controller
+	// writes the proxy's next probe success after it to status, which
+	// ends it.
+	QuarantinedSince *timestamppb.Timestamp `protobuf:"bytes,9,opt,name=quarantined_since,json=quarantinedSince,proto3" json:"quarantined_since,omitempty"`
 	unknownFields    protoimpl.UnknownFields
 	sizeCache        protoimpl.SizeCache
 }
@@ -128,6 +132,13 @@ func (x *Proxy) GetEgressIp() string {
 func (x *Proxy) GetQuarantinedUntil() *timestamppb.Timestamp {
 	if x != nil {
 		return x.QuarantinedUntil
+	}
+	return nil
+}
+
+func (x *Proxy) GetQuarantinedSince() *timestamppb.Timestamp {
+	if x != nil {
+		return x.QuarantinedSince
 	}
 	return nil
 }
@@ -1042,7 +1053,7 @@ var File_egressproxies_lease_v1_lease_proto protoreflect.FileDescriptor
 
 const file_egressproxies_lease_v1_lease_proto_rawDesc = "" +
 	"\n" +
-	"\"egressproxies/lease/v1/lease.proto\x12\x16egressproxies.lease.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\xea\x02\n" +
+	"\"egressproxies/lease/v1/lease.proto\x12\x16egressproxies.lease.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\xb3\x03\n" +
 	"\x05Proxy\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x0e\n" +
 	"\x02ip\x18\x02 \x01(\tR\x02ip\x12\x12\n" +
@@ -1054,7 +1065,8 @@ const file_egressproxies_lease_v1_lease_proto_rawDesc = "" +
 	"\vlease_count\x18\x06 \x01(\x05R\n" +
 	"leaseCount\x12\x1b\n" +
 	"\tegress_ip\x18\a \x01(\tR\begressIP\x12G\n" +
-	"\x11quarantined_until\x18\b \x01(\v2\x1a.google.protobuf.TimestampR\x10quarantinedUntil\x1a=\n" +
+	"\x11quarantined_until\x18\b \x01(\v2\x1a.google.protobuf.TimestampR\x10quarantinedUntil\x12G\n" +
+	"\x11quarantined_since\x18\t \x01(\v2\x1a.google.protobuf.TimestampR\x10quarantinedSince\x1a=\n" +
 	"\x0fAttributesEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xf0\x01\n" +
@@ -1178,35 +1190,36 @@ var file_egressproxies_lease_v1_lease_proto_goTypes = []any{
 var file_egressproxies_lease_v1_lease_proto_depIdxs = []int32{
 	15, // 0: egressproxies.lease.v1.Proxy.attributes:type_name -> egressproxies.lease.v1.Proxy.AttributesEntry
 	19, // 1: egressproxies.lease.v1.Proxy.quarantined_until:type_name -> google.protobuf.Timestamp
-	16, // 2: egressproxies.lease.v1.ListProxiesRequest.selector:type_name -> egressproxies.lease.v1.ListProxiesRequest.SelectorEntry
-	0,  // 3: egressproxies.lease.v1.ListProxiesResponse.proxies:type_name -> egressproxies.lease.v1.Proxy
-	17, // 4: egressproxies.lease.v1.CreateLeaseRequest.selector:type_name -> egressproxies.lease.v1.CreateLeaseRequest.SelectorEntry
-	0,  // 5: egressproxies.lease.v1.CreateLeaseResponse.proxy:type_name -> egressproxies.lease.v1.Proxy
-	19, // 6: egressproxies.lease.v1.CreateLeaseResponse.expires_at:type_name -> google.protobuf.Timestamp
-	5,  // 7: egressproxies.lease.v1.CreateLeaseResponse.credentials:type_name -> egressproxies.lease.v1.ProxyCredentials
-	19, // 8: egressproxies.lease.v1.RenewLeaseResponse.expires_at:type_name -> google.protobuf.Timestamp
-	19, // 9: egressproxies.lease.v1.ReportLeaseResponse.cooldown_until:type_name -> google.protobuf.Timestamp
-	19, // 10: egressproxies.lease.v1.ReportLeaseResponse.cooldown_start:type_name -> google.protobuf.Timestamp
-	19, // 11: egressproxies.lease.v1.ReportLeaseResponse.quarantined_until:type_name -> google.protobuf.Timestamp
-	18, // 12: egressproxies.lease.v1.SelectorRefusals.selector:type_name -> egressproxies.lease.v1.SelectorRefusals.SelectorEntry
-	13, // 13: egressproxies.lease.v1.ListRefusalsResponse.selectors:type_name -> egressproxies.lease.v1.SelectorRefusals
-	1,  // 14: egressproxies.lease.v1.LeaseService.ListProxies:input_type -> egressproxies.lease.v1.ListProxiesRequest
-	3,  // 15: egressproxies.lease.v1.LeaseService.CreateLease:input_type -> egressproxies.lease.v1.CreateLeaseRequest
-	6,  // 16: egressproxies.lease.v1.LeaseService.RenewLease:input_type -> egressproxies.lease.v1.RenewLeaseRequest
-	8,  // 17: egressproxies.lease.v1.LeaseService.ReleaseLease:input_type -> egressproxies.lease.v1.ReleaseLeaseRequest
-	10, // 18: egressproxies.lease.v1.LeaseService.ReportLease:input_type -> egressproxies.lease.v1.ReportLeaseRequest
-	12, // 19: egressproxies.lease.v1.LeaseService.ListRefusals:input_type -> egressproxies.lease.v1.ListRefusalsRequest
-	2,  // 20: egressproxies.lease.v1.LeaseService.ListProxies:output_type -> egressproxies.lease.v1.ListProxiesResponse
-	4,  // 21: egressproxies.lease.v1.LeaseService.CreateLease:output_type -> egressproxies.lease.v1.CreateLeaseResponse
-	7,  // 22: egressproxies.lease.v1.LeaseService.RenewLease:output_type -> egressproxies.lease.v1.RenewLeaseResponse
-	9,  // 23: egressproxies.lease.v1.LeaseService.ReleaseLease:output_type -> egressproxies.lease.v1.ReleaseLeaseResponse
-	11, // 24: egressproxies.lease.v1.LeaseService.ReportLease:output_type -> egressproxies.lease.v1.ReportLeaseResponse
-	14, // 25: egressproxies.lease.v1.LeaseService.ListRefusals:output_type -> egressproxies.lease.v1.ListRefusalsResponse
-	20, // [20:26] is the sub-list for method output_type
-	14, // [14:20] is the sub-list for method input_type
-	14, // [14:14] is the sub-list for extension type_name
-	14, // [14:14] is the sub-list for extension extendee
-	0,  // [0:14] is the sub-list for field type_name
+	19, // 2: egressproxies.lease.v1.Proxy.quarantined_since:type_name -> google.protobuf.Timestamp
+	16, // 3: egressproxies.lease.v1.ListProxiesRequest.selector:type_name -> egressproxies.lease.v1.ListProxiesRequest.SelectorEntry
+	0,  // 4: egressproxies.lease.v1.ListProxiesResponse.proxies:type_name -> egressproxies.lease.v1.Proxy
+	17, // 5: egressproxies.lease.v1.CreateLeaseRequest.selector:type_name -> egressproxies.lease.v1.CreateLeaseRequest.SelectorEntry
+	0,  // 6: egressproxies.lease.v1.CreateLeaseResponse.proxy:type_name -> egressproxies.lease.v1.Proxy
+	19, // 7: egressproxies.lease.v1.CreateLeaseResponse.expires_at:type_name -> google.protobuf.Timestamp
+	5,  // 8: egressproxies.lease.v1.CreateLeaseResponse.credentials:type_name -> egressproxies.lease.v1.ProxyCredentials
+	19, // 9: egressproxies.lease.v1.RenewLeaseResponse.expires_at:type_name -> google.protobuf.Timestamp
+	19, // 10: egressproxies.lease.v1.ReportLeaseResponse.cooldown_until:type_name -> google.protobuf.Timestamp
+	19, // 11: egressproxies.lease.v1.ReportLeaseResponse.cooldown_start:type_name -> google.protobuf.Timestamp
+	19, // 12: egressproxies.lease.v1.ReportLeaseResponse.quarantined_until:type_name -> google.protobuf.Timestamp
+	18, // 13: egressproxies.lease.v1.SelectorRefusals.selector:type_name -> egressproxies.lease.v1.SelectorRefusals.SelectorEntry
+	13, // 14: egressproxies.lease.v1.ListRefusalsResponse.selectors:type_name -> egressproxies.lease.v1.SelectorRefusals
+	1,  // 15: egressproxies.lease.v1.LeaseService.ListProxies:input_type -> egressproxies.lease.v1.ListProxiesRequest
+	3,  // 16: egressproxies.lease.v1.LeaseService.CreateLease:input_type -> egressproxies.lease.v1.CreateLeaseRequest
+	6,  // 17: egressproxies.lease.v1.LeaseService.RenewLease:input_type -> egressproxies.lease.v1.RenewLeaseRequest
+	8,  // 18: egressproxies.lease.v1.LeaseService.ReleaseLease:input_type -> egressproxies.lease.v1.ReleaseLeaseRequest
+	10, // 19: egressproxies.lease.v1.LeaseService.ReportLease:input_type -> egressproxies.lease.v1.ReportLeaseRequest
+	12, // 20: egressproxies.lease.v1.LeaseService.ListRefusals:input_type -> egressproxies.lease.v1.ListRefusalsRequest
+	2,  // 21: egressproxies.lease.v1.LeaseService.ListProxies:output_type -> egressproxies.lease.v1.ListProxiesResponse
+	4,  // 22: egressproxies.lease.v1.LeaseService.CreateLease:output_type -> egressproxies.lease.v1.CreateLeaseResponse
+	7,  // 23: egressproxies.lease.v1.LeaseService.RenewLease:output_type -> egressproxies.lease.v1.RenewLeaseResponse
+	9,  // 24: egressproxies.lease.v1.LeaseService.ReleaseLease:output_type -> egressproxies.lease.v1.ReleaseLeaseResponse
+	11, // 25: egressproxies.lease.v1.LeaseService.ReportLease:output_type -> egressproxies.lease.v1.ReportLeaseResponse
+	14, // 26: egressproxies.lease.v1.LeaseService.ListRefusals:output_type -> egressproxies.lease.v1.ListRefusalsResponse
+	21, // [21:27] is the sub-list for method output_type
+	15, // [15:21] is the sub-list for method input_type
+	15, // [15:15] is the sub-list for extension type_name
+	15, // [15:15] is the sub-list for extension extendee
+	0,  // [0:15] is the sub-list for field type_name
 }
 
 func init() { file_egressproxies_lease_v1_lease_proto_init() }

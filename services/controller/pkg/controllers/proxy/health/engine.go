@@ -112,6 +112,11 @@ type counter struct {
 	// settled is the count a writer had seen when status last said what
 	// the engine wants. They differ while a write is owed.
 	queued, settled uint64
+	// confirmAfter is when the brokers quarantined the proxy: its next
+	// success in a later second is written (confirmed), so the brokers,
+	// which see probes only through status, end the quarantine.
+	confirmAfter time.Time
+	confirmed    metav1.Time
 }
 
 // verdict is one health decision and the result that made it.
@@ -255,6 +260,14 @@ func (e *Engine) Handle(_ context.Context, proberID string, r *probev1.ProbeResu
 				msg: fmt.Sprintf("probes through the proxy pass (%s)", r.GetLatency().AsDuration().Round(time.Millisecond))})
 			changed = true
 		}
+		// A quarantined proxy's success is worth a write: it is the only
+		// way the brokers learn of it. Status times have whole seconds, so
+		// only a success in a later second than the quarantine began
+		// provably follows it.
+		if !c.confirmAfter.IsZero() && at.UnixMilli() > c.confirmAfter.UnixMilli() && c.verdict.healthy() {
+			c.confirmed, c.confirmAfter = at, time.Time{}
+			changed = true
+		}
 		// A new egress IP is worth a write of its own only for a proxy
 		// already Healthy; before that it rides along with the verdict.
 		if ip := r.GetEgressIp(); ip != "" && ip != c.egressIP {
@@ -274,6 +287,23 @@ func (e *Engine) Handle(_ context.Context, proberID string, r *probev1.ProbeResu
 	}
 }
 
+// Confirm tells the engine which proxies the brokers quarantined and
+// since when, by "namespace/name" (the whole set each time): each one's
+// next success is written to status.lastHealthCheckTime. The lease-view
+// poller calls it on every answer.
+func (e *Engine) Confirm(quarantined map[string]time.Time) {
+	e.init()
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	for _, c := range e.state {
+		since := quarantined[c.key.String()]
+		if !since.IsZero() && c.confirmed.UnixMilli() > since.UnixMilli() {
+			since = time.Time{} // confirmed already; the brokers catch up
+		}
+		c.confirmAfter = since
+	}
+}
+
 // owe puts uid on the write queue: status no longer says what c does;
 // mu held.
 func (e *Engine) owe(uid types.UID, c *counter) {
@@ -284,12 +314,13 @@ func (e *Engine) owe(uid types.UID, c *counter) {
 // wanted is a copy of what status should say for uid, taken under the lock
 // so a worker writes one consistent decision.
 type wanted struct {
-	key      types.NamespacedName
-	addr     string
-	verdict  verdict
-	decided  bool
-	egressIP string
-	queued   uint64
+	key       types.NamespacedName
+	addr      string
+	verdict   verdict
+	decided   bool
+	egressIP  string
+	confirmed metav1.Time
+	queued    uint64
 }
 
 func (e *Engine) wanted(uid types.UID) (wanted, bool) {
@@ -299,7 +330,7 @@ func (e *Engine) wanted(uid types.UID) (wanted, bool) {
 	if !ok {
 		return wanted{}, false
 	}
-	w := wanted{key: c.key, addr: c.addr, egressIP: c.egressIP, queued: c.queued}
+	w := wanted{key: c.key, addr: c.addr, egressIP: c.egressIP, confirmed: c.confirmed, queued: c.queued}
 	if c.verdict != nil {
 		w.verdict, w.decided = *c.verdict, true
 	}

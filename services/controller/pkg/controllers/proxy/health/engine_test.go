@@ -265,3 +265,42 @@ func TestAHugeReasonStillMakesTheProxyUnhealthy(t *testing.T) {
 	assert.NotContains(t, c.Message, "\x1b")
 	assert.True(t, strings.HasSuffix(c.Message, "…"))
 }
+
+// A proxy the brokers quarantined gets its next success written, once, so
+// the brokers, which see probes only through status, end the quarantine;
+// a steady proxy nobody quarantined still writes nothing.
+func TestAQuarantinedProxysNextSuccessIsWritten(t *testing.T) {
+	testenv.Require(t)
+	px := readyProxy(t, "quarantined", "127.0.0.9")
+	e := startEngine(t)
+	track(e, px, "127.0.0.9:3128", DefaultDefaults.Resolve(&v1.HealthCheck{SuccessThreshold: 1}))
+	writes := func() float64 { return testutil.ToFloat64(metrics.StatusWrites.WithLabelValues("health")) }
+	at := func(r *probev1.ProbeResult, t time.Time) *probev1.ProbeResult {
+		r.FinishedAt = timestamppb.New(t)
+		return r
+	}
+	since := time.Now().Add(-time.Minute).Truncate(time.Second).Add(300 * time.Millisecond)
+	handle(t, e, at(result(px, true), since.Add(-10*time.Second)))
+	w0 := writes()
+
+	e.Confirm(map[string]time.Time{px.Key(): since})
+	handle(t, e, at(result(px, true), since.Add(500*time.Millisecond)))
+	assert.Equal(t, w0, writes(), "a success in the quarantine's own second may have preceded it")
+	handle(t, e, at(result(px, false), since.Add(2*time.Second))) // one failure, below the threshold
+	confirmedAt := since.Add(3 * time.Second)
+	handle(t, e, at(result(px, true), confirmedAt))
+	assert.Equal(t, w0+1, writes())
+	got := get(t, px)
+	require.NotNil(t, got.Status.LastHealthCheckTime)
+	assert.Equal(t, confirmedAt.Truncate(time.Second).Unix(), got.Status.LastHealthCheckTime.Unix())
+	assert.True(t, got.Status.Healthy)
+
+	handle(t, e, at(result(px, true), since.Add(5*time.Second)))
+	e.Confirm(map[string]time.Time{px.Key(): since}) // the brokers have not caught up yet
+	handle(t, e, at(result(px, true), since.Add(7*time.Second)))
+	assert.Equal(t, w0+1, writes(), "one write per quarantine")
+
+	e.Confirm(map[string]time.Time{})
+	handle(t, e, at(result(px, true), since.Add(9*time.Second)))
+	assert.Equal(t, w0+1, writes(), "nothing for a proxy nobody quarantined")
+}

@@ -130,6 +130,9 @@ func (e *Engine) write(ctx context.Context, uid types.UID) (uint64, error) {
 	if w.egressIP != "" {
 		px.Status.EgressIP = w.egressIP
 	}
+	if last := px.Status.LastHealthCheckTime; !w.confirmed.IsZero() && px.Status.Healthy && (last == nil || last.Before(&w.confirmed)) {
+		px.Status.LastHealthCheckTime = &w.confirmed
+	}
 	if equality.Semantic.DeepEqual(base.Status, px.Status) {
 		return w.queued, nil // coalesced: status already says it
 	}
