@@ -284,7 +284,9 @@ type ProxyStatus struct {
 
 	// LastHealthCheckTime is the time of the last status-affecting probe,
 	// not of the most recent probe: health writes happen on transitions
-	// only. Probe recency lives in the proxy_operator_healthcheck_* metrics.
+	// only, and on the first success after the brokers quarantined the
+	// proxy (which ends the quarantine). Probe recency lives in the
+	// proxy_operator_healthcheck_* metrics.
 	// +optional
 	LastHealthCheckTime *metav1.Time `json:"lastHealthCheckTime,omitempty"`
 
