@@ -2,6 +2,7 @@ package store
 
 import (
 	"context"
+	"errors"
 	"strconv"
 	"time"
 
@@ -39,8 +40,9 @@ type Fleet struct {
 // the quarantines, the paced targets and the cooldowns (what is due that
 // is neither a lease nor a quarantine) in one round trip: a read of the
 // score and namespace hashes, O(proxies), at scrape time rather than a
-// counter every script must keep. Pacing that lapsed is reported until a
-// lease or report for the target notices.
+// counter every script must keep. A pace that lapsed (no report for a
+// window) is left out, though only a lease or report for its target
+// clears it.
 func (s *Store) Fleet(ctx context.Context) (Fleet, error) {
 	var scores, namespaces, paced *redis.MapStringStringCmd
 	var due, quarantines *redis.IntCmd
@@ -55,8 +57,8 @@ func (s *Store) Fleet(ctx context.Context) (Fleet, error) {
 		return Fleet{}, wrap(err)
 	}
 	f := Fleet{Leases: map[string]int64{}, Quarantines: quarantines.Val(), Paced: map[string]float64{}}
-	for t, v := range paced.Val() {
-		f.Paced[t], _ = strconv.ParseFloat(v, 64)
+	if err := s.livePaces(ctx, paced.Val(), f.Paced); err != nil {
+		return Fleet{}, err
 	}
 	var total int64
 	ns := namespaces.Val()
@@ -104,4 +106,29 @@ func (c fleetCollector) Collect(ch chan<- prometheus.Metric) {
 	for t, r := range f.Paced {
 		ch <- prometheus.MustNewConstMetric(pacedDesc, prometheus.GaugeValue, r, t)
 	}
+}
+
+// livePaces copies the paces that have not lapsed, as Redis's clock says,
+// from rates (target -> rate) into out.
+func (s *Store) livePaces(ctx context.Context, rates map[string]string, out map[string]float64) error {
+	if len(rates) == 0 {
+		return nil
+	}
+	var now *redis.TimeCmd
+	until := map[string]*redis.StringCmd{}
+	if _, err := s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+		now = p.Time(ctx)
+		for t := range rates {
+			until[t] = p.HGet(ctx, s.prefix+"t:"+t, "until")
+		}
+		return nil
+	}); err != nil && !errors.Is(err, redis.Nil) {
+		return wrap(err)
+	}
+	for t, v := range rates {
+		if ms, err := until[t].Int64(); err == nil && ms > now.Val().UnixMilli() {
+			out[t], _ = strconv.ParseFloat(v, 64)
+		}
+	}
+	return nil
 }

@@ -661,3 +661,89 @@ func TestQuarantineParksAndRestoresIndexMembership(t *testing.T) {
 	require.NoError(t, err)
 	assert.Zero(t, st[bad].QuarantinedUntil)
 }
+
+// Past the guard a target is paced: GCRA grants a second's burst at the
+// rate, then says when the next lease is due; the pace lapses after a
+// window without reports, in the gauges too.
+func TestPacingGrantsItsRateAndLapses(t *testing.T) {
+	f := newFixture(t)
+	f.index("ix", uids(2)...)
+	p := store.Policy{CooldownBase: time.Hour, CooldownMax: time.Hour, CooldownWindow: 600 * time.Millisecond, MaxCoolingFraction: 0.5,
+		PacingInitial: 2, PacingMin: 1, PacingMax: 10}
+	a := store.Acquire{Index: "ix", Target: "t", TTL: time.Hour, PerTarget: true}
+	lease := func() (*store.Lease, error) {
+		a.LeaseID = store.NewLeaseID()
+		return f.st.Acquire(f.ctx, a)
+	}
+	first, err := lease()
+	require.NoError(t, err)
+	second, err := lease()
+	require.NoError(t, err)
+	assert.Equal(t, []string{store.ActionCooldownStarted}, f.report(first.ID, store.RateLimited, "t", p, store.Faults{}).Actions)
+	v := f.report(second.ID, store.RateLimited, "t", p, store.Faults{})
+	require.Equal(t, []string{store.ActionGuardHeld, store.ActionPacingStarted}, v.Actions, "a fleet of two may cool one")
+	assert.Equal(t, 2.0, v.PaceRate)
+	fleet, err := f.st.Fleet(f.ctx)
+	require.NoError(t, err)
+	assert.Equal(t, map[string]float64{"t": 2}, fleet.Paced)
+
+	granted := 0
+	var paced *store.PacedError
+	for range 10 {
+		if _, err = lease(); err != nil {
+			require.ErrorAs(t, err, &paced)
+			break
+		}
+		granted++
+	}
+	assert.Equal(t, 2, granted, "a second's burst at 2/s")
+	require.NotNil(t, paced)
+	assert.Positive(t, paced.Wait)
+	assert.LessOrEqual(t, paced.Wait, 500*time.Millisecond)
+	assert.Equal(t, "TARGET_PACED", paced.Reason())
+	time.Sleep(paced.Wait + 10*time.Millisecond)
+	_, err = lease()
+	require.NoError(t, err, "due once the wait is over")
+
+	time.Sleep(700 * time.Millisecond) // the window passes with no report
+	fleet, err = f.st.Fleet(f.ctx)
+	require.NoError(t, err)
+	assert.Empty(t, fleet.Paced, "a lapsed pace is not reported")
+	for range 5 {
+		_, err = lease()
+		require.NoError(t, err, "no longer paced")
+	}
+}
+
+// A target's cap counts its live leases: released and expired ones free
+// their place.
+func TestTargetCapCountsLiveLeases(t *testing.T) {
+	f := newFixture(t)
+	f.index("ix", uids(3)...)
+	a := store.Acquire{Index: "ix", Target: "t", TTL: time.Hour, PerTarget: true, TargetCap: 2}
+	lease := func(ttl time.Duration) (*store.Lease, error) {
+		a.LeaseID, a.TTL = store.NewLeaseID(), ttl
+		return f.st.Acquire(f.ctx, a)
+	}
+	l1, err := lease(time.Hour)
+	require.NoError(t, err)
+	_, err = lease(300 * time.Millisecond)
+	require.NoError(t, err)
+	_, err = lease(time.Hour)
+	var capped *store.TargetCapError
+	require.ErrorAs(t, err, &capped)
+	a.Target = "other"
+	_, err = lease(time.Hour)
+	require.NoError(t, err, "another target has its own count")
+	a.Target = "t"
+	ok, err := f.st.Release(f.ctx, l1.ID)
+	require.NoError(t, err)
+	require.True(t, ok)
+	_, err = lease(time.Hour)
+	require.NoError(t, err, "a release frees a place")
+	_, err = lease(time.Hour)
+	require.ErrorAs(t, err, &capped)
+	time.Sleep(400 * time.Millisecond)
+	_, err = lease(time.Hour)
+	require.NoError(t, err, "an expiry frees a place")
+}
