@@ -8,7 +8,6 @@ package main
 import (
 	"context"
 	"fmt"
-	"net/http"
 	"strings"
 	"sync"
 	"testing"
@@ -29,7 +28,6 @@ import (
 	v1 "github.com/egress-proxies/egress-proxies/pkg/api/v1alpha1"
 	leasev1 "github.com/egress-proxies/egress-proxies/pkg/gen/egressproxies/lease/v1"
 	"github.com/egress-proxies/egress-proxies/pkg/testutil/proc"
-	"github.com/egress-proxies/egress-proxies/pkg/testutil/promtext"
 	"github.com/egress-proxies/egress-proxies/pkg/testutil/rest"
 )
 
@@ -90,13 +88,6 @@ func (b *broker) report(id, body string) rest.Reply {
 	r := b.do("POST", "/v1/leases/"+id+"/report", body)
 	require.Equal(b.t, 200, r.Status, "%s: %s", body, r.Body)
 	return r
-}
-
-func (b *broker) metrics() promtext.Samples {
-	b.t.Helper()
-	m, err := promtext.Scrape(http.DefaultClient, b.opsURL+"/metrics")
-	require.NoError(b.t, err)
-	return m
 }
 
 func actions(r rest.Reply) []string {

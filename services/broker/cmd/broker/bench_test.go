@@ -42,11 +42,6 @@ const (
 )
 
 // benchFleets are namespaces of leasable Proxies; the brokers watch all.
-// hourLong cools a proxy down for exactly an hour on a rate_limited
-// report, with no guard, escalation, pacing or quarantine.
-var hourLong = store.Policy{CooldownBase: time.Hour, CooldownMax: time.Hour, CooldownWindow: time.Hour, MaxCoolingFraction: 1,
-	PacingInitial: 1, PacingMin: 1, PacingMax: 1}
-
 var benchFleets = []struct {
 	ns string
 	n  int
@@ -234,7 +229,7 @@ func loadFleet(b *testing.B, r *proc.Redis, prefix, target string, fleet []store
 					}
 					return
 				}
-				if _, err := st.Report(ctx, store.Report{LeaseID: l.ID, Outcome: store.RateLimited, Target: target, Policy: hourLong}); err != nil {
+				if _, err := st.Report(ctx, store.Report{LeaseID: l.ID, Outcome: store.RateLimited, Target: target, Policy: store.FixedCooldown(time.Hour)}); err != nil {
 					failed.CompareAndSwap(nil, err)
 				}
 				if _, err := st.Release(ctx, l.ID); err != nil {

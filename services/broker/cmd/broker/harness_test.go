@@ -9,6 +9,7 @@ import (
 
 	"github.com/egress-proxies/egress-proxies/pkg/testenv"
 	"github.com/egress-proxies/egress-proxies/pkg/testutil/proc"
+	"github.com/egress-proxies/egress-proxies/pkg/testutil/promtext"
 	"github.com/egress-proxies/egress-proxies/pkg/testutil/rest"
 )
 
@@ -97,4 +98,12 @@ func (b *broker) counts() map[string]int {
 		out[m["id"].(string)] = int(m["leaseCount"].(float64))
 	}
 	return out
+}
+
+// metrics scrapes the broker's /metrics.
+func (b *broker) metrics() promtext.Samples {
+	b.t.Helper()
+	m, err := promtext.Scrape(nil, b.opsURL+"/metrics")
+	require.NoError(b.t, err)
+	return m
 }

@@ -451,8 +451,7 @@ func (s *Service) ReportLease(ctx context.Context, req *leasev1.ReportLeaseReque
 	r := store.Report{LeaseID: req.GetLeaseId(), Outcome: outcome, Target: target, Policy: pol.Policy, Faults: s.cfg.Faults}
 	if !s.cfg.BanAware {
 		// The seed's rule: a fixed cooldown on rate_limited, nothing else.
-		r.Policy = store.Policy{CooldownBase: pol.CooldownBase, CooldownMax: pol.CooldownBase, MaxCoolingFraction: 1,
-			PacingInitial: 1, PacingMin: 1, PacingMax: 1}
+		r.Policy = store.FixedCooldown(pol.CooldownBase)
 		r.Faults = store.Faults{}
 		if outcome != store.RateLimited {
 			r.Outcome = "" // the script checks the lease and does nothing else

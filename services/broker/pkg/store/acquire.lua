@@ -46,11 +46,11 @@ local counted = per_target and target ~= ''
 -- early (a burst of rate leases after a quiet second).
 local tat
 if counted then
-  local t = redis.call('HMGET', P .. 't:' .. target, 'n', 'rate', 'tat')
+  local t = redis.call('HMGET', P .. 't:' .. target, 'n', 'rate', 'tat', 'until')
   if tcap > 0 and tonumber(t[1] or '0') >= tcap then
     return {'tcap', tonumber(t[1])}
   end
-  local rate = t[2] and pace_get(target, now)
+  local rate = pace_live(target, t[2], t[4], now)
   if rate then
     local interval = 1000 / rate
     local early = math.max(1000 - interval, 0)

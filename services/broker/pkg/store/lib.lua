@@ -211,17 +211,22 @@ end
 -- rate last changed down: reports on leases granted before it are the
 -- burst that caused it) and until (pacing lapses after a memory window
 -- with no report); the paced hash mirrors the rate, for metrics.
-local function pace_get(target, now)
-  local t = redis.call('HMGET', P .. 't:' .. target, 'rate', 'cut', 'until')
-  if not t[1] then
+local function pace_end(target)
+  redis.call('HDEL', P .. 't:' .. target, 'rate', 'tat', 'cut', 'until')
+  redis.call('HDEL', P .. 'paced', target)
+end
+
+-- The target's rate from fields already read (rate, and until as lapse),
+-- or nil when it is not paced; a pace that lapsed is ended here.
+local function pace_live(target, rate, lapse, now)
+  if not rate then
     return nil
   end
-  if tonumber(t[3]) <= now then
-    redis.call('HDEL', P .. 't:' .. target, 'rate', 'tat', 'cut', 'until')
-    redis.call('HDEL', P .. 'paced', target)
+  if tonumber(lapse) <= now then
+    pace_end(target)
     return nil
   end
-  return tonumber(t[1]), tonumber(t[2])
+  return tonumber(rate)
 end
 
 local function pace_set(target, rate, now, window, cut)
@@ -234,7 +239,3 @@ local function pace_set(target, rate, now, window, cut)
   redis.call('HSET', P .. 'paced', target, rate)
 end
 
-local function pace_end(target)
-  redis.call('HDEL', P .. 't:' .. target, 'rate', 'tat', 'cut', 'until')
-  redis.call('HDEL', P .. 'paced', target)
-end

@@ -2,7 +2,6 @@ package store
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"math/rand/v2"
 	"strconv"
@@ -19,12 +18,6 @@ type Refusal interface {
 	Reason() string
 	RetryAfter() time.Duration
 	Details() map[string]string
-}
-
-// IsRefusal reports whether err is a Refusal.
-func IsRefusal(err error) bool {
-	var r Refusal
-	return errors.As(err, &r)
 }
 
 // Details of a NoCandidateError.
@@ -102,6 +95,13 @@ type Policy struct {
 	// PacingInitial, PacingMin and PacingMax bound the target's pace in
 	// leases per second; reaching PacingMax ends pacing.
 	PacingInitial, PacingMin, PacingMax float64
+}
+
+// FixedCooldown is the seed's rule: every rate_limited or blocked report
+// cools the proxy down for d, with no escalation (the maximum is d) and no
+// guard (so no pacing).
+func FixedCooldown(d time.Duration) Policy {
+	return Policy{CooldownBase: d, CooldownMax: d, CooldownWindow: d, MaxCoolingFraction: 1}
 }
 
 // Faults is when error reports quarantine a proxy: on Targets distinct

@@ -49,7 +49,8 @@ end
 
 local rate, cut = nil, nil
 if target ~= '' then
-  rate, cut = pace_get(target, now)
+  local t = redis.call('HMGET', P .. 't:' .. target, 'rate', 'cut', 'until')
+  rate, cut = pace_live(target, t[1], t[3], now), tonumber(t[2])
 end
 
 -- Halves the pace, once per burst: reports on leases granted before the

@@ -306,10 +306,16 @@ func (s *Store) exec(ctx context.Context, batch []*call) {
 				s.checkAcked(ctx, c, acked)
 			}
 		}
+		pending = nil // not pending[:0]: on the first try it is the caller's batch
 		for _, c := range missing {
-			_ = c.sc.Load(ctx, node).Err() // a failure shows in the resent call
+			// A script that does not load (a Lua error) fails its calls
+			// with the reason, not with the resent call's NOSCRIPT.
+			if err := c.sc.Load(ctx, node).Err(); err != nil {
+				c.cmd = failed(ctx, err)
+				continue
+			}
+			pending = append(pending, c)
 		}
-		pending = missing
 	}
 }
 

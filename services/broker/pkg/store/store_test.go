@@ -46,9 +46,8 @@ func (f *fixture) index(key string, uids ...string) {
 }
 
 // hourLong cools a proxy down for exactly an hour on a rate_limited
-// report, with no guard, escalation, pacing or quarantine.
-var hourLong = store.Policy{CooldownBase: time.Hour, CooldownMax: time.Hour, CooldownWindow: time.Hour, MaxCoolingFraction: 1,
-	PacingInitial: 1, PacingMin: 1, PacingMax: 1}
+// report, with no guard, escalation or pacing.
+var hourLong = store.FixedCooldown(time.Hour)
 
 // cool reports the lease rate_limited for target under hourLong and
 // returns the cooldown's end.

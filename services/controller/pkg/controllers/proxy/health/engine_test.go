@@ -81,6 +81,9 @@ func track(e *Engine, px *v1.Proxy, addr string, r Settings) {
 	e.Track(client.ObjectKeyFromObject(px), px.UID, addr, r, nil, "")
 }
 
+// writes counts the engine's status writes so far, in every test.
+func writes() float64 { return testutil.ToFloat64(metrics.StatusWrites.WithLabelValues("health")) }
+
 func healthCond(px *v1.Proxy) *metav1.Condition {
 	return meta.FindStatusCondition(px.Status.Conditions, v1.ConditionHealthy)
 }
@@ -91,7 +94,6 @@ func TestThresholdsAreExactAndWritesTransitionOnly(t *testing.T) {
 	rec := events.NewFakeRecorder(16)
 	e := startEngine(t, rec)
 	track(e, px, "127.0.0.5:3128", DefaultDefaults.Resolve(&v1.HealthCheck{FailureThreshold: 3, SuccessThreshold: 2}))
-	writes := func() float64 { return testutil.ToFloat64(metrics.StatusWrites.WithLabelValues("health")) }
 
 	w0 := writes()
 	handle(t, e, result(px, true))
@@ -170,7 +172,6 @@ func TestEgressIPRidesWithTheVerdict(t *testing.T) {
 	px := readyProxy(t, "egress", "127.0.0.8")
 	e := startEngine(t)
 	track(e, px, "127.0.0.8:3128", DefaultDefaults.Resolve(&v1.HealthCheck{SuccessThreshold: 2}))
-	writes := func() float64 { return testutil.ToFloat64(metrics.StatusWrites.WithLabelValues("health")) }
 	w0 := writes()
 	ok := func(ip string) *probev1.ProbeResult { r := result(px, true); r.EgressIp = ip; return r }
 
@@ -207,7 +208,6 @@ func TestNoResultsMakeHealthStaleOnceAndAResultRestoresIt(t *testing.T) {
 	s := DefaultDefaults.Resolve(&v1.HealthCheck{SuccessThreshold: 1})
 	s.Interval = interval
 	e.Track(client.ObjectKeyFromObject(px), px.UID, "127.0.0.9:3128", s, nil, "")
-	writes := func() float64 { return testutil.ToFloat64(metrics.StatusWrites.WithLabelValues("health")) }
 	w0 := writes()
 
 	e.Handle(ctx, "p1", result(px, true))
@@ -274,7 +274,6 @@ func TestAQuarantinedProxysNextSuccessIsWritten(t *testing.T) {
 	px := readyProxy(t, "quarantined", "127.0.0.9")
 	e := startEngine(t)
 	track(e, px, "127.0.0.9:3128", DefaultDefaults.Resolve(&v1.HealthCheck{SuccessThreshold: 1}))
-	writes := func() float64 { return testutil.ToFloat64(metrics.StatusWrites.WithLabelValues("health")) }
 	at := func(r *probev1.ProbeResult, t time.Time) *probev1.ProbeResult {
 		r.FinishedAt = timestamppb.New(t)
 		return r
