@@ -6,7 +6,7 @@ SHELL := /usr/bin/env bash
 .SHELLFLAGS := -euo pipefail -c
 .DEFAULT_GOAL := help
 
-MODULES := pkg services/controller services/prober services/broker hack/demo
+MODULES := pkg services/controller services/prober services/broker hack/demo hack/cluster
 GO_PKGS := $(addsuffix /...,$(addprefix ./,$(MODULES)))
 # Tools live in a module of their own, outside go.work.
 TOOL := GOWORK=$(CURDIR)/hack/tools/go.work go tool
@@ -21,7 +21,13 @@ LDFLAGS := -s -w -X github.com/egress-proxies/egress-proxies/pkg/version.Commit=
 # Debian packages the tests run for real: Redis, Squid, and for the kvm
 # providers' hosts libvirtd with its qemu driver, qemu, sshd, and bsdtar to
 # read the seed ISOs back.
-APT_PACKAGES := redis-server squid openssh-server libvirt-daemon libvirt-daemon-driver-qemu qemu-system-x86 qemu-utils libarchive-tools iproute2
+APT_PACKAGES := redis-server squid openssh-server libvirt-daemon libvirt-daemon-driver-qemu qemu-system-x86 qemu-utils libarchive-tools iproute2 \
+  $(CLUSTER_APT_PACKAGES)
+# The real cluster: iptables for kube-proxy, the kubelet and the pods'
+# isolation; libseccomp and pkg-config to build runc; and what the images
+# made from Debian's packages hold (Squid and Redis above, curl, busybox
+# for their shells, the CA roots).
+CLUSTER_APT_PACKAGES := iptables libseccomp-dev pkg-config busybox-static curl ca-certificates redis-tools squid-langpack
 TEST_FLAGS ?= -race -count=1 -timeout 20m
 
 ##@ General
@@ -150,6 +156,28 @@ test: deps envtest verify-generated lint ## Everything: set-up, generated-code d
 .PHONY: test-short
 test-short: ## Unit tests only (no API server, no outside processes).
 	go test -short $(GO_PKGS)
+
+##@ Real cluster
+
+# The cluster's binaries, built once and cached (hack/cluster/bins.sh).
+CLUSTER_BINS = $$(bash hack/cluster/bins.sh)
+CLUSTER := go run ./hack/cluster
+
+.PHONY: cluster-bins
+cluster-bins: ## Build (once, cached) Kubernetes, etcd, containerd, runc, the CNI plugins, CoreDNS and local-path-provisioner from source.
+	@bash hack/cluster/bins.sh >/dev/null
+
+.PHONY: cluster-up
+cluster-up: deps cluster-bins ## Start a single-node cluster on this machine (as root; reuses a running one) and print its kubeconfig and kubectl.
+	$(CLUSTER) up --bins $(CLUSTER_BINS)
+
+.PHONY: cluster-images
+cluster-images: ## Build the project's images (services, Squid, Redis, curl, e2e programs) and load them into the running cluster.
+	$(CLUSTER) images --bins $(CLUSTER_BINS) --tag $(TAG)
+
+.PHONY: cluster-down
+cluster-down: ## Stop the cluster and remove everything it made on the host (processes, bridge, iptables, mounts, cgroups, state).
+	$(CLUSTER) down
 
 ##@ Benchmarks
 

@@ -26,23 +26,10 @@ work=$(mktemp -d "$CACHE/envtest-build.XXXXXX")
 trap 'rm -rf "$work"' EXIT
 
 build_apiserver() {
-  local dir="$work/apiserver"
-  mkdir -p "$dir"
-  cd "$dir"
-  # k8s.io/kubernetes points every staging module at ./staging/src/...; a
-  # module built outside that tree must point them at the published versions.
-  local kgomod
-  kgomod=$(go mod download -json "k8s.io/kubernetes@v$K8S_VERSION" | sed -n 's/.*"GoMod": "\(.*\)".*/\1/p')
-  {
-    echo "module envtestbuild/apiserver"
-    echo "go 1.26"
-    echo "require k8s.io/kubernetes v$K8S_VERSION"
-    grep -E '^\s*k8s\.io/[a-z0-9-]+ => \./staging/src/' "$kgomod" |
-      sed -E "s#^\s*(k8s\.io/[a-z0-9-]+) => .*#replace \1 => \1 v0.${K8S_VERSION#1.}#"
-  } >go.mod
-  echo 'package main' >tools.go
-  echo 'import _ "k8s.io/kubernetes/cmd/kube-apiserver"' >>tools.go
-  go mod tidy >&2 2>&1 || go mod tidy
+  # shellcheck source=k8s-module.sh
+  source "$(dirname "${BASH_SOURCE[0]}")/k8s-module.sh"
+  k8s_module "$work/k8s" "$K8S_VERSION"
+  cd "$work/k8s"
   go build -trimpath -o "$OUT/kube-apiserver.tmp" k8s.io/kubernetes/cmd/kube-apiserver
   mv "$OUT/kube-apiserver.tmp" "$OUT/kube-apiserver"
 }

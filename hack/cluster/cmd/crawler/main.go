@@ -1,0 +1,275 @@
+// Command crawler is the end-to-end test's crawler pod: it does what
+// crawler code does with the lease API, once over REST and once over gRPC
+// (the Go client), and prints each step as a JSON line for the test to
+// check. Per protocol: lease for the target, fetch the target's /ip
+// through the leased proxy with the lease's credentials, fetch /ban (the
+// target answers 429), report rate_limited, lease again for the target
+// (the cooled proxy must not come back while another qualifies), release
+// both leases, and release again (204 both times over REST).
+package main
+
+import (
+	"bytes"
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"os"
+	"strings"
+	"time"
+
+	"google.golang.org/grpc/credentials"
+
+	"github.com/egress-proxies/egress-proxies/pkg/leaseclient"
+)
+
+type config struct {
+	rest, grpc, tokenFile, brokerCA string
+	targetURL, targetCA, namespace  string
+	selector                        map[string]string
+}
+
+func main() {
+	var c config
+	var selector string
+	flag.StringVar(&c.rest, "rest", "", "the broker's REST base URL (http://... or https://...)")
+	flag.StringVar(&c.grpc, "grpc", "", "the broker's gRPC address (host:port)")
+	flag.StringVar(&c.tokenFile, "token-file", "", "file holding the lease API's bearer token")
+	flag.StringVar(&c.brokerCA, "broker-ca-file", "", "CA of the broker's certificate; set: REST and gRPC over TLS")
+	flag.StringVar(&c.targetURL, "target", "", "base URL of the crawl target (https://...)")
+	flag.StringVar(&c.targetCA, "target-ca-file", "", "CA of the target's certificate")
+	flag.StringVar(&c.namespace, "namespace", "", "namespace of the Proxies to lease")
+	flag.StringVar(&selector, "selector", "", "attributes to lease by, k=v,k=v")
+	flag.Parse()
+	c.selector = map[string]string{}
+	for _, kv := range strings.Split(selector, ",") {
+		if k, v, ok := strings.Cut(kv, "="); ok {
+			c.selector[k] = v
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	if err := run(ctx, c); err != nil {
+		emit(map[string]any{"step": "failed", "error": err.Error()})
+		os.Exit(1)
+	}
+	emit(map[string]any{"step": "done"})
+}
+
+func emit(v map[string]any) {
+	b, _ := json.Marshal(v)
+	fmt.Println(string(b))
+}
+
+func pool(file string) (*x509.CertPool, error) {
+	pem, err := os.ReadFile(file)
+	if err != nil {
+		return nil, err
+	}
+	p := x509.NewCertPool()
+	if !p.AppendCertsFromPEM(pem) {
+		return nil, fmt.Errorf("%s holds no PEM certificate", file)
+	}
+	return p, nil
+}
+
+func run(ctx context.Context, c config) error {
+	tokenBytes, err := os.ReadFile(c.tokenFile)
+	if err != nil {
+		return err
+	}
+	token := strings.TrimSpace(string(tokenBytes))
+	targetRoots, err := pool(c.targetCA)
+	if err != nil {
+		return err
+	}
+	var brokerTLS *tls.Config
+	if c.brokerCA != "" {
+		roots, err := pool(c.brokerCA)
+		if err != nil {
+			return err
+		}
+		brokerTLS = &tls.Config{RootCAs: roots, MinVersion: tls.VersionTLS12}
+	}
+	target, err := url.Parse(c.targetURL)
+	if err != nil {
+		return err
+	}
+	r := &rest{base: strings.TrimSuffix(c.rest, "/"), token: token,
+		http: &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{TLSClientConfig: brokerTLS}}}
+	if err := r.walk(ctx, c, target.Hostname(), targetRoots); err != nil {
+		return fmt.Errorf("REST: %w", err)
+	}
+	opts := []leaseclient.Option{leaseclient.WithToken(token)}
+	if brokerTLS != nil {
+		opts = append(opts, leaseclient.WithTLS(credentials.NewTLS(brokerTLS)))
+	}
+	g, err := leaseclient.Dial(c.grpc, opts...)
+	if err != nil {
+		return err
+	}
+	defer g.Close()
+	if err := walkGRPC(ctx, g, c, target.Hostname(), targetRoots); err != nil {
+		return fmt.Errorf("gRPC: %w", err)
+	}
+	return nil
+}
+
+// fetch GETs target path through the proxy; the proxy URL carries the
+// lease's credentials, which Go sends on CONNECT.
+func fetch(proxy *url.URL, roots *x509.CertPool, u string) (int, string, error) {
+	client := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{
+		Proxy: http.ProxyURL(proxy), TLSClientConfig: &tls.Config{RootCAs: roots, MinVersion: tls.VersionTLS12},
+	}}
+	resp, err := client.Get(u)
+	if err != nil {
+		return 0, "", err
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
+	return resp.StatusCode, strings.TrimSpace(string(b)), nil
+}
+
+type rest struct {
+	base, token string
+	http        *http.Client
+}
+
+func (r *rest) call(ctx context.Context, method, path string, body any, out any) (int, error) {
+	var rd io.Reader
+	if body != nil {
+		b, _ := json.Marshal(body)
+		rd = bytes.NewReader(b)
+	}
+	req, err := http.NewRequestWithContext(ctx, method, r.base+path, rd)
+	if err != nil {
+		return 0, err
+	}
+	req.Header.Set("Authorization", "Bearer "+r.token)
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := r.http.Do(req)
+	if err != nil {
+		return 0, err
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+	if resp.StatusCode >= 300 {
+		return resp.StatusCode, fmt.Errorf("%s %s: %s: %s", method, path, resp.Status, b)
+	}
+	if out != nil && len(b) > 0 {
+		return resp.StatusCode, json.Unmarshal(b, out)
+	}
+	return resp.StatusCode, nil
+}
+
+type restLease struct {
+	LeaseID string `json:"leaseID"`
+	Proxy   struct {
+		ID   string `json:"id"`
+		IP   string `json:"ip"`
+		Port int    `json:"port"`
+	} `json:"proxy"`
+	Credentials *struct{ Username, Password string } `json:"credentials"`
+}
+
+func (l restLease) url() *url.URL {
+	u := &url.URL{Scheme: "http", Host: fmt.Sprintf("%s:%d", l.Proxy.IP, l.Proxy.Port)}
+	if l.Credentials != nil {
+		u.User = url.UserPassword(l.Credentials.Username, l.Credentials.Password)
+	}
+	return u
+}
+
+func (r *rest) lease(ctx context.Context, c config, host string) (restLease, error) {
+	var l restLease
+	_, err := r.call(ctx, http.MethodPost, "/v1/leases", map[string]any{
+		"selector": c.selector, "namespace": c.namespace, "target": host, "ttlSeconds": 120,
+		"requestId": fmt.Sprintf("crawler-%d", time.Now().UnixNano()),
+	}, &l)
+	return l, err
+}
+
+func (r *rest) walk(ctx context.Context, c config, host string, roots *x509.CertPool) error {
+	l, err := r.lease(ctx, c, host)
+	if err != nil {
+		return err
+	}
+	emit(map[string]any{"step": "rest-lease", "lease": l.LeaseID, "proxy": l.Proxy.ID, "credentials": l.Credentials != nil})
+	code, body, err := fetch(l.url(), roots, c.targetURL+"/ip")
+	if err != nil {
+		return fmt.Errorf("fetching through %s: %w", l.Proxy.ID, err)
+	}
+	emit(map[string]any{"step": "rest-fetch", "status": code, "egressIP": body})
+	code, _, err = fetch(l.url(), roots, c.targetURL+"/ban")
+	if err != nil {
+		return err
+	}
+	var report map[string]any
+	if _, err := r.call(ctx, http.MethodPost, "/v1/leases/"+l.LeaseID+"/report",
+		map[string]any{"result": "rate_limited", "target": host, "statusCode": code}, &report); err != nil {
+		return err
+	}
+	emit(map[string]any{"step": "rest-report", "status": code, "answer": report})
+	again, err := r.lease(ctx, c, host)
+	if err != nil {
+		return err
+	}
+	emit(map[string]any{"step": "rest-lease-again", "proxy": again.Proxy.ID})
+	for _, id := range []string{l.LeaseID, again.LeaseID, l.LeaseID} {
+		status, err := r.call(ctx, http.MethodDelete, "/v1/leases/"+id, nil, nil)
+		if err != nil {
+			return err
+		}
+		emit(map[string]any{"step": "rest-release", "lease": id, "status": status})
+	}
+	return nil
+}
+
+func walkGRPC(ctx context.Context, g *leaseclient.Client, c config, host string, roots *x509.CertPool) error {
+	req := leaseclient.Request{Selector: c.selector, Namespace: c.namespace, Target: host, TTL: 2 * time.Minute}
+	l, err := g.Lease(ctx, req)
+	if err != nil {
+		return err
+	}
+	emit(map[string]any{"step": "grpc-lease", "lease": l.ID, "proxy": l.Proxy.GetId(), "credentials": l.Credentials != nil})
+	code, body, err := fetch(l.ProxyURL(), roots, c.targetURL+"/ip")
+	if err != nil {
+		return fmt.Errorf("fetching through %s: %w", l.Proxy.GetId(), err)
+	}
+	emit(map[string]any{"step": "grpc-fetch", "status": code, "egressIP": body})
+	start := time.Now()
+	code, _, err = fetch(l.ProxyURL(), roots, c.targetURL+"/ban")
+	if err != nil {
+		return err
+	}
+	answer, err := l.Report(ctx, leaseclient.Outcome{Result: leaseclient.ResultRateLimited, StatusCode: code, Latency: time.Since(start)})
+	if err != nil {
+		return err
+	}
+	emit(map[string]any{"step": "grpc-report", "status": code, "actions": answer.GetActions(),
+		"cooldownUntil": answer.GetCooldownUntil().AsTime()})
+	again, err := g.Lease(ctx, req)
+	var none *leaseclient.NoProxyError
+	switch {
+	case errors.As(err, &none):
+		emit(map[string]any{"step": "grpc-lease-again", "refused": none.Reason})
+	case err != nil:
+		return err
+	default:
+		emit(map[string]any{"step": "grpc-lease-again", "proxy": again.Proxy.GetId()})
+		if err := again.Release(ctx); err != nil {
+			return err
+		}
+	}
+	if err := l.Release(ctx); err != nil {
+		return err
+	}
+	emit(map[string]any{"step": "grpc-release", "lease": l.ID})
+	return nil
+}

@@ -1,0 +1,32 @@
+// Command target is the end-to-end test's crawl target inside the
+// cluster: HTTPS with a certificate from files (a Secret the test made),
+// answering 204 on /ok (the probe), the caller's address on /ip (the
+// proxy's egress IP) and 429 on /ban (a site that rate-limits).
+package main
+
+import (
+	"crypto/tls"
+	"flag"
+	"log"
+	"net/http"
+	"time"
+
+	"github.com/egress-proxies/egress-proxies/pkg/testutil/tlstarget"
+)
+
+func main() {
+	addr := flag.String("addr", ":8443", "address to serve HTTPS on")
+	cert := flag.String("cert", "/etc/target/tls.crt", "PEM certificate")
+	key := flag.String("key", "/etc/target/tls.key", "PEM key")
+	flag.Parse()
+	mux := http.NewServeMux()
+	mux.Handle("/", tlstarget.Handler())
+	mux.HandleFunc("/ban", func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Retry-After", "60")
+		http.Error(w, "slow down", http.StatusTooManyRequests)
+	})
+	srv := &http.Server{Addr: *addr, Handler: mux, ReadHeaderTimeout: 5 * time.Second,
+		TLSConfig: &tls.Config{MinVersion: tls.VersionTLS12}}
+	log.Printf("target: serving HTTPS on %s", *addr)
+	log.Fatal(srv.ListenAndServeTLS(*cert, *key))
+}

@@ -1,0 +1,53 @@
+package images
+
+import (
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+
+	"github.com/egress-proxies/egress-proxies/hack/cluster/oci"
+)
+
+// DevTag tags the project's images, as the Makefile's TAG does; SystemTag
+// the node's own.
+const (
+	DevTag    = "dev"
+	SystemTag = "local"
+)
+
+// Project builds every image an install on the cluster runs: the three
+// services (with `make build`, the Makefile's static build, whose flags a
+// test holds equal to the Dockerfile's), Squid, Redis, curl, and the
+// end-to-end test's target and crawler.
+func Project(repo, tag string) ([]*oci.Image, error) {
+	dir, err := os.MkdirTemp("", "project-images-")
+	if err != nil {
+		return nil, err
+	}
+	defer os.RemoveAll(dir)
+	make := exec.Command("make", "--no-print-directory", "build", "BIN="+dir)
+	make.Dir = repo
+	if out, err := make.CombinedOutput(); err != nil {
+		return nil, fmt.Errorf("make build: %w: %s", err, out)
+	}
+	var imgs []*oci.Image
+	for _, s := range []string{"controller", "prober", "broker"} {
+		imgs = append(imgs, Service(s, filepath.Join(dir, s), tag))
+	}
+	for _, prog := range []string{"target", "crawler"} {
+		bin, err := GoBuild(repo, dir, "./hack/cluster/cmd/"+prog)
+		if err != nil {
+			return nil, err
+		}
+		imgs = append(imgs, Static("e2e-"+prog, tag, bin, Nonroot))
+	}
+	for _, mk := range []func(string) (*oci.Image, error){Squid, Redis, Curl} {
+		img, err := mk(tag)
+		if err != nil {
+			return nil, err
+		}
+		imgs = append(imgs, img)
+	}
+	return imgs, nil
+}
