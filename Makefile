@@ -113,7 +113,7 @@ install: ## Install the CRD into the current cluster.
 deploy: install ## Plain manifests, no Helm release: render the chart and kubectl apply it (IMG, TAG as for docker-build; needs openssl).
 	kubectl create namespace $(DEPLOY_NS) --dry-run=client -o yaml | kubectl apply -f -
 	bash hack/deploy-secrets.sh $(DEPLOY_NS) egress-proxies
-	$(HELM) template egress-proxies charts/egress-proxies --namespace $(DEPLOY_NS) $(CHART_IMAGES) -f hack/deploy-values.yaml \
+	$(HELM) template egress-proxies charts/egress-proxies --namespace $(DEPLOY_NS) $(CHART_IMAGES) -f hack/deploy-values.yaml --no-hooks \
 	  | kubectl apply --server-side -f -
 
 .PHONY: helm-install
@@ -123,7 +123,7 @@ helm-install: ## helm upgrade --install from charts/ (IMG, TAG as for docker-bui
 .PHONY: undeploy
 undeploy: ## Remove what deploy applied (Proxies first, so their instances are cleaned up).
 	-kubectl delete proxies --all --all-namespaces --wait
-	$(HELM) template egress-proxies charts/egress-proxies --namespace $(DEPLOY_NS) | kubectl delete --ignore-not-found -f -
+	$(HELM) template egress-proxies charts/egress-proxies --namespace $(DEPLOY_NS) -f hack/deploy-values.yaml --no-hooks | kubectl delete --ignore-not-found -f -
 
 .PHONY: kvm-ssh-secret
 KVM_SSH_KEY ?= $(HOME)/.ssh/proxy-operator_ed25519
@@ -178,6 +178,10 @@ cluster-images: ## Build the project's images (services, Squid, Redis, curl, e2e
 .PHONY: cluster-down
 cluster-down: ## Stop the cluster and remove everything it made on the host (processes, bridge, iptables, mounts, cgroups, state).
 	$(CLUSTER) down
+
+.PHONY: e2e-cluster
+e2e-cluster: deps cluster-bins ## The end-to-end test on a real cluster: helm install, a ProxyPool of Squid pods, a crawler pod, scaling, faults, upgrade, broker TLS, uninstall (starts a cluster if none runs, and stops it after).
+	bash hack/cluster/e2e.sh
 
 ##@ Benchmarks
 

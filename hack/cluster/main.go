@@ -41,6 +41,12 @@ func main() {
 	switch os.Args[1] {
 	case "up":
 		err = up(cfg)
+	case "status":
+		if !cfg.Running() {
+			fmt.Println("cluster: not running")
+			os.Exit(1)
+		}
+		printAccess(cfg, "running")
 	case "images":
 		err = projectImages(cfg, *repo, *tag)
 	case "down":
@@ -59,7 +65,7 @@ func main() {
 }
 
 func usage() {
-	fmt.Fprintln(os.Stderr, "usage: cluster up|images|down --bins DIR [--repo DIR] [--tag TAG]")
+	fmt.Fprintln(os.Stderr, "usage: cluster up|status|images|down --bins DIR [--repo DIR] [--tag TAG]")
 	os.Exit(2)
 }
 
@@ -163,7 +169,12 @@ func projectImages(cfg node.Config, repo, tag string) error {
 		return fmt.Errorf("no cluster is running: make cluster-up first")
 	}
 	start := time.Now()
-	imgs, err := images.Project(repo, tag)
+	dir, err := os.MkdirTemp("", "project-images-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(dir)
+	imgs, err := images.Project(repo, dir, tag)
 	if err != nil {
 		return err
 	}

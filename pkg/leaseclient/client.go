@@ -29,6 +29,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/egress-proxies/egress-proxies/pkg/auth"
+	"github.com/egress-proxies/egress-proxies/pkg/certs"
 	leasev1 "github.com/egress-proxies/egress-proxies/pkg/gen/egressproxies/lease/v1"
 )
 
@@ -47,10 +48,25 @@ type options struct {
 type Option func(*options)
 
 // WithToken sends a bearer token on every call.
-func WithToken(token string) Option { return func(o *options) { o.token = auth.Static(token) } }
+func WithToken(token string) Option { return WithTokenSource(auth.Static(token)) }
+
+// WithTokenSource sends the token t holds on every call: a token file
+// that is re-read when it changes (auth.FromFile), so a rotated token
+// takes effect without a new client.
+func WithTokenSource(t *auth.Token) Option { return func(o *options) { o.token = t } }
 
 // WithTLS uses TLS instead of a plain-text connection.
 func WithTLS(c credentials.TransportCredentials) Option { return func(o *options) { o.tls = c } }
+
+// WithCAFile uses TLS, verifying the broker's certificate with the PEM CA
+// bundle in file (read now) and the dialed host name.
+func WithCAFile(file string) (Option, error) {
+	cfg, err := certs.ClientConfig(file, "")
+	if err != nil {
+		return nil, err
+	}
+	return WithTLS(credentials.NewTLS(cfg)), nil
+}
 
 // Dial connects lazily to target ("host:port").
 func Dial(target string, opts ...Option) (*Client, error) {

@@ -56,14 +56,20 @@ func Static(name, tag, binary string, user int) *oci.Image {
 	return static(Ref(name, tag), binary, "/usr/local/bin/"+filepath.Base(binary), user)
 }
 
-// busybox are the applets images with a shell get from Debian's
-// busybox-static.
-var busyboxApplets = []string{"sh", "cat", "sed", "mv", "cp", "rm", "mkdir", "rmdir", "chown", "chmod", "ls", "echo", "test", "[", "sleep", "id", "env", "true", "false", "head", "grep"}
+// busyboxApplets are the tools images with a shell get from Debian's
+// busybox-static. The shell itself is Debian's dash, as in the images
+// these stand in for: Squid starts its helpers with argv[0] "(sh)",
+// which busybox cannot dispatch on.
+var busyboxApplets = []string{"cat", "sed", "mv", "cp", "rm", "mkdir", "rmdir", "chown", "chmod", "ls", "echo", "test", "[", "sleep", "id", "env", "true", "false", "head", "grep"}
 
-func withBusybox(r *oci.Rootfs) error {
+func withShell(r *oci.Rootfs) error {
 	if err := r.Add("/bin/busybox"); err != nil {
 		return fmt.Errorf("busybox: %w (make deps installs busybox-static)", err)
 	}
+	if err := r.Add("/bin/dash"); err != nil {
+		return err
+	}
+	r.Put(oci.File{Path: "/usr/bin/sh", Link: "dash"})
 	for _, a := range busyboxApplets {
 		r.Put(oci.File{Path: "/usr/bin/" + a, Link: "busybox"})
 	}
@@ -76,7 +82,7 @@ func debianImage(name string, users map[string]int, pkgs []string, shell bool) (
 		return nil, fmt.Errorf("image %s: %w", name, err)
 	}
 	if shell {
-		if err := withBusybox(r); err != nil {
+		if err := withShell(r); err != nil {
 			return nil, err
 		}
 	}

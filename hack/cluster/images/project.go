@@ -2,7 +2,6 @@ package images
 
 import (
 	"fmt"
-	"os"
 	"os/exec"
 	"path/filepath"
 
@@ -19,13 +18,9 @@ const (
 // Project builds every image an install on the cluster runs: the three
 // services (with `make build`, the Makefile's static build, whose flags a
 // test holds equal to the Dockerfile's), Squid, Redis, curl, and the
-// end-to-end test's target and crawler.
-func Project(repo, tag string) ([]*oci.Image, error) {
-	dir, err := os.MkdirTemp("", "project-images-")
-	if err != nil {
-		return nil, err
-	}
-	defer os.RemoveAll(dir)
+// end-to-end test's target and crawler. The binaries are built into dir,
+// which must outlive the images' import.
+func Project(repo, dir, tag string) ([]*oci.Image, error) {
 	make := exec.Command("make", "--no-print-directory", "build", "BIN="+dir)
 	make.Dir = repo
 	if out, err := make.CombinedOutput(); err != nil {

@@ -151,72 +151,85 @@ func TestRBACIsLeastPrivilege(t *testing.T) {
 	type check struct {
 		sa, verb, group, resource, sub, namespace string
 		allowed                                   bool
+		name                                      string
 	}
 	cases := []check{
 		// The prober reads nothing.
-		{"ep-prober", "get", "crawl.example.com", "proxies", "", "default", false},
-		{"ep-prober", "list", "", "pods", "", ns, false},
-		{"ep-prober", "get", "", "secrets", "", ns, false},
+		{"ep-prober", "get", "crawl.example.com", "proxies", "", "default", false, ""},
+		{"ep-prober", "list", "", "pods", "", ns, false, ""},
+		{"ep-prober", "get", "", "secrets", "", ns, false, ""},
 		// The broker reads Proxies and writes nothing.
-		{"ep-broker", "list", "crawl.example.com", "proxies", "", "", true},
-		{"ep-broker", "watch", "crawl.example.com", "proxies", "", "team-a", true},
-		{"ep-broker", "update", "crawl.example.com", "proxies", "", "team-a", false},
-		{"ep-broker", "patch", "crawl.example.com", "proxies", "status", "team-a", false},
-		{"ep-broker", "list", "crawl.example.com", "targetpolicies", "", "", true},
-		{"ep-broker", "watch", "crawl.example.com", "targetpolicies", "", "team-a", true},
-		{"ep-broker", "update", "crawl.example.com", "targetpolicies", "", "team-a", false},
-		{"ep-broker", "create", "events.k8s.io", "events", "", "team-a", false},
+		{"ep-broker", "list", "crawl.example.com", "proxies", "", "", true, ""},
+		{"ep-broker", "watch", "crawl.example.com", "proxies", "", "team-a", true, ""},
+		{"ep-broker", "update", "crawl.example.com", "proxies", "", "team-a", false, ""},
+		{"ep-broker", "patch", "crawl.example.com", "proxies", "status", "team-a", false, ""},
+		{"ep-broker", "list", "crawl.example.com", "targetpolicies", "", "", true, ""},
+		{"ep-broker", "watch", "crawl.example.com", "targetpolicies", "", "team-a", true, ""},
+		{"ep-broker", "update", "crawl.example.com", "targetpolicies", "", "team-a", false, ""},
+		{"ep-broker", "create", "events.k8s.io", "events", "", "team-a", false, ""},
 		// Secrets read-only: External proxies' credentials (its cache
 		// narrows the watch to those labelled for it).
-		{"ep-broker", "watch", "", "secrets", "", "team-a", true},
-		{"ep-broker", "create", "", "secrets", "", "team-a", false},
-		{"ep-broker", "update", "", "secrets", "", ns, false},
+		{"ep-broker", "watch", "", "secrets", "", "team-a", true, ""},
+		{"ep-broker", "create", "", "secrets", "", "team-a", false, ""},
+		{"ep-broker", "update", "", "secrets", "", ns, false, ""},
 		// The controller: Proxies and their status, its pods, Secrets read-only,
 		// Events, its leader Lease; nothing else.
-		{"ep-controller", "patch", "crawl.example.com", "proxies", "status", "team-a", true},
-		{"ep-controller", "update", "crawl.example.com", "proxies", "", "team-a", true},
-		{"ep-controller", "update", "crawl.example.com", "proxies", "finalizers", "team-a", true},
-		{"ep-controller", "watch", "", "secrets", "", "team-a", true},
-		{"ep-controller", "create", "", "secrets", "", "team-a", false},
-		{"ep-controller", "update", "", "secrets", "", ns, false},
-		{"ep-controller", "delete", "", "secrets", "", ns, false},
-		{"ep-controller", "create", "", "pods", "", ns, true},
-		{"ep-controller", "create", "", "secrets", "", ns, true}, // a Squid pod's credentials
-		{"ep-controller", "delete", "", "pods", "", ns, true},
-		{"ep-controller", "create", "", "pods", "", "team-a", false},
-		{"ep-controller", "create", "events.k8s.io", "events", "", "team-a", true},
-		{"ep-controller", "update", "coordination.k8s.io", "leases", "", ns, true},
-		{"ep-controller", "update", "coordination.k8s.io", "leases", "", "kube-system", false},
-		{"ep-controller", "create", "apps", "deployments", "", ns, false},
-		{"ep-controller", "patch", "apps", "deployments", "", ns, false},
-		{"ep-controller", "list", "", "nodes", "", "", false},
-		{"ep-controller", "create", "rbac.authorization.k8s.io", "clusterroles", "", "", false},
+		{"ep-controller", "patch", "crawl.example.com", "proxies", "status", "team-a", true, ""},
+		{"ep-controller", "update", "crawl.example.com", "proxies", "", "team-a", true, ""},
+		{"ep-controller", "update", "crawl.example.com", "proxies", "finalizers", "team-a", true, ""},
+		{"ep-controller", "watch", "", "secrets", "", "team-a", true, ""},
+		{"ep-controller", "create", "", "secrets", "", "team-a", false, ""},
+		{"ep-controller", "update", "", "secrets", "", ns, false, ""},
+		{"ep-controller", "delete", "", "secrets", "", ns, false, ""},
+		{"ep-controller", "create", "", "pods", "", ns, true, ""},
+		{"ep-controller", "create", "", "secrets", "", ns, true, ""}, // a Squid pod's credentials
+		{"ep-controller", "delete", "", "pods", "", ns, true, ""},
+		{"ep-controller", "create", "", "pods", "", "team-a", false, ""},
+		{"ep-controller", "create", "events.k8s.io", "events", "", "team-a", true, ""},
+		{"ep-controller", "update", "coordination.k8s.io", "leases", "", ns, true, ""},
+		{"ep-controller", "update", "coordination.k8s.io", "leases", "", "kube-system", false, ""},
+		// Leader election's core Events beside its Lease, found missing
+		// on a real cluster (envtest has no one to read them).
+		{"ep-controller", "create", "", "events", "", ns, true, ""},
+		{"ep-controller", "create", "", "events", "", "team-a", false, ""},
+		{"ep-controller", "create", "apps", "deployments", "", ns, false, ""},
+		{"ep-controller", "patch", "apps", "deployments", "", ns, false, ""},
+		{"ep-controller", "list", "", "nodes", "", "", false, ""},
+		{"ep-controller", "create", "rbac.authorization.k8s.io", "clusterroles", "", "", false, ""},
 		// ProxyPools create and delete their members; a pool's spec is
 		// its user's, only its status the controller's.
-		{"ep-controller", "create", "crawl.example.com", "proxies", "", "team-a", true},
-		{"ep-controller", "delete", "crawl.example.com", "proxies", "", "team-a", true},
-		{"ep-controller", "watch", "crawl.example.com", "proxypools", "", "team-a", true},
-		{"ep-controller", "patch", "crawl.example.com", "proxypools", "status", "team-a", true},
-		{"ep-controller", "update", "crawl.example.com", "proxypools", "", "team-a", false},
-		{"ep-controller", "update", "crawl.example.com", "proxypools", "scale", "team-a", true},
-		{"ep-broker", "list", "crawl.example.com", "proxypools", "", "team-a", false},
+		{"ep-controller", "create", "crawl.example.com", "proxies", "", "team-a", true, ""},
+		{"ep-controller", "delete", "crawl.example.com", "proxies", "", "team-a", true, ""},
+		{"ep-controller", "watch", "crawl.example.com", "proxypools", "", "team-a", true, ""},
+		{"ep-controller", "patch", "crawl.example.com", "proxypools", "status", "team-a", true, ""},
+		{"ep-controller", "update", "crawl.example.com", "proxypools", "", "team-a", false, ""},
+		{"ep-controller", "update", "crawl.example.com", "proxypools", "scale", "team-a", true, ""},
+		{"ep-broker", "list", "crawl.example.com", "proxypools", "", "team-a", false, ""},
 		// The uninstall hook deletes Pools and Proxies, nothing else.
-		{"ep-uninstall", "delete", "crawl.example.com", "proxies", "", "team-a", true},
-		{"ep-uninstall", "delete", "crawl.example.com", "proxypools", "", "team-a", true},
-		{"ep-uninstall", "list", "crawl.example.com", "proxies", "", "", true},
-		{"ep-uninstall", "update", "crawl.example.com", "proxies", "", "team-a", false},
-		{"ep-uninstall", "delete", "", "pods", "", ns, false},
-		{"ep-uninstall", "get", "", "secrets", "", ns, false},
+		{"ep-uninstall", "delete", "crawl.example.com", "proxies", "", "team-a", true, ""},
+		{"ep-uninstall", "delete", "crawl.example.com", "proxypools", "", "team-a", true, ""},
+		{"ep-uninstall", "list", "crawl.example.com", "proxies", "", "", true, ""},
+		{"ep-uninstall", "update", "crawl.example.com", "proxies", "", "team-a", false, ""},
+		{"ep-uninstall", "delete", "", "pods", "", ns, false, ""},
+		{"ep-uninstall", "get", "", "secrets", "", ns, false, ""},
+		// The CRD hook applies this chart's CRDs and no other.
+		{"ep-crds", "create", "apiextensions.k8s.io", "customresourcedefinitions", "", "", true, ""},
+		{"ep-crds", "patch", "apiextensions.k8s.io", "customresourcedefinitions", "", "", true, "proxies.crawl.example.com"},
+		{"ep-crds", "get", "apiextensions.k8s.io", "customresourcedefinitions", "", "", true, "targetpolicies.crawl.example.com"},
+		{"ep-crds", "patch", "apiextensions.k8s.io", "customresourcedefinitions", "", "", false, "certificates.cert-manager.io"},
+		{"ep-crds", "delete", "apiextensions.k8s.io", "customresourcedefinitions", "", "", false, "proxies.crawl.example.com"},
+		{"ep-crds", "list", "crawl.example.com", "proxies", "", "", false, ""},
+		{"ep-crds", "get", "", "secrets", "", ns, false, ""},
 	}
 	for _, c := range cases {
 		sar := &authorizationv1.SubjectAccessReview{Spec: authorizationv1.SubjectAccessReviewSpec{
 			User:   "system:serviceaccount:" + ns + ":" + c.sa,
 			Groups: []string{"system:serviceaccounts", "system:serviceaccounts:" + ns, "system:authenticated"},
 			ResourceAttributes: &authorizationv1.ResourceAttributes{
-				Namespace: c.namespace, Verb: c.verb, Group: c.group, Resource: c.resource, Subresource: c.sub},
+				Namespace: c.namespace, Verb: c.verb, Group: c.group, Resource: c.resource, Subresource: c.sub, Name: c.name},
 		}}
 		require.NoError(t, env.Client.Create(ctx, sar))
-		assert.Equal(t, c.allowed, sar.Status.Allowed, "%s %s %s/%s %s in %q", c.sa, c.verb, c.group, c.resource, c.sub, c.namespace)
+		assert.Equal(t, c.allowed, sar.Status.Allowed, "%s %s %s/%s %s %s in %q", c.sa, c.verb, c.group, c.resource, c.sub, c.name, c.namespace)
 	}
 }
 
@@ -380,14 +393,24 @@ func TestDeploySecretsAreMadeOnce(t *testing.T) {
 	assert.NoError(t, err, "the key matches the certificate")
 
 	// make deploy's render names exactly what the script made: applied
-	// beside those Secrets, every pod finds what it mounts.
-	out, err := helm(t, "template", "egress-proxies", chart, "--namespace", dns, "-f", filepath.Join(testenv.RepoRoot(), "hack", "deploy-values.yaml"))
+	// beside those Secrets, every pod finds what it mounts. It renders no
+	// hook: applied as a plain Job, the pre-delete hook would delete every
+	// Proxy in the cluster on each deploy.
+	out, err := helm(t, "template", "egress-proxies", chart, "--namespace", dns, "-f", filepath.Join(testenv.RepoRoot(), "hack", "deploy-values.yaml"), "--no-hooks")
 	require.NoError(t, err, out)
 	objs := decode(t, out)
 	for _, u := range objs {
 		assert.NotEqual(t, "Secret", u.GetKind(), "make deploy renders no Secret (%s): helm template would mint a new one on every apply", u.GetName())
+		assert.NotContains(t, u.GetAnnotations(), "helm.sh/hook", "make deploy renders no hook (%s %s)", u.GetKind(), u.GetName())
 	}
-	assert.Equal(t, 6, applyAndCheckMounts(t, dns, objs))
+	assert.Equal(t, 4, applyAndCheckMounts(t, dns, objs), "controller, prober, broker, Redis")
+	makefile, err := os.ReadFile(filepath.Join(testenv.RepoRoot(), "Makefile"))
+	require.NoError(t, err)
+	for _, line := range strings.Split(string(makefile), "\n") {
+		if strings.Contains(line, "$(HELM) template") {
+			assert.Contains(t, line, "--no-hooks", "the Makefile renders as this test does: %s", line)
+		}
+	}
 }
 
 // The default install, applied for real, starts: every Secret and
@@ -401,7 +424,7 @@ func TestDefaultInstallMountsOnlyWhatExists(t *testing.T) {
 	out, err := helm(t, "template", "ep", chart, "--namespace", ins)
 	require.NoError(t, err, out)
 	objs := decode(t, out)
-	assert.Equal(t, 6, applyAndCheckMounts(t, ins, objs), "controller, prober, broker, Redis, the uninstall hook and the helm test")
+	assert.Equal(t, 7, applyAndCheckMounts(t, ins, objs), "controller, prober, broker, Redis, the CRD and uninstall hooks and the helm test")
 
 	// And the default is secure: the lease API wants a token, and Redis a
 	// password the brokers are given.

@@ -208,6 +208,7 @@ if per_target and sess ~= '' then
   redis.call('HINCRBY', P .. 'sess:' .. sess, 'n', 1)
 end
 redis.call('HSET', P .. 'lease:' .. id, unpack(f))
+redis.call('SADD', P .. 'pl:' .. uid, id)
 redis.call('ZADD', DUE, expires, 'l|' .. id .. '|' .. uid)
 if req ~= '' then
   redis.call('SET', P .. 'req:' .. req, id .. '|' .. fp, 'PXAT', expires)

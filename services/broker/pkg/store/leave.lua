@@ -1,8 +1,22 @@
 -- Takes a proxy out of selector indexes (all of them when none are named);
--- with forget = '1' also drops everything kept about it: the Proxy is gone.
+-- with forget = '1' also ends its leases and drops everything kept about
+-- it: the Proxy is gone.
 -- What is kept about its exit IP's cooldowns stays, for a proxy that
 -- lands on the same IP. ARGV: proxy, forget, index hashes...
 local uid = ARGV[1]
+if ARGV[2] == '1' then
+  -- Its leases end with it: a lease on a proxy that is gone serves nobody,
+  -- and would hold its target's and session's counts until it expired.
+  for _, id in ipairs(redis.call('SMEMBERS', P .. 'pl:' .. uid)) do
+    local f = redis.call('HMGET', P .. 'lease:' .. id, 'req', 'ct', 'sess')
+    redis.call('ZREM', DUE, 'l|' .. id .. '|' .. uid)
+    if f[1] and f[1] ~= '' then
+      redis.call('DEL', P .. 'req:' .. f[1])
+    end
+    end_lease(id, uid, f[2], f[3])
+  end
+  redis.call('DEL', P .. 'pl:' .. uid)
+end
 local targets = redis.call('HKEYS', P .. 'cool:' .. uid)
 if #ARGV > 2 then
   for i = 3, #ARGV do

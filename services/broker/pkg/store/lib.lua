@@ -153,6 +153,7 @@ end
 -- (field ct, set when counted) and session (field sess).
 local function end_lease(id, uid, ct, sess)
   redis.call('DEL', P .. 'lease:' .. id)
+  redis.call('SREM', P .. 'pl:' .. uid, id)
   add_load(uid, -1)
   if ct then
     if redis.call('HINCRBY', P .. 't:' .. ct, 'n', -1) <= 0 then

@@ -8,6 +8,7 @@
 //
 //	{ep}:lease:<leaseID>   hash {proxy, target, expires, req, addr, ix (its index), at (granted),
 //	                       ct (the target, when counted), sess (its session key)}
+//	{ep}:pl:<uid>          set of the proxy's live lease ids (its leases end when it is forgotten)
 //	{ep}:due               sorted set by time: "l|<leaseID>|<uid>" at lease expiry,
 //	                       "c|<uid>|<target>" at cooldown end, "q|<uid>|" at quarantine end;
 //	                       the scripts apply what is due
@@ -596,9 +597,9 @@ func (s *Store) Leave(ctx context.Context, uid string, indexes ...string) error 
 	return s.leave(ctx, uid, "0", indexes)
 }
 
-// Forget takes a proxy out of every index and drops its load, cooldowns
-// and number: its Proxy is gone. Its leases end at their expiry; they can
-// no longer be renewed.
+// Forget ends a proxy's leases, takes it out of every index and drops its
+// load, cooldowns and number: its Proxy is gone. Its exit IP's cooldown
+// record stays, for a proxy that lands on the same IP.
 func (s *Store) Forget(ctx context.Context, uid string) error { return s.leave(ctx, uid, "1", nil) }
 
 func (s *Store) leave(ctx context.Context, uid, forget string, indexes []string) error {

@@ -427,15 +427,18 @@ func TestForgetDropsEverythingAboutAProxy(t *testing.T) {
 	require.NotEmpty(t, f.keysNaming("uid-000"))
 
 	require.NoError(t, f.st.Forget(f.ctx, "uid-000"))
-	// Its live lease stays until it expires (it can no longer be renewed
-	// by the broker); nothing else names the proxy.
-	for _, k := range f.keysNaming("uid-000") {
-		assert.True(t, strings.HasPrefix(k, store.DefaultPrefix+"lease:") || strings.HasPrefix(k, store.DefaultPrefix+"exp"), "left behind: %s", k)
+	// Its live lease ends with it (an uninstall leaves no lease key
+	// behind): nothing names the proxy, and releasing it is a no-op.
+	assert.Empty(t, f.keysNaming("uid-000"))
+	assert.Zero(t, f.rdb.Exists(f.ctx, store.DefaultPrefix+"lease:"+mine.ID).Val(), "no lease key")
+	due, err := f.rdb.ZRange(f.ctx, store.DefaultPrefix+"due", 0, -1).Result()
+	require.NoError(t, err)
+	for _, d := range due {
+		assert.NotContains(t, d, mine.ID, "no expiry left for the ended lease")
 	}
 	ok, err := f.st.Release(f.ctx, mine.ID)
 	require.NoError(t, err)
-	assert.True(t, ok)
-	assert.Empty(t, f.keysNaming("uid-000"))
+	assert.False(t, ok, "the lease ended when its proxy was forgotten")
 	for range 3 {
 		l := f.mustAcquire("b", "example.com", 0)
 		assert.Equal(t, "uid-001", l.Proxy)

@@ -18,8 +18,6 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
@@ -30,14 +28,15 @@ import (
 
 	"github.com/egress-proxies/egress-proxies/pkg/auth"
 	"github.com/egress-proxies/egress-proxies/pkg/certs"
-	leasev1 "github.com/egress-proxies/egress-proxies/pkg/gen/egressproxies/lease/v1"
 	"github.com/egress-proxies/egress-proxies/pkg/kube"
+	"github.com/egress-proxies/egress-proxies/pkg/leaseclient"
 	"github.com/egress-proxies/egress-proxies/pkg/service"
 	"github.com/egress-proxies/egress-proxies/pkg/version"
 	"github.com/egress-proxies/egress-proxies/services/controller/pkg/controllers/proxy/garbagecollection"
 	"github.com/egress-proxies/egress-proxies/services/controller/pkg/controllers/proxy/health"
 	"github.com/egress-proxies/egress-proxies/services/controller/pkg/controllers/proxy/lifecycle"
 	"github.com/egress-proxies/egress-proxies/services/controller/pkg/controllers/proxypool"
+	"github.com/egress-proxies/egress-proxies/services/controller/pkg/crds"
 	"github.com/egress-proxies/egress-proxies/services/controller/pkg/leaseview"
 	"github.com/egress-proxies/egress-proxies/services/controller/pkg/metrics"
 	"github.com/egress-proxies/egress-proxies/services/controller/pkg/probehub"
@@ -53,6 +52,9 @@ const Name = "controller"
 func Run(ctx context.Context, env service.Env, o Options) error {
 	log := env.Log
 	ctrl.SetLogger(logr.FromSlogHandler(log.Handler()))
+	if o.ApplyCRDs != "" {
+		return runApplyCRDs(ctx, log, o)
+	}
 	if o.Uninstall {
 		return runUninstall(ctx, log, o)
 	}
@@ -169,15 +171,37 @@ func addProxyControllers(ctx context.Context, mgr ctrl.Manager, registry *provid
 // runUninstall is the pre-delete hook: it empties the cluster of Pools and
 // Proxies while the controller still runs to delete their instances.
 func runUninstall(ctx context.Context, log *slog.Logger, o Options) error {
-	cfg, err := kube.RestConfig(o.Kubeconfig)
-	if err != nil {
-		return service.Usagef("--kubeconfig: %v", err)
-	}
-	c, err := client.New(cfg, client.Options{Scheme: kube.NewScheme()})
+	c, err := hookClient(o)
 	if err != nil {
 		return err
 	}
 	return (&uninstall.Cleaner{Client: c, Log: log, Timeout: o.UninstallTimeout, Poll: 2 * time.Second}).Run(ctx)
+}
+
+// runApplyCRDs is the pre-install and pre-upgrade hook: it applies the
+// chart's CRDs, which then belong to no release (package crds says why).
+func runApplyCRDs(ctx context.Context, log *slog.Logger, o Options) error {
+	defs, err := crds.Load(o.ApplyCRDs)
+	if err != nil {
+		return service.Usagef("%v", err)
+	}
+	c, err := hookClient(o)
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+	defer cancel()
+	return crds.Apply(ctx, c, log, defs)
+}
+
+// hookClient is the API client of the chart's hooks, which run the
+// controller's image for one task.
+func hookClient(o Options) (client.Client, error) {
+	cfg, err := kube.RestConfig(o.Kubeconfig)
+	if err != nil {
+		return nil, service.Usagef("--kubeconfig: %v", err)
+	}
+	return client.New(cfg, client.Options{Scheme: kube.NewScheme()})
 }
 
 // addPoolController adds the ProxyPool reconciler and, with a broker
@@ -200,15 +224,19 @@ func addPoolController(ctx context.Context, mgr ctrl.Manager, log *slog.Logger, 
 		if err != nil {
 			return service.Usagef("%v", err)
 		}
-		dial := []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}
-		if token != nil {
-			dial = append(dial, token.DialOption())
+		opts := []leaseclient.Option{leaseclient.WithTokenSource(token)}
+		if o.BrokerCAFile != "" {
+			tlsOpt, err := leaseclient.WithCAFile(o.BrokerCAFile)
+			if err != nil {
+				return service.Usagef("--broker-ca-file: %v", err)
+			}
+			opts = append(opts, tlsOpt)
 		}
-		conn, err := grpc.NewClient(o.BrokerAddr, dial...)
+		broker, err := leaseclient.Dial(o.BrokerAddr, opts...)
 		if err != nil {
 			return service.Usagef("--broker-address: %v", err)
 		}
-		poller = &leaseview.Poller{API: leasev1.NewLeaseServiceClient(conn), Interval: o.BrokerPoll, Log: log}
+		poller = &leaseview.Poller{API: broker.API(), Interval: o.BrokerPoll, Log: log}
 		leases = poller
 	}
 	rec := proxypool.New(mgr.GetClient(), leases, mgr.GetEventRecorder(EventSource), log, proxypool.Options{})

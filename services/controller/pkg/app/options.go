@@ -20,6 +20,9 @@ type Options struct {
 	// controller (the Helm hook's Job runs the controller's image).
 	Uninstall        bool
 	UninstallTimeout time.Duration
+	// ApplyCRDs is a directory of CRDs to apply instead of running (the
+	// chart's pre-install and pre-upgrade hook).
+	ApplyCRDs string
 	// CredentialsKeyFile holds the key Managed proxies' credentials are
 	// derived from; credentialsKey is what it held.
 	CredentialsKeyFile string
@@ -53,6 +56,7 @@ type Options struct {
 	Health             health.Defaults
 	BrokerAddr         string
 	BrokerTokenFile    string
+	BrokerCAFile       string
 	BrokerPoll         time.Duration
 
 	// What Validate parsed.
@@ -65,6 +69,7 @@ func (o *Options) Register(fs *flag.FlagSet) {
 	fs.StringVar(&o.Kubeconfig, "kubeconfig", "", "kubeconfig file; empty means in-cluster config or $KUBECONFIG")
 	fs.StringVar(&o.CredentialsKeyFile, "proxy-credentials-key-file", "", "file holding the key (32 bytes or more) each Managed proxy's credentials are derived from: its instance asks every client for them, the probers and the brokers' leases give them; empty makes Managed instances open proxies")
 	fs.BoolVar(&o.Uninstall, "uninstall", false, "instead of running, delete every ProxyPool and Proxy in the cluster and wait until their instances are deleted (the chart's pre-delete hook; the controller must still run)")
+	fs.StringVar(&o.ApplyCRDs, "apply-crds", "", "instead of running, server-side apply every CustomResourceDefinition in this directory and wait until each is Established (the chart's pre-install and pre-upgrade hook)")
 	fs.DurationVar(&o.UninstallTimeout, "uninstall-timeout", 10*time.Minute, "with --uninstall, how long to wait for the Proxies to go before failing with what is left")
 	fs.StringVar(&o.MetricsAddr, "metrics-bind-address", ":8080", "address of /metrics")
 	fs.StringVar(&o.HealthAddr, "health-probe-bind-address", ":8081", "address of /healthz and /readyz")
@@ -94,6 +99,7 @@ func (o *Options) Register(fs *flag.FlagSet) {
 	fs.StringVar(&o.ProbeDenyCIDRs, "probe-deny-cidrs", netpolicy.DefaultDenyCIDRs, "comma-separated CIDRs no probe may reach: a Proxy whose address or health-check URL host is in them is never probed nor leased (Healthy=False, ProbeDenied); private ranges stay allowed")
 	fs.StringVar(&o.BrokerAddr, "broker-address", "", "gRPC address of the broker, whose live leases ProxyPools drain before they delete a member; empty means no broker: members hold no leases and drains end at once")
 	fs.StringVar(&o.BrokerTokenFile, "broker-token-file", "", "file holding the bearer token the broker asks for; empty, or a file that does not exist, sends none")
+	fs.StringVar(&o.BrokerCAFile, "broker-ca-file", "", "PEM CA bundle the broker's certificate is verified with; set, the controller reads leases over TLS (a broker serving TLS refuses plaintext); empty means plaintext")
 	fs.DurationVar(&o.BrokerPoll, "broker-poll-interval", 5*time.Second, "how often live leases are read from the broker")
 	d := health.DefaultDefaults
 	fs.StringVar(&o.Health.URL, "health-url", d.URL, "URL probed through every proxy (per-Proxy: spec.healthCheck.url)")
@@ -122,6 +128,12 @@ const (
 // Validate names the first bad flag and parses the deny list and the
 // providers config.
 func (o *Options) Validate() error {
+	if o.ApplyCRDs != "" {
+		if o.Uninstall {
+			return errors.New("--apply-crds contradicts --uninstall: choose one")
+		}
+		return nil // nothing else runs
+	}
 	if o.Uninstall {
 		if o.UninstallTimeout <= 0 {
 			return errors.New("--uninstall-timeout must be positive")

@@ -143,6 +143,13 @@ func (p *Provider) authSecret(ctx context.Context, pod *corev1.Pod, req *provide
 	return nil
 }
 
+// squidShutdownSeconds bounds a Squid pod's exit; the pod's grace period
+// leaves it room.
+const (
+	squidShutdownSeconds = "5"
+	podGracePeriod       = 15
+)
+
 // Where the pod mounts its credentials Secret, and the Secret's files.
 const (
 	authDir       = "/etc/squid/egress-auth"
@@ -152,8 +159,13 @@ const (
 
 // squidCommand starts the image's Squid on the Proxy's port, with the
 // auth lines of a mounted credentials Secret ahead of its own config.
+// Squid waits shutdown_lifetime (30 s by default) for clients before it
+// exits; an instance is deleted after its drain, or with its Proxy, which
+// no broker leases any longer, so a few seconds let in-flight requests
+// end without holding a pool's scale-down for half a minute per member.
 const squidCommand = `set -e
 sed -i "s/^http_port .*/http_port ${PROXY_PORT}/" /etc/squid/squid.conf
+echo "shutdown_lifetime ` + squidShutdownSeconds + ` seconds" >> /etc/squid/squid.conf
 if [ -f ` + authDir + "/" + authConfKey + ` ]; then
   cat ` + authDir + "/" + authConfKey + ` /etc/squid/squid.conf > /etc/squid/squid.conf.auth
   mv /etc/squid/squid.conf.auth /etc/squid/squid.conf
@@ -187,9 +199,10 @@ func (p *Provider) pod(req *providers.CreateRequest) *corev1.Pod {
 			Annotations: map[string]string{providers.TagOwner: req.Owner.Key()},
 		},
 		Spec: corev1.PodSpec{
-			AutomountServiceAccountToken: ptr.To(false),
-			Volumes:                      volumes,
-			NodeSelector:                 nodeSelector,
+			AutomountServiceAccountToken:  ptr.To(false),
+			TerminationGracePeriodSeconds: ptr.To[int64](podGracePeriod),
+			Volumes:                       volumes,
+			NodeSelector:                  nodeSelector,
 			Containers: []corev1.Container{{
 				Name:  "squid",
 				Image: image,

@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# make e2e-cluster: the end-to-end test on a real single-node cluster. It
+# reuses a running cluster and leaves it running; one it had to start it
+# stops again at the end (KEEP_CLUSTER=1 keeps it), pass or fail.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+bins=$(bash hack/cluster/bins.sh)
+tool=$(mktemp -d)/cluster
+trap 'rm -rf "$(dirname "$tool")"' EXIT
+go build -o "$tool" ./hack/cluster
+
+started=
+if ! "$tool" status --bins "$bins" >/dev/null; then
+  started=1
+fi
+access=$("$tool" up --bins "$bins")
+echo "$access"
+if [[ -n $started && -z ${KEEP_CLUSTER:-} ]]; then
+  trap '"$tool" down; rm -rf "$(dirname "$tool")"' EXIT
+fi
+"$tool" images --bins "$bins" --tag dev
+
+export EGRESS_PROXIES_CLUSTER_KUBECONFIG=$(sed -n 's/^kubeconfig: //p' <<<"$access")
+export EGRESS_PROXIES_CLUSTER_KUBECTL=$(sed -n 's/^kubectl: //p' <<<"$access")
+go test ./hack/cluster/e2e -run TestInstalledAsUsersDeployIt -count=1 -v -timeout 25m ${E2E_FLAGS:-}

@@ -1,0 +1,525 @@
+// Package e2e installs the chart on a real single-node cluster (make
+// cluster-up: a kubelet, containerd, kube-proxy, CoreDNS, the garbage
+// collector) with images built here, and uses it as its users do: a
+// ProxyPool of Squid pods probed through their tunnels, a crawler pod
+// leasing over REST and gRPC, scaling, drains, faults, helm test, upgrade,
+// broker TLS and uninstall.
+package e2e
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"slices"
+	"sort"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	v1alpha1 "github.com/egress-proxies/egress-proxies/pkg/api/v1alpha1"
+	"github.com/egress-proxies/egress-proxies/pkg/leaseclient"
+)
+
+// The images `make cluster-images` built (hack/cluster/values.yaml names
+// them for the chart).
+const (
+	crawlerImage = "egress-proxies.local/e2e-crawler:dev"
+	targetImage  = "egress-proxies.local/e2e-target:dev"
+)
+
+// Where the test's own parts live.
+const (
+	targetNS  = "e2e-target"
+	proxiesNS = "e2e-proxies"
+	crawlerNS = "e2e-crawler"
+	targetURL = "https://target.e2e-target.svc.cluster.local"
+	// probeInterval is the installs' health interval: short, so the
+	// probing bounds below are seconds, not minutes.
+	probeInterval = 3 * time.Second
+)
+
+// install is one Helm release of the chart.
+type install struct {
+	release, ns string
+	// brokerCA is set for an install with broker TLS: the CA of its
+	// certificate.
+	brokerCA []byte
+}
+
+func (in *install) scheme() string {
+	if in.brokerCA != nil {
+		return "https"
+	}
+	return "http"
+}
+
+func TestInstalledAsUsersDeployIt(t *testing.T) {
+	h := newHarness(t)
+	plain := &install{release: "egress-proxies", ns: "ep-e2e"}
+	tlsInstall := &install{release: "egress-proxies", ns: "ep-e2e-tls"}
+	var steps []string
+	step := func(name string, fn func()) {
+		start := time.Now()
+		fn()
+		line := fmt.Sprintf("%-64s %6.1fs", name, time.Since(start).Seconds())
+		steps = append(steps, line)
+		fmt.Println("e2e-cluster:", line)
+	}
+	t.Cleanup(func() {
+		fmt.Println("e2e-cluster: step times")
+		for _, s := range steps {
+			fmt.Println("  " + s)
+		}
+		if t.Failed() {
+			h.diagnose()
+			return
+		}
+		// A cluster kept for the next run starts it clean.
+		for _, ns := range []string{targetNS, proxiesNS, crawlerNS, plain.ns, tlsInstall.ns} {
+			_, _ = h.kubectlOut("delete", "namespace", ns, "--ignore-not-found", "--wait=false")
+		}
+	})
+	step("0. a clean slate and the crawl target", func() {
+		h.cleanSlate(plain, tlsInstall)
+		h.targetUp()
+	})
+	step("1. helm install: Deployments Available, Redis on its PVC, NetworkPolicies", func() { h.install(plain) })
+	step("2. a ProxyPool of 3 Squid pods Ready and Healthy through the real probe path", func() { h.poolUp(3) })
+	step("3. a crawler pod leases over REST and gRPC, fetches, reports a ban, releases", func() { h.crawl(plain) })
+	step("4. kubectl scale ppool up and down; a leased member drains; the GC deletes members", func() { h.scaleAndDrain(plain) })
+	step("5. probers scaled 1 → 3 → 1; controller leader and Redis deleted", func() { h.probersAndFaults(plain) })
+	step("6. helm test; helm upgrade rolls without losing leases", func() { h.testAndUpgrade(plain) })
+	step("8. helm uninstall: the hook leaves no Squid pod, Proxy, ProxyPool or lease key", func() { h.uninstall(plain) })
+	step("7. a second install, in another namespace, with broker TLS: a drain completes", func() {
+		h.tlsInstall(tlsInstall)
+	})
+	step("8. helm uninstall of the TLS install", func() { h.uninstall(tlsInstall) })
+}
+
+// cleanSlate removes what an earlier, interrupted run left.
+func (h *harness) cleanSlate(installs ...*install) {
+	for _, in := range installs {
+		if out, _ := h.helm("status", in.release, "-n", in.ns); out != "" {
+			_, _ = h.helm("uninstall", in.release, "-n", in.ns, "--wait", "--timeout", "3m")
+		}
+	}
+	for _, ns := range []string{targetNS, proxiesNS, crawlerNS, installs[0].ns, installs[1].ns} {
+		_, _ = h.kubectlOut("delete", "namespace", ns, "--ignore-not-found", "--wait", "--timeout", "3m")
+	}
+}
+
+// targetUp runs the crawl target: HTTPS with a certificate for its
+// Service's names, from a CA the probers and the crawler are given.
+func (h *harness) targetUp() {
+	h.namespace(targetNS)
+	h.targetTLS = serverTLS(h.t, serviceNames("target", targetNS)...)
+	h.secret(targetNS, "target-tls", corev1.SecretTypeTLS, h.targetTLS)
+	h.applyYAML(fmt.Sprintf(`
+apiVersion: apps/v1
+kind: Deployment
+metadata: {name: target, namespace: %[1]s}
+spec:
+  replicas: 1
+  selector: {matchLabels: {app: target}}
+  template:
+    metadata: {labels: {app: target}}
+    spec:
+      automountServiceAccountToken: false
+      securityContext: {runAsNonRoot: true, runAsUser: 65532, seccompProfile: {type: RuntimeDefault}}
+      containers:
+        - name: target
+          image: %[2]s
+          args: [--addr=:8443]
+          ports: [{name: https, containerPort: 8443}]
+          readinessProbe: {tcpSocket: {port: https}}
+          securityContext: {allowPrivilegeEscalation: false, readOnlyRootFilesystem: true, capabilities: {drop: [ALL]}}
+          volumeMounts: [{name: tls, mountPath: /etc/target, readOnly: true}]
+      volumes: [{name: tls, secret: {secretName: target-tls}}]
+---
+apiVersion: v1
+kind: Service
+metadata: {name: target, namespace: %[1]s}
+spec:
+  selector: {app: target}
+  ports: [{name: https, port: 443, targetPort: https}]
+`, targetNS, targetImage))
+	h.mustKubectl("rollout", "status", "deployment/target", "-n", targetNS, "--timeout", "2m")
+}
+
+// values are what an install sets beyond hack/cluster/values.yaml (the
+// local images): the probe target (the default is on the internet), a
+// short interval, the target's CA for the probers, and broker TLS.
+func (h *harness) values(in *install) string {
+	v := fmt.Sprintf(`controller:
+  health:
+    url: %s/ok
+    expectedStatus: 204
+    interval: %s
+    timeout: 2s
+prober:
+  extraArgs: [--ca-file=/etc/e2e-target/ca.crt]
+  extraVolumes: [{name: target-ca, secret: {secretName: e2e-target-ca}}]
+  extraVolumeMounts: [{name: target-ca, mountPath: /etc/e2e-target, readOnly: true}]
+`, targetURL, probeInterval)
+	if in.brokerCA != nil {
+		v += "broker:\n  tls: {enabled: true, source: existing, secretName: broker-tls}\n"
+	}
+	f := filepath.Join(h.dir, in.ns+"-values.yaml")
+	require.NoError(h.t, os.WriteFile(f, []byte(v), 0o644))
+	return f
+}
+
+func (h *harness) chartArgs(in *install) []string {
+	return []string{in.release, filepath.Join(h.repo, "charts", "egress-proxies"), "-n", in.ns,
+		"-f", filepath.Join(h.repo, "hack", "cluster", "values.yaml"), "-f", h.values(in)}
+}
+
+// install runs helm install with the chart's defaults but for the
+// values above, then checks what a user sees.
+func (h *harness) install(in *install, extra ...string) {
+	t := h.t
+	h.namespace(in.ns)
+	h.secret(in.ns, "e2e-target-ca", corev1.SecretTypeOpaque, map[string][]byte{"ca.crt": h.targetTLS["ca.crt"]})
+	out, err := h.helm(append(append([]string{"install"}, h.chartArgs(in)...), append(extra, "--wait", "--timeout", "5m")...)...)
+	require.NoError(t, err, out)
+
+	for _, d := range []string{"controller", "prober", "broker"} {
+		want := h.mustKubectl("get", "deployment", in.release+"-"+d, "-n", in.ns, "-o", "jsonpath={.spec.replicas}")
+		got := h.mustKubectl("get", "deployment", in.release+"-"+d, "-n", in.ns, "-o", `jsonpath={.status.conditions[?(@.type=="Available")].status}/{.status.availableReplicas}`)
+		assert.Equal(t, "True/"+want, got, "deployment %s Available with every replica", d)
+	}
+	// The bundled Redis: on a PVC the default StorageClass provisioned,
+	// asking for the password the chart generated.
+	pvc := h.mustKubectl("get", "pvc", "data-"+in.release+"-redis-0", "-n", in.ns, "-o", "jsonpath={.status.phase}/{.spec.storageClassName}")
+	assert.Equal(t, "Bound/local-path", pvc)
+	password := h.secretData(in.ns, in.release+"-redis", "password")
+	require.Len(t, password, 32, "the generated Redis password")
+	redisIP := h.podIP(in.ns, in.release+"-redis-0")
+	assert.Equal(t, "-NOAUTH Authentication required.", redisCommand(t, redisIP, nil, "PING"))
+	assert.Equal(t, "+PONG", redisCommand(t, redisIP, password, "PING"))
+
+	var policies []string
+	for _, n := range strings.Fields(h.mustKubectl("get", "networkpolicy", "-n", in.ns, "-o", "jsonpath={.items[*].metadata.name}")) {
+		policies = append(policies, strings.TrimPrefix(n, in.release+"-"))
+	}
+	sort.Strings(policies)
+	assert.Equal(t, []string{"broker", "controller", "prober", "redis"}, policies)
+}
+
+func (h *harness) podIP(ns, name string) string {
+	h.t.Helper()
+	var ip string
+	h.eventually(2*time.Minute, "pod "+ns+"/"+name+" running with an address", func() error {
+		var p corev1.Pod
+		if err := h.c.Get(context.Background(), client.ObjectKey{Namespace: ns, Name: name}, &p); err != nil {
+			return err
+		}
+		if p.Status.Phase != corev1.PodRunning || p.Status.PodIP == "" {
+			return fmt.Errorf("phase %s, IP %q", p.Status.Phase, p.Status.PodIP)
+		}
+		ip = p.Status.PodIP
+		return nil
+	})
+	return ip
+}
+
+// redisCommand sends one inline command, after AUTH when password is
+// given, and returns Redis's one-line answer.
+func redisCommand(t *testing.T, ip string, password []byte, cmd string) string {
+	conn, err := net.DialTimeout("tcp", net.JoinHostPort(ip, "6379"), 5*time.Second)
+	require.NoError(t, err)
+	defer conn.Close()
+	_ = conn.SetDeadline(time.Now().Add(5 * time.Second))
+	r := bufio.NewReader(conn)
+	if password != nil {
+		_, err = fmt.Fprintf(conn, "AUTH %s\r\n", password)
+		require.NoError(t, err)
+		line, err := r.ReadString('\n')
+		require.NoError(t, err)
+		require.Equal(t, "+OK", strings.TrimSpace(line))
+	}
+	_, err = fmt.Fprintf(conn, "%s\r\n", cmd)
+	require.NoError(t, err)
+	line, err := r.ReadString('\n')
+	require.NoError(t, err)
+	return strings.TrimSpace(line)
+}
+
+// poolUp applies the test's ProxyPool with n members and waits until all
+// are Ready and Healthy: probed by a prober pod through each Squid pod,
+// with that pod's generated credentials, to the target found through
+// cluster DNS.
+func (h *harness) poolUp(n int) {
+	h.namespace(proxiesNS)
+	h.applyYAML(fmt.Sprintf(`
+apiVersion: crawl.example.com/v1alpha1
+kind: ProxyPool
+metadata: {name: e2e, namespace: %s}
+spec:
+  replicas: %d
+  template:
+    spec:
+      provider: kubernetes
+      port: 3128
+      attributes: {geo: e2e}
+  drainTimeout: 10m
+`, proxiesNS, n))
+	h.poolAt(n)
+}
+
+// poolAt waits for the pool to hold n members, all Ready and Healthy,
+// and none draining.
+func (h *harness) poolAt(n int) []v1alpha1.Proxy {
+	t := h.t
+	var members []v1alpha1.Proxy
+	h.eventually(3*time.Minute, fmt.Sprintf("pool e2e at %d members, all Ready and Healthy", n), func() error {
+		var pool v1alpha1.ProxyPool
+		if err := h.c.Get(context.Background(), client.ObjectKey{Namespace: proxiesNS, Name: "e2e"}, &pool); err != nil {
+			return err
+		}
+		s := pool.Status
+		if s.Replicas != int32(n) || s.ReadyReplicas != int32(n) || s.HealthyReplicas != int32(n) || s.DrainingReplicas != 0 {
+			return fmt.Errorf("status %+v", s)
+		}
+		members = h.members()
+		if len(members) != n {
+			return fmt.Errorf("%d members", len(members))
+		}
+		return nil
+	})
+	for _, px := range members {
+		healthy := conditionStatus(px.Status.Conditions, "Healthy")
+		assert.Equal(t, "True", healthy, "%s Healthy", px.Name)
+		assert.True(t, strings.HasPrefix(px.Status.ProviderID, "kubernetes://"), px.Status.ProviderID)
+	}
+	return members
+}
+
+func (h *harness) members() []v1alpha1.Proxy {
+	var list v1alpha1.ProxyList
+	require.NoError(h.t, h.c.List(context.Background(), &list, client.InNamespace(proxiesNS), client.MatchingLabels{v1alpha1.LabelPool: "e2e"}))
+	return list.Items
+}
+
+func conditionStatus(conds []metav1.Condition, typ string) string {
+	for _, c := range conds {
+		if c.Type == typ {
+			return string(c.Status)
+		}
+	}
+	return ""
+}
+
+// squidPods are the kubernetes provider's pods of an install.
+func (h *harness) squidPods(in *install) []corev1.Pod {
+	var out []corev1.Pod
+	for _, p := range h.podsOf(in.ns, "") {
+		if strings.HasPrefix(p.Name, "px-") {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// crawl runs the crawler pod (a Job) against an install and checks what
+// it saw.
+func (h *harness) crawl(in *install) {
+	t := h.t
+	h.namespace(crawlerNS)
+	token := h.secretData(in.ns, in.release+"-discovery-token", "token")
+	require.NotEmpty(t, token, "the generated lease API token")
+	data := map[string][]byte{"token": token, "target-ca.crt": h.targetTLS["ca.crt"]}
+	args := []string{
+		fmt.Sprintf("--rest=%s://%s-discovery-service.%s.svc:8090", in.scheme(), in.release, in.ns),
+		fmt.Sprintf("--grpc=%s-broker-grpc.%s.svc:9090", in.release, in.ns),
+		"--token-file=/etc/crawler/token", "--target=" + targetURL, "--target-ca-file=/etc/crawler/target-ca.crt",
+		"--namespace=" + proxiesNS, "--selector=geo=e2e",
+	}
+	if in.brokerCA != nil {
+		data["broker-ca.crt"] = in.brokerCA
+		args = append(args, "--broker-ca-file=/etc/crawler/broker-ca.crt")
+	}
+	argsJSON, err := json.Marshal(args)
+	require.NoError(t, err)
+	h.secret(crawlerNS, "crawler", corev1.SecretTypeOpaque, data)
+	job := "crawler-" + in.ns
+	_, _ = h.kubectlOut("delete", "job", job, "-n", crawlerNS, "--ignore-not-found", "--wait")
+	h.applyYAML(fmt.Sprintf(`
+apiVersion: batch/v1
+kind: Job
+metadata: {name: %[1]s, namespace: %[2]s}
+spec:
+  backoffLimit: 0
+  template:
+    spec:
+      restartPolicy: Never
+      automountServiceAccountToken: false
+      securityContext: {runAsNonRoot: true, runAsUser: 65532, seccompProfile: {type: RuntimeDefault}}
+      containers:
+        - name: crawler
+          image: %[3]s
+          args: %[4]s
+          securityContext: {allowPrivilegeEscalation: false, readOnlyRootFilesystem: true, capabilities: {drop: [ALL]}}
+          volumeMounts: [{name: crawler, mountPath: /etc/crawler, readOnly: true}]
+      volumes: [{name: crawler, secret: {secretName: crawler}}]
+`, job, crawlerNS, crawlerImage, argsJSON))
+	h.eventually(3*time.Minute, "the crawler Job to finish", func() error {
+		out, err := h.kubectlOut("get", "job", job, "-n", crawlerNS, "-o", "jsonpath={.status.succeeded}/{.status.failed}")
+		if err != nil {
+			return err
+		}
+		switch out {
+		case "1/":
+			return nil
+		case "/1":
+			logs, _ := h.kubectlOut("logs", "job/"+job, "-n", crawlerNS)
+			t.Fatalf("the crawler failed:\n%s", logs)
+		}
+		return fmt.Errorf("job status %q", out)
+	})
+	logs := h.mustKubectl("logs", "job/"+job, "-n", crawlerNS)
+	t.Logf("crawler:\n%s", logs)
+	seen := map[string][]map[string]any{}
+	for _, line := range strings.Split(logs, "\n") {
+		var m map[string]any
+		if json.Unmarshal([]byte(line), &m) == nil {
+			seen[fmt.Sprint(m["step"])] = append(seen[fmt.Sprint(m["step"])], m)
+		}
+	}
+	one := func(step string) map[string]any {
+		require.Len(t, seen[step], 1, "crawler step %s", step)
+		return seen[step][0]
+	}
+	for _, proto := range []string{"rest", "grpc"} {
+		lease := one(proto + "-lease")
+		assert.Equal(t, true, lease["credentials"], "%s: a lease carries the proxy's credentials", proto)
+		fetch := one(proto + "-fetch")
+		assert.EqualValues(t, 200, fetch["status"], "%s: the target fetched through the leased proxy", proto)
+		assert.NotEmpty(t, fetch["egressIP"], "%s: the target saw the proxy's address", proto)
+		report := one(proto + "-report")
+		assert.EqualValues(t, 429, report["status"], "%s: the target rate-limited", proto)
+	}
+	restReport := one("rest-report")["answer"].(map[string]any)
+	assert.Contains(t, restReport["actions"], "COOLDOWN_STARTED", "REST: the ban started a cooldown: %v", restReport)
+	assert.NotEmpty(t, restReport["cooldownUntil"])
+	first, again := one("rest-lease")["proxy"], one("rest-lease-again")["proxy"]
+	assert.NotEqual(t, first, again, "the cooling proxy is not leased again for the target")
+	assert.NotEmpty(t, one("grpc-report")["actions"], "gRPC: the broker says what it did")
+	releases := seen["rest-release"]
+	require.Len(t, releases, 3)
+	for _, r := range releases {
+		assert.EqualValues(t, 204, r["status"], "DELETE /v1/leases/{id}: 204, and 204 again")
+	}
+	one("grpc-release")
+	one("done")
+}
+
+// leaseAll takes n leases with no target from this host, one per proxy
+// (least loaded first), and returns them by proxy id.
+func (h *harness) leaseAll(in *install, n int) map[string]*leaseclient.Lease {
+	t := h.t
+	c := h.leaser(in)
+	out := map[string]*leaseclient.Lease{}
+	for i := 0; i < n; i++ {
+		var l *leaseclient.Lease
+		h.eventually(time.Minute, "a lease from the broker", func() error {
+			var err error
+			l, err = c.Lease(context.Background(), leaseclient.Request{Namespace: proxiesNS, Selector: map[string]string{"geo": "e2e"}, TTL: 10 * time.Minute})
+			return err
+		})
+		out[l.Proxy.GetId()] = l
+	}
+	require.Len(t, out, n, "one lease a proxy")
+	return out
+}
+
+// drainOne waits for one member (not one of done) to drain, checks it
+// stays while its lease lives (two broker polls of the controller), the
+// only one draining, releases the lease, and waits for the member to go.
+func (h *harness) drainOne(leases map[string]*leaseclient.Lease, done []string) string {
+	t := h.t
+	var draining []string
+	h.eventually(time.Minute, "a member draining", func() error {
+		draining = nil
+		for _, px := range h.members() {
+			id := px.Namespace + "/" + px.Name
+			if _, ok := px.Annotations[v1alpha1.AnnotationDrainDeadline]; ok && !slices.Contains(done, id) {
+				draining = append(draining, id)
+			}
+		}
+		if len(draining) == 0 {
+			return fmt.Errorf("none")
+		}
+		return nil
+	})
+	require.Len(t, draining, 1, "the disruption budget drains one member at a time")
+	id := draining[0]
+	h.logf("%s draining", id)
+	require.Contains(t, leases, id, "a drained member holds one of the test's leases")
+	time.Sleep(12 * time.Second)
+	var px v1alpha1.Proxy
+	require.NoError(t, h.c.Get(context.Background(), client.ObjectKey{Namespace: proxiesNS, Name: strings.TrimPrefix(id, proxiesNS+"/")}, &px),
+		"%s stays while its lease lives", id)
+	require.NoError(t, leases[id].Release(context.Background()))
+	h.logf("%s: lease released", id)
+	h.eventually(time.Minute, id+" deleted once its lease is released", func() error {
+		err := h.c.Get(context.Background(), client.ObjectKey{Namespace: proxiesNS, Name: px.Name}, &v1alpha1.Proxy{})
+		if err == nil {
+			return fmt.Errorf("%s is still there", id)
+		}
+		return client.IgnoreNotFound(err)
+	})
+	h.logf("%s deleted", id)
+	return id
+}
+
+// scaleAndDrain scales the pool up and down with a lease on every member:
+// the surplus drains until its lease is released, then goes; deleting
+// the pool deletes its members through the garbage collector.
+func (h *harness) scaleAndDrain(in *install) {
+	t := h.t
+	h.mustKubectl("scale", "ppool", "e2e", "-n", proxiesNS, "--replicas=4")
+	h.poolAt(4)
+	h.logf("pool at 4 members")
+	leases := h.leaseAll(in, 4)
+	h.logf("a lease on each member")
+	h.mustKubectl("scale", "ppool", "e2e", "-n", proxiesNS, "--replicas=2")
+	// The disruption budget (10%%, at least one) drains one member at a
+	// time; each stays while its lease lives.
+	var drained []string
+	for range 2 {
+		id := h.drainOne(leases, drained)
+		drained = append(drained, id)
+	}
+	h.poolAt(2)
+	for id, l := range leases {
+		if !slices.Contains(drained, id) {
+			require.NoError(t, l.Release(context.Background()))
+		}
+	}
+	// The pool has no finalizer: its members go by their owner reference,
+	// through kube-controller-manager's garbage collector, and their
+	// Squid pods through the controller's finalizer.
+	h.logf("pool at 2 members")
+	h.mustKubectl("delete", "ppool", "e2e", "-n", proxiesNS, "--wait=false")
+	h.eventually(2*time.Minute, "the pool's members and Squid pods deleted", func() error {
+		if n := len(h.members()); n > 0 {
+			return fmt.Errorf("%d members left", n)
+		}
+		if n := len(h.squidPods(in)); n > 0 {
+			return fmt.Errorf("%d Squid pods left", n)
+		}
+		return nil
+	})
+	h.logf("pool deleted with its members and their Squid pods")
+}
