@@ -81,7 +81,7 @@ verify-generated: ## Fail if generated files differ from what `make generate` wr
 .PHONY: lint
 lint: ## go vet in every module, gofmt, buf lint.
 	go vet $(GO_PKGS)
-	@out=$$(gofmt -l pkg services hack/demo); if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi
+	@out=$$(gofmt -l pkg services hack/demo hack/cluster); if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi
 	$(TOOL) buf lint
 
 .PHONY: breaking
@@ -150,11 +150,12 @@ envtest: ## Build (once, cached) kube-apiserver and etcd for envtest.
 	@bash hack/envtest-bins.sh >/dev/null
 
 .PHONY: test
-test: deps envtest verify-generated lint ## Everything: set-up, generated-code drift, lint, unit + envtest + process suites with -race.
+test: deps envtest verify-generated lint ## Everything: set-up, generated-code drift, lint, unit + envtest + process suites with -race, then the real-cluster end-to-end test.
 	KUBEBUILDER_ASSETS=$$(bash hack/envtest-bins.sh) go test $(TEST_FLAGS) $(GO_PKGS)
+	$(MAKE) --no-print-directory e2e-cluster
 
 .PHONY: test-short
-test-short: ## Unit tests only (no API server, no outside processes).
+test-short: ## Unit tests only (no API server, no outside processes, no cluster).
 	go test -short $(GO_PKGS)
 
 ##@ Real cluster

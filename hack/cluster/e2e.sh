@@ -4,6 +4,11 @@
 # stops again at the end (KEEP_CLUSTER=1 keeps it), pass or fail.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
+if [[ $(id -u) != 0 ]]; then
+  echo "make e2e-cluster needs root: a node makes a bridge, iptables chains, mounts and cgroups." >&2
+  echo "Run make test as root (CI does), or make test-short for the suites that need no cluster." >&2
+  exit 1
+fi
 bins=$(bash hack/cluster/bins.sh)
 tool=$(mktemp -d)/cluster
 trap 'rm -rf "$(dirname "$tool")"' EXIT
