@@ -23,6 +23,10 @@ disabled_plugins = ["io.containerd.tracing.processor.v1.otlp", "io.containerd.in
   snapshotter = "overlayfs"
   [plugins.'io.containerd.cri.v1.images'.pinned_images]
     sandbox = %[4]q
+  # Every registry resolves to a closed port on loopback: a missing image
+  # fails at once, and no pull ever leaves the machine.
+  [plugins.'io.containerd.cri.v1.images'.registry]
+    config_path = %[8]q
 
 # This machine's root lacks CAP_SYS_RESOURCE: without the restriction
 # every sandbox fails on oom_score_adj. No AppArmor here either.
@@ -41,8 +45,15 @@ disabled_plugins = ["io.containerd.tracing.processor.v1.otlp", "io.containerd.in
     conf_dir = %[7]q
     max_conf_num = 1
 `, filepath.Join(c.State, "containerd"), filepath.Join(c.Run, "containerd"), c.containerdSock(), PauseImage,
-		filepath.Join(c.Bins, "runc"), c.Bins, c.cniConfDir())
+		filepath.Join(c.Bins, "runc"), c.Bins, c.cniConfDir(), c.registryDir())
 }
+
+func (c Config) registryDir() string { return filepath.Join(c.State, "registries") }
+
+// noRegistry is every registry's hosts.toml: only the server named, on a
+// loopback port nothing listens on.
+const noRegistry = `server = "http://127.0.0.1:9"
+`
 
 func (c Config) cniConfDir() string { return filepath.Join(c.State, "cni", "net.d") }
 

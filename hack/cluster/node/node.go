@@ -74,6 +74,7 @@ func (c Config) Up(ctx context.Context, images func() error, step func(string)) 
 		filepath.Join(c.cniConfDir(), "10-egress-proxies.conflist"): c.cniConfig(),
 		filepath.Join(c.State, "kubelet.yaml"):                      c.kubeletConfig(),
 		filepath.Join(c.State, "kube-proxy.yaml"):                   c.kubeProxyConfig(),
+		filepath.Join(c.registryDir(), "_default", "hosts.toml"):    noRegistry,
 	} {
 		if err := writeFile(path, content); err != nil {
 			return err
@@ -87,12 +88,12 @@ func (c Config) Up(ctx context.Context, images func() error, step func(string)) 
 		if err := c.start(p); err != nil {
 			return err
 		}
-		if err := c.ready(p.name, images); err != nil {
+		if err := c.ready(ctx, p.name, images); err != nil {
 			return err
 		}
 	}
 	step("wait for the node to be Ready")
-	return c.waitFor("node "+c.NodeName+" Ready", "kubelet", 2*time.Minute, func() error {
+	return c.waitFor(ctx, "node "+c.NodeName+" Ready", "kubelet", 2*time.Minute, func() error {
 		out, err := c.KubectlOutput("get", "node", c.NodeName, "-o", `jsonpath={.status.conditions[?(@.type=="Ready")].status}`)
 		if err != nil {
 			return err
@@ -105,16 +106,16 @@ func (c Config) Up(ctx context.Context, images func() error, step func(string)) 
 }
 
 // ready waits for a just-started component to serve.
-func (c Config) ready(name string, images func() error) error {
+func (c Config) ready(ctx context.Context, name string, images func() error) error {
 	switch name {
 	case "etcd":
-		return c.waitFor("etcd's health", name, time.Minute, func() error {
+		return c.waitFor(ctx, "etcd's health", name, time.Minute, func() error {
 			return get(nil, fmt.Sprintf("http://127.0.0.1:%d/health", etcdPort))
 		})
 	case "kube-apiserver":
-		return c.waitFor("the API server's /readyz", name, 2*time.Minute, c.apiReady)
+		return c.waitFor(ctx, "the API server's /readyz", name, 2*time.Minute, c.apiReady)
 	case "containerd":
-		if err := c.waitFor("containerd's socket", name, time.Minute, func() error {
+		if err := c.waitFor(ctx, "containerd's socket", name, time.Minute, func() error {
 			_, err := os.Stat(c.containerdSock())
 			return err
 		}); err != nil {
@@ -123,7 +124,7 @@ func (c Config) ready(name string, images func() error) error {
 		return images()
 	case "kube-controller-manager":
 		// The service-account token controller is what pods wait for.
-		return c.waitFor("the default ServiceAccount", name, 2*time.Minute, func() error {
+		return c.waitFor(ctx, "the default ServiceAccount", name, 2*time.Minute, func() error {
 			_, err := c.KubectlOutput("get", "serviceaccount", "default", "-n", "default")
 			return err
 		})

@@ -1,6 +1,7 @@
 package node
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"os"
@@ -100,10 +101,13 @@ func terminate(pid int, grace time.Duration) {
 
 // waitFor polls ok until it holds or timeout passes; the error names what
 // was awaited and points at the component's log.
-func (c Config) waitFor(what, component string, timeout time.Duration, ok func() error) error {
+func (c Config) waitFor(ctx context.Context, what, component string, timeout time.Duration, ok func() error) error {
 	deadline := time.Now().Add(timeout)
 	var last error
 	for time.Now().Before(deadline) {
+		if ctx.Err() != nil {
+			return fmt.Errorf("waiting for %s: %w", what, ctx.Err())
+		}
 		if last = ok(); last == nil {
 			return nil
 		}
