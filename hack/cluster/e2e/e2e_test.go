@@ -301,8 +301,28 @@ func (h *harness) poolAt(n int) []v1alpha1.Proxy {
 		healthy := conditionStatus(px.Status.Conditions, "Healthy")
 		assert.Equal(t, "True", healthy, "%s Healthy", px.Name)
 		assert.True(t, strings.HasPrefix(px.Status.ProviderID, "kubernetes://"), px.Status.ProviderID)
+		// Healthy through the probers, who send the pod's generated
+		// credentials; nobody gets through without them.
+		assert.Equal(t, "407", connectWithoutCredentials(t, px.Status.IP, px.Spec.Port), "%s asks for credentials", px.Name)
 	}
 	return members
+}
+
+// connectWithoutCredentials asks the proxy for a tunnel to the target and
+// returns the status code of its answer.
+func connectWithoutCredentials(t *testing.T, ip string, port int32) string {
+	conn, err := net.DialTimeout("tcp", net.JoinHostPort(ip, fmt.Sprint(port)), 5*time.Second)
+	require.NoError(t, err)
+	defer conn.Close()
+	_ = conn.SetDeadline(time.Now().Add(5 * time.Second))
+	host := strings.TrimPrefix(targetURL, "https://") + ":443"
+	_, err = fmt.Fprintf(conn, "CONNECT %s HTTP/1.1\r\nHost: %s\r\n\r\n", host, host)
+	require.NoError(t, err)
+	line, err := bufio.NewReader(conn).ReadString('\n')
+	require.NoError(t, err)
+	fields := strings.Fields(line)
+	require.GreaterOrEqual(t, len(fields), 2, "status line %q", line)
+	return fields[1]
 }
 
 func (h *harness) members() []v1alpha1.Proxy {
