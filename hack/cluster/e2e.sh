@@ -21,7 +21,8 @@ fi
 access=$("$tool" up --bins "$bins")
 echo "$access"
 if [[ -n $started && -z ${KEEP_CLUSTER:-} ]]; then
-  trap '"$tool" down; rm -rf "$(dirname "$tool")"' EXIT
+  # Down checks that nothing is left on the host; a leak fails the run.
+  trap 'rc=$?; "$tool" down || rc=1; rm -rf "$(dirname "$tool")"; exit $rc' EXIT
 fi
 "$tool" images --bins "$bins" --tag dev
 

@@ -199,9 +199,16 @@ func jumpsToOwned(f []string) bool {
 // first: the kubelet's volume and rootfs mounts, containerd's snapshots,
 // CNI's network namespaces.
 func unmountUnder(roots ...string) {
+	for _, p := range mountsUnder(roots...) {
+		_ = syscall.Unmount(p, syscall.MNT_DETACH)
+	}
+}
+
+// mountsUnder lists the mount points at or below roots, deepest first.
+func mountsUnder(roots ...string) []string {
 	f, err := os.Open("/proc/self/mountinfo")
 	if err != nil {
-		return
+		return nil
 	}
 	var points []string
 	sc := bufio.NewScanner(f)
@@ -220,9 +227,7 @@ func unmountUnder(roots ...string) {
 	}
 	f.Close()
 	sort.Slice(points, func(i, j int) bool { return len(points[i]) > len(points[j]) })
-	for _, p := range points {
-		_ = syscall.Unmount(p, syscall.MNT_DETACH)
-	}
+	return points
 }
 
 // unescape reverses mountinfo's octal escapes (\040 for a space).

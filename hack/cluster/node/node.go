@@ -274,7 +274,47 @@ func (c Config) Down(step func(string)) error {
 			errs = append(errs, err)
 		}
 	}
+	if left := c.leftovers(rec); len(left) > 0 {
+		errs = append(errs, fmt.Errorf("left on the host: %s", strings.Join(left, "; ")))
+	}
 	return errors.Join(errs...)
+}
+
+// leftovers checks, after Down, that nothing of the node is left: its
+// processes, mounts, cgroups, bridge, iptables chains and paths gone, and
+// every sysctl back at its recorded value.
+func (c Config) leftovers(rec hostRecord) []string {
+	var left []string
+	if c.Bins != "" {
+		for _, p := range c.components() {
+			if pids := processesOf(filepath.Join(c.Bins, p.args[0])); len(pids) > 0 {
+				left = append(left, fmt.Sprintf("%s running (pid %v)", p.name, pids))
+			}
+		}
+		if pids := processesOf(filepath.Join(c.Bins, "containerd-shim-runc-v2")); len(pids) > 0 {
+			left = append(left, fmt.Sprintf("containerd shims running (pid %v)", pids))
+		}
+	}
+	if err := run("ip", "link", "show", c.Bridge); err == nil {
+		left = append(left, "bridge "+c.Bridge)
+	}
+	left = append(left, foreignChains()...)
+	netns, _ := filepath.Glob("/run/netns/cni-*")
+	for _, m := range mountsUnder(append([]string{c.State, c.Run, "/run/containerd", "/var/lib/kubelet"}, netns...)...) {
+		left = append(left, "mount "+m)
+	}
+	walkCgroups(func(dir string) { left = append(left, "cgroup "+dir) })
+	for _, p := range append([]string{c.State, c.Run}, rec.CreatedPaths...) {
+		if _, err := os.Lstat(p); err == nil {
+			left = append(left, "path "+p)
+		}
+	}
+	for k, want := range rec.Sysctls {
+		if b, err := os.ReadFile(filepath.Join("/proc/sys", k)); err == nil && strings.TrimSpace(string(b)) != want {
+			left = append(left, fmt.Sprintf("sysctl %s=%s (was %s)", k, strings.TrimSpace(string(b)), want))
+		}
+	}
+	return left
 }
 
 // Apply applies manifests with the administrator's kubectl (server-side,
