@@ -43,7 +43,7 @@ mkdir -p "$ROOT"
 work=$(mktemp -d "$ROOT/build.XXXXXX")
 trap 'rm -rf "$work"' EXIT
 
-# stage <component dir> <binaries...>: true when all are already built.
+# built <component dir> <binaries...>: true when all are already built.
 built() {
   local dir=$1 b
   shift
@@ -84,47 +84,41 @@ build_k8s() {
   mv "$work/k8s/out/"* "$dir/"
 }
 
-build_containerd() {
-  local dir="$ROOT/containerd-$CONTAINERD_VERSION"
-  built "$dir" containerd ctr containerd-shim-runc-v2 && return
-  echo "cluster: building containerd v$CONTAINERD_VERSION (about 7 min)..." >&2
-  local m=github.com/containerd/containerd/v2 s
-  s=$(scratch containerd "$m@v$CONTAINERD_VERSION")
-  printf 'package main\nimport (\n_ "%s/cmd/containerd"\n_ "%s/cmd/ctr"\n_ "%s/cmd/containerd-shim-runc-v2"\n)\n' "$m" "$m" "$m" >"$s/tools.go"
-  (cd "$s" && { go mod tidy >&2 2>&1 || true; } &&
-    CGO_ENABLED=0 go build -trimpath -tags no_btrfs -o "$s/out/" \
-      -ldflags "-s -w -X $m/version.Version=v$CONTAINERD_VERSION" \
-      "$m/cmd/containerd" "$m/cmd/ctr" "$m/cmd/containerd-shim-runc-v2") >&2
+# build_cmds <name> <module@version> <cgo> <tags> <ldflags> <package...>:
+# builds the packages' commands (each named as its last path element)
+# from a scratch module into $ROOT/<name>, unless they are there.
+build_cmds() {
+  local name=$1 req=$2 cgo=$3 tags=$4 ldflags=$5 p s
+  shift 5
+  local dir="$ROOT/$name" bins=()
+  for p in "$@"; do bins+=("$(basename "$p")"); done
+  built "$dir" "${bins[@]}" && return
+  echo "cluster: building $name (${bins[*]})..." >&2
+  s=$(scratch "$name" "$req")
+  { echo 'package main'; for p in "$@"; do echo "import _ \"$p\""; done; } >"$s/tools.go"
+  # tidy complains that the imports are programs, and writes go.sum all the same.
+  (cd "$s" && { go mod tidy >/dev/null 2>&1 || true; } &&
+    CGO_ENABLED=$cgo go build -trimpath -tags "$tags" -ldflags "-s -w $ldflags" -o "$s/out/" "$@") >&2
   mkdir -p "$dir"
   mv "$s/out/"* "$dir/"
 }
 
+build_containerd() {
+  local m=github.com/containerd/containerd/v2
+  build_cmds "containerd-$CONTAINERD_VERSION" "$m@v$CONTAINERD_VERSION" 0 no_btrfs "-X $m/version.Version=v$CONTAINERD_VERSION" \
+    "$m/cmd/containerd" "$m/cmd/ctr" "$m/cmd/containerd-shim-runc-v2"
+}
+
+# runc needs cgo for libseccomp (Debian's libseccomp-dev, make deps).
 build_runc() {
-  local dir="$ROOT/runc-$RUNC_VERSION"
-  built "$dir" runc && return
-  echo "cluster: building runc v$RUNC_VERSION (cgo, seccomp; about 1.5 min)..." >&2
-  local s
-  s=$(scratch runc "github.com/opencontainers/runc@v$RUNC_VERSION")
-  printf 'package main\nimport _ "github.com/opencontainers/runc"\n' >"$s/tools.go"
-  (cd "$s" && { go mod tidy >&2 2>&1 || true; } &&
-    CGO_ENABLED=1 go build -trimpath -tags seccomp -o "$s/out/runc" \
-      -ldflags "-s -w -X main.version=$RUNC_VERSION" github.com/opencontainers/runc) >&2
-  mkdir -p "$dir"
-  mv "$s/out/runc" "$dir/"
+  build_cmds "runc-$RUNC_VERSION" "github.com/opencontainers/runc@v$RUNC_VERSION" 1 seccomp "-X main.version=$RUNC_VERSION" \
+    github.com/opencontainers/runc
 }
 
 build_cni() {
-  local dir="$ROOT/cni-$CNI_VERSION"
-  built "$dir" bridge host-local loopback portmap && return
-  echo "cluster: building CNI plugins v$CNI_VERSION (about 1 min)..." >&2
-  local m=github.com/containernetworking/plugins s
-  s=$(scratch cni "$m@v$CNI_VERSION")
-  printf 'package main\nimport (\n_ "%s/plugins/main/bridge"\n_ "%s/plugins/main/loopback"\n_ "%s/plugins/ipam/host-local"\n_ "%s/plugins/meta/portmap"\n)\n' "$m" "$m" "$m" "$m" >"$s/tools.go"
-  (cd "$s" && { go mod tidy >&2 2>&1 || true; } &&
-    CGO_ENABLED=0 go build -trimpath -o "$s/out/" -ldflags "-s -w" \
-      "$m/plugins/main/bridge" "$m/plugins/main/loopback" "$m/plugins/ipam/host-local" "$m/plugins/meta/portmap") >&2
-  mkdir -p "$dir"
-  mv "$s/out/"* "$dir/"
+  local m=github.com/containernetworking/plugins
+  build_cmds "cni-$CNI_VERSION" "$m@v$CNI_VERSION" 0 "" "" \
+    "$m/plugins/main/bridge" "$m/plugins/main/loopback" "$m/plugins/ipam/host-local" "$m/plugins/meta/portmap"
 }
 
 build_coredns() {
@@ -166,16 +160,8 @@ GO
 }
 
 build_lpp() {
-  local dir="$ROOT/local-path-provisioner-$LPP_VERSION"
-  built "$dir" local-path-provisioner && return
-  echo "cluster: building local-path-provisioner v$LPP_VERSION (about 1 min)..." >&2
-  local m=github.com/rancher/local-path-provisioner s
-  s=$(scratch lpp "$m@v$LPP_VERSION")
-  printf 'package main\nimport _ "%s"\n' "$m" >"$s/tools.go"
-  (cd "$s" && { go mod tidy >&2 2>&1 || true; } &&
-    CGO_ENABLED=0 go build -trimpath -o "$s/out/local-path-provisioner" -ldflags "-s -w -X main.VERSION=v$LPP_VERSION" "$m") >&2
-  mkdir -p "$dir"
-  mv "$s/out/local-path-provisioner" "$dir/"
+  local m=github.com/rancher/local-path-provisioner
+  build_cmds "local-path-provisioner-$LPP_VERSION" "$m@v$LPP_VERSION" 0 "" "-X main.VERSION=v$LPP_VERSION" "$m"
 }
 
 build_k8s

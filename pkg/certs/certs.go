@@ -30,6 +30,8 @@ import (
 type CA struct {
 	Cert *x509.Certificate
 	key  *ecdsa.PrivateKey
+	// validity bounds every certificate it issues.
+	validity time.Duration
 	// PEM is the CA certificate, for clients to trust.
 	PEM []byte
 }
@@ -40,7 +42,11 @@ func serial() *big.Int {
 }
 
 // NewCA makes a CA valid for a day: long enough for any test or demo.
-func NewCA(name string) (*CA, error) {
+func NewCA(name string) (*CA, error) { return NewCAValidFor(name, 24*time.Hour) }
+
+// NewCAValidFor makes a CA whose certificates, its own included, are valid
+// for d (the real cluster's, which a developer may keep up for weeks).
+func NewCAValidFor(name string, d time.Duration) (*CA, error) {
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
 		return nil, err
@@ -48,8 +54,8 @@ func NewCA(name string) (*CA, error) {
 	now := time.Now()
 	tmpl := &x509.Certificate{
 		SerialNumber: serial(), Subject: pkix.Name{CommonName: name},
-		NotBefore: now.Add(-time.Hour), NotAfter: now.Add(24 * time.Hour),
-		IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign,
+		NotBefore: now.Add(-time.Hour), NotAfter: now.Add(d),
+		IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign | x509.KeyUsageDigitalSignature,
 	}
 	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
 	if err != nil {
@@ -59,8 +65,12 @@ func NewCA(name string) (*CA, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &CA{Cert: cert, key: key, PEM: pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})}, nil
+	return &CA{Cert: cert, key: key, validity: d, PEM: pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})}, nil
 }
+
+// KeyPEM is the CA's private key, for a signer that needs it (the real
+// cluster's kube-controller-manager signs kubelet certificates with it).
+func (ca *CA) KeyPEM() ([]byte, error) { return keyPEM(ca.key) }
 
 // Pool holds only the CA.
 func (ca *CA) Pool() *x509.CertPool {
@@ -71,16 +81,7 @@ func (ca *CA) Pool() *x509.CertPool {
 
 // Issue makes a server certificate for hosts (IP addresses or DNS names).
 func (ca *CA) Issue(hosts ...string) (tls.Certificate, error) {
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		return tls.Certificate{}, err
-	}
-	now := time.Now()
-	tmpl := &x509.Certificate{
-		SerialNumber: serial(), Subject: pkix.Name{CommonName: hosts[0]},
-		NotBefore: now.Add(-time.Hour), NotAfter: now.Add(24 * time.Hour),
-		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
-	}
+	tmpl := &x509.Certificate{Subject: pkix.Name{CommonName: hosts[0]}, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}}
 	for _, h := range hosts {
 		if ip := net.ParseIP(h); ip != nil {
 			tmpl.IPAddresses = append(tmpl.IPAddresses, ip)
@@ -88,6 +89,26 @@ func (ca *CA) Issue(hosts ...string) (tls.Certificate, error) {
 			tmpl.DNSNames = append(tmpl.DNSNames, h)
 		}
 	}
+	return ca.issue(tmpl)
+}
+
+// IssueClient makes a client certificate: a Kubernetes API server reads
+// the user from its common name and the groups from its organizations.
+func (ca *CA) IssueClient(user string, groups ...string) (tls.Certificate, error) {
+	return ca.issue(&x509.Certificate{
+		Subject:     pkix.Name{CommonName: user, Organization: groups},
+		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth},
+	})
+}
+
+func (ca *CA) issue(tmpl *x509.Certificate) (tls.Certificate, error) {
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return tls.Certificate{}, err
+	}
+	now := time.Now()
+	tmpl.SerialNumber, tmpl.NotBefore, tmpl.NotAfter = serial(), now.Add(-time.Hour), now.Add(ca.validity)
+	tmpl.KeyUsage = x509.KeyUsageDigitalSignature
 	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.Cert, &key.PublicKey, ca.key)
 	if err != nil {
 		return tls.Certificate{}, err
@@ -110,21 +131,34 @@ func (ca *CA) WriteServer(dir string, hosts ...string) (Files, error) {
 	if err != nil {
 		return Files{}, err
 	}
-	keyDER, err := x509.MarshalPKCS8PrivateKey(c.PrivateKey)
+	certPEM, keyPEM, err := PEM(c)
 	if err != nil {
 		return Files{}, err
 	}
 	f := Files{Cert: filepath.Join(dir, "tls.crt"), Key: filepath.Join(dir, "tls.key"), CA: filepath.Join(dir, "ca.crt")}
-	for path, b := range map[string][]byte{
-		f.Cert: pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: c.Certificate[0]}),
-		f.Key:  pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: keyDER}),
-		f.CA:   ca.PEM,
-	} {
+	for path, b := range map[string][]byte{f.Cert: certPEM, f.Key: keyPEM, f.CA: ca.PEM} {
 		if err := os.WriteFile(path, b, 0o600); err != nil {
 			return Files{}, err
 		}
 	}
 	return f, nil
+}
+
+// PEM encodes an issued certificate and its key.
+func PEM(c tls.Certificate) (certPEM, key []byte, err error) {
+	key, err = keyPEM(c.PrivateKey)
+	if err != nil {
+		return nil, nil, err
+	}
+	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: c.Certificate[0]}), key, nil
+}
+
+func keyPEM(key any) ([]byte, error) {
+	der, err := x509.MarshalPKCS8PrivateKey(key)
+	if err != nil {
+		return nil, err
+	}
+	return pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: der}), nil
 }
 
 // Reloading serves the certificate in a pair of files and re-reads them

@@ -23,7 +23,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	corev1 "k8s.io/api/core/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	v1alpha1 "github.com/egress-proxies/egress-proxies/pkg/api/v1alpha1"
@@ -186,11 +186,11 @@ func (h *harness) chartArgs(in *install) []string {
 
 // install runs helm install with the chart's defaults but for the
 // values above, then checks what a user sees.
-func (h *harness) install(in *install, extra ...string) {
+func (h *harness) install(in *install) {
 	t := h.t
 	h.namespace(in.ns)
 	h.secret(in.ns, "e2e-target-ca", corev1.SecretTypeOpaque, map[string][]byte{"ca.crt": h.targetTLS["ca.crt"]})
-	out, err := h.helm(append(append([]string{"install"}, h.chartArgs(in)...), append(extra, "--wait", "--timeout", "5m")...)...)
+	out, err := h.helm(append(append([]string{"install"}, h.chartArgs(in)...), "--wait", "--timeout", "5m")...)
 	require.NoError(t, err, out)
 
 	for _, d := range []string{"controller", "prober", "broker"} {
@@ -298,8 +298,7 @@ func (h *harness) poolAt(n int) []v1alpha1.Proxy {
 		return nil
 	})
 	for _, px := range members {
-		healthy := conditionStatus(px.Status.Conditions, "Healthy")
-		assert.Equal(t, "True", healthy, "%s Healthy", px.Name)
+		assert.True(t, meta.IsStatusConditionTrue(px.Status.Conditions, v1alpha1.ConditionHealthy), "%s Healthy", px.Name)
 		assert.True(t, strings.HasPrefix(px.Status.ProviderID, "kubernetes://"), px.Status.ProviderID)
 		// Healthy through the probers, who send the pod's generated
 		// credentials; nobody gets through without them.
@@ -329,15 +328,6 @@ func (h *harness) members() []v1alpha1.Proxy {
 	var list v1alpha1.ProxyList
 	require.NoError(h.t, h.c.List(context.Background(), &list, client.InNamespace(proxiesNS), client.MatchingLabels{v1alpha1.LabelPool: "e2e"}))
 	return list.Items
-}
-
-func conditionStatus(conds []metav1.Condition, typ string) string {
-	for _, c := range conds {
-		if c.Type == typ {
-			return string(c.Status)
-		}
-	}
-	return ""
 }
 
 // squidPods are the kubernetes provider's pods of an install.

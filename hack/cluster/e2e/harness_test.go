@@ -230,7 +230,7 @@ func (h *harness) lastProbes(in *install) (map[string]float64, error) {
 		if p.Status.PodIP == "" || p.DeletionTimestamp != nil {
 			continue
 		}
-		samples, err := promtext.Scrape(&http.Client{Timeout: 2 * time.Second}, "http://"+net.JoinHostPort(p.Status.PodIP, "8080")+"/metrics")
+		samples, err := podMetrics(p)
 		if err != nil {
 			errs = append(errs, err)
 			continue
@@ -251,15 +251,21 @@ func (h *harness) lastProbes(in *install) (map[string]float64, error) {
 	return out, nil
 }
 
-// metrics scrapes the leading controller's metrics.
+// leaderMetrics scrapes the leading controller's metrics.
 func (h *harness) leaderMetrics(in *install) (promtext.Samples, error) {
 	leader := h.leader(in)
 	for _, p := range h.podsOf(in.ns, "app.kubernetes.io/component=controller") {
 		if p.Name == leader && p.Status.PodIP != "" {
-			return promtext.Scrape(&http.Client{Timeout: 2 * time.Second}, "http://"+net.JoinHostPort(p.Status.PodIP, "8080")+"/metrics")
+			return podMetrics(p)
 		}
 	}
 	return nil, fmt.Errorf("leader %q has no address", leader)
+}
+
+// podMetrics scrapes a controller pod's metrics port, which this host
+// reaches on the pod's address.
+func podMetrics(p corev1.Pod) (promtext.Samples, error) {
+	return promtext.Scrape(&http.Client{Timeout: 2 * time.Second}, "http://"+net.JoinHostPort(p.Status.PodIP, "8080")+"/metrics")
 }
 
 // leader is the pod holding the controller's leader-election Lease.

@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"testing"
 	"time"
 
 	"github.com/stretchr/testify/assert"
@@ -23,8 +24,6 @@ import (
 // probeWatch samples when each proxy was last probed and keeps, per
 // proxy, the longest time it went without a probe.
 type probeWatch struct {
-	h    *harness
-	in   *install
 	stop chan struct{}
 	done sync.WaitGroup
 	mu   sync.Mutex
@@ -33,7 +32,7 @@ type probeWatch struct {
 }
 
 func (h *harness) watchProbes(in *install) *probeWatch {
-	w := &probeWatch{h: h, in: in, stop: make(chan struct{}), last: map[string]float64{}, gap: map[string]time.Duration{}}
+	w := &probeWatch{stop: make(chan struct{}), last: map[string]float64{}, gap: map[string]time.Duration{}}
 	w.done.Add(1)
 	go func() {
 		defer w.done.Done()
@@ -295,10 +294,7 @@ func (h *harness) uninstall(in *install) {
 // redisKeysOnVolume loads a copy of the data a Redis left on its volume
 // into a Redis of this host (on a unix socket) and lists the keys
 // matching pattern.
-func redisKeysOnVolume(t interface {
-	require.TestingT
-	TempDir() string
-}, dir, pattern string) []string {
+func redisKeysOnVolume(t *testing.T, dir, pattern string) []string {
 	work := t.TempDir()
 	require.NoError(t, exec.Command("cp", "-a", dir+"/.", work).Run())
 	sock := filepath.Join(work, "redis.sock")

@@ -102,8 +102,7 @@ func (c Config) Log(component string) string { return filepath.Join(c.logs(), co
 // before it, and Down removes those.
 var fixedPaths = []string{
 	"/run/containerd", "/opt/containerd", "/run/netns", "/var/lib/kubelet",
-	"/var/log/containers", "/var/log/pods", "/var/lib/cni", "/run/runc",
-	"/etc/cni", "/opt/cni", "/run/calico",
+	"/var/log/containers", "/var/log/pods", "/var/lib/cni",
 }
 
 // sysctls are the kernel settings the kubelet, kube-proxy and the bridge

@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"maps"
 	"os"
 	"path/filepath"
 	"slices"
@@ -150,7 +151,7 @@ func TestRootfsFollowsLibrariesAndLinks(t *testing.T) {
 			libc = true
 		}
 	}
-	assert.True(t, libc, "libc follows dash: %v", slices.Sorted(mapsKeys(byPath)))
+	assert.True(t, libc, "libc follows dash: %v", slices.Sorted(maps.Keys(byPath)))
 	// The interpreter's path, resolved through the image's own links,
 	// ends at a file the image holds.
 	real := resolveIn(t, byPath, "/lib64/ld-linux-x86-64.so.2")
@@ -187,14 +188,4 @@ func resolveIn(t *testing.T, files map[string]File, p string) string {
 func TestPackagesNamesAMissingPackage(t *testing.T) {
 	err := NewRootfs().Packages("no-such-package-egress-proxies")
 	assert.ErrorContains(t, err, "dpkg -L no-such-package-egress-proxies")
-}
-
-func mapsKeys(m map[string]File) func(func(string) bool) {
-	return func(yield func(string) bool) {
-		for k := range m {
-			if !yield(k) {
-				return
-			}
-		}
-	}
 }

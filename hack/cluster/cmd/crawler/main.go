@@ -26,6 +26,7 @@ import (
 
 	"google.golang.org/grpc/credentials"
 
+	"github.com/egress-proxies/egress-proxies/pkg/certs"
 	"github.com/egress-proxies/egress-proxies/pkg/leaseclient"
 )
 
@@ -67,31 +68,19 @@ func emit(v map[string]any) {
 	fmt.Println(string(b))
 }
 
-func pool(file string) (*x509.CertPool, error) {
-	pem, err := os.ReadFile(file)
-	if err != nil {
-		return nil, err
-	}
-	p := x509.NewCertPool()
-	if !p.AppendCertsFromPEM(pem) {
-		return nil, fmt.Errorf("%s holds no PEM certificate", file)
-	}
-	return p, nil
-}
-
 func run(ctx context.Context, c config) error {
 	tokenBytes, err := os.ReadFile(c.tokenFile)
 	if err != nil {
 		return err
 	}
 	token := strings.TrimSpace(string(tokenBytes))
-	targetRoots, err := pool(c.targetCA)
+	targetRoots, err := certs.LoadPool(c.targetCA)
 	if err != nil {
 		return err
 	}
 	var brokerTLS *tls.Config
 	if c.brokerCA != "" {
-		roots, err := pool(c.brokerCA)
+		roots, err := certs.LoadPool(c.brokerCA)
 		if err != nil {
 			return err
 		}

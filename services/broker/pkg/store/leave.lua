@@ -7,15 +7,11 @@ local uid = ARGV[1]
 if ARGV[2] == '1' then
   -- Its leases end with it: a lease on a proxy that is gone serves nobody,
   -- and would hold its target's and session's counts until it expired.
+  -- (end_lease empties pl:<uid>, and Redis deletes an empty set.)
   for _, id in ipairs(redis.call('SMEMBERS', P .. 'pl:' .. uid)) do
     local f = redis.call('HMGET', P .. 'lease:' .. id, 'req', 'ct', 'sess')
-    redis.call('ZREM', DUE, 'l|' .. id .. '|' .. uid)
-    if f[1] and f[1] ~= '' then
-      redis.call('DEL', P .. 'req:' .. f[1])
-    end
-    end_lease(id, uid, f[2], f[3])
+    close_lease(id, uid, f[1], f[2], f[3])
   end
-  redis.call('DEL', P .. 'pl:' .. uid)
 end
 local targets = redis.call('HKEYS', P .. 'cool:' .. uid)
 if #ARGV > 2 then

@@ -167,6 +167,16 @@ local function end_lease(id, uid, ct, sess)
   end
 end
 
+-- Ends a live lease before its expiry (released, or its proxy forgotten):
+-- its expiry and its request id go with it.
+local function close_lease(id, uid, req, ct, sess)
+  redis.call('ZREM', DUE, 'l|' .. id .. '|' .. uid)
+  if req and req ~= '' then
+    redis.call('DEL', P .. 'req:' .. req)
+  end
+  end_lease(id, uid, ct, sess)
+end
+
 -- Applies up to limit lease expiries, cooldown ends and quarantine ends
 -- that are due ("l|<lease>|<uid>", "c|<uid>|<target>" and "q|<uid>|" in
 -- the due set). Returns true when more are due.

@@ -4,9 +4,5 @@ local _, l = open_lease(id)
 if not l then
   return 0
 end
-redis.call('ZREM', DUE, 'l|' .. id .. '|' .. l[1])
-if l[4] ~= '' then
-  redis.call('DEL', P .. 'req:' .. l[4])
-end
-end_lease(id, l[1], l[8], l[9])
+close_lease(id, l[1], l[4], l[8], l[9])
 return 1
