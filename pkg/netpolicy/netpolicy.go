@@ -1,8 +1,12 @@
-// Package netpolicy is where probes may not go. A Proxy's address and its
-// health-check URL are written by whoever may create Proxies; without a
-// deny list, a Proxy pointed at the cloud metadata service would have the
-// probe fleet fetch from it. Private ranges stay allowed: proxies live
-// there.
+// Package netpolicy is where traffic may not go, in two lists. The egress
+// policy (Egress) is where a proxy may take a client: never inside the
+// network it runs in (private ranges, the cluster, loopback, the metadata
+// service); the Squid config of the kubernetes provider's pods, the
+// prober's probe targets and the lease API's gateway all enforce it. The
+// proxy-address list (DefaultDenyCIDRs) is where a Proxy itself may not
+// be: proxies live in private ranges, so it holds only link-local, where a
+// Proxy pointed at the metadata service would have the probe fleet fetch
+// from it.
 package netpolicy
 
 import (
@@ -40,13 +44,7 @@ func Parse(s string) (DenyList, error) {
 }
 
 // String is the list as Parse reads it.
-func (d DenyList) String() string {
-	parts := make([]string, len(d))
-	for i, p := range d {
-		parts[i] = p.String()
-	}
-	return strings.Join(parts, ",")
-}
+func (d DenyList) String() string { return strings.Join(d.strings(), ",") }
 
 // Denies returns the prefix that holds ip, if any.
 func (d DenyList) Denies(ip netip.Addr) (netip.Prefix, bool) {
@@ -69,14 +67,20 @@ func (d DenyList) DeniesHost(host string) (netip.Prefix, bool) {
 	return d.Denies(ip)
 }
 
-// DeniedError says a dial was refused by the deny list.
+// DeniedError says a destination was refused: its address is in a deny
+// list (Prefix), or Why says what else is wrong with it (its port).
 type DeniedError struct {
 	Addr   netip.Addr
 	Prefix netip.Prefix
+	Port   uint16
+	Why    string
 }
 
 func (e *DeniedError) Error() string {
-	return fmt.Sprintf("%s is in the probe deny list (%s)", e.Addr, e.Prefix)
+	if e.Why != "" {
+		return fmt.Sprintf("%s: %s", e.Addr, e.Why)
+	}
+	return fmt.Sprintf("%s is in the deny list (%s)", e.Addr, e.Prefix)
 }
 
 // Control is a net.Dialer Control function refusing denied addresses. It

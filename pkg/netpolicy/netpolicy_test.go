@@ -63,5 +63,5 @@ func TestControlRefusesADeniedDial(t *testing.T) {
 	var de *DeniedError
 	require.True(t, errors.As(err, &de), "got %v", err)
 	assert.Equal(t, netip.MustParseAddr("127.0.0.2"), de.Addr)
-	assert.Contains(t, err.Error(), "127.0.0.2 is in the probe deny list (127.0.0.2/32)")
+	assert.Contains(t, err.Error(), "127.0.0.2 is in the deny list (127.0.0.2/32)")
 }

@@ -121,15 +121,4 @@ func (c Credentials) SquidHelper() string {
 		"done\n"
 }
 
-// SquidAuthConfig are the squid.conf lines that, ahead of all others, make
-// Squid ask every client for credentials, check them with the helper at
-// helperPath, and admit nobody else: no open proxy.
-func SquidAuthConfig(helperPath string) string {
-	return "auth_param basic program /bin/sh " + helperPath + "\n" +
-		"auth_param basic realm egress-proxies\n" +
-		"acl egress_authenticated proxy_auth REQUIRED\n" +
-		"http_access allow egress_authenticated\n" +
-		"http_access deny all\n"
-}
-
 func shellQuote(s string) string { return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'" }

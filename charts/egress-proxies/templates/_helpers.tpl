@@ -175,3 +175,17 @@ data:
 {{- if eq $t.source "cert-manager" }}{{ include "ep.name" . }}-broker-tls{{ else }}{{ required "broker.tls.secretName is required when broker.tls.source is existing" $t.secretName }}{{ end -}}
 {{- end -}}
 {{- end }}
+
+{{/* The egress policy's flags, the same for every service enforcing it. */}}
+{{- define "ep.egressArgs" -}}
+- --egress-deny-cidrs={{ include "ep.egressDeny" . }}
+- --egress-ports={{ .Values.egress.ports }}
+- --egress-tls-ports={{ .Values.egress.tlsPorts }}
+{{- with .Values.egress.allowanceCIDRs }}
+- --egress-allowance-cidrs={{ . }}
+{{- end }}
+{{- end }}
+
+{{- define "ep.egressDeny" -}}
+{{ .Values.egress.denyCIDRs }}{{ with .Values.egress.clusterCIDRs }},{{ . }}{{ end }}
+{{- end }}

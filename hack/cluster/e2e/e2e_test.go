@@ -43,6 +43,9 @@ const (
 	proxiesNS = "e2e-proxies"
 	crawlerNS = "e2e-crawler"
 	targetURL = "https://target.e2e-target.svc.cluster.local"
+	// targetClusterIP is fixed so the installs' egress allowance can
+	// name it: the only inside address their proxies reach.
+	targetClusterIP = "10.96.200.200"
 	// probeInterval is the installs' health interval: short, so the
 	// probing bounds below are seconds, not minutes.
 	probeInterval = 3 * time.Second
@@ -150,9 +153,10 @@ apiVersion: v1
 kind: Service
 metadata: {name: target, namespace: %[1]s}
 spec:
+  clusterIP: %[3]s
   selector: {app: target}
   ports: [{name: https, port: 443, targetPort: https}]
-`, targetNS, targetImage))
+`, targetNS, targetImage, targetClusterIP))
 	h.mustKubectl("rollout", "status", "deployment/target", "-n", targetNS, "--timeout", "2m")
 }
 
@@ -166,11 +170,14 @@ func (h *harness) values(in *install) string {
     expectedStatus: 204
     interval: %s
     timeout: 2s
+egress:
+  # The in-cluster crawl target's Service: inside, so let through by name.
+  allowanceCIDRs: %[3]s/32
 prober:
   extraArgs: [--ca-file=/etc/e2e-target/ca.crt]
   extraVolumes: [{name: target-ca, secret: {secretName: e2e-target-ca}}]
   extraVolumeMounts: [{name: target-ca, mountPath: /etc/e2e-target, readOnly: true}]
-`, targetURL, probeInterval)
+`, targetURL, probeInterval, targetClusterIP)
 	if in.brokerCA != nil {
 		v += "broker:\n  tls: {enabled: true, source: existing, secretName: broker-tls}\n"
 	}
@@ -413,6 +420,13 @@ spec:
 	for _, proto := range []string{"rest", "grpc"} {
 		lease := one(proto + "-lease")
 		assert.Equal(t, true, lease["credentials"], "%s: a lease carries the proxy's credentials", proto)
+		if proto == "rest" {
+			inside := seen["rest-inside"]
+			require.Len(t, inside, 5, "every way inside was tried")
+			for _, r := range inside {
+				assert.EqualValues(t, 403, r["status"], "through a leased proxy with its credentials: %s", r["url"])
+			}
+		}
 		fetch := one(proto + "-fetch")
 		assert.EqualValues(t, 200, fetch["status"], "%s: the target fetched through the leased proxy", proto)
 		assert.NotEmpty(t, fetch["egressIP"], "%s: the target saw the proxy's address", proto)

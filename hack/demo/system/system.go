@@ -213,6 +213,7 @@ func Start(t proc.T, env *testenv.Env, o Options) *System {
 			"--probe-addr", c.Probe, "--probe-token-file", s.token,
 			"--probe-tls-cert-file", s.probeTLS.Cert, "--probe-tls-key-file", s.probeTLS.Key,
 			"--health-url", s.Target.URL + "/ip", "--health-expected-status", "200", "--health-echo-format", "text",
+			"--egress-allowance-cidrs", proc.SuiteAllowance,
 			"--health-interval", o.HealthInterval.String(), "--health-timeout", o.HealthTimeout.String(),
 			"--gc-interval", o.GCInterval.String(), "--gc-grace-period", o.GCGrace.String(),
 		}, append(brokerArgs, o.ControllerArgs...)...)
@@ -260,7 +261,7 @@ func (s *System) StartProber(i int) {
 	s.T.Helper()
 	ops := s.ProberOps[i]
 	p := proc.Start(s.T, fmt.Sprintf("prober-%d", i), s.Bins["prober"], "--controller-addr", s.ProbeBalancer.Addr, "--controller-ca-file", s.probeTLS.CA, "--token-file", s.token,
-		"--id", fmt.Sprintf("prober-%d", i), "--ca-file", s.Target.CAFile, "--ops-addr", ops)
+		"--id", fmt.Sprintf("prober-%d", i), "--ca-file", s.Target.CAFile, "--ops-addr", ops, "--egress-allowance-cidrs", proc.SuiteAllowance)
 	proc.WaitHTTP(s.T, p, "http://"+ops+"/healthz", 30*time.Second)
 	s.Probers[i] = p
 }

@@ -2,13 +2,16 @@ package proc
 
 import (
 	"fmt"
+	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"testing"
 	"time"
 
+	"github.com/egress-proxies/egress-proxies/pkg/netpolicy"
 	"github.com/egress-proxies/egress-proxies/pkg/proxyauth"
+	"github.com/egress-proxies/egress-proxies/pkg/squidconf"
 )
 
 // Squid is a real Squid on a loopback address with a generated config.
@@ -56,9 +59,9 @@ func StartSquidAt(t T, host string, port int, denyAll bool) *Squid {
 
 // StartSquidWithAuth starts Squid on host and a free port, asking every
 // client for Basic proxy credentials (407 without them) and admitting
-// only user with password through proxyauth's helper, the one the
-// kubernetes provider's pods run: a bought proxy, or a Managed one that is
-// not an open proxy.
+// only user with password, with the config the kubernetes provider's pods
+// run (squidconf) and the suites' egress policy (SuiteEgress): a bought
+// proxy, or a Managed one that is not an open proxy.
 func StartSquidWithAuth(t T, host, user, password string) *Squid {
 	t.Helper()
 	return StartSquidWithAuthAt(t, host, FreePort(t), user, password)
@@ -67,19 +70,55 @@ func StartSquidWithAuth(t T, host, user, password string) *Squid {
 // StartSquidWithAuthAt is StartSquidWithAuth on host:port.
 func StartSquidWithAuthAt(t T, host string, port int, user, password string) *Squid {
 	t.Helper()
-	return newSquid(t, host, port, func(dir string) string {
+	return StartSquidWithEgress(t, host, port, proxyauth.Credentials{Username: user, Password: password}, SuiteEgress())
+}
+
+// SuiteAllowance is the suites' egress allowance (--egress-allowance-cidrs):
+// loopback, where their targets listen.
+const SuiteAllowance = "127.0.0.0/8"
+
+// SuiteEgress is the default egress policy with the suites' allowance.
+func SuiteEgress() netpolicy.Egress {
+	e := netpolicy.DefaultEgress()
+	e.Allowance = netpolicy.DenyList{netip.MustParsePrefix(SuiteAllowance)}
+	return e
+}
+
+// StartSquidWithEgress starts Squid on host:port with squidconf's config:
+// creds asked for, egress enforced.
+func StartSquidWithEgress(t T, host string, port int, creds proxyauth.Credentials, egress netpolicy.Egress) *Squid {
+	t.Helper()
+	return startSquid(t, host, port, func(dir, addr string) string {
 		helper := filepath.Join(dir, "auth.sh")
-		c := proxyauth.Credentials{Username: user, Password: password}
-		if err := os.WriteFile(helper, []byte(c.SquidHelper()), 0o755); err != nil {
+		if err := os.WriteFile(helper, []byte(creds.SquidHelper()), 0o755); err != nil {
 			t.Fatal(err)
 		}
-		return proxyauth.SquidAuthConfig(helper)
+		return squidconf.Config{Listen: addr, AuthHelper: helper, Egress: egress, Dir: dir}.String() + "connect_timeout 5 seconds\n"
 	})
 }
 
 // newSquid writes a config whose access rules access returns (given the
 // directory, for any file they need) and starts Squid.
 func newSquid(t T, host string, port int, access func(dir string) string) *Squid {
+	t.Helper()
+	return startSquid(t, host, port, func(dir, addr string) string {
+		return fmt.Sprintf(`http_port %s
+pid_filename %[2]s/squid.pid
+cache_log %[2]s/cache.log
+access_log none
+cache deny all
+coredump_dir %[2]s
+pinger_enable off
+shutdown_lifetime 0 seconds
+connect_timeout 5 seconds
+%s
+`, addr, dir, access(dir))
+	})
+}
+
+// startSquid writes the config conf returns (given Squid's directory and
+// address) and starts Squid.
+func startSquid(t T, host string, port int, conf func(dir, addr string) string) *Squid {
 	t.Helper()
 	if tb, ok := t.(testing.TB); ok {
 		RequireProcesses(tb)
@@ -97,18 +136,7 @@ func newSquid(t T, host string, port int, access func(dir string) string) *Squid
 	if err := os.Chmod(s.Dir, 0o777); err != nil {
 		t.Fatal(err)
 	}
-	conf := fmt.Sprintf(`http_port %s
-pid_filename %[2]s/squid.pid
-cache_log %[2]s/cache.log
-access_log none
-cache deny all
-coredump_dir %[2]s
-pinger_enable off
-shutdown_lifetime 0 seconds
-connect_timeout 5 seconds
-%s
-`, s.Addr, s.Dir, access(s.Dir))
-	if err := os.WriteFile(filepath.Join(s.Dir, "squid.conf"), []byte(conf), 0o644); err != nil {
+	if err := os.WriteFile(filepath.Join(s.Dir, "squid.conf"), []byte(conf(s.Dir, s.Addr)), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	s.Start()

@@ -18,6 +18,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/url"
 	"os"
@@ -125,6 +126,19 @@ func fetch(proxy *url.URL, roots *x509.CertPool, u string) (int, string, error) 
 	return resp.StatusCode, strings.TrimSpace(string(b)), nil
 }
 
+// insideURLs are destinations no leased proxy may reach: the cloud
+// metadata address, the pod's own loopback, Squid's cache manager, the
+// API server's Service and the node's kubelet.
+func insideURLs(proxyIP string, proxyPort int) []string {
+	return []string{
+		"http://169.254.169.254/computeMetadata/v1/",
+		"http://127.0.0.1:22/",
+		fmt.Sprintf("http://%s/squid-internal-mgr/info", net.JoinHostPort(proxyIP, fmt.Sprint(proxyPort))),
+		"https://kubernetes.default.svc.cluster.local/version",
+		"http://10.244.0.1:10250/pods",
+	}
+}
+
 type rest struct {
 	base, token string
 	http        *http.Client
@@ -195,6 +209,18 @@ func (r *rest) walk(ctx context.Context, c config, host string, roots *x509.Cert
 		return fmt.Errorf("fetching through %s: %w", l.Proxy.ID, err)
 	}
 	emit(map[string]any{"step": "rest-fetch", "status": code, "egressIP": body})
+	// What an attacker holding this lease would try: every way inside.
+	for _, u := range insideURLs(l.Proxy.IP, l.Proxy.Port) {
+		code, _, err := fetch(l.url(), roots, u)
+		if err != nil {
+			// Go reports a refused CONNECT as an error naming the status.
+			if !strings.Contains(err.Error(), "Forbidden") {
+				return fmt.Errorf("fetching %s through %s: %w", u, l.Proxy.ID, err)
+			}
+			code = http.StatusForbidden
+		}
+		emit(map[string]any{"step": "rest-inside", "url": u, "status": code})
+	}
 	code, _, err = fetch(l.url(), roots, c.targetURL+"/ban")
 	if err != nil {
 		return err

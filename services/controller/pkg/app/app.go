@@ -68,7 +68,7 @@ func Run(ctx context.Context, env service.Env, o Options) error {
 		return err
 	}
 	registry, err := providers.NewRegistry(ctx, o.entries, factories, providers.Deps{
-		Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(), Namespace: namespace, Log: log,
+		Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(), Namespace: namespace, Egress: o.egress, Log: log,
 	})
 	if err != nil {
 		return service.Usagef("--providers-config: %v", err)
@@ -264,7 +264,7 @@ func addProbeHub(ctx context.Context, mgr ctrl.Manager, log *slog.Logger, o Opti
 	}
 	hub := &probehub.Hub{
 		Engine:   engine,
-		Defaults: o.Health, Elected: mgr.Elected(), Addr: o.ProbeAddr, TLS: probeTLS, Token: probeToken, Deny: o.deny, Log: log.With("controller", "probe-hub"),
+		Defaults: o.Health, Elected: mgr.Elected(), Addr: o.ProbeAddr, TLS: probeTLS, Token: probeToken, Deny: o.deny, Egress: o.egress, Log: log.With("controller", "probe-hub"),
 	}
 	if _, err := hub.Listen(); err != nil {
 		return nil, service.UsageError{Err: err}

@@ -58,9 +58,11 @@ type Options struct {
 	BrokerTokenFile    string
 	BrokerCAFile       string
 	BrokerPoll         time.Duration
+	Egress             netpolicy.EgressFlags
 
 	// What Validate parsed.
 	deny    netpolicy.DenyList
+	egress  netpolicy.Egress
 	entries []providers.Entry
 }
 
@@ -96,7 +98,8 @@ func (o *Options) Register(fs *flag.FlagSet) {
 	fs.StringVar(&o.ProbeTLSCert, "probe-tls-cert-file", "", "PEM certificate the probe endpoint serves (re-read when it changes, so cert-manager can rotate it)")
 	fs.StringVar(&o.ProbeTLSKey, "probe-tls-key-file", "", "PEM key of --probe-tls-cert-file")
 	fs.BoolVar(&o.ProbeInsecure, "probe-insecure", false, "serve the probe endpoint in plaintext, without TLS: for local development only")
-	fs.StringVar(&o.ProbeDenyCIDRs, "probe-deny-cidrs", netpolicy.DefaultDenyCIDRs, "comma-separated CIDRs no probe may reach: a Proxy whose address or health-check URL host is in them is never probed nor leased (Healthy=False, ProbeDenied); private ranges stay allowed")
+	fs.StringVar(&o.ProbeDenyCIDRs, "probe-deny-cidrs", netpolicy.DefaultDenyCIDRs, "comma-separated CIDRs a Proxy's address may not be in: such a Proxy is never probed nor leased (Healthy=False, ProbeDenied); private ranges stay allowed, proxies live there (its health-check URL is held to --egress-deny-cidrs)")
+	o.Egress.Register(fs)
 	fs.StringVar(&o.BrokerAddr, "broker-address", "", "gRPC address of the broker, whose live leases ProxyPools drain before they delete a member; empty means no broker: members hold no leases and drains end at once")
 	fs.StringVar(&o.BrokerTokenFile, "broker-token-file", "", "file holding the bearer token the broker asks for; empty, or a file that does not exist, sends none")
 	fs.StringVar(&o.BrokerCAFile, "broker-ca-file", "", "PEM CA bundle the broker's certificate is verified with; set, the controller reads leases over TLS (a broker serving TLS refuses plaintext); empty means plaintext")
@@ -168,6 +171,9 @@ func (o *Options) Validate() error {
 	var err error
 	if o.deny, err = netpolicy.Parse(o.ProbeDenyCIDRs); err != nil {
 		return fmt.Errorf("--probe-deny-cidrs: %w", err)
+	}
+	if o.egress, err = o.Egress.Parse(); err != nil {
+		return err
 	}
 	if o.entries, err = loadEntries(o.ProvidersConfig); err != nil {
 		return fmt.Errorf("--providers-config: %w", err)

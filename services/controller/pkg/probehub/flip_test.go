@@ -163,15 +163,23 @@ func TestDeniedDestinationsAreNeverProbed(t *testing.T) {
 	viaURL := env.ReadyProxy(t, ns, "via-url", "127.0.0.51", 3128, nil, true)
 	viaURL.Spec.HealthCheck = &v1.HealthCheck{URL: "http://169.254.169.254/computeMetadata/v1/"}
 	require.NoError(t, env.Client.Update(ctx, viaURL))
+	// A proxy in a private range is fine; a health check pointed into one
+	// would have the fleet scan the proxies' network.
+	scan := env.ReadyProxy(t, ns, "scan", "127.0.0.52", 3128, nil, true)
+	scan.Spec.HealthCheck = &v1.HealthCheck{URL: "https://10.1.2.3:6443/"}
+	require.NoError(t, env.Client.Update(ctx, scan))
 	deny, err := netpolicy.Parse(netpolicy.DefaultDenyCIDRs)
 	require.NoError(t, err)
-	_, addr := watchingHub(t, ns, env.Config, &Hub{Defaults: health.DefaultDefaults, Deny: deny})
+	egress, err := netpolicy.ParseEgress(netpolicy.DefaultEgressDenyCIDRs, "127.0.0.1/32", netpolicy.DefaultEgressPorts, netpolicy.DefaultEgressTLSPorts)
+	require.NoError(t, err)
+	_, addr := watchingHub(t, ns, env.Config, &Hub{Defaults: health.DefaultDefaults, Deny: deny, Egress: egress})
 
 	p := connect(t, addr, "deny-prober")
 	assert.Equal(t, map[string]bool{ns + "/fine": true}, partition(t, 1, p)[0], "only the allowed proxy is probed")
 	for name, want := range map[string]string{
 		"metadata": "the proxy's address 169.254.169.254 is in --probe-deny-cidrs (169.254.0.0/16)",
-		"via-url":  "the health-check URL's host 169.254.169.254 is in --probe-deny-cidrs (169.254.0.0/16)",
+		"via-url":  "the health-check URL 169.254.169.254 is outside the egress policy (169.254.169.254 is in the deny list (169.254.0.0/16))",
+		"scan":     "the health-check URL 10.1.2.3:6443 is outside the egress policy (10.1.2.3 is in the deny list (10.0.0.0/8))",
 	} {
 		px := &v1.Proxy{}
 		require.Eventually(t, func() bool {

@@ -83,7 +83,10 @@ type Hub struct {
 	// Deny lists where probes may not go: a Proxy whose address or
 	// health-check URL is in it is refused (ProbeDenied), not assigned.
 	Deny netpolicy.DenyList
-	Log  *slog.Logger
+	// Egress is where a health-check URL may point: a Proxy's creator
+	// names it, and the probe fleet would fetch it through the proxy.
+	Egress netpolicy.Egress
+	Log    *slog.Logger
 	// Credentials gives each target the credentials its proxy asks for;
 	// without Secrets, External proxies are probed with none.
 	Credentials kube.ProxyCredentials
@@ -248,19 +251,19 @@ func (h *Hub) drop(id string) {
 // denied says why a proxy at ip, checked with url, must not be probed, or
 // "". Names are let through here: the prober checks what they resolve to.
 func (h *Hub) denied(ip, rawURL string) string {
-	if len(h.Deny) == 0 {
-		return ""
-	}
 	if p, ok := h.Deny.DeniesHost(ip); ok {
 		return fmt.Sprintf("the proxy's address %s is in --probe-deny-cidrs (%s); it is never probed", ip, p)
 	}
-	if u, err := url.Parse(rawURL); err == nil {
-		if p, ok := h.Deny.DeniesHost(u.Hostname()); ok {
-			return fmt.Sprintf("the health-check URL's host %s is in --probe-deny-cidrs (%s); it is never probed", u.Hostname(), p)
-		}
+	u, err := url.Parse(rawURL)
+	if err != nil {
+		return ""
+	}
+	if err := h.Egress.CheckHost(netpolicy.Destination(u)); err != nil {
+		return fmt.Sprintf("the health-check URL %s is outside the egress policy (%s); it is never probed", u.Host, err)
 	}
 	return ""
 }
+
 
 // trigger asks the rebalancer to run; callers hold mu or not, it never blocks.
 func (h *Hub) trigger() {

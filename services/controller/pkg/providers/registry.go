@@ -9,6 +9,8 @@ import (
 	"strings"
 
 	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/egress-proxies/egress-proxies/pkg/netpolicy"
 )
 
 // Deps is what a factory may use to build its provider.
@@ -21,7 +23,10 @@ type Deps struct {
 	APIReader client.Reader
 	// Namespace the controller runs in.
 	Namespace string
-	Log       *slog.Logger
+	// Egress is where a proxy may take its clients, for providers that
+	// write their instances' proxy config.
+	Egress netpolicy.Egress
+	Log    *slog.Logger
 }
 
 // Factory builds the provider of one entry. It returns an UnavailableError

@@ -125,7 +125,7 @@ func TestProbeFleetEndToEnd(t *testing.T) {
 		"--metrics-bind-address", proc.Addr(metrics), "--health-probe-bind-address", proc.Addr(proc.FreePort(t)),
 		"--probe-addr", probeAddr, "--probe-tls-cert-file", probeTLS.Cert, "--probe-tls-key-file", probeTLS.Key, "--health-url", target.URL + "/ip", "--health-expected-status", "200",
 		"--health-echo-format", "text", "--health-interval", interval.String(), "--health-timeout", "750ms",
-		"--health-failure-threshold", "3", "--health-success-threshold", "2"}
+		"--health-failure-threshold", "3", "--health-success-threshold", "2", "--egress-allowance-cidrs", proc.SuiteAllowance}
 	ctrl := proc.Start(t, "controller", proc.Build(t, controllerPkg), ctrlArgs...)
 	metricsURL := "http://" + proc.Addr(metrics) + "/metrics"
 	proc.WaitHTTP(t, ctrl, metricsURL, 60*time.Second)
@@ -133,7 +133,7 @@ func TestProbeFleetEndToEnd(t *testing.T) {
 	var probers []*proc.Process
 	for i := range 3 {
 		ops := proc.FreePort(t)
-		p := proc.Start(t, fmt.Sprintf("prober-%d", i), proc.Build(t, proberPkg), "--controller-addr", probeAddr, "--controller-ca-file", probeTLS.CA,
+		p := proc.Start(t, fmt.Sprintf("prober-%d", i), proc.Build(t, proberPkg), "--controller-addr", probeAddr, "--controller-ca-file", probeTLS.CA, "--egress-allowance-cidrs", proc.SuiteAllowance,
 			"--id", fmt.Sprintf("prober-%d", i), "--ca-file", caFile, "--ops-addr", proc.Addr(ops), "--concurrency", "16")
 		proc.WaitHTTP(t, p, "http://"+proc.Addr(ops)+"/healthz", 30*time.Second)
 		probers = append(probers, p)

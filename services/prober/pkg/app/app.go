@@ -45,7 +45,7 @@ func Run(ctx context.Context, env service.Env, o Options) error {
 		return service.UsageError{Err: err}
 	}
 	env.Log.Info("starting", "id", o.ID, "controller", o.ControllerAddr, "concurrency", o.Concurrency, "commit", version.Commit, "auth", tok.Enabled())
-	a := &agent.Agent{ID: o.ID, Concurrency: o.Concurrency, Prober: &probe.Prober{RootCAs: o.roots, Deny: o.deny}, Log: env.Log, Dial: connect}
+	a := &agent.Agent{ID: o.ID, Concurrency: o.Concurrency, Prober: &probe.Prober{RootCAs: o.roots, Deny: o.deny, Egress: o.egress}, Log: env.Log, Dial: connect}
 	return errors.Join(a.Run(ctx), waitOps())
 }
 

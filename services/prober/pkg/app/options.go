@@ -23,9 +23,11 @@ type Options struct {
 	ControllerCA   string
 	ServerName     string
 	Insecure       bool
+	Egress         netpolicy.EgressFlags
 
 	// What Validate parsed.
-	deny  netpolicy.DenyList
+	deny   netpolicy.DenyList
+	egress netpolicy.Egress
 	roots *x509.CertPool
 }
 
@@ -41,7 +43,8 @@ func (o *Options) Register(fs *flag.FlagSet) {
 	fs.StringVar(&o.ControllerCA, "controller-ca-file", "", "PEM CA bundle the controller's probe endpoint certificate is verified with (re-read on every reconnect)")
 	fs.StringVar(&o.ServerName, "controller-server-name", "", "name the controller's certificate must hold; empty means the host of --controller-addr")
 	fs.BoolVar(&o.Insecure, "controller-insecure", false, "connect to the controller in plaintext, without TLS: for local development only")
-	fs.StringVar(&o.DenyCIDRs, "deny-cidrs", netpolicy.DefaultDenyCIDRs, "comma-separated CIDRs no probe dials, checked after name resolution (keep it equal to the controller's --probe-deny-cidrs); private ranges stay allowed")
+	fs.StringVar(&o.DenyCIDRs, "deny-cidrs", netpolicy.DefaultDenyCIDRs, "comma-separated CIDRs no proxy address may be in, checked after name resolution (keep it equal to the controller's --probe-deny-cidrs); private ranges stay allowed, proxies live there")
+	o.Egress.Register(fs)
 }
 
 // Validate names the first bad flag and loads the deny list and the
@@ -60,6 +63,9 @@ func (o *Options) Validate() error {
 	var err error
 	if o.deny, err = netpolicy.Parse(o.DenyCIDRs); err != nil {
 		return fmt.Errorf("--deny-cidrs: %w", err)
+	}
+	if o.egress, err = o.Egress.Parse(); err != nil {
+		return err
 	}
 	if o.CAFile != "" {
 		if o.roots, err = certs.LoadPool(o.CAFile); err != nil {

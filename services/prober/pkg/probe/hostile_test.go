@@ -201,7 +201,7 @@ func TestADeniedProxyIsNeverDialed(t *testing.T) {
 		probe.Settings{URL: "https://127.0.0.1:1/", ExpectedStatus: 200, Timeout: time.Second})
 	assert.False(t, r.Success)
 	assert.Equal(t, probev1.ProbePhase_PROBE_PHASE_DIAL, r.Phase)
-	assert.Contains(t, r.Reason, "is in the probe deny list")
+	assert.Contains(t, r.Reason, "is in the deny list")
 	select {
 	case <-accepted:
 		t.Fatal("the denied address was dialed")

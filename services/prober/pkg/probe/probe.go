@@ -16,8 +16,10 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/netip"
 	"net/url"
 	"strings"
+	"sync"
 	"time"
 
 	probev1 "github.com/egress-proxies/egress-proxies/pkg/gen/egressproxies/probe/v1"
@@ -65,6 +67,48 @@ type Prober struct {
 	// Deny lists where no probe dials, checked on the address a proxy's
 	// name resolves to.
 	Deny netpolicy.DenyList
+	// Egress is where a probe may send a proxy: a target's name is
+	// resolved here and each address checked, so a health-check URL
+	// naming an inside host is not fetched even through a proxy that
+	// would take it there (a bought one, with no policy of its own).
+	Egress netpolicy.Egress
+
+	resolved sync.Map // host -> resolution
+}
+
+// resolution is a target name's check, kept for resolveTTL: every proxy
+// probes the same few URLs, and a lookup per probe would cost more than
+// the probe.
+type resolution struct {
+	err     error
+	expires time.Time
+}
+
+const resolveTTL = 30 * time.Second
+
+// checkTarget says why the probe must not send a proxy to u, or nil.
+func (p *Prober) checkTarget(ctx context.Context, u *url.URL) error {
+	host, port, connect := netpolicy.Destination(u)
+	if ip, err := netip.ParseAddr(host); err == nil {
+		return p.Egress.Check(ip, port, connect)
+	}
+	key := fmt.Sprintf("%s:%d:%t", host, port, connect)
+	if r, ok := p.resolved.Load(key); ok && time.Now().Before(r.(resolution).expires) {
+		return r.(resolution).err
+	}
+	ips, err := net.DefaultResolver.LookupNetIP(ctx, "ip", host)
+	if err != nil {
+		return nil // the proxy resolves it, or fails the probe
+	}
+	var denied error
+	for _, ip := range ips {
+		if denied = p.Egress.Check(ip, port, connect); denied != nil {
+			denied = fmt.Errorf("%s resolves to %w", host, denied)
+			break
+		}
+	}
+	p.resolved.Store(key, resolution{denied, time.Now().Add(resolveTTL)})
+	return denied
 }
 
 // MaxHeaderBytes bounds the status line and headers of each answer a probe
@@ -110,6 +154,9 @@ func (p *Prober) Do(ctx context.Context, proxyAddr string, s Settings) Result {
 	u, err := url.Parse(s.URL)
 	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
 		return fail(probev1.ProbePhase_PROBE_PHASE_HTTP, start, "probe URL %q is not an absolute http(s) URL", s.URL)
+	}
+	if err := p.checkTarget(ctx, u); err != nil {
+		return fail(probev1.ProbePhase_PROBE_PHASE_DIAL, start, "probe URL %s is outside the egress policy: %s", u.Host, err)
 	}
 	d := net.Dialer{Control: p.Deny.Control}
 	conn, err := d.DialContext(ctx, "tcp", proxyAddr)

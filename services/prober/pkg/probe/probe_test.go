@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/assert"
 
 	probev1 "github.com/egress-proxies/egress-proxies/pkg/gen/egressproxies/probe/v1"
+	"github.com/egress-proxies/egress-proxies/pkg/netpolicy"
 	"github.com/egress-proxies/egress-proxies/pkg/proxyauth"
 	"github.com/egress-proxies/egress-proxies/pkg/testutil/proc"
 	"github.com/egress-proxies/egress-proxies/pkg/testutil/tlstarget"
@@ -44,6 +45,10 @@ func TestProbesThroughRealSquid(t *testing.T) {
 	closedPort := proc.FreePort(t)
 
 	good := &probe.Prober{RootCAs: pool}
+	// The default egress policy, as in production: no allowance, so the
+	// loopback targets are inside, named or not, and the proxy (an open
+	// one, which would take the probe anywhere) is never asked.
+	guarded := &probe.Prober{RootCAs: pool, Egress: netpolicy.DefaultEgress()}
 	cases := []struct {
 		name   string
 		prober *probe.Prober
@@ -68,6 +73,9 @@ func TestProbesThroughRealSquid(t *testing.T) {
 		{"http with credentials", good, authed.Addr, withCreds(settings(plain.URL+"/", 204), "crawler", "s3cret"), true, 0, "", ""},
 		{"credentials missing", good, authed.Addr, settings(srv.URL+"/ok", 204), false, probev1.ProbePhase_PROBE_PHASE_CONNECT, "407 Proxy Authentication Required", ""},
 		{"wrong password", good, authed.Addr, withCreds(settings(srv.URL+"/ok", 204), "crawler", "guess"), false, probev1.ProbePhase_PROBE_PHASE_CONNECT, "407", ""},
+		{"target inside, by address", guarded, squid.Addr, settings(srv.URL+"/ok", 204), false, probev1.ProbePhase_PROBE_PHASE_DIAL, "is outside the egress policy: 127.0.0.1 is in the deny list (127.0.0.0/8)", ""},
+		{"target inside, by name", guarded, squid.Addr, settings("http://localhost:80/", 204), false, probev1.ProbePhase_PROBE_PHASE_DIAL, "localhost resolves to", ""},
+		{"target port not allowed", guarded, squid.Addr, settings("https://198.51.100.1:22/", 204), false, probev1.ProbePhase_PROBE_PHASE_DIAL, "port 22 is not an egress port", ""},
 		{"target down behind squid", good, squid.Addr, settings(fmt.Sprintf("https://127.0.0.1:%d/", closedPort), 204), false, probev1.ProbePhase_PROBE_PHASE_CONNECT, "503", ""},
 	}
 	for _, tc := range cases {

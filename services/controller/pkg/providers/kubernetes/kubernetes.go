@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -18,7 +19,9 @@ import (
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/egress-proxies/egress-proxies/pkg/netpolicy"
 	"github.com/egress-proxies/egress-proxies/pkg/proxyauth"
+	"github.com/egress-proxies/egress-proxies/pkg/squidconf"
 	"github.com/egress-proxies/egress-proxies/services/controller/pkg/providers"
 )
 
@@ -45,6 +48,7 @@ type Config struct {
 type Provider struct {
 	entry     string
 	cfg       Config
+	egress    netpolicy.Egress
 	client    client.Client
 	apiReader client.Reader
 }
@@ -66,7 +70,7 @@ func New(_ context.Context, e providers.Entry, deps providers.Deps) (providers.P
 	if cfg.Image == "" {
 		cfg.Image = DefaultImage
 	}
-	return &Provider{entry: e.Name, cfg: cfg, client: deps.Client, apiReader: deps.APIReader}, nil
+	return &Provider{entry: e.Name, cfg: cfg, egress: deps.Egress, client: deps.Client, apiReader: deps.APIReader}, nil
 }
 
 const idPrefix = "kubernetes://"
@@ -92,7 +96,7 @@ func (p *Provider) Create(ctx context.Context, req *providers.CreateRequest) (*p
 	err := p.client.Create(ctx, pod)
 	switch {
 	case err == nil:
-		return p.instance(pod), p.authSecret(ctx, pod, req)
+		return p.instance(pod), p.configSecret(ctx, pod, req)
 	case apierrors.IsAlreadyExists(err):
 		existing := &corev1.Pod{}
 		if err := p.apiReader.Get(ctx, client.ObjectKeyFromObject(pod), existing); err != nil {
@@ -103,7 +107,7 @@ func (p *Provider) Create(ctx context.Context, req *providers.CreateRequest) (*p
 		}
 		// A create that died between the pod and its Secret: the pod
 		// waits for the Secret, which this retry makes.
-		return p.instance(existing), p.authSecret(ctx, existing, req)
+		return p.instance(existing), p.configSecret(ctx, existing, req)
 	case apierrors.IsForbidden(err) && strings.Contains(err.Error(), "exceeded quota"):
 		return nil, providers.NewQuota(err)
 	case apierrors.IsInvalid(err):
@@ -113,64 +117,59 @@ func (p *Provider) Create(ctx context.Context, req *providers.CreateRequest) (*p
 	}
 }
 
-// authSecretName is the Secret holding a pod's proxy credentials.
-func authSecretName(pod string) string { return pod + "-auth" }
+// configSecretName is the Secret holding a pod's Squid config.
+func configSecretName(pod string) string { return pod + "-squid" }
 
-// authSecret stores what the pod's Squid asks for, owned by the pod, so
-// the API server's garbage collector removes it with the pod: the
-// credentials (read back by whoever needs them), proxyauth's helper with
-// them, and the squid.conf lines that run it. The pod is made first (an
-// owner needs a UID); until this Secret exists its container waits to
-// start.
-func (p *Provider) authSecret(ctx context.Context, pod *corev1.Pod, req *providers.CreateRequest) error {
-	if req.Credentials.Empty() {
-		return nil
+// configSecret stores what the pod's Squid runs, owned by the pod, so the
+// API server's garbage collector removes it with the pod: squidconf's
+// whole config (the egress policy ahead of any allow) and, when the proxy
+// asks for credentials, them (read back by whoever needs them) and
+// proxyauth's helper admitting them. A Secret, not a ConfigMap: it holds
+// credentials. The pod is made first (an owner needs a UID); until this
+// Secret exists its container waits to start.
+func (p *Provider) configSecret(ctx context.Context, pod *corev1.Pod, req *providers.CreateRequest) error {
+	conf := squidconf.Config{Listen: fmt.Sprintf(":%d", req.Port), Egress: p.egress, ShutdownLifetime: squidShutdown}
+	data := map[string][]byte{}
+	if !req.Credentials.Empty() {
+		conf.AuthHelper = configDir + "/" + authHelperKey
+		data[proxyauth.KeyUsername] = []byte(req.Credentials.Username)
+		data[proxyauth.KeyPassword] = []byte(req.Credentials.Password)
+		data[authHelperKey] = []byte(req.Credentials.SquidHelper())
 	}
+	data[confKey] = []byte(conf.String())
 	s := &corev1.Secret{
 		ObjectMeta: metav1.ObjectMeta{
-			Name: authSecretName(pod.Name), Namespace: pod.Namespace, Labels: providers.OwnerTags(p.entry, req.Owner),
+			Name: configSecretName(pod.Name), Namespace: pod.Namespace, Labels: providers.OwnerTags(p.entry, req.Owner),
 			OwnerReferences: []metav1.OwnerReference{{APIVersion: "v1", Kind: "Pod", Name: pod.Name, UID: pod.UID}},
 		},
-		Data: map[string][]byte{
-			proxyauth.KeyUsername: []byte(req.Credentials.Username), proxyauth.KeyPassword: []byte(req.Credentials.Password),
-			authHelperKey: []byte(req.Credentials.SquidHelper()),
-			authConfKey:   []byte(proxyauth.SquidAuthConfig(authDir + "/" + authHelperKey)),
-		},
+		Data: data,
 	}
 	if err := p.client.Create(ctx, s); err != nil && !apierrors.IsAlreadyExists(err) {
-		return fmt.Errorf("creating the credentials Secret of pod %s: %w", pod.Name, err)
+		return fmt.Errorf("creating the Squid config Secret of pod %s: %w", pod.Name, err)
 	}
 	return nil
 }
 
-// squidShutdownSeconds bounds a Squid pod's exit; the pod's grace period
-// leaves it room.
+// squidShutdown bounds a Squid pod's exit (Squid waits 30 s for clients
+// by default); an instance is deleted after its drain, or with its Proxy,
+// which no broker leases any longer, so a few seconds let in-flight
+// requests end without holding a pool's scale-down for half a minute per
+// member. The pod's grace period leaves it room.
 const (
-	squidShutdownSeconds = "5"
-	podGracePeriod       = 15
+	squidShutdown  = 5 * time.Second
+	podGracePeriod = 15
 )
 
-// Where the pod mounts its credentials Secret, and the Secret's files.
+// Where the pod mounts its config Secret, and the Secret's files.
 const (
-	authDir       = "/etc/squid/egress-auth"
+	configDir     = "/etc/squid/egress"
 	authHelperKey = "auth.sh"
-	authConfKey   = "squid-auth.conf"
+	confKey       = "squid.conf"
 )
 
-// squidCommand starts the image's Squid on the Proxy's port, with the
-// auth lines of a mounted credentials Secret ahead of its own config.
-// Squid waits shutdown_lifetime (30 s by default) for clients before it
-// exits; an instance is deleted after its drain, or with its Proxy, which
-// no broker leases any longer, so a few seconds let in-flight requests
-// end without holding a pool's scale-down for half a minute per member.
-const squidCommand = `set -e
-sed -i "s/^http_port .*/http_port ${PROXY_PORT}/" /etc/squid/squid.conf
-echo "shutdown_lifetime ` + squidShutdownSeconds + ` seconds" >> /etc/squid/squid.conf
-if [ -f ` + authDir + "/" + authConfKey + ` ]; then
-  cat ` + authDir + "/" + authConfKey + ` /etc/squid/squid.conf > /etc/squid/squid.conf.auth
-  mv /etc/squid/squid.conf.auth /etc/squid/squid.conf
-fi
-exec /usr/local/bin/entrypoint.sh -f /etc/squid/squid.conf -NYC`
+// squidUID is the proxy user of Debian's and Ubuntu's squid packages (and
+// of ubuntu/squid): the pod runs Squid as it from the start, never root.
+const squidUID = 13
 
 func (p *Provider) pod(req *providers.CreateRequest) *corev1.Pod {
 	image := p.cfg.Image
@@ -185,12 +184,6 @@ func (p *Provider) pod(req *providers.CreateRequest) *corev1.Pod {
 		nodeSelector[corev1.LabelInstanceTypeStable] = req.Placement.MachineType
 	}
 	port := intstr.FromInt32(req.Port)
-	var volumes []corev1.Volume
-	var mounts []corev1.VolumeMount
-	if !req.Credentials.Empty() {
-		volumes = []corev1.Volume{{Name: "auth", VolumeSource: corev1.VolumeSource{Secret: &corev1.SecretVolumeSource{SecretName: authSecretName(req.Name)}}}}
-		mounts = []corev1.VolumeMount{{Name: "auth", MountPath: authDir, ReadOnly: true}}
-	}
 	return &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{
 			Name:        req.Name,
@@ -201,16 +194,24 @@ func (p *Provider) pod(req *providers.CreateRequest) *corev1.Pod {
 		Spec: corev1.PodSpec{
 			AutomountServiceAccountToken:  ptr.To(false),
 			TerminationGracePeriodSeconds: ptr.To[int64](podGracePeriod),
-			Volumes:                       volumes,
-			NodeSelector:                  nodeSelector,
+			Volumes: []corev1.Volume{{Name: "config", VolumeSource: corev1.VolumeSource{
+				Secret: &corev1.SecretVolumeSource{SecretName: configSecretName(req.Name)}}}},
+			NodeSelector: nodeSelector,
+			SecurityContext: &corev1.PodSecurityContext{
+				RunAsNonRoot: ptr.To(true), RunAsUser: ptr.To[int64](squidUID), RunAsGroup: ptr.To[int64](squidUID),
+				SeccompProfile: &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault},
+			},
 			Containers: []corev1.Container{{
 				Name:  "squid",
 				Image: image,
-				// The image listens on 3128; a different spec.port is
-				// written into squid.conf before Squid starts.
-				Command:      []string{"/bin/sh", "-c", squidCommand},
-				Env:          []corev1.EnvVar{{Name: "PROXY_PORT", Value: port.String()}},
-				VolumeMounts: mounts,
+				// The whole config is the Secret's; -d 1 logs to the
+				// container's stderr, the only thing Squid writes.
+				Command: []string{"/usr/sbin/squid", "-NYC", "-d", "1", "-f", configDir + "/" + confKey},
+				SecurityContext: &corev1.SecurityContext{
+					AllowPrivilegeEscalation: ptr.To(false), ReadOnlyRootFilesystem: ptr.To(true),
+					Capabilities: &corev1.Capabilities{Drop: []corev1.Capability{"ALL"}},
+				},
+				VolumeMounts: []corev1.VolumeMount{{Name: "config", MountPath: configDir, ReadOnly: true}},
 				Ports:        []corev1.ContainerPort{{Name: "proxy", ContainerPort: req.Port, Protocol: corev1.ProtocolTCP}},
 				ReadinessProbe: &corev1.Probe{
 					ProbeHandler: corev1.ProbeHandler{TCPSocket: &corev1.TCPSocketAction{Port: port}},

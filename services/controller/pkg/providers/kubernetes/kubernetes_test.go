@@ -6,6 +6,7 @@ import (
 	"os"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -17,7 +18,9 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	v1 "github.com/egress-proxies/egress-proxies/pkg/api/v1alpha1"
+	"github.com/egress-proxies/egress-proxies/pkg/netpolicy"
 	"github.com/egress-proxies/egress-proxies/pkg/proxyauth"
+	"github.com/egress-proxies/egress-proxies/pkg/squidconf"
 	"github.com/egress-proxies/egress-proxies/pkg/testenv"
 	"github.com/egress-proxies/egress-proxies/pkg/testutil/kubelet"
 	"github.com/egress-proxies/egress-proxies/services/controller/pkg/providers"
@@ -99,7 +102,9 @@ func TestPodShape(t *testing.T) {
 	c := pod.Spec.Containers[0]
 	assert.Equal(t, "example/squid:1", c.Image, "placement.image overrides the configured image")
 	assert.Equal(t, int32(8080), c.Ports[0].ContainerPort)
-	assert.Equal(t, "8080", c.Env[0].Value)
+	s := &corev1.Secret{}
+	require.NoError(t, get(t, ns, req.Name+"-squid", s))
+	assert.Contains(t, string(s.Data["squid.conf"]), "http_port :8080\n", "Squid listens on spec.port")
 	assert.Equal(t, map[string]string{corev1.LabelTopologyZone: "zone-a", corev1.LabelInstanceTypeStable: "big"}, pod.Spec.NodeSelector)
 
 	got, err := p.Get(context.Background(), inst.ProviderID)
@@ -176,32 +181,46 @@ func TestConfigBlockIsStrict(t *testing.T) {
 	assert.Contains(t, err.Error(), `unknown field "imgae"`)
 }
 
-// With credentials the pod's Squid asks every client for them: they live
-// in a Secret the pod owns (gone with the pod) and mounts; a
-// retried create after a crash between the two makes the Secret.
-func TestCredentialsGoToAPodOwnedSecret(t *testing.T) {
+// The pod runs squidconf's whole config from a Secret it owns (gone with
+// the pod): the egress policy ahead of any allow and, with credentials,
+// them and the helper admitting them; Squid runs as its own user, never
+// root. A retried create after a crash between the pod and the Secret
+// makes the Secret.
+func TestThePodRunsTheGeneratedConfigUnprivileged(t *testing.T) {
 	testenv.Require(t)
 	ns := namespace(t)
-	p := newProvider(t, ns)
+	egress, err := netpolicy.ParseEgress("10.0.0.0/8", "127.0.0.2/32", "80,443", "443")
+	require.NoError(t, err)
+	p, err := kubernetes.New(context.Background(), providers.Entry{Name: "test", Type: kubernetes.Type, Block: []byte(fmt.Sprintf(`{"namespace":%q}`, ns))},
+		providers.Deps{Client: env.Client, APIReader: env.Client, Egress: egress})
+	require.NoError(t, err)
 	o := providers.Owner{UID: uuid.NewUUID(), Namespace: "crawl", Name: "auth", Generation: 1}
 	req := request("px-auth-1", o)
 	req.Credentials = proxyauth.Credentials{Username: "ep-user", Password: "pw"}
-	_, err := p.Create(context.Background(), req)
+	_, err = p.Create(context.Background(), req)
 	require.NoError(t, err)
 
 	pod := &corev1.Pod{}
 	require.NoError(t, env.Client.Get(context.Background(), client.ObjectKey{Namespace: ns, Name: req.Name}, pod))
 	require.Len(t, pod.Spec.Volumes, 1)
-	assert.Equal(t, "px-auth-1-auth", pod.Spec.Volumes[0].Secret.SecretName, "the pod mounts its credentials Secret")
-	assert.Equal(t, "/etc/squid/egress-auth", pod.Spec.Containers[0].VolumeMounts[0].MountPath)
-	assert.Contains(t, pod.Spec.Containers[0].Command[2], "cat /etc/squid/egress-auth/squid-auth.conf /etc/squid/squid.conf", "Squid asks for them, ahead of the image's rules")
+	assert.Equal(t, "px-auth-1-squid", pod.Spec.Volumes[0].Secret.SecretName, "the pod mounts its config Secret")
+	c := pod.Spec.Containers[0]
+	assert.Equal(t, []string{"/usr/sbin/squid", "-NYC", "-d", "1", "-f", "/etc/squid/egress/squid.conf"}, c.Command, "the whole config is ours, not the image's")
+	assert.True(t, *pod.Spec.SecurityContext.RunAsNonRoot)
+	assert.Equal(t, int64(13), *pod.Spec.SecurityContext.RunAsUser, "Squid's own user")
+	assert.Equal(t, corev1.SeccompProfileTypeRuntimeDefault, pod.Spec.SecurityContext.SeccompProfile.Type)
+	assert.False(t, *c.SecurityContext.AllowPrivilegeEscalation)
+	assert.True(t, *c.SecurityContext.ReadOnlyRootFilesystem)
+	assert.Equal(t, []corev1.Capability{"ALL"}, c.SecurityContext.Capabilities.Drop)
+
 	s := &corev1.Secret{}
-	require.NoError(t, get(t, ns, "px-auth-1-auth", s))
+	require.NoError(t, get(t, ns, "px-auth-1-squid", s))
 	assert.Equal(t, "ep-user", string(s.Data["username"]))
 	assert.Equal(t, "pw", string(s.Data["password"]))
 	assert.Equal(t, req.Credentials.SquidHelper(), string(s.Data["auth.sh"]), "proxyauth's helper, the one the tests' Squids run")
-	assert.Contains(t, string(s.Data["squid-auth.conf"]), "auth_param basic program /bin/sh /etc/squid/egress-auth/auth.sh")
-	assert.Contains(t, string(s.Data["squid-auth.conf"]), "http_access deny all")
+	assert.Equal(t, squidconf.Config{Listen: ":3128", AuthHelper: "/etc/squid/egress/auth.sh", Egress: egress, ShutdownLifetime: 5 * time.Second}.String(),
+		string(s.Data["squid.conf"]), "squidconf's config, the one TestAProxyIsNotAWayIn runs")
+	assert.Contains(t, string(s.Data["squid.conf"]), "http_access deny egress_denied\n")
 	require.Len(t, s.OwnerReferences, 1)
 	assert.Equal(t, pod.UID, s.OwnerReferences[0].UID, "the pod owns it: garbage-collected with it")
 
@@ -209,15 +228,15 @@ func TestCredentialsGoToAPodOwnedSecret(t *testing.T) {
 	require.NoError(t, env.Client.Delete(context.Background(), s))
 	_, err = p.Create(context.Background(), req)
 	require.NoError(t, err)
-	require.NoError(t, get(t, ns, "px-auth-1-auth", &corev1.Secret{}))
+	require.NoError(t, get(t, ns, "px-auth-1-squid", &corev1.Secret{}))
 
-	// Without credentials: no Secret, no auth.
+	// Without credentials: an open proxy, still held to the egress policy.
 	open := request("px-open-1", o)
 	_, err = p.Create(context.Background(), open)
 	require.NoError(t, err)
-	require.NoError(t, get(t, ns, "px-open-1", pod))
-	assert.Empty(t, pod.Spec.Volumes)
-	assert.True(t, apierrors.IsNotFound(get(t, ns, "px-open-1-auth", &corev1.Secret{})))
+	require.NoError(t, get(t, ns, "px-open-1-squid", s))
+	assert.NotContains(t, s.Data, "password")
+	assert.Contains(t, string(s.Data["squid.conf"]), "http_access deny egress_denied\nhttp_access deny !egress_ports\nhttp_access deny egress_connect !egress_tls_ports\nhttp_access allow all\n")
 }
 
 func get(t *testing.T, ns, name string, obj client.Object) error {

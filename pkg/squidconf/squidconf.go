@@ -1,0 +1,64 @@
+// Package squidconf is the squid.conf of every Squid this project runs: the
+// kubernetes provider's pods and the suites' authenticating Squids, so the
+// config the tests hold to account is the one users run. It is a whole
+// config, not lines spliced into an image's own: what a proxy lets through
+// must not depend on which Squid image a Proxy names.
+package squidconf
+
+import (
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/egress-proxies/egress-proxies/pkg/netpolicy"
+)
+
+// Config is one Squid's.
+type Config struct {
+	// Listen is http_port's value: ":3128", "127.0.0.1:3128".
+	Listen string
+	// AuthHelper is the path of proxyauth's helper script admitting the
+	// proxy's credentials; "" makes an open proxy (no credentials key).
+	AuthHelper string
+	// Egress is where clients may go.
+	Egress netpolicy.Egress
+	// Dir is where Squid writes its pid file and cache log; "" writes
+	// neither (a pod: its root file system is read-only, its log is the
+	// container's stderr with -d 1).
+	Dir string
+	// ShutdownLifetime is how long Squid waits for clients when told to
+	// stop (its default is 30 s).
+	ShutdownLifetime time.Duration
+}
+
+// AuthACL is the ACL naming clients with the proxy's credentials.
+const AuthACL = "egress_authenticated"
+
+// String renders the config.
+func (c Config) String() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "http_port %s\n", c.Listen)
+	if c.Dir != "" {
+		fmt.Fprintf(&b, "pid_filename %[1]s/squid.pid\ncache_log %[1]s/cache.log\n", c.Dir)
+	} else {
+		b.WriteString("pid_filename none\ncache_log /dev/null\n")
+	}
+	fmt.Fprintf(&b, "shutdown_lifetime %d seconds\n", int(c.ShutdownLifetime.Seconds()))
+	// No disk, no request log (crawl URLs are the crawler's business),
+	// and nothing in a forwarded request that says where it came from.
+	b.WriteString(`access_log none
+cache deny all
+netdb_filename none
+pinger_enable off
+via off
+forwarded_for delete
+httpd_suppress_version_string on
+`)
+	admit := "all"
+	if c.AuthHelper != "" {
+		admit = AuthACL
+		fmt.Fprintf(&b, "auth_param basic program /bin/sh %s\nauth_param basic realm egress-proxies\nacl %s proxy_auth REQUIRED\n", c.AuthHelper, AuthACL)
+	}
+	b.WriteString(c.Egress.SquidRules(admit))
+	return b.String()
+}
