@@ -3,10 +3,14 @@
 // tokens read from a file (a mounted Secret), re-read when the file
 // changes, compared in constant time.
 //
-// The file holds one token per line. A client sends the first; a server
-// accepts any. That makes rotation gapless: add the new token as a second
-// line, then (once every replica has re-read the file) move it first, then
-// drop the old one. At every step each sender's token is accepted.
+// The file holds one token per line, each named: "name:token". The name
+// says who calls (a crawler team, the controller) in logs and metrics and
+// keys per-caller limits, and never the token itself does; a line with no
+// name is named "token-<line number>". A client sends the first token; a
+// server accepts any. That makes rotation gapless: add the new token as a
+// second line (under the same name), then (once every replica has re-read
+// the file) move it first, then drop the old one. At every step each
+// sender's token is accepted.
 package auth
 
 import (
@@ -16,6 +20,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"regexp"
 	"strings"
 	"sync"
 	"time"
@@ -34,8 +39,14 @@ type Token struct {
 	path string
 	mu   sync.RWMutex
 	// toks: the first is sent, any is accepted.
-	toks [][]byte
+	toks []named
 	raw  []byte
+}
+
+// named is one line of a token file.
+type named struct {
+	name string
+	tok  []byte
 }
 
 // FromFile reads the tokens at path and re-reads them every interval until
@@ -50,13 +61,10 @@ func FromFile(ctx context.Context, log *slog.Logger, path string, interval time.
 	return t, nil
 }
 
-// Static returns fixed tokens, the first sent, any accepted (tests).
-func Static(toks ...string) *Token {
-	t := &Token{}
-	for _, s := range toks {
-		t.toks = append(t.toks, []byte(s))
-	}
-	return t
+// Static returns fixed tokens, lines as in a file: the first sent, any
+// accepted (tests).
+func Static(lines ...string) *Token {
+	return &Token{toks: parse([]byte(strings.Join(lines, "\n")))}
 }
 
 func (t *Token) read() ([]byte, error) {
@@ -71,13 +79,23 @@ func (t *Token) read() ([]byte, error) {
 	return b, nil
 }
 
-// parse splits a file's content into its tokens, one per non-empty line.
-func parse(b []byte) [][]byte {
-	var toks [][]byte
-	for _, line := range bytes.Split(b, []byte("\n")) {
-		if line = bytes.TrimSpace(line); len(line) > 0 {
-			toks = append(toks, line)
+// tokenName is what a line's name may be: it goes into logs and metric
+// labels.
+var tokenName = regexp.MustCompile(`^[a-z0-9]([a-z0-9._-]{0,61}[a-z0-9])?$`)
+
+// parse splits a file's content into its tokens, one per non-empty line,
+// "name:token" or a bare token.
+func parse(b []byte) []named {
+	var toks []named
+	for i, line := range bytes.Split(b, []byte("\n")) {
+		if line = bytes.TrimSpace(line); len(line) == 0 {
+			continue
 		}
+		n := named{name: fmt.Sprintf("token-%d", i+1), tok: line}
+		if name, tok, ok := bytes.Cut(line, []byte(":")); ok && len(tok) > 0 && tokenName.Match(name) {
+			n = named{name: string(name), tok: tok}
+		}
+		toks = append(toks, n)
 	}
 	return toks
 }
@@ -129,61 +147,93 @@ func (t *Token) Value() string {
 	if len(t.toks) == 0 {
 		return ""
 	}
-	return string(t.toks[0])
+	return string(t.toks[0].tok)
 }
 
-// Check verifies "Bearer <token>" from an Authorization value.
-func (t *Token) Check(authorization string) error {
+// Check verifies "Bearer <token>" from an Authorization value and returns
+// the name of the token it holds ("" when no token is configured).
+func (t *Token) Check(authorization string) (name string, err error) {
 	if !t.Enabled() {
-		return nil
+		return "", nil
 	}
 	got, ok := strings.CutPrefix(authorization, "Bearer ")
 	if !ok || got == "" {
-		return status.Error(codes.Unauthenticated, "missing bearer token: send the header \"Authorization: Bearer <token>\"")
+		return "", status.Error(codes.Unauthenticated, "missing bearer token: send the header \"Authorization: Bearer <token>\"")
 	}
 	t.mu.RLock()
 	want := t.toks
 	t.mu.RUnlock()
 	// Every token is compared, so the time taken does not say which
 	// matched.
-	match := 0
-	for _, w := range want {
-		match |= subtle.ConstantTimeCompare([]byte(got), w)
+	match := -1
+	for i, w := range want {
+		if subtle.ConstantTimeCompare([]byte(got), w.tok) == 1 {
+			match = i
+		}
 	}
-	if match != 1 {
-		return status.Error(codes.Unauthenticated, "invalid bearer token")
+	if match < 0 {
+		return "", status.Error(codes.Unauthenticated, "invalid bearer token")
 	}
-	return nil
+	return want[match].name, nil
 }
 
-func (t *Token) checkContext(ctx context.Context) error {
+func (t *Token) checkContext(ctx context.Context) (context.Context, error) {
 	// One key, not the whole map: FromIncomingContext copies every key.
 	v := metadata.ValueFromIncomingContext(ctx, "authorization")
 	if len(v) == 0 {
-		return t.Check("")
+		v = []string{""}
 	}
-	return t.Check(v[0])
+	name, err := t.Check(v[0])
+	if err != nil || name == "" {
+		return ctx, err
+	}
+	return WithCaller(ctx, name), nil
 }
 
-// UnaryInterceptor rejects unauthenticated unary calls.
+type callerKey struct{}
+
+// WithCaller is ctx for a call authenticated as the token named name.
+func WithCaller(ctx context.Context, name string) context.Context {
+	return context.WithValue(ctx, callerKey{}, name)
+}
+
+// Caller is the name of the token a call was authenticated with, "" when
+// the server has none configured.
+func Caller(ctx context.Context) string {
+	name, _ := ctx.Value(callerKey{}).(string)
+	return name
+}
+
+// UnaryInterceptor rejects unauthenticated unary calls and puts the
+// caller's name in the context of the others.
 func (t *Token) UnaryInterceptor() grpc.UnaryServerInterceptor {
 	return func(ctx context.Context, req any, _ *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
-		if err := t.checkContext(ctx); err != nil {
+		ctx, err := t.checkContext(ctx)
+		if err != nil {
 			return nil, err
 		}
 		return h(ctx, req)
 	}
 }
 
-// StreamInterceptor rejects unauthenticated streams.
+// StreamInterceptor rejects unauthenticated streams and puts the caller's
+// name in the context of the others.
 func (t *Token) StreamInterceptor() grpc.StreamServerInterceptor {
 	return func(srv any, ss grpc.ServerStream, _ *grpc.StreamServerInfo, h grpc.StreamHandler) error {
-		if err := t.checkContext(ss.Context()); err != nil {
+		ctx, err := t.checkContext(ss.Context())
+		if err != nil {
 			return err
 		}
-		return h(srv, ss)
+		return h(srv, &callerStream{ServerStream: ss, ctx: ctx})
 	}
 }
+
+type callerStream struct {
+	grpc.ServerStream
+	ctx context.Context
+}
+
+func (s *callerStream) Context() context.Context { return s.ctx }
 
 // PerRPC returns client credentials sending the token on every call.
 func (t *Token) PerRPC() grpc.CallOption { return grpc.PerRPCCredentials(bearer{t}) }

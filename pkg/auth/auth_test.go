@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 )
 
@@ -27,10 +28,41 @@ func TestCheck(t *testing.T) {
 		"prefix only":  {"Bearer s3cre", codes.Unauthenticated},
 	}
 	for name, tc := range cases {
-		t.Run(name, func(t *testing.T) { assert.Equal(t, tc.code, status.Code(tok.Check(tc.header))) })
+		t.Run(name, func(t *testing.T) {
+			_, err := tok.Check(tc.header)
+			assert.Equal(t, tc.code, status.Code(err))
+		})
 	}
 	var none *Token
-	assert.NoError(t, none.Check(""), "no token configured: everything passes")
+	_, err := none.Check("")
+	assert.NoError(t, err, "no token configured: everything passes")
+}
+
+// Lines name their tokens; the name, never the token, says who called.
+func TestTokensAreNamed(t *testing.T) {
+	tok := Static("team-a:s3cret", "bare-token", "Bad Name:x:y", "controller:with:colons")
+	for header, want := range map[string]string{
+		"Bearer s3cret":          "team-a",
+		"Bearer bare-token":      "token-2",
+		"Bearer Bad Name:x:y":    "token-3", // not a name: the whole line is the token
+		"Bearer with:colons":     "controller",
+		"Bearer team-a:s3cret":   "",
+		"Bearer controller:with": "",
+	} {
+		name, err := tok.Check(header)
+		if want == "" {
+			assert.Error(t, err, header)
+			continue
+		}
+		require.NoError(t, err, header)
+		assert.Equal(t, want, name, header)
+	}
+	assert.Equal(t, "s3cret", tok.Value(), "a client sends the first token, not its name")
+
+	ctx, err := tok.checkContext(metadata.NewIncomingContext(context.Background(), metadata.Pairs("authorization", "Bearer s3cret")))
+	require.NoError(t, err)
+	assert.Equal(t, "team-a", Caller(ctx))
+	assert.Empty(t, Caller(context.Background()))
 }
 
 func TestFileIsReloadedWhenItChanges(t *testing.T) {
@@ -40,15 +72,15 @@ func TestFileIsReloadedWhenItChanges(t *testing.T) {
 	defer cancel()
 	tok, err := FromFile(ctx, slog.Default(), path, 10*time.Millisecond)
 	require.NoError(t, err)
-	require.NoError(t, tok.Check("Bearer one"), "trailing newline trimmed")
+	require.NoError(t, check(tok, "Bearer one"), "trailing newline trimmed")
 
 	require.NoError(t, os.WriteFile(path, []byte("two"), 0o600))
-	require.Eventually(t, func() bool { return tok.Check("Bearer two") == nil }, 5*time.Second, 10*time.Millisecond)
-	assert.Error(t, tok.Check("Bearer one"), "the old token stops working")
+	require.Eventually(t, func() bool { return check(tok, "Bearer two") == nil }, 5*time.Second, 10*time.Millisecond)
+	assert.Error(t, check(tok, "Bearer one"), "the old token stops working")
 
 	require.NoError(t, os.WriteFile(path, nil, 0o600))
 	time.Sleep(50 * time.Millisecond)
-	assert.NoError(t, tok.Check("Bearer two"), "an emptied file keeps the previous token")
+	assert.NoError(t, check(tok, "Bearer two"), "an emptied file keeps the previous token")
 
 	_, err = FromFile(ctx, slog.Default(), filepath.Join(t.TempDir(), "absent"), time.Second)
 	assert.ErrorContains(t, err, "absent")
@@ -68,7 +100,7 @@ func TestRotationHasNoGap(t *testing.T) {
 	require.NoError(t, err)
 	client, err := FromFile(ctx, slog.Default(), clientFile, 5*time.Millisecond)
 	require.NoError(t, err)
-	accepted := func() bool { return server.Check("Bearer "+client.Value()) == nil }
+	accepted := func() bool { return check(server, "Bearer "+client.Value()) == nil }
 	require.True(t, accepted())
 
 	// Each step reaches the client first, then the server, or the other
@@ -84,6 +116,11 @@ func TestRotationHasNoGap(t *testing.T) {
 			}
 		}
 	}
-	require.Eventually(t, func() bool { return client.Value() == "new" && server.Check("Bearer old") != nil }, 5*time.Second, 5*time.Millisecond,
+	require.Eventually(t, func() bool { return client.Value() == "new" && check(server, "Bearer old") != nil }, 5*time.Second, 5*time.Millisecond,
 		"at the end the client sends the new token and the old one is gone")
+}
+
+func check(t *Token, header string) error {
+	_, err := t.Check(header)
+	return err
 }

@@ -7,7 +7,11 @@ package filewatch
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
+	"os"
+	"strings"
+	"sync"
 	"time"
 )
 
@@ -34,4 +38,51 @@ func Follow(ctx context.Context, log *slog.Logger, interval time.Duration, what,
 			}
 		}
 	}()
+}
+
+// Content is a file's content, trimmed of surrounding white space, as last
+// read: a password from a mounted Secret.
+type Content struct {
+	mu sync.RWMutex
+	v  string
+}
+
+// Value is the content as last read.
+func (c *Content) Value() string {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	return c.v
+}
+
+// FollowContent reads path, which must not be empty, and re-reads it every
+// interval until ctx ends.
+func FollowContent(ctx context.Context, log *slog.Logger, interval time.Duration, what, path string) (*Content, error) {
+	read := func() (string, error) {
+		b, err := os.ReadFile(path)
+		if err != nil {
+			return "", err
+		}
+		v := strings.TrimSpace(string(b))
+		if v == "" {
+			return "", fmt.Errorf("%s is empty", path)
+		}
+		return v, nil
+	}
+	v, err := read()
+	if err != nil {
+		return nil, err
+	}
+	c := &Content{v: v}
+	Follow(ctx, log, interval, what, path, func() (bool, error) {
+		v, err := read()
+		if err != nil {
+			return false, err
+		}
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		changed := v != c.v
+		c.v = v
+		return changed, nil
+	})
+	return c, nil
 }

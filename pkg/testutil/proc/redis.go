@@ -7,6 +7,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 )
@@ -64,8 +65,9 @@ func (r *Redis) Start() {
 
 // StartSentinels starts n Redis Sentinels (redis-server --sentinel) on
 // loopback watching the primary at primaryAddr as master, with a quorum of
-// n/2+1 and a one-second down-after, and returns their addresses.
-func StartSentinels(t T, master, primaryAddr string, n int) []string {
+// n/2+1 and a one-second down-after, and returns their addresses; conf
+// lines are added to each one's config ("requirepass ...").
+func StartSentinels(t T, master, primaryAddr string, n int, extra ...string) []string {
 	t.Helper()
 	host, port, _ := net.SplitHostPort(primaryAddr)
 	var addrs []string
@@ -74,7 +76,7 @@ func StartSentinels(t T, master, primaryAddr string, n int) []string {
 		dir := t.TempDir()
 		conf := filepath.Join(dir, "sentinel.conf")
 		body := fmt.Sprintf("port %d\nbind 127.0.0.1\nprotected-mode no\ndir %s\nsentinel monitor %s %s %s %d\n", p, dir, master, host, port, n/2+1) +
-			fmt.Sprintf("sentinel down-after-milliseconds %s 1000\nsentinel failover-timeout %s 5000\n", master, master)
+			fmt.Sprintf("sentinel down-after-milliseconds %s 1000\nsentinel failover-timeout %s 5000\n", master, master) + strings.Join(extra, "\n") + "\n"
 		if err := os.WriteFile(conf, []byte(body), 0o600); err != nil {
 			t.Fatal(err)
 		}

@@ -18,6 +18,7 @@ import (
 
 	"github.com/egress-proxies/egress-proxies/pkg/auth"
 	"github.com/egress-proxies/egress-proxies/pkg/certs"
+	"github.com/egress-proxies/egress-proxies/pkg/filewatch"
 	"github.com/egress-proxies/egress-proxies/pkg/kube"
 	"github.com/egress-proxies/egress-proxies/pkg/service"
 	"github.com/egress-proxies/egress-proxies/pkg/version"
@@ -43,7 +44,7 @@ func Run(ctx context.Context, env service.Env, o Options) error {
 		log.Warn("NO TOKEN CONFIGURED: the lease API serves every caller UNAUTHENTICATED, and leases carry no proxy credentials; set --token-file (BROKER_TOKEN_FILE) to a mounted Secret")
 	}
 	o.Leases.ShareCredentials = tok.Enabled()
-	rdb, err := redisClient(o, env.Tracing)
+	rdb, err := redisClient(ctx, log, o, env.Tracing)
 	if err != nil {
 		return err
 	}
@@ -96,16 +97,33 @@ func servingTLS(ctx context.Context, log *slog.Logger, o Options) (*tls.Config, 
 }
 
 // redisClient connects to a single Redis, a Sentinel set-up or a Cluster,
-// as --redis-addrs and --redis-master-name say.
-func redisClient(o Options, tracing bool) (redis.UniversalClient, error) {
+// as --redis-addrs and --redis-master-name say, authenticated and over TLS
+// as the --redis-* flags say.
+func redisClient(ctx context.Context, log *slog.Logger, o Options, tracing bool) (redis.UniversalClient, error) {
 	ropts := store.ClientOptions(strings.Split(o.RedisAddrs, ","), o.RedisMaster)
 	ropts.DB = o.RedisDB
 	if o.RedisPasswordFile != "" {
-		b, err := os.ReadFile(o.RedisPasswordFile)
+		pw, err := filewatch.FollowContent(ctx, log, 5*time.Second, "Redis password file", o.RedisPasswordFile)
 		if err != nil {
 			return nil, service.Usagef("--redis-password-file: %v", err)
 		}
-		ropts.Password = strings.TrimSpace(string(b))
+		// Each new connection authenticates with the file's current
+		// content: a rotated password takes effect without a restart.
+		ropts.CredentialsProvider = func() (string, string) { return o.RedisUsername, pw.Value() }
+	}
+	if o.RedisSentinelPasswordFile != "" {
+		b, err := os.ReadFile(o.RedisSentinelPasswordFile)
+		if err != nil {
+			return nil, service.Usagef("--redis-sentinel-password-file: %v", err)
+		}
+		ropts.SentinelUsername, ropts.SentinelPassword = o.RedisSentinelUsername, strings.TrimSpace(string(b))
+	}
+	if o.RedisTLSCAFile != "" {
+		pool, err := certs.LoadPool(o.RedisTLSCAFile)
+		if err != nil {
+			return nil, service.Usagef("--redis-tls-ca-file: %v", err)
+		}
+		ropts.TLSConfig = &tls.Config{RootCAs: pool, ServerName: o.RedisTLSServer, MinVersion: tls.VersionTLS12}
 	}
 	rdb := redis.NewUniversalClient(ropts)
 	if tracing {

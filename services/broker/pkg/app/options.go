@@ -25,7 +25,14 @@ type Options struct {
 	RedisAddrs        string
 	RedisMaster       string
 	RedisPasswordFile string
-	RedisDB           int
+	RedisUsername     string
+	RedisTLSCAFile    string
+	RedisTLSServer    string
+	// RedisSentinelPasswordFile and RedisSentinelUsername authenticate to
+	// the Sentinels, which may ask for other credentials than Redis.
+	RedisSentinelPasswordFile string
+	RedisSentinelUsername     string
+	RedisDB                   int
 	RedisPrefix       string
 	RedisWait         store.Wait
 	TokenFile         string
@@ -56,7 +63,12 @@ func (o *Options) Register(fs *flag.FlagSet) {
 	fs.StringVar(&o.Namespace, "namespace", "", "serve only Proxies of this namespace; empty means all")
 	fs.StringVar(&o.RedisAddrs, "redis-addrs", "127.0.0.1:6379", "Redis address; several comma-separated for Cluster, or Sentinels with --redis-master-name")
 	fs.StringVar(&o.RedisMaster, "redis-master-name", "", "Sentinel master name (makes --redis-addrs Sentinel addresses)")
-	fs.StringVar(&o.RedisPasswordFile, "redis-password-file", "", "file holding the Redis password")
+	fs.StringVar(&o.RedisPasswordFile, "redis-password-file", "", "file holding the Redis password, re-read when it changes (each new connection uses the current one): a mounted Secret, never a flag or an environment variable")
+	fs.StringVar(&o.RedisUsername, "redis-username", "", "Redis ACL user name (with --redis-password-file); empty means the default user")
+	fs.StringVar(&o.RedisTLSCAFile, "redis-tls-ca-file", "", "PEM CA bundle Redis's certificate is verified with; set, the broker talks to Redis (and its Sentinels) over TLS")
+	fs.StringVar(&o.RedisTLSServer, "redis-tls-server-name", "", "name Redis's certificate must hold; empty means the host of each address")
+	fs.StringVar(&o.RedisSentinelPasswordFile, "redis-sentinel-password-file", "", "file holding the Sentinels' password (Sentinel's requirepass), when they ask for one")
+	fs.StringVar(&o.RedisSentinelUsername, "redis-sentinel-username", "", "Sentinel ACL user name, with --redis-sentinel-password-file")
 	fs.IntVar(&o.RedisDB, "redis-db", 0, "Redis database (not in Cluster mode)")
 	fs.StringVar(&o.RedisPrefix, "redis-key-prefix", store.DefaultPrefix, "prefix of every key; it must hold a {hash tag}. Brokers with different prefixes (say, one Deployment per namespace) keep separate state, on different Cluster shards")
 	fs.IntVar(&o.RedisWait.Replicas, "redis-wait-replicas", 0, "after each lease change, wait for this many replicas to acknowledge it (Redis WAIT), so a failover cannot lose it; 0 answers at once")
@@ -86,6 +98,10 @@ func (o *Options) Register(fs *flag.FlagSet) {
 	fs.DurationVar(&o.Leases.Faults.Period, "quarantine-period", d.Faults.Period, "how long a quarantine lasts unless the proxy turns healthy after it began")
 	fs.IntVar(&o.Leases.LeaseCap, "lease-cap", d.LeaseCap, "most live leases per proxy (0: no cap)")
 	fs.Int64Var(&o.MaxBody, "max-body-bytes", 64<<10, "largest REST request body")
+	fs.Float64Var(&o.Leases.Faults.MaxFraction, "quarantine-max-fraction", d.Faults.MaxFraction, "largest share of a selector's proxies quarantined at once; past it quarantine holds (action QUARANTINE_HELD, alert EgressProxiesQuarantineHeld) and leasing goes on, as MachineHealthCheck's maxUnhealthy (1: no limit)")
+	fs.IntVar(&o.Leases.TokenMaxLeases, "token-max-leases", d.TokenMaxLeases, "most live leases the callers of one named token hold together, fleet-wide (0: no cap)")
+	fs.Float64Var(&o.Leases.TokenReportRate, "token-report-rate", d.TokenReportRate, "outcome reports per second one named token may send to each broker (0: no limit)")
+	fs.IntVar(&o.Leases.TokenReportBurst, "token-report-burst", d.TokenReportBurst, "reports one named token may send at once, above --token-report-rate")
 }
 
 var hashTag = regexp.MustCompile(`\{[^{}]+\}`)
@@ -110,6 +126,14 @@ func (o *Options) Validate() error {
 		return errors.New("--quarantine-targets must not be negative, --quarantine-window and --quarantine-period positive")
 	case l.LeaseCap < 0:
 		return errors.New("--lease-cap must not be negative")
+	case l.Faults.MaxFraction <= 0 || l.Faults.MaxFraction > 1:
+		return fmt.Errorf("--quarantine-max-fraction %g must be above 0 and at most 1", l.Faults.MaxFraction)
+	case l.TokenMaxLeases < 0 || l.TokenReportRate < 0 || l.TokenReportBurst < 0:
+		return errors.New("--token-max-leases, --token-report-rate and --token-report-burst must not be negative")
+	case o.RedisUsername != "" && o.RedisPasswordFile == "":
+		return errors.New("--redis-username needs --redis-password-file")
+	case o.RedisSentinelUsername != "" && o.RedisSentinelPasswordFile == "":
+		return errors.New("--redis-sentinel-username needs --redis-sentinel-password-file")
 	case o.MaxBody <= 0:
 		return errors.New("--max-body-bytes must be positive")
 	case !hashTag.MatchString(o.RedisPrefix):

@@ -21,11 +21,13 @@ var (
 	// refusalsUncounted: refusals ListRefusals misses (Redis failed to
 	// count them), so pools with autoscaling saw less demand than there was.
 	refusalsUncounted = prometheus.NewCounter(prometheus.CounterOpts{Name: "proxy_operator_broker_refusals_uncounted_total", Help: "Refused leases that could not be counted for ListRefusals."})
+	tokenLimited      = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "proxy_operator_broker_token_limited_total", Help: "Calls refused because their token was over a limit (leases: --token-max-leases, reports: --token-report-rate), by token name."}, []string{"token", "limit"})
+	storeFull         = prometheus.NewCounter(prometheus.CounterOpts{Name: "proxy_operator_broker_store_full_total", Help: "Calls refused because Redis was at its maxmemory."})
 )
 
 // Collectors are the service's metrics, for the binary's registry.
 func Collectors() []prometheus.Collector {
-	return []prometheus.Collector{leasesCreated, leasesRenewed, leasesReleased, reports, reportActions, reportLatency, noCandidate, renewRefused, refusalsUncounted}
+	return []prometheus.Collector{leasesCreated, leasesRenewed, leasesReleased, reports, reportActions, reportLatency, noCandidate, renewRefused, refusalsUncounted, tokenLimited, storeFull}
 }
 
 func observeReport(o store.Outcome, statusCode, latencyMs int32, actions []string) {

@@ -11,8 +11,10 @@ import (
 	"regexp"
 	"sort"
 	"strings"
+	"sync"
 	"time"
 
+	"golang.org/x/time/rate"
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -21,6 +23,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/validation"
 
 	leasev1 "github.com/egress-proxies/egress-proxies/pkg/gen/egressproxies/lease/v1"
+	"github.com/egress-proxies/egress-proxies/pkg/auth"
 	"github.com/egress-proxies/egress-proxies/services/broker/pkg/index"
 	"github.com/egress-proxies/egress-proxies/services/broker/pkg/inventory"
 	"github.com/egress-proxies/egress-proxies/services/broker/pkg/policy"
@@ -45,11 +48,20 @@ type Config struct {
 	// broker sets it only when callers must present a bearer token, so
 	// credentials never leave over an API anyone can call.
 	ShareCredentials bool
+	// TokenMaxLeases is the most live leases the callers of one named
+	// token hold together, fleet-wide (0: no cap); TokenReportRate and
+	// TokenReportBurst bound each token's outcome reports per second on
+	// each broker (0: no limit). One leaked or buggy token can then
+	// neither hold the fleet nor report it into cooldowns.
+	TokenMaxLeases   int
+	TokenReportRate  float64
+	TokenReportBurst int
 }
 
 // DefaultConfig is what the flags default to.
 var DefaultConfig = Config{DefaultTTL: 5 * time.Minute, MinTTL: 10 * time.Second, MaxTTL: time.Hour, LeaseCap: 10, BanAware: true,
-	Faults: store.Faults{Targets: 3, Window: 10 * time.Minute, Period: 30 * time.Minute}}
+	Faults:         store.Faults{Targets: 3, Window: 10 * time.Minute, Period: 30 * time.Minute, MaxFraction: 0.3},
+	TokenMaxLeases: 10000, TokenReportRate: 200, TokenReportBurst: 400}
 
 // DefaultPolicy is what the flags default to where no TargetPolicy matches.
 var DefaultPolicy = policy.Target{Policy: store.Policy{CooldownBase: 15 * time.Minute, CooldownMax: 4 * time.Hour, CooldownWindow: time.Hour,
@@ -63,11 +75,37 @@ type Service struct {
 	idx   *index.Maintainer
 	pol   *policy.Policies
 	cfg   Config
+	// reporters holds each token's report limiter (name -> *rate.Limiter).
+	reporters sync.Map
 }
 
 // New returns a Service.
 func New(inv *inventory.Inventory, st *store.Store, idx *index.Maintainer, pol *policy.Policies, cfg Config) *Service {
 	return &Service{inv: inv, store: st, idx: idx, pol: pol, cfg: cfg}
+}
+
+// allowReport takes one of the caller's reports from its token's budget,
+// or says how long to wait.
+func (s *Service) allowReport(ctx context.Context) error {
+	caller := auth.Caller(ctx)
+	if s.cfg.TokenReportRate <= 0 || caller == "" {
+		return nil
+	}
+	l, ok := s.reporters.Load(caller)
+	if !ok {
+		l, _ = s.reporters.LoadOrStore(caller, rate.NewLimiter(rate.Limit(s.cfg.TokenReportRate), max(s.cfg.TokenReportBurst, 1)))
+	}
+	r := l.(*rate.Limiter).Reserve()
+	wait := r.Delay()
+	if wait == 0 {
+		return nil
+	}
+	r.Cancel()
+	tokenLimited.WithLabelValues(caller, "reports").Inc()
+	st := status.New(codes.ResourceExhausted, fmt.Sprintf("token %q is over its report rate (--token-report-rate %g/s): slow down", caller, s.cfg.TokenReportRate))
+	st, _ = st.WithDetails(&errdetails.ErrorInfo{Reason: "TOKEN_REPORT_RATE", Domain: ErrorDomain, Metadata: map[string]string{"token": caller}},
+		&errdetails.RetryInfo{RetryDelay: durationpb.New(wait)})
+	return st.Err()
 }
 
 // ErrorDomain is the domain of the ErrorInfo details the service returns.
@@ -178,9 +216,25 @@ func storeError(err error) error {
 	var refused store.Refusal
 	var un *store.UnavailableError
 	var reused *store.RequestReusedError
+	var wrong *store.WrongTargetError
+	var capped *store.CallerCapError
 	switch {
 	case errors.Is(err, store.ErrLeaseNotFound):
 		return status.Error(codes.NotFound, "lease not found or expired")
+	case errors.As(err, &wrong):
+		return invalid("target", "%s", wrong.Error())
+	case errors.As(err, &capped):
+		tokenLimited.WithLabelValues(capped.Caller, "leases").Inc()
+		st := status.New(codes.ResourceExhausted, capped.Error())
+		st, _ = st.WithDetails(&errdetails.ErrorInfo{Reason: "TOKEN_LEASE_CAP", Domain: ErrorDomain, Metadata: map[string]string{"token": capped.Caller}},
+			&errdetails.RetryInfo{RetryDelay: durationpb.New(time.Second)})
+		return st.Err()
+	case errors.Is(err, store.ErrFull):
+		storeFull.Inc()
+		st := status.New(codes.ResourceExhausted, store.ErrFull.Error())
+		st, _ = st.WithDetails(&errdetails.ErrorInfo{Reason: "STORE_FULL", Domain: ErrorDomain},
+			&errdetails.RetryInfo{RetryDelay: durationpb.New(5 * time.Second)})
+		return st.Err()
 	case errors.As(err, &reused):
 		return status.Error(codes.AlreadyExists, reused.Error())
 	case errors.As(err, &refused):
@@ -276,7 +330,10 @@ func (s *Service) CreateLease(ctx context.Context, req *leasev1.CreateLeaseReque
 	sel := index.Selector{Namespace: req.GetNamespace(), Labels: req.GetSelector()}
 	target := strings.ToLower(req.GetTarget())
 	a := store.Acquire{Target: target, Cap: s.cfg.LeaseCap, TTL: ttl, LeaseID: store.NewLeaseID(), RequestID: req.GetRequestId(),
-		PerTarget: s.cfg.BanAware, Session: req.GetSessionKey()}
+		PerTarget: s.cfg.BanAware, Session: req.GetSessionKey(), Caller: auth.Caller(ctx), CallerCap: s.cfg.TokenMaxLeases}
+	if a.Caller == "" {
+		a.CallerCap = 0
+	}
 	if a.PerTarget {
 		a.TargetCap = s.pol.For(target).MaxConcurrentLeases
 	}
@@ -369,16 +426,18 @@ func (s *Service) RenewLease(ctx context.Context, req *leasev1.RenewLeaseRequest
 	if err != nil {
 		return nil, storeError(err)
 	}
-	until, lost := s.renewable(l, time.Now())
+	until, lost := s.renewable(l)
+	if lost == nil {
+		l, err = s.store.Renew(ctx, l, ttl, until)
+		if errors.Is(err, store.ErrPastUntil) {
+			lost = &proxyLost{inventory.ReasonDraining, "the proxy is draining and its drain deadline has passed"}
+		} else if err != nil {
+			return nil, storeError(err)
+		}
+	}
 	if lost != nil {
 		renewRefused.WithLabelValues(lost.reason).Inc()
 		return nil, lost.status()
-	}
-	if !until.IsZero() {
-		ttl = max(min(ttl, time.Until(until)), time.Millisecond)
-	}
-	if l, err = s.store.Renew(ctx, l, ttl); err != nil {
-		return nil, storeError(err)
 	}
 	leasesRenewed.Inc()
 	return &leasev1.RenewLeaseResponse{LeaseId: l.ID, ExpiresAt: timestamppb.New(l.Expires)}, nil
@@ -393,17 +452,18 @@ func (e *proxyLost) status() error {
 	return st.Err()
 }
 
-// renewable says whether l may be renewed at now, and until when: a
-// draining proxy's leases renew up to its drain deadline and no further,
-// so the pool can delete it on time without cutting a lease short.
-func (s *Service) renewable(l *store.Lease, now time.Time) (until time.Time, lost *proxyLost) {
+// renewable says whether l may be renewed, and until when: a draining
+// proxy's leases renew up to its drain deadline and no further (the store
+// holds them to it by Redis's clock), so the pool can delete it on time
+// without cutting a lease short.
+func (s *Service) renewable(l *store.Lease) (until time.Time, lost *proxyLost) {
 	p, ok := s.inv.Get(l.Proxy)
 	if !ok {
 		return time.Time{}, &proxyLost{"PROXY_GONE", "the proxy was deleted"}
 	}
 	reason, why := p.NotLeasable()
 	switch {
-	case reason == inventory.ReasonDraining && now.Before(p.DrainDeadline):
+	case reason == inventory.ReasonDraining && !p.DrainDeadline.IsZero():
 		until = p.DrainDeadline
 	case reason != "":
 		return time.Time{}, &proxyLost{reason, why}
@@ -435,6 +495,9 @@ func (s *Service) ReportLease(ctx context.Context, req *leasev1.ReportLeaseReque
 	outcome := store.Outcome(req.GetResult())
 	if err := firstErr(checkLeaseID(req.GetLeaseId()), checkTarget(req.GetTarget()), checkOutcome(outcome),
 		checkRange("statusCode", req.GetStatusCode(), 100, 599), checkRange("latencyMs", req.GetLatencyMs(), 0, 3_600_000)); err != nil {
+		return nil, err
+	}
+	if err := s.allowReport(ctx); err != nil {
 		return nil, err
 	}
 	target := strings.ToLower(req.GetTarget())

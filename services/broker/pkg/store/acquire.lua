@@ -3,7 +3,9 @@
 -- session key, the proxy of the key's live leases while it still qualifies.
 -- ARGV: h, target, cap (0: none), ttl_ms, lease_id, random, request_id,
 -- fingerprint, target_cap (0: none), session, per_target ('1': count the
--- target's live leases, honour its cap and pacing, keep sessions).
+-- target's live leases, honour its cap and pacing, keep sessions), caller
+-- (the token's name; '' for none), caller_cap (its most live leases, 0:
+-- none).
 -- Returns {'ok', proxy, expires_ms, load, lease_id, moved}: the lease (a
 --   retry of a committed call, by lease id or request id, returns the same
 --   one); moved is 1 when the session's proxy no longer qualified;
@@ -11,10 +13,12 @@
 --   when request_id was given with other parameters; {'stale', proxy} when
 --   the index disagrees with the proxy's cooldowns (the caller rebuilds it);
 -- {'tcap', live} when the target has its cap of live leases;
--- {'paced', retry_ms, rate} when the target's pace allows no lease now.
+-- {'paced', retry_ms, rate} when the target's pace allows no lease now;
+-- {'ccap', live} when the caller holds its cap of live leases.
 local h, target, cap, ttl = ARGV[1], ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])
 local id, rnd, req, fp = ARGV[5], tonumber(ARGV[6]), ARGV[7], ARGV[8]
 local tcap, sess, per_target = tonumber(ARGV[9]), ARGV[10], ARGV[11] == '1'
+local caller, ccap = ARGV[12], tonumber(ARGV[13])
 local now = now_ms()
 
 local function granted(lid, l)
@@ -40,6 +44,12 @@ if req ~= '' then
 end
 
 local more = drain(now, DRAIN)
+if ccap > 0 then
+  local n = tonumber(redis.call('HGET', P .. 'tok', caller) or '0')
+  if n >= ccap then
+    return {'ccap', n}
+  end
+end
 local ix, cx = P .. 'ix:' .. h, P .. 'cx:' .. h .. ':' .. target
 local counted = per_target and target ~= ''
 -- GCRA: a lease is due every 1000/rate ms, with up to a second's worth
@@ -201,6 +211,10 @@ if counted then
   if tat then
     redis.call('HSET', P .. 't:' .. target, 'tat', tat)
   end
+end
+if caller ~= '' then
+  f[#f + 1], f[#f + 2] = 'tok', caller
+  redis.call('HINCRBY', P .. 'tok', caller, 1)
 end
 if per_target and sess ~= '' then
   f[#f + 1], f[#f + 2] = 'sess', sess

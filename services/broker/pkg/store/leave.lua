@@ -9,8 +9,8 @@ if ARGV[2] == '1' then
   -- and would hold its target's and session's counts until it expired.
   -- (end_lease empties pl:<uid>, and Redis deletes an empty set.)
   for _, id in ipairs(redis.call('SMEMBERS', P .. 'pl:' .. uid)) do
-    local f = redis.call('HMGET', P .. 'lease:' .. id, 'req', 'ct', 'sess')
-    close_lease(id, uid, f[1], f[2], f[3])
+    local f = redis.call('HMGET', P .. 'lease:' .. id, 'req', 'ct', 'sess', 'tok')
+    close_lease(id, uid, f[1], f[2], f[3], f[4])
   end
 end
 local targets = redis.call('HKEYS', P .. 'cool:' .. uid)

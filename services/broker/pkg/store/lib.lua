@@ -121,7 +121,9 @@ end
 
 -- A quarantined proxy leaves every index until ends; qix:<uid> remembers
 -- the indexes it left (and those a join asked for meanwhile), so
--- unquarantine puts it back where it belongs.
+-- unquarantine puts it back where it belongs, and qs:<h> the members of
+-- index h out in quarantine, so report.lua can tell what share of a
+-- selector's proxies is.
 local function quarantine(uid, now, ends)
   redis.call('HSET', P .. 'quar', uid, now .. '|' .. ends)
   redis.call('ZADD', DUE, ends, 'q|' .. uid .. '|')
@@ -130,6 +132,7 @@ local function quarantine(uid, now, ends)
     if k:sub(1, 3) == 'ix:' then
       leave(uid, k:sub(4), targets)
       redis.call('SADD', P .. 'qix:' .. uid, k:sub(4))
+      redis.call('SADD', P .. 'qs:' .. k:sub(4), uid)
     end
   end
 end
@@ -146,15 +149,24 @@ local function unquarantine(uid, now)
       end
     end
   end
+  for _, h in ipairs(redis.call('SMEMBERS', P .. 'qix:' .. uid)) do
+    redis.call('SREM', P .. 'qs:' .. h, uid)
+  end
   redis.call('DEL', P .. 'qix:' .. uid)
 end
 
 -- Ends a lease: its proxy's load, and the live counts of its target
--- (field ct, set when counted) and session (field sess).
-local function end_lease(id, uid, ct, sess)
+-- (field ct, set when counted), session (field sess) and caller (field
+-- tok, the name of the token it was taken with).
+local function end_lease(id, uid, ct, sess, tok)
   redis.call('DEL', P .. 'lease:' .. id)
   redis.call('SREM', P .. 'pl:' .. uid, id)
   add_load(uid, -1)
+  if tok and tok ~= '' then
+    if redis.call('HINCRBY', P .. 'tok', tok, -1) <= 0 then
+      redis.call('HDEL', P .. 'tok', tok)
+    end
+  end
   if ct then
     if redis.call('HINCRBY', P .. 't:' .. ct, 'n', -1) <= 0 then
       redis.call('HDEL', P .. 't:' .. ct, 'n')
@@ -169,12 +181,12 @@ end
 
 -- Ends a live lease before its expiry (released, or its proxy forgotten):
 -- its expiry and its request id go with it.
-local function close_lease(id, uid, req, ct, sess)
+local function close_lease(id, uid, req, ct, sess, tok)
   redis.call('ZREM', DUE, 'l|' .. id .. '|' .. uid)
   if req and req ~= '' then
     redis.call('DEL', P .. 'req:' .. req)
   end
-  end_lease(id, uid, ct, sess)
+  end_lease(id, uid, ct, sess, tok)
 end
 
 -- Applies up to limit lease expiries, cooldown ends and quarantine ends
@@ -186,8 +198,8 @@ local function drain(now, limit)
     redis.call('ZREM', DUE, m)
     local kind, a, b = m:sub(1, 1), split(m:sub(3))
     if kind == 'l' then
-      local f = redis.call('HMGET', P .. 'lease:' .. a, 'ct', 'sess')
-      end_lease(a, b, f[1], f[2])
+      local f = redis.call('HMGET', P .. 'lease:' .. a, 'ct', 'sess', 'tok')
+      end_lease(a, b, f[1], f[2], f[3])
     elseif kind == 'c' then
       end_cooldown(a, b)
     else
@@ -200,9 +212,9 @@ end
 local DRAIN = 256
 
 -- A live lease's fields {proxy, expires, target, req, addr, ix, at, ct,
--- sess}, or nil.
+-- sess, tok}, or nil.
 local function live_lease(id, now)
-  local l = redis.call('HMGET', P .. 'lease:' .. id, 'proxy', 'expires', 'target', 'req', 'addr', 'ix', 'at', 'ct', 'sess')
+  local l = redis.call('HMGET', P .. 'lease:' .. id, 'proxy', 'expires', 'target', 'req', 'addr', 'ix', 'at', 'ct', 'sess', 'tok')
   if l[1] and tonumber(l[2]) > now then
     return l
   end

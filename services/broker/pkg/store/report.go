@@ -109,6 +109,10 @@ func FixedCooldown(d time.Duration) Policy {
 type Faults struct {
 	Targets        int
 	Window, Period time.Duration
+	// MaxFraction is the largest share of a selector's proxies that may
+	// be quarantined at once; past it quarantine holds (QUARANTINE_HELD)
+	// and leasing goes on. 0 or 1: no limit.
+	MaxFraction float64
 }
 
 // Report is one outcome report on a live lease.
@@ -135,6 +139,7 @@ const (
 	ActionPaceRaised        = "PACE_RAISED"
 	ActionPacingEnded       = "PACING_ENDED"
 	ActionQuarantined       = "QUARANTINED"
+	ActionQuarantineHeld    = "QUARANTINE_HELD"
 )
 
 // Verdict is what a report did.
@@ -151,16 +156,25 @@ type Verdict struct {
 	Actions  []string
 }
 
+// maxFraction is the script's argument: 1 means no limit.
+func maxFraction(f float64) float64 {
+	if f <= 0 {
+		return 1
+	}
+	return f
+}
+
 // Report applies an outcome report atomically: escalating cooldowns on
 // the proxy's exit IP, the waterfall guard and pacing for the target, and
-// fault attribution for the proxy. The lease must be live.
+// fault attribution for the proxy. The lease must be live, and the report
+// about its target (a WrongTargetError otherwise).
 func (s *Store) Report(ctx context.Context, r Report) (*Verdict, error) {
 	ctx, span := s.tracer.Start(ctx, "store.Report", trace.WithAttributes(attribute.String("outcome", string(r.Outcome))))
 	defer span.End()
 	p, f := r.Policy, r.Faults
 	res, err := s.run(ctx, reportScript, r.LeaseID, string(r.Outcome), r.Target,
 		p.CooldownBase.Milliseconds(), p.CooldownMax.Milliseconds(), p.CooldownWindow.Milliseconds(), p.MaxCoolingFraction,
-		p.PacingInitial, p.PacingMin, p.PacingMax, f.Window.Milliseconds(), f.Targets, f.Period.Milliseconds(), rand.Float64()).Slice()
+		p.PacingInitial, p.PacingMin, p.PacingMax, f.Window.Milliseconds(), f.Targets, f.Period.Milliseconds(), rand.Float64(), maxFraction(f.MaxFraction)).Slice()
 	if err != nil {
 		return nil, wrap(err)
 	}

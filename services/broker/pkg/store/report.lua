@@ -4,19 +4,29 @@
 -- ARGV: lease_id, result (ok, rate_limited, blocked, error), target,
 -- cooldown base_ms, max_ms, window_ms, max_cooling_fraction, pacing
 -- initial, min, max (leases/s), error window_ms,
--- error targets (0: never quarantine), quarantine_ms, random in [0, 1).
+-- error targets (0: never quarantine), quarantine_ms, random in [0, 1),
+-- max quarantined fraction.
 -- Returns {} when the lease is gone, else {cooldown start_ms, end_ms,
 -- level, proxies sharing it, quarantine end_ms, pace rate ('' unpaced),
--- actions...}.
+-- actions...}. A report counts only for its lease's target: a lease taken
+-- for no target is bound to the first one a report names, and a report
+-- naming another fails with "EPTARGET <the lease's target>".
 local id, result, target = ARGV[1], ARGV[2], ARGV[3]
 local base, maxd, window = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
 local fraction = tonumber(ARGV[7])
 local pinit, pmin, pmax = tonumber(ARGV[8]), tonumber(ARGV[9]), tonumber(ARGV[10])
 local ewindow, etargets, qperiod = tonumber(ARGV[11]), tonumber(ARGV[12]), tonumber(ARGV[13])
-local rnd = tonumber(ARGV[14])
+local rnd, qfraction = tonumber(ARGV[14]), tonumber(ARGV[15])
 local now, l = open_lease(id)
 if not l then
   return {}
+end
+if result ~= '' then
+  if l[3] == '' then
+    redis.call('HSET', P .. 'lease:' .. id, 'target', target)
+  elseif l[3] ~= target then
+    return redis.error_reply('EPTARGET ' .. l[3])
+  end
 end
 local uid, h, granted = l[1], l[6], tonumber(l[7] or '0')
 local out = {0, 0, 0, 0, 0, ''}
@@ -112,6 +122,18 @@ local function cool_down(last_end, last_level)
   did(level == 0 and 'COOLDOWN_STARTED' or 'COOLDOWN_ESCALATED')
 end
 
+-- Whether quarantining one more member of the lease's index would put
+-- more than qfraction of its proxies in quarantine at once (one may
+-- always go: a fleet of one is not an outbreak).
+local function quarantine_held()
+  if qfraction >= 1 or not h then
+    return false
+  end
+  local out_now = redis.call('SCARD', P .. 'qs:' .. h)
+  local total = redis.call('ZCARD', P .. 'ix:' .. h) + out_now
+  return out_now + 1 > math.max(1, math.floor(qfraction * total))
+end
+
 if result == 'ok' then
   local e, lv, st = record()
   if e and lv > 0 then
@@ -160,10 +182,16 @@ elseif result == 'error' then
     local _, qe = split(q)
     out[5] = tonumber(qe)
   elseif etargets > 0 and redis.call('ZCARD', ek) >= etargets then
-    quarantine(uid, now, now + qperiod)
-    redis.call('DEL', ek)
-    out[5] = now + qperiod
-    did('QUARANTINED')
+    if quarantine_held() then
+      -- Like MachineHealthCheck's maxUnhealthy: this many faults at once
+      -- say more about the reporters, or the network, than the proxies.
+      did('QUARANTINE_HELD')
+    else
+      quarantine(uid, now, now + qperiod)
+      redis.call('DEL', ek)
+      out[5] = now + qperiod
+      did('QUARANTINED')
+    end
   end
 end
 if rate then

@@ -45,6 +45,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -78,18 +79,31 @@ var (
 	//go:embed loads.lua
 	loadsSrc string
 
-	acquireScript = script(acquireSrc)
-	renewScript   = script(renewSrc)
-	releaseScript = script(releaseSrc)
-	getScript     = script(getSrc)
-	reportScript  = script(reportSrc)
-	joinScript    = script(joinSrc)
-	leaveScript   = script(leaveSrc)
-	dropScript    = script(dropSrc)
-	loadsScript   = script(loadsSrc)
+	acquireScript = script(grows, acquireSrc)
+	renewScript   = script(shrinks, renewSrc)
+	releaseScript = script(shrinks, releaseSrc)
+	getScript     = script(reads, getSrc)
+	reportScript  = script(grows, reportSrc)
+	joinScript    = script(grows, joinSrc)
+	leaveScript   = script(shrinks, leaveSrc)
+	dropScript    = script(shrinks, dropSrc)
+	loadsScript   = script(reads, loadsSrc)
 )
 
-func script(body string) *redis.Script { return redis.NewScript(libSrc + "\n" + body) }
+// A script's flags (Redis 7's shebang). Out of memory (maxmemory with
+// noeviction), Redis refuses a script that grows the data set before it
+// runs; without flags it would refuse only a first write that grows, and
+// let one past the limit that first deleted something (an expiry). Those
+// that end leases run in any case: they are how memory comes back.
+const (
+	grows   = "#!lua"
+	shrinks = "#!lua flags=allow-oom"
+	reads   = "#!lua flags=no-writes"
+)
+
+func script(flags, body string) *redis.Script {
+	return redis.NewScript(flags + "\n" + libSrc + "\n" + body)
+}
 
 // ErrLeaseNotFound: unknown or expired lease.
 var ErrLeaseNotFound = errors.New("lease not found or expired")
@@ -164,6 +178,29 @@ type StaleIndexError struct{ Proxy string }
 func (e *StaleIndexError) Error() string {
 	return "selector index out of step with the cooldowns of proxy " + e.Proxy
 }
+
+// WrongTargetError: a report named another target than its lease's. A
+// report counts only for its lease's target, so one holder cannot cool a
+// proxy down, or quarantine it, for targets it never crawled through it.
+type WrongTargetError struct{ Leased string }
+
+func (e *WrongTargetError) Error() string {
+	return fmt.Sprintf("the lease is for target %q; a report counts only for its lease's target (a lease taken without one is bound to the first target a report names)", e.Leased)
+}
+
+// CallerCapError: the caller (a named token) holds its cap of live leases.
+type CallerCapError struct {
+	Caller    string
+	Cap, Live int
+}
+
+func (e *CallerCapError) Error() string {
+	return fmt.Sprintf("token %q holds %d live leases, its cap (--token-max-leases %d): release some first", e.Caller, e.Live, e.Cap)
+}
+
+// ErrFull: Redis is at its maxmemory (noeviction) and refuses anything
+// that would grow it; leases still end, which is how room comes back.
+var ErrFull = errors.New("the lease store is full (Redis is at its maxmemory): no new lease, cooldown or index until leases end or Redis is given more memory")
 
 // UnavailableError wraps a Redis failure.
 type UnavailableError struct{ Err error }
@@ -255,7 +292,7 @@ func (s *Store) send(ctx context.Context) {
 
 // reads are the scripts whose effects need not reach a replica: a lost
 // drain is applied again from the replica's own due set.
-func reads(sc *redis.Script) bool { return sc == getScript || sc == loadsScript }
+func readOnly(sc *redis.Script) bool { return sc == getScript || sc == loadsScript }
 
 // exec makes one round trip of a batch of script calls, setting each
 // call's cmd. A script the server has not seen (a new, restarted or
@@ -266,7 +303,7 @@ func reads(sc *redis.Script) bool { return sc == getScript || sc == loadsScript 
 func (s *Store) exec(ctx context.Context, batch []*call) {
 	wait := false
 	for _, c := range batch {
-		wait = wait || (s.Wait.Replicas > 0 && !reads(c.sc))
+		wait = wait || (s.Wait.Replicas > 0 && !readOnly(c.sc))
 	}
 	var node redis.Cmdable = s.rdb
 	cluster, isCluster := s.rdb.(*redis.ClusterClient)
@@ -303,7 +340,7 @@ func (s *Store) exec(ctx context.Context, batch []*call) {
 			switch {
 			case redis.HasErrorPrefix(c.cmd.Err(), "NOSCRIPT"):
 				missing = append(missing, c)
-			case wait && c.cmd.Err() == nil && !reads(c.sc):
+			case wait && c.cmd.Err() == nil && !readOnly(c.sc):
 				s.checkAcked(ctx, c, acked)
 			}
 		}
@@ -380,6 +417,12 @@ func wrap(err error) error {
 	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
 		return err
 	}
+	switch {
+	case redis.HasErrorPrefix(err, "EPTARGET"):
+		return &WrongTargetError{Leased: strings.TrimPrefix(err.Error(), "EPTARGET ")}
+	case redis.HasErrorPrefix(err, "OOM"):
+		return fmt.Errorf("%w (%v)", ErrFull, err)
+	}
 	return &UnavailableError{err}
 }
 
@@ -431,6 +474,10 @@ type Acquire struct {
 	// Session, when set, leases the proxy of the session's live leases
 	// while it qualifies (in the index, below Cap, not cooling down).
 	Session string
+	// Caller names the token the lease is taken with ("" for none); it
+	// may hold at most CallerCap live leases (0: no cap).
+	Caller    string
+	CallerCap int
 }
 
 // Acquire atomically leases the least-loaded proxy of the index that is
@@ -443,7 +490,7 @@ func (s *Store) Acquire(ctx context.Context, a Acquire) (*Lease, error) {
 	var rnd [8]byte
 	_, _ = rand.Read(rnd[:])
 	res, err := s.run(ctx, acquireScript, a.Index, a.Target, a.Cap, a.TTL.Milliseconds(), a.LeaseID,
-		binary.BigEndian.Uint64(rnd[:])>>12, a.RequestID, a.Fingerprint, a.TargetCap, a.Session, flag(a.PerTarget)).Slice()
+		binary.BigEndian.Uint64(rnd[:])>>12, a.RequestID, a.Fingerprint, a.TargetCap, a.Session, flag(a.PerTarget), a.Caller, a.CallerCap).Slice()
 	if err != nil {
 		return nil, wrap(err)
 	}
@@ -461,6 +508,8 @@ func (s *Store) Acquire(ctx context.Context, a Acquire) (*Lease, error) {
 		return nil, &StaleIndexError{Proxy: res[1].(string)}
 	case "tcap":
 		return nil, &TargetCapError{Target: a.Target, Cap: a.TargetCap}
+	case "ccap":
+		return nil, &CallerCapError{Caller: a.Caller, Cap: a.CallerCap, Live: int(res[1].(int64))}
 	case "paced":
 		rate, _ := strconv.ParseFloat(res[2].(string), 64)
 		return nil, &PacedError{Target: a.Target, Rate: rate, Wait: time.Duration(res[1].(int64)) * time.Millisecond}
@@ -480,16 +529,28 @@ func (s *Store) Get(ctx context.Context, id string) (*Lease, error) {
 	return &Lease{ID: id, Proxy: res[0].(string), Target: res[1].(string), Expires: time.UnixMilli(res[2].(int64)), Addr: res[3].(string)}, nil
 }
 
-// Renew extends a live lease on proxy (a UID) to now+ttl.
-func (s *Store) Renew(ctx context.Context, l *Lease, ttl time.Duration) (*Lease, error) {
+// ErrPastUntil: a renewal's until had passed, by Redis's clock.
+var ErrPastUntil = errors.New("the lease may not be renewed past its proxy's deadline, which has passed")
+
+// Renew extends a live lease on proxy (a UID) to now+ttl, and no further
+// than until unless it is zero (a draining proxy's deadline); now is
+// Redis's clock, as for every expiry, so brokers' clocks do not matter.
+func (s *Store) Renew(ctx context.Context, l *Lease, ttl time.Duration, until time.Time) (*Lease, error) {
 	ctx, span := s.tracer.Start(ctx, "store.Renew")
 	defer span.End()
-	exp, err := s.run(ctx, renewScript, l.ID, l.Proxy, ttl.Milliseconds()).Int64()
+	var cap int64
+	if !until.IsZero() {
+		cap = max(until.UnixMilli(), 1) // the epoch (an unreadable deadline) has passed too
+	}
+	exp, err := s.run(ctx, renewScript, l.ID, l.Proxy, ttl.Milliseconds(), cap).Int64()
 	if err != nil {
 		return nil, wrap(err)
 	}
-	if exp == 0 {
+	switch exp {
+	case 0:
 		return nil, ErrLeaseNotFound
+	case -1:
+		return nil, ErrPastUntil
 	}
 	r := *l
 	r.Expires = time.UnixMilli(exp)

@@ -117,6 +117,7 @@ func TestAcquireMatchesAModel(t *testing.T) {
 	load := map[string]int{}
 	cooling := map[string]map[string]bool{"a": {}, "b": {}}
 	leases := map[string]string{}
+	bound := map[string]string{} // lease -> the target its reports count for
 	var ids []string
 	const capacity = 3
 	rng := rand.New(rand.NewPCG(1, 2))
@@ -151,6 +152,7 @@ func TestAcquireMatchesAModel(t *testing.T) {
 			load[l.Proxy]++
 			require.Equal(t, load[l.Proxy], l.Load, "step %d", step)
 			leases[l.ID] = l.Proxy
+			bound[l.ID] = target
 			ids = append(ids, l.ID)
 		case op < 85 && len(ids) > 0:
 			i := rng.IntN(len(ids))
@@ -163,7 +165,13 @@ func TestAcquireMatchesAModel(t *testing.T) {
 			delete(leases, id)
 		case len(ids) > 0:
 			id := ids[rng.IntN(len(ids))]
-			target := []string{"a", "b"}[rng.IntN(2)]
+			// A report counts for its lease's target; a lease taken for
+			// none is bound to the first a report names.
+			target := bound[id]
+			if target == "" {
+				target = []string{"a", "b"}[rng.IntN(2)]
+				bound[id] = target
+			}
 			_, err := f.cool(id, target)
 			require.NoError(t, err)
 			cooling[target][leases[id]] = true
@@ -371,18 +379,29 @@ func TestRenew(t *testing.T) {
 	assert.Equal(t, l.Proxy, got.Proxy)
 	assert.Regexp(t, `^127\.0\.0\.1:300[01]$`, got.Addr)
 
-	renewed, err := f.st.Renew(f.ctx, got, 2*time.Hour)
+	renewed, err := f.st.Renew(f.ctx, got, 2*time.Hour, time.Time{})
 	require.NoError(t, err)
 	assert.True(t, renewed.Expires.After(l.Expires))
 
+	// A deadline (a draining proxy's) caps the renewal, judged by Redis's
+	// clock like every expiry; past it the renewal is refused.
+	redisNow, err := f.rdb.Time(f.ctx).Result()
+	require.NoError(t, err)
+	deadline := redisNow.Add(time.Hour).Truncate(time.Millisecond)
+	capped, err := f.st.Renew(f.ctx, got, 2*time.Hour, deadline)
+	require.NoError(t, err)
+	assert.Equal(t, deadline.UnixMilli(), capped.Expires.UnixMilli())
+	_, err = f.st.Renew(f.ctx, got, time.Hour, redisNow.Add(-time.Millisecond))
+	require.ErrorIs(t, err, store.ErrPastUntil)
+
 	other := *got
 	other.Proxy = "uid-999"
-	_, err = f.st.Renew(f.ctx, &other, time.Hour)
+	_, err = f.st.Renew(f.ctx, &other, time.Hour, time.Time{})
 	require.ErrorIs(t, err, store.ErrLeaseNotFound, "a lease is renewed only on its own proxy")
 
 	_, err = f.st.Release(f.ctx, l.ID)
 	require.NoError(t, err)
-	_, err = f.st.Renew(f.ctx, got, time.Hour)
+	_, err = f.st.Renew(f.ctx, got, time.Hour, time.Time{})
 	require.ErrorIs(t, err, store.ErrLeaseNotFound)
 	_, err = f.st.Get(f.ctx, l.ID)
 	require.ErrorIs(t, err, store.ErrLeaseNotFound)
@@ -620,8 +639,11 @@ func TestQuarantineParksAndRestoresIndexMembership(t *testing.T) {
 	_, err := f.cool(l.ID, "t")
 	require.NoError(t, err)
 	faults := store.Faults{Targets: 2, Window: time.Minute, Period: 300 * time.Millisecond}
-	assert.Empty(t, f.report(l.ID, store.Failed, "x", hourLong, faults).QuarantinedUntil)
-	v := f.report(l.ID, store.Failed, "y", hourLong, faults)
+	// Errors on two targets, each on a lease of its own (a report counts
+	// only for its lease's target).
+	x, y := f.leaseOn("a", bad), f.leaseOn("a", bad)
+	assert.Empty(t, f.report(x.ID, store.Failed, "x", hourLong, faults).QuarantinedUntil)
+	v := f.report(y.ID, store.Failed, "y", hourLong, faults)
 	assert.Equal(t, []string{store.ActionQuarantined}, v.Actions)
 	st, err := f.st.States(f.ctx, []string{bad})
 	require.NoError(t, err)

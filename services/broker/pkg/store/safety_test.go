@@ -1,0 +1,166 @@
+package store_test
+
+import (
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/egress-proxies/egress-proxies/pkg/testutil/proc"
+	"github.com/egress-proxies/egress-proxies/services/broker/pkg/store"
+)
+
+// One token cannot cool a proxy down, or quarantine it, for targets it
+// never crawled through it: a report counts only for its lease's target,
+// and a lease taken for none is bound to the first a report names.
+func TestAReportCountsOnlyForItsLeasesTarget(t *testing.T) {
+	f := newFixture(t)
+	f.index("ix", uids(2)...)
+	l := f.mustAcquire("ix", "shop.example", 0)
+	_, err := f.st.Report(f.ctx, store.Report{LeaseID: l.ID, Outcome: store.RateLimited, Target: "victim.example", Policy: hourLong})
+	var wrong *store.WrongTargetError
+	require.ErrorAs(t, err, &wrong)
+	assert.Equal(t, "shop.example", wrong.Leased)
+	assert.Empty(t, f.keysNaming("victim.example"), "a refused report writes nothing")
+
+	open := f.mustAcquire("ix", "", 0)
+	f.report(open.ID, store.Failed, "first.example", hourLong, store.Faults{})
+	_, err = f.st.Report(f.ctx, store.Report{LeaseID: open.ID, Outcome: store.Failed, Target: "second.example", Policy: hourLong})
+	require.ErrorAs(t, err, &wrong, "bound to the first target reported")
+	assert.Equal(t, "first.example", wrong.Leased)
+	got, err := f.st.Get(f.ctx, open.ID)
+	require.NoError(t, err)
+	assert.Equal(t, "first.example", got.Target)
+}
+
+// Like MachineHealthCheck's maxUnhealthy: past the share of a selector's
+// proxies that may be quarantined at once, quarantine holds and leasing
+// goes on, however many error reports come in.
+func TestQuarantineStopsPastItsShareOfTheFleet(t *testing.T) {
+	f := newFixture(t)
+	all := uids(10)
+	f.index("ix", all...)
+	faults := store.Faults{Targets: 2, Window: time.Minute, Period: time.Hour, MaxFraction: 0.3}
+	var quarantined, held int
+	for _, uid := range all {
+		var v *store.Verdict
+		for _, target := range []string{"a.example", "b.example"} {
+			l := f.leaseOn("ix", uid)
+			v = f.report(l.ID, store.Failed, target, hourLong, faults)
+		}
+		switch {
+		case assert.ObjectsAreEqual([]string{store.ActionQuarantined}, v.Actions):
+			quarantined++
+		case assert.ObjectsAreEqual([]string{store.ActionQuarantineHeld}, v.Actions):
+			held++
+		default:
+			t.Fatalf("%s: actions %v", uid, v.Actions)
+		}
+	}
+	assert.Equal(t, 3, quarantined, "30 %% of 10")
+	assert.Equal(t, 7, held)
+	members, err := f.st.Members(f.ctx, "ix")
+	require.NoError(t, err)
+	assert.Len(t, members, 7, "the rest stay leasable")
+	_, err = f.acquire("ix", "", 0)
+	assert.NoError(t, err)
+}
+
+// A named token holds at most its cap of live leases; ending one, by
+// release or expiry, frees its place, and other tokens are not counted
+// against it.
+func TestACallerHoldsAtMostItsCap(t *testing.T) {
+	f := newFixture(t)
+	f.index("ix", uids(4)...)
+	acquire := func(caller string, ttl time.Duration) (*store.Lease, error) {
+		return f.st.Acquire(f.ctx, store.Acquire{Index: "ix", TTL: ttl, LeaseID: store.NewLeaseID(), Caller: caller, CallerCap: 2})
+	}
+	a1, err := acquire("team-a", time.Hour)
+	require.NoError(t, err)
+	_, err = acquire("team-a", 300*time.Millisecond)
+	require.NoError(t, err)
+	_, err = acquire("team-a", time.Hour)
+	var capped *store.CallerCapError
+	require.ErrorAs(t, err, &capped)
+	assert.Equal(t, store.CallerCapError{Caller: "team-a", Cap: 2, Live: 2}, *capped)
+	assert.Contains(t, err.Error(), `token "team-a" holds 2 live leases`)
+	_, err = acquire("team-b", time.Hour)
+	require.NoError(t, err, "another token has its own count")
+
+	_, err = f.st.Release(f.ctx, a1.ID)
+	require.NoError(t, err)
+	_, err = acquire("team-a", time.Hour)
+	require.NoError(t, err, "a release frees a place")
+	time.Sleep(400 * time.Millisecond)
+	_, err = acquire("team-a", time.Hour)
+	require.NoError(t, err, "so does an expiry")
+	_, err = acquire("team-a", time.Hour)
+	require.ErrorAs(t, err, &capped)
+}
+
+// A full Redis (maxmemory, noeviction) refuses a new lease with ErrFull,
+// which the API turns into a clear RESOURCE_EXHAUSTED; expiries due meanwhile
+// are applied whole later, leases still end by release, and once room is
+// made leasing resumes with every count right.
+func TestAFullRedisRefusesNewLeasesAndStillEndsThem(t *testing.T) {
+	r := proc.StartRedis(t, false, "--maxmemory", "4mb", "--maxmemory-policy", "noeviction")
+	rdb := redis.NewClient(&redis.Options{Addr: r.Addr})
+	t.Cleanup(func() { _ = rdb.Close() })
+	st := store.New(rdb, store.DefaultPrefix)
+	f := &fixture{t: t, rdb: rdb, st: st, ctx: t.Context()}
+	all := uids(20)
+	f.index("ix", all...)
+	kept := f.mustAcquire("ix", "", 0)
+	for range 5 {
+		_, err := st.Acquire(f.ctx, store.Acquire{Index: "ix", TTL: 200 * time.Millisecond, LeaseID: store.NewLeaseID()})
+		require.NoError(t, err)
+	}
+	// Someone else's data fills Redis to its limit.
+	blob := strings.Repeat("x", 512)
+	var ballast []string
+	for i := 0; ; i++ {
+		k := fmt.Sprintf("ballast:%d", i)
+		if err := rdb.Set(f.ctx, k, blob, 0).Err(); err != nil {
+			require.True(t, redis.HasErrorPrefix(err, "OOM"), "%v", err)
+			break
+		}
+		ballast = append(ballast, k)
+	}
+	time.Sleep(300 * time.Millisecond) // the five are due to expire
+	// Redis checks its memory before each command, so a call may still
+	// squeeze in at the edge; within a few the store is full.
+	granted := 0
+	for i := 0; ; i++ {
+		require.Less(t, i, 100, "Redis never refused a lease")
+		_, err := f.acquire("ix", "", 0)
+		if err == nil {
+			granted++
+			continue
+		}
+		require.ErrorIs(t, err, store.ErrFull)
+		assert.Contains(t, err.Error(), "maxmemory")
+		break
+	}
+	ok, err := st.Release(f.ctx, kept.ID)
+	require.NoError(t, err, "a release runs on a full Redis")
+	assert.True(t, ok)
+
+	for len(ballast) > 0 {
+		n := min(len(ballast), 500)
+		require.NoError(t, rdb.Del(f.ctx, ballast[:n]...).Err())
+		ballast = ballast[n:]
+	}
+	_, err = f.acquire("ix", "", 0)
+	require.NoError(t, err, "room made, leasing resumes")
+	loads, err := f.loads(all)
+	require.NoError(t, err)
+	total := 0
+	for _, n := range loads {
+		total += n
+	}
+	assert.Equal(t, granted+1, total, "every expiry applied whole: no load left behind by a lease that is gone")
+}
