@@ -33,11 +33,11 @@ type Options struct {
 	RedisSentinelPasswordFile string
 	RedisSentinelUsername     string
 	RedisDB                   int
-	RedisPrefix       string
-	RedisWait         store.Wait
-	TokenFile         string
-	TLSCert           string
-	TLSKey            string
+	RedisPrefix               string
+	RedisWait                 store.Wait
+	TokenFile                 string
+	TLSCert                   string
+	TLSKey                    string
 	// CredentialsKeyFile: the controller's key Managed proxies'
 	// credentials are derived from.
 	CredentialsKeyFile string

@@ -9,8 +9,8 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
-	leasev1 "github.com/egress-proxies/egress-proxies/pkg/gen/egressproxies/lease/v1"
 	"github.com/egress-proxies/egress-proxies/pkg/auth"
+	leasev1 "github.com/egress-proxies/egress-proxies/pkg/gen/egressproxies/lease/v1"
 	"github.com/egress-proxies/egress-proxies/services/broker/internal/brokertest"
 	"github.com/egress-proxies/egress-proxies/services/broker/pkg/leases"
 	"github.com/egress-proxies/egress-proxies/services/broker/pkg/policy"

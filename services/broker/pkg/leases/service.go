@@ -22,8 +22,8 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 	"k8s.io/apimachinery/pkg/util/validation"
 
-	leasev1 "github.com/egress-proxies/egress-proxies/pkg/gen/egressproxies/lease/v1"
 	"github.com/egress-proxies/egress-proxies/pkg/auth"
+	leasev1 "github.com/egress-proxies/egress-proxies/pkg/gen/egressproxies/lease/v1"
 	"github.com/egress-proxies/egress-proxies/services/broker/pkg/index"
 	"github.com/egress-proxies/egress-proxies/services/broker/pkg/inventory"
 	"github.com/egress-proxies/egress-proxies/services/broker/pkg/policy"

@@ -264,7 +264,6 @@ func (h *Hub) denied(ip, rawURL string) string {
 	return ""
 }
 
-
 // trigger asks the rebalancer to run; callers hold mu or not, it never blocks.
 func (h *Hub) trigger() {
 	select {

@@ -28,7 +28,7 @@ type Options struct {
 	// What Validate parsed.
 	deny   netpolicy.DenyList
 	egress netpolicy.Egress
-	roots *x509.CertPool
+	roots  *x509.CertPool
 }
 
 // Register adds the flags to fs.
