@@ -19,7 +19,12 @@ once() {
 }
 once "$release-probe-token" token
 once "$release-discovery-token" token
-once "$release-redis" password
+# The Redis password twice: for the brokers, and as the config file Redis
+# reads (the chart's redis.conf key), so it is on no command line.
+if ! kubectl -n "$ns" get secret "$release-redis" >/dev/null 2>&1; then
+  pw=$(openssl rand -hex 24)
+  kubectl -n "$ns" create secret generic "$release-redis" --from-literal=password="$pw" --from-literal=redis.conf="requirepass $pw"
+fi
 once "$release-proxy-credentials-key" key
 if ! kubectl -n "$ns" get secret "$tls" >/dev/null 2>&1; then
   dir=$(mktemp -d)

@@ -71,15 +71,16 @@ func (o *Ops) Handler() http.Handler {
 	return mux
 }
 
-// Serve runs h on addr until ctx ends, then shuts it down gracefully.
+// Serve runs h on addr, within limits, until ctx ends, then shuts it down
+// gracefully.
 // The listener is bound before Serve returns to its caller's goroutine
 // scheduling, so a bad address fails at once.
-func Serve(ctx context.Context, log *slog.Logger, name, addr string, h http.Handler) (func() error, error) {
+func Serve(ctx context.Context, log *slog.Logger, name, addr string, h http.Handler, limits Limits) (func() error, error) {
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return nil, fmt.Errorf("%s: listening on %s: %w", name, addr, err)
 	}
-	srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}
+	srv := limits.HTTPServer(h)
 	errc := make(chan error, 1)
 	go func() {
 		log.Info("serving", "server", name, "addr", ln.Addr().String())

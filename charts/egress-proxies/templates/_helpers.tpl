@@ -189,3 +189,8 @@ data:
 {{- define "ep.egressDeny" -}}
 {{ .Values.egress.denyCIDRs }}{{ with .Values.egress.clusterCIDRs }},{{ . }}{{ end }}
 {{- end }}
+
+{{/* Where Secrets are read: the release's namespace, then secretNamespaces. */}}
+{{- define "ep.secretNamespaces" -}}
+{{ join "," (uniq (prepend .Values.secretNamespaces .Release.Namespace)) }}
+{{- end }}

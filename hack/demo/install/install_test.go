@@ -141,8 +141,10 @@ func TestRenderedObjectsAreAcceptedByAnAPIServer(t *testing.T) {
 func TestRBACIsLeastPrivilege(t *testing.T) {
 	testenv.Require(t)
 	ctx := context.Background()
-	_ = env.Client.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}})
-	for _, u := range render(t) {
+	for _, n := range []string{ns, "team-b"} {
+		_ = env.Client.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: n}})
+	}
+	for _, u := range render(t, "--set", "secretNamespaces={team-b}") {
 		switch u.GetKind() {
 		case "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding":
 			require.NoError(t, env.Client.Patch(ctx, u, client.Apply, client.FieldOwner("chart-test"), client.ForceOwnership), u.GetName())
@@ -167,17 +169,27 @@ func TestRBACIsLeastPrivilege(t *testing.T) {
 		{"ep-broker", "watch", "crawl.example.com", "targetpolicies", "", "team-a", true, ""},
 		{"ep-broker", "update", "crawl.example.com", "targetpolicies", "", "team-a", false, ""},
 		{"ep-broker", "create", "events.k8s.io", "events", "", "team-a", false, ""},
-		// Secrets read-only: External proxies' credentials (its cache
-		// narrows the watch to those labelled for it).
-		{"ep-broker", "watch", "", "secrets", "", "team-a", true, ""},
-		{"ep-broker", "create", "", "secrets", "", "team-a", false, ""},
+		// Secrets read-only, and only in the release's namespace and the
+		// secretNamespaces listed (team-b here): External proxies'
+		// credentials (its cache narrows the watch to those labelled
+		// for it). kube-system's, or any other namespace's, never.
+		{"ep-broker", "watch", "", "secrets", "", ns, true, ""},
+		{"ep-broker", "watch", "", "secrets", "", "team-b", true, ""},
+		{"ep-broker", "list", "", "secrets", "", "team-a", false, ""},
+		{"ep-broker", "list", "", "secrets", "", "kube-system", false, ""},
+		{"ep-broker", "list", "", "secrets", "", "", false, ""},
+		{"ep-broker", "create", "", "secrets", "", "team-b", false, ""},
 		{"ep-broker", "update", "", "secrets", "", ns, false, ""},
 		// The controller: Proxies and their status, its pods, Secrets read-only,
 		// Events, its leader Lease; nothing else.
 		{"ep-controller", "patch", "crawl.example.com", "proxies", "status", "team-a", true, ""},
 		{"ep-controller", "update", "crawl.example.com", "proxies", "", "team-a", true, ""},
 		{"ep-controller", "update", "crawl.example.com", "proxies", "finalizers", "team-a", true, ""},
-		{"ep-controller", "watch", "", "secrets", "", "team-a", true, ""},
+		{"ep-controller", "watch", "", "secrets", "", ns, true, ""},
+		{"ep-controller", "watch", "", "secrets", "", "team-b", true, ""},
+		{"ep-controller", "list", "", "secrets", "", "team-a", false, ""},
+		{"ep-controller", "list", "", "secrets", "", "kube-system", false, ""},
+		{"ep-controller", "list", "", "secrets", "", "", false, ""},
 		{"ep-controller", "create", "", "secrets", "", "team-a", false, ""},
 		{"ep-controller", "update", "", "secrets", "", ns, false, ""},
 		{"ep-controller", "delete", "", "secrets", "", ns, false, ""},
@@ -443,7 +455,20 @@ func TestDefaultInstallMountsOnlyWhatExists(t *testing.T) {
 			kinds = append(kinds, u.GetName())
 		}
 	}
-	assert.ElementsMatch(t, []string{"ep-controller", "ep-prober", "ep-broker", "ep-redis"}, kinds, "NetworkPolicies are on by default")
+	assert.ElementsMatch(t, []string{"ep-controller", "ep-prober", "ep-broker", "ep-redis", "ep-proxies"}, kinds, "NetworkPolicies are on by default")
+
+	// Redis's password is on no command line and in no environment but
+	// the readiness probe's: Redis reads it from its config file.
+	redisPod := podSpec(t, find(t, objs, "StatefulSet", "ep-redis")).Containers[0]
+	assert.Equal(t, "/etc/egress-proxies/redis-auth/redis.conf", redisPod.Args[0])
+	assert.NotContains(t, strings.Join(redisPod.Args, " "), "requirepass")
+	for _, e := range redisPod.Env {
+		assert.NotEqual(t, "REDIS_PASSWORD", e.Name)
+	}
+	var pw corev1.Secret
+	require.NoError(t, env.Client.Get(ctx, client.ObjectKey{Namespace: ins, Name: "ep-redis"}, &pw))
+	assert.Equal(t, "requirepass "+string(pw.Data["password"])+"\n", string(pw.Data["redis.conf"]), "one password, two forms")
+	assert.Contains(t, redisPod.Args, "noeviction", "a full Redis refuses, it never evicts a lease")
 }
 
 // applyAndCheckMounts applies a render's namespaced objects server-side in

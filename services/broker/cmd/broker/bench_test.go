@@ -131,9 +131,34 @@ func makeFleets(b *testing.B) []store.Member {
 }
 
 type benchBroker struct {
-	api  leasev1.LeaseServiceClient
-	rest string
-	pid  int
+	api        leasev1.LeaseServiceClient
+	rest, grpc string
+	pid        int
+}
+
+// durability measures what each way of keeping an acknowledged lease
+// costs, each on its own Redis and broker, against plain (no persistence):
+// the chart's default (an append-only file fsynced every second: a crash
+// of Redis loses up to a second of leases), fsync on every write (a crash
+// loses none), and WAIT for a replica (a failover loses none).
+func durability(b *testing.B, plain benchRow, measure func(*benchBroker, *proc.Redis) benchRow) []benchRow {
+	everysec := proc.StartRedis(b, false, "--appendonly", "yes", "--appendfsync", "everysec")
+	always := proc.StartRedis(b, true)
+	primary := proc.StartRedis(b, false, "--appendonly", "yes", "--appendfsync", "everysec")
+	proc.StartRedis(b, false, "--replicaof", "127.0.0.1", fmt.Sprint(primary.Port))
+	rc := redis.NewClient(&redis.Options{Addr: primary.Addr})
+	require.Eventually(b, func() bool {
+		info, _ := rc.Info(context.Background(), "replication").Result()
+		return strings.Contains(info, "connected_slaves:1") && strings.Contains(info, "state=online")
+	}, 30*time.Second, 50*time.Millisecond, "the replica never caught up")
+	_ = rc.Close()
+	def := measure(startBenchBroker(b, everysec, 0, store.DefaultPrefix), everysec)
+	def.name, def.vs, def.ratio = "  same, AOF fsync every second (chart default)", "no persistence", def.rate/plain.rate
+	all := measure(startBenchBroker(b, always, 0, store.DefaultPrefix), always)
+	all.name, all.vs, all.ratio = "  same, AOF fsync always (redis.durability: always)", "fsync every second", all.rate/def.rate
+	wait := measure(startBenchBroker(b, primary, 0, store.DefaultPrefix, "--redis-wait-replicas", "1", "--redis-wait-timeout", "1s"), primary)
+	wait.name, wait.vs, wait.ratio = "  same, WAIT for 1 replica (broker.redisWaitReplicas: 1)", "fsync every second", wait.rate/def.rate
+	return []benchRow{def, all, wait}
 }
 
 func startBenchBroker(b *testing.B, r *proc.Redis, leaseCap int, prefix string, extra ...string) *benchBroker {
@@ -146,7 +171,7 @@ func startBenchBroker(b *testing.B, r *proc.Redis, leaseCap int, prefix string, 
 	conn, err := grpc.NewClient(proc.Addr(g), grpc.WithTransportCredentials(insecure.NewCredentials()))
 	require.NoError(b, err)
 	b.Cleanup(func() { _ = conn.Close() })
-	bb := &benchBroker{api: leasev1.NewLeaseServiceClient(conn), rest: "http://" + proc.Addr(h), pid: p.Cmd.Process.Pid}
+	bb := &benchBroker{api: leasev1.NewLeaseServiceClient(conn), rest: "http://" + proc.Addr(h), grpc: proc.Addr(g), pid: p.Cmd.Process.Pid}
 	total := 0
 	for _, f := range benchFleets {
 		total += f.n
@@ -308,16 +333,17 @@ func BenchmarkLeases(b *testing.B) {
 			return err
 		}
 	}
-	flush := redis.NewClient(&redis.Options{Addr: r.Addr})
-	defer func() { _ = flush.Close() }()
-	// phase measures call; every figure but the contended one starts from
-	// an empty store, so leases left by one figure do not weigh on the next.
-	phase := func(bb *benchBroker, call func() error, fresh bool) benchRow {
+	// phaseOn measures call through bb on Redis rr; every figure but the
+	// contended one starts from an empty store, so leases left by one
+	// figure do not weigh on the next.
+	phaseOn := func(bb *benchBroker, rr *proc.Redis, call func() error, fresh bool) benchRow {
 		if fresh {
+			flush := redis.NewClient(&redis.Options{Addr: rr.Addr})
 			require.NoError(b, flush.FlushAll(ctx).Err())
+			_ = flush.Close()
 		}
 		require.NoError(b, call()) // builds the selector's index
-		pids := []int{os.Getpid(), r.Proc.Cmd.Process.Pid, os.Getpid()}
+		pids := []int{os.Getpid(), rr.Proc.Cmd.Process.Pid, os.Getpid()}
 		if bb != nil {
 			pids[2] = bb.pid
 		}
@@ -332,6 +358,7 @@ func BenchmarkLeases(b *testing.B) {
 		}
 		return row
 	}
+	phase := func(bb *benchBroker, call func() error, fresh bool) benchRow { return phaseOn(bb, r, call, fresh) }
 	restLease := func(body string) func() error {
 		httpc := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: benchClients}}
 		return func() error {
@@ -363,6 +390,18 @@ func BenchmarkLeases(b *testing.B) {
 	flat := byFleet[10000]
 	rows = append(rows, benchRow{name: "  flat in fleet size: 10,000 against 100", rate: flat.rate, p50: flat.p50, p99: flat.p99,
 		vs: "100 proxies", ratio: flat.rate / byFleet[100].rate, goal: "≥ 0.85"})
+	rows = append(rows, durability(b, byFleet[1000], func(bb *benchBroker, rr *proc.Redis) benchRow {
+		return phaseOn(bb, rr, grpcLease(bb.api, &leasev1.CreateLeaseRequest{Namespace: "bench-1k", TtlSeconds: 600}), true)
+	})...)
+	// A thousand clients that take and never give, open through the
+	// figure: slowloris heads on REST, silent and stream-hoarding gRPC
+	// connections (the broker's default limits cut them).
+	slow := openSlowClients(b, open.rest[len("http://"):], open.grpc, 450, 5, 20)
+	attacked := phase(open, grpcLease(open.api, &leasev1.CreateLeaseRequest{Namespace: "bench-1k", TtlSeconds: 600}), true)
+	attacked.name, attacked.vs, attacked.goal = "  same, with 1,000 slow clients open (p99 ratio)", "p99, none open", "≤ 2.0"
+	attacked.ratio = float64(attacked.p99) / float64(byFleet[1000].p99)
+	rows = append(rows, attacked)
+	slow.close()
 	rest := phase(open, restLease(`{"namespace":"bench-1k","ttlSeconds":600}`), true)
 	rest.name, rest.vs, rest.ratio, rest.goal = "REST lease, 1,000 matching proxies", "baseline", rest.rate/baseRow.rate, "≥ 0.35"
 	rows = append(rows, rest)

@@ -68,7 +68,7 @@ func Run(ctx context.Context, env service.Env, o Options) error {
 	if err != nil {
 		return err
 	}
-	srv, err := server.New(ctx, log, server.Options{GRPCAddr: o.GRPCAddr, HTTPAddr: o.HTTPAddr, MaxBodyBytes: o.MaxBody, MaxRecvBytes: 1 << 20, Tracing: env.Tracing, TLS: serverTLS},
+	srv, err := server.New(ctx, log, server.Options{GRPCAddr: o.GRPCAddr, HTTPAddr: o.HTTPAddr, MaxBodyBytes: o.MaxBody, MaxRecvBytes: 1 << 20, Tracing: env.Tracing, TLS: serverTLS, Limits: o.Limits},
 		leases.New(inv, st, idx, pol, o.Leases), tok)
 	if err != nil {
 		return service.UsageError{Err: err}
@@ -145,7 +145,7 @@ func watchProxies(ctx context.Context, o Options, st *store.Store, env service.E
 	if err != nil {
 		return nil, nil, service.Usagef("--kubeconfig: %v", err)
 	}
-	idx := &index.Maintainer{Store: st, Log: env.Log, Scope: o.Namespace, Resync: o.IndexResync, Idle: o.IndexIdle, MaxIndexes: o.MaxIndexes}
+	idx := &index.Maintainer{Store: st, Log: env.Log, Scope: o.Namespace, SecretNamespaces: o.secretNamespaces, Resync: o.IndexResync, Idle: o.IndexIdle, MaxIndexes: o.MaxIndexes}
 	inv, err := idx.Start(ctx, cfg)
 	return inv, idx, err
 }
@@ -170,14 +170,14 @@ func serveOps(ctx context.Context, o Options, env service.Env, st *store.Store, 
 		}
 		return nil
 	})
-	waitOps, err := service.Serve(ctx, env.Log, "ops", o.OpsAddr, ops.Handler())
+	waitOps, err := service.Serve(ctx, env.Log, "ops", o.OpsAddr, ops.Handler(), o.Limits)
 	if err != nil {
 		return nil, service.UsageError{Err: err}
 	}
 	if o.PprofAddr == "" {
 		return waitOps, nil
 	}
-	waitPprof, err := service.Serve(ctx, env.Log, "pprof", o.PprofAddr, service.Pprof())
+	waitPprof, err := service.Serve(ctx, env.Log, "pprof", o.PprofAddr, service.Pprof(), o.Limits)
 	if err != nil {
 		return nil, service.UsageError{Err: err}
 	}

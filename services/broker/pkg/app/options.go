@@ -7,7 +7,9 @@ import (
 	"regexp"
 	"time"
 
+	"github.com/egress-proxies/egress-proxies/pkg/kube"
 	"github.com/egress-proxies/egress-proxies/pkg/proxyauth"
+	"github.com/egress-proxies/egress-proxies/pkg/service"
 	"github.com/egress-proxies/egress-proxies/services/broker/pkg/index"
 	"github.com/egress-proxies/egress-proxies/services/broker/pkg/leases"
 	"github.com/egress-proxies/egress-proxies/services/broker/pkg/policy"
@@ -46,6 +48,10 @@ type Options struct {
 	// Policy is what applies to a target no TargetPolicy matches, and
 	// what a matching one leaves out.
 	Policy      policy.Target
+	Limits      service.Limits
+	// SecretNamespaces: where Proxies' credentials Secrets are read.
+	SecretNamespaces string
+	secretNamespaces []string
 	IndexResync time.Duration
 	IndexIdle   time.Duration
 	MaxIndexes  int
@@ -55,12 +61,15 @@ type Options struct {
 // Register adds the flags to fs.
 func (o *Options) Register(fs *flag.FlagSet) {
 	d := leases.DefaultConfig
+	o.Limits = service.DefaultLimits
+	o.Limits.Register(fs)
 	fs.StringVar(&o.OpsAddr, "ops-addr", ":8081", "address of /healthz, /readyz and /metrics")
 	fs.StringVar(&o.PprofAddr, "pprof-bind-address", "", "address of Go's /debug/pprof profiles; empty means off")
 	fs.StringVar(&o.GRPCAddr, "grpc-addr", ":9090", "address of the gRPC LeaseService")
 	fs.StringVar(&o.HTTPAddr, "http-addr", ":8090", "address of the REST gateway")
 	fs.StringVar(&o.Kubeconfig, "kubeconfig", "", "kubeconfig file; empty means in-cluster config or $KUBECONFIG")
 	fs.StringVar(&o.Namespace, "namespace", "", "serve only Proxies of this namespace; empty means all")
+	fs.StringVar(&o.SecretNamespaces, "secret-namespaces", "", kube.SecretNamespacesFlag)
 	fs.StringVar(&o.RedisAddrs, "redis-addrs", "127.0.0.1:6379", "Redis address; several comma-separated for Cluster, or Sentinels with --redis-master-name")
 	fs.StringVar(&o.RedisMaster, "redis-master-name", "", "Sentinel master name (makes --redis-addrs Sentinel addresses)")
 	fs.StringVar(&o.RedisPasswordFile, "redis-password-file", "", "file holding the Redis password, re-read when it changes (each new connection uses the current one): a mounted Secret, never a flag or an environment variable")
@@ -145,7 +154,13 @@ func (o *Options) Validate() error {
 	case o.IndexResync <= 0 || o.IndexIdle <= 0 || o.MaxIndexes < 1:
 		return errors.New("--index-resync and --index-idle must be positive and --max-indexes at least 1")
 	}
+	if err := o.Limits.Validate(); err != nil {
+		return err
+	}
 	var err error
+	if o.secretNamespaces, err = kube.ParseNamespaces(o.SecretNamespaces); err != nil {
+		return fmt.Errorf("--secret-namespaces: %w", err)
+	}
 	if o.credentialsKey, err = proxyauth.LoadKey(o.CredentialsKeyFile); err != nil {
 		return fmt.Errorf("--proxy-credentials-key-file: %w", err)
 	}

@@ -73,6 +73,9 @@ type Maintainer struct {
 	Log   *slog.Logger
 	// Scope is the broker's --namespace ("" for all).
 	Scope string
+	// SecretNamespaces are where the inventory reads Proxies' credentials
+	// Secrets (all when empty).
+	SecretNamespaces []string
 	// Resync is how often every index is checked against the inventory
 	// and the state of deleted proxies is dropped; Idle is how long an
 	// unused index lives; MaxIndexes bounds how many exist at once (each
@@ -176,7 +179,7 @@ func member(p inventory.Proxy) store.Member {
 // has arrived.
 func (m *Maintainer) Start(ctx context.Context, cfg *rest.Config) (*inventory.Inventory, error) {
 	m.Inv = inventory.New(m.Changed)
-	if err := m.Inv.Run(ctx, cfg, m.Scope); err != nil {
+	if err := m.Inv.Run(ctx, cfg, m.Scope, m.SecretNamespaces); err != nil {
 		return nil, err
 	}
 	go m.Run(ctx)

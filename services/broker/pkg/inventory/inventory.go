@@ -150,13 +150,14 @@ func New(changed func(uid string)) *Inventory {
 	return &Inventory{proxies: map[string]Proxy{}, changed: changed}
 }
 
-// Run watches Proxies (in namespace, or all when empty) until ctx ends.
-// It returns once the informer is running; Synced turns true after the
-// first full list.
-func (i *Inventory) Run(ctx context.Context, cfg *rest.Config, namespace string) error {
-	// The Secrets proxies name for their credentials, and only those: the
-	// label narrows a watch RBAC cannot narrow.
-	opts := cache.Options{Scheme: kube.NewScheme(), ByObject: kube.CredentialSecrets()}
+// Run watches Proxies (in namespace, or all when empty), and their
+// credentials Secrets in secretNamespaces (all when empty), until ctx
+// ends. It returns once the informer is running; Synced turns true after
+// the first full list.
+func (i *Inventory) Run(ctx context.Context, cfg *rest.Config, namespace string, secretNamespaces []string) error {
+	// The Secrets proxies name for their credentials, and only those.
+	opts := cache.Options{Scheme: kube.NewScheme(), ByObject: kube.CredentialSecrets(secretNamespaces)}
+	i.Credentials.Namespaces = secretNamespaces
 	if namespace != "" {
 		opts.DefaultNamespaces = map[string]cache.Config{namespace: {}}
 	}

@@ -52,6 +52,8 @@ type Options struct {
 	Tracing bool
 	// TLS, when set, serves both ports over TLS only.
 	TLS *tls.Config
+	// Limits bound what one client may hold of either port.
+	Limits service.Limits
 }
 
 // grpcMetrics counts REST calls as well as gRPC ones: the gateway calls
@@ -147,6 +149,7 @@ func New(ctx context.Context, log *slog.Logger, o Options, svc leasev1.LeaseServ
 		grpc.UnaryInterceptor(ic),
 		grpc.MaxRecvMsgSize(o.MaxRecvBytes),
 	}
+	opts = append(opts, o.Limits.GRPCOptions()...)
 	if o.Tracing {
 		opts = append(opts, grpc.StatsHandler(otelgrpc.NewServerHandler()))
 	}
@@ -186,7 +189,7 @@ func New(ctx context.Context, log *slog.Logger, o Options, svc leasev1.LeaseServ
 	}
 	s := &Servers{
 		GRPC: gs, Health: hs, grpcLn: gln, httpLn: hln,
-		HTTP:     &http.Server{Handler: rest, ReadHeaderTimeout: 10 * time.Second},
+		HTTP:     o.Limits.HTTPServer(rest),
 		GRPCAddr: gln.Addr().String(), HTTPAddr: hln.Addr().String(),
 	}
 	log.Info("listening", "grpc", s.GRPCAddr, "rest", s.HTTPAddr)

@@ -130,7 +130,7 @@ func newManager(o Options, namespace string) (ctrl.Manager, error) {
 		LeaderElection:          o.LeaderElect,
 		LeaderElectionID:        o.LeaderElectionID,
 		LeaderElectionNamespace: cmp.Or(o.LeaderElectionNS, namespace),
-		Cache:                   cache.Options{ByObject: lifecycle.CacheByObject()},
+		Cache:                   cache.Options{ByObject: lifecycle.CacheByObject(o.secretNamespaces)},
 		LeaseDuration:           &o.LeaseDuration,
 		// client-go's ratios (15s/10s/2s), derived so one flag is enough.
 		RenewDeadline: ptr.To(o.LeaseDuration * 2 / 3),
@@ -155,7 +155,7 @@ func newManager(o Options, namespace string) (ctrl.Manager, error) {
 func addProxyControllers(ctx context.Context, mgr ctrl.Manager, registry *providers.Registry, log *slog.Logger, o Options) error {
 	rec := lifecycle.New(mgr.GetClient(), registry, mgr.GetEventRecorder(EventSource), log.With("controller", "lifecycle"), lifecycle.Options{
 		PollInterval: o.PollInterval, ResyncInterval: o.ResyncInterval, ResyncQPS: o.ResyncQPS, BackoffBase: o.BackoffBase,
-		MaxConcurrentReconciles: o.Reconcilers, CredentialsKey: o.credentialsKey,
+		MaxConcurrentReconciles: o.Reconcilers, CredentialsKey: o.credentialsKey, SecretNamespaces: o.secretNamespaces,
 	})
 	if err := rec.SetupWithManager(ctx, mgr); err != nil {
 		return fmt.Errorf("setting up the Proxy controller: %w", err)
@@ -274,14 +274,14 @@ func addProbeHub(ctx context.Context, mgr ctrl.Manager, log *slog.Logger, o Opti
 	}
 	// A cache of its own: the manager's holds only cloud-init Secrets, and
 	// a label selector cannot take either of two labels.
-	creds, err := cache.New(mgr.GetConfig(), cache.Options{Scheme: mgr.GetScheme(), ByObject: kube.CredentialSecrets()})
+	creds, err := cache.New(mgr.GetConfig(), cache.Options{Scheme: mgr.GetScheme(), ByObject: kube.CredentialSecrets(o.secretNamespaces)})
 	if err != nil {
 		return nil, err
 	}
 	if err := mgr.Add(creds); err != nil {
 		return nil, err
 	}
-	hub.Credentials = kube.ProxyCredentials{Key: o.credentialsKey, Secrets: creds}
+	hub.Credentials = kube.ProxyCredentials{Key: o.credentialsKey, Secrets: creds, Namespaces: o.secretNamespaces}
 	if err := hub.WatchCredentials(ctx, creds, mgr.GetCache()); err != nil {
 		return nil, err
 	}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/egress-proxies/egress-proxies/pkg/kube"
 	"github.com/egress-proxies/egress-proxies/pkg/netpolicy"
 	"github.com/egress-proxies/egress-proxies/pkg/proxyauth"
 	"github.com/egress-proxies/egress-proxies/services/controller/pkg/controllers/proxy/health"
@@ -59,10 +60,13 @@ type Options struct {
 	BrokerCAFile       string
 	BrokerPoll         time.Duration
 	Egress             netpolicy.EgressFlags
+	SecretNamespaces   string
 
 	// What Validate parsed.
 	deny    netpolicy.DenyList
 	egress  netpolicy.Egress
+	// secretNamespaces is SecretNamespaces split (nil: all).
+	secretNamespaces []string
 	entries []providers.Entry
 }
 
@@ -100,6 +104,7 @@ func (o *Options) Register(fs *flag.FlagSet) {
 	fs.BoolVar(&o.ProbeInsecure, "probe-insecure", false, "serve the probe endpoint in plaintext, without TLS: for local development only")
 	fs.StringVar(&o.ProbeDenyCIDRs, "probe-deny-cidrs", netpolicy.DefaultDenyCIDRs, "comma-separated CIDRs a Proxy's address may not be in: such a Proxy is never probed nor leased (Healthy=False, ProbeDenied); private ranges stay allowed, proxies live there (its health-check URL is held to --egress-deny-cidrs)")
 	o.Egress.Register(fs)
+	fs.StringVar(&o.SecretNamespaces, "secret-namespaces", "", kube.SecretNamespacesFlag)
 	fs.StringVar(&o.BrokerAddr, "broker-address", "", "gRPC address of the broker, whose live leases ProxyPools drain before they delete a member; empty means no broker: members hold no leases and drains end at once")
 	fs.StringVar(&o.BrokerTokenFile, "broker-token-file", "", "file holding the bearer token the broker asks for; empty, or a file that does not exist, sends none")
 	fs.StringVar(&o.BrokerCAFile, "broker-ca-file", "", "PEM CA bundle the broker's certificate is verified with; set, the controller reads leases over TLS (a broker serving TLS refuses plaintext); empty means plaintext")
@@ -174,6 +179,9 @@ func (o *Options) Validate() error {
 	}
 	if o.egress, err = o.Egress.Parse(); err != nil {
 		return err
+	}
+	if o.secretNamespaces, err = kube.ParseNamespaces(o.SecretNamespaces); err != nil {
+		return fmt.Errorf("--secret-namespaces: %w", err)
 	}
 	if o.entries, err = loadEntries(o.ProvidersConfig); err != nil {
 		return fmt.Errorf("--providers-config: %w", err)

@@ -40,7 +40,7 @@ func Run(ctx context.Context, env service.Env, o Options) error {
 	}
 	ops := service.NewOps()
 	ops.Registry.MustRegister(agent.Collectors()...)
-	waitOps, err := service.Serve(ctx, env.Log, "ops", o.OpsAddr, ops.Handler())
+	waitOps, err := service.Serve(ctx, env.Log, "ops", o.OpsAddr, ops.Handler(), service.DefaultLimits)
 	if err != nil {
 		return service.UsageError{Err: err}
 	}

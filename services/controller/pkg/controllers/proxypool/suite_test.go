@@ -141,7 +141,7 @@ func newHarness(t testing.TB) *harness {
 func (h *harness) start() *harness {
 	t := h.t
 	ctx, cancel := context.WithCancel(context.Background())
-	mgr := env.Manager(t, h.ns, lifecycle.CacheByObject())
+	mgr := env.Manager(t, h.ns, lifecycle.CacheByObject(nil))
 	entries, err := providers.ParseConfig([]byte(fmt.Sprintf("providers:\n- {name: kubernetes, type: kubernetes, kubernetes: {namespace: %s}}\n- {name: fake, type: fake}\n", h.ns)), []string{kubernetes.Type, "fake"})
 	require.NoError(t, err)
 	reg, err := providers.NewRegistry(ctx, entries, map[string]providers.Factory{kubernetes.Type: kubernetes.New, "fake": h.fake.Factory()}, providers.Deps{

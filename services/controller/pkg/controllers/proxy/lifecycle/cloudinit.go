@@ -9,11 +9,11 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	"k8s.io/apimachinery/pkg/labels"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	v1 "github.com/egress-proxies/egress-proxies/pkg/api/v1alpha1"
+	"github.com/egress-proxies/egress-proxies/pkg/kube"
 )
 
 // cloudInitError: the Secret cannot be used as written; only a change to
@@ -38,6 +38,9 @@ func (r *Reconciler) resolveCloudInit(ctx context.Context, px *v1.Proxy) ([]byte
 	key := ref.Key
 	if key == "" {
 		key = "user-data"
+	}
+	if err := kube.CheckSecretNamespace(r.opts.SecretNamespaces, px.Namespace, ref.Name); err != nil {
+		return nil, &cloudInitError{"cloud-init " + err.Error()}
 	}
 	sec := &corev1.Secret{}
 	if err := r.client.Get(ctx, client.ObjectKey{Namespace: px.Namespace, Name: ref.Name}, sec); err != nil {
@@ -69,10 +72,9 @@ func SpecHash(spec v1.ProxySpec, cloudInit []byte) string {
 }
 
 // CacheByObject is the cache configuration the reconciler relies on: the
-// only Secrets it can see are those labelled crawl.example.com/cloud-init,
-// which is least privilege in the cache and not only in RBAC.
-func CacheByObject() map[client.Object]cache.ByObject {
-	return map[client.Object]cache.ByObject{
-		&corev1.Secret{}: {Label: labels.SelectorFromSet(labels.Set{v1.LabelCloudInit: "true"})},
-	}
+// only Secrets it can see are those labelled crawl.example.com/cloud-init
+// in namespaces (all when empty), which is least privilege in the cache
+// and not only in RBAC.
+func CacheByObject(namespaces []string) map[client.Object]cache.ByObject {
+	return kube.SecretsLabelled(v1.LabelCloudInit, namespaces)
 }

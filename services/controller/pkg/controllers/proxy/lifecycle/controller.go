@@ -59,6 +59,9 @@ type Options struct {
 	// CredentialsKey derives each Managed instance's proxy credentials;
 	// empty makes instances that ask for none.
 	CredentialsKey proxyauth.Key
+	// SecretNamespaces are where cloud-init Secrets are read (all when
+	// empty): a Proxy naming one elsewhere is told so.
+	SecretNamespaces []string
 }
 
 // DefaultResyncQPS lets one provider entry re-read 6,000 Ready instances

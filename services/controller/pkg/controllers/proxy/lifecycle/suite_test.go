@@ -64,7 +64,7 @@ func newHarness(t *testing.T) *harness {
 func (h *harness) start() *harness {
 	t := h.t
 	ctx, cancel := context.WithCancel(context.Background())
-	mgr := env.Manager(t, h.ns, lifecycle.CacheByObject())
+	mgr := env.Manager(t, h.ns, lifecycle.CacheByObject(nil))
 	factories := map[string]providers.Factory{
 		kubernetes.Type: func(ctx context.Context, e providers.Entry, d providers.Deps) (providers.Provider, error) {
 			p, err := kubernetes.New(ctx, e, d)
