@@ -47,15 +47,15 @@ type Options struct {
 	Leases             leases.Config
 	// Policy is what applies to a target no TargetPolicy matches, and
 	// what a matching one leaves out.
-	Policy      policy.Target
-	Limits      service.Limits
+	Policy policy.Target
+	Limits service.Limits
 	// SecretNamespaces: where Proxies' credentials Secrets are read.
 	SecretNamespaces string
 	secretNamespaces []string
-	IndexResync time.Duration
-	IndexIdle   time.Duration
-	MaxIndexes  int
-	MaxBody     int64
+	IndexResync      time.Duration
+	IndexIdle        time.Duration
+	MaxIndexes       int
+	MaxBody          int64
 }
 
 // Register adds the flags to fs.

@@ -63,11 +63,11 @@ type Options struct {
 	SecretNamespaces   string
 
 	// What Validate parsed.
-	deny    netpolicy.DenyList
-	egress  netpolicy.Egress
+	deny   netpolicy.DenyList
+	egress netpolicy.Egress
 	// secretNamespaces is SecretNamespaces split (nil: all).
 	secretNamespaces []string
-	entries []providers.Entry
+	entries          []providers.Entry
 }
 
 // Register adds the flags to fs.
