@@ -74,7 +74,7 @@ func Dial(target string, opts ...Option) (*Client, error) {
 	for _, f := range opts {
 		f(&o)
 	}
-	dial := []grpc.DialOption{grpc.WithTransportCredentials(o.tls)}
+	dial := []grpc.DialOption{grpc.WithTransportCredentials(o.tls), grpc.WithUnaryInterceptor(withRequestID)}
 	if o.token != nil {
 		dial = append(dial, o.token.DialOption())
 	}
@@ -83,6 +83,17 @@ func Dial(target string, opts ...Option) (*Client, error) {
 		return nil, err
 	}
 	return &Client{conn: conn, api: leasev1.NewLeaseServiceClient(conn)}, nil
+}
+
+// withRequestID gives every CreateLease that has none a request id, the
+// raw API()'s too: whatever retries the call (gRPC, the caller after a
+// timeout with the same message) gets the lease the first try made
+// rather than a second proxy.
+func withRequestID(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+	if r, ok := req.(*leasev1.CreateLeaseRequest); ok && r.GetRequestId() == "" {
+		r.RequestId = rand.Text()
+	}
+	return invoker(ctx, method, req, reply, cc, opts...)
 }
 
 // Close closes the connection.
@@ -118,7 +129,8 @@ var ErrNoProxy = errors.New("no proxy available")
 type NoProxyError struct {
 	// Reason is NO_MATCHING_PROXY, HEALTH_STALE, ALL_QUARANTINED,
 	// ALL_COOLING_DOWN, ALL_AT_CAP, ALL_COOLING_DOWN_OR_AT_CAP,
-	// TARGET_AT_CAP or TARGET_PACED (docs/api.md).
+	// TARGET_AT_CAP, TARGET_PACED, TOKEN_LEASE_CAP or STORE_FULL
+	// (docs/api.md).
 	Reason  string
 	Message string
 	// RetryAfter is how long the broker asks the caller to wait: for a
@@ -148,9 +160,6 @@ type Lease struct {
 // Lease takes a proxy. A broker that is unavailable (restarting, or its
 // Redis failing over) is tried again, with the same request id.
 func (c *Client) Lease(ctx context.Context, r Request) (*Lease, error) {
-	if r.RequestID == "" {
-		r.RequestID = rand.Text()
-	}
 	req := &leasev1.CreateLeaseRequest{
 		Selector: r.Selector, Target: r.Target, Namespace: r.Namespace, TtlSeconds: int32(r.TTL / time.Second), RequestId: r.RequestID,
 		SessionKey: r.SessionKey,

@@ -3,12 +3,17 @@ package leaseclient_test
 import (
 	"context"
 	"errors"
+	"net"
 	"os"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -110,4 +115,51 @@ func TestProxyURLCarriesTheCredentials(t *testing.T) {
 	pw, _ := u.User.Password()
 	assert.Equal(t, "p@ss:word", pw)
 	assert.Equal(t, "127.0.0.91:3128", u.Host)
+}
+
+// recorder is a LeaseService on loopback that records what it is sent and
+// answers UNAVAILABLE to the first call, as a broker whose Redis is failing
+// over would.
+type recorder struct {
+	leasev1.UnimplementedLeaseServiceServer
+	mu  sync.Mutex
+	ids []string
+}
+
+func (r *recorder) CreateLease(_ context.Context, req *leasev1.CreateLeaseRequest) (*leasev1.CreateLeaseResponse, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.ids = append(r.ids, req.GetRequestId())
+	if len(r.ids) == 1 {
+		return nil, status.Error(codes.Unavailable, "failing over")
+	}
+	return &leasev1.CreateLeaseResponse{LeaseId: "l", Proxy: &leasev1.Proxy{Ip: "127.0.0.1", Port: 3128}}, nil
+}
+
+// Every CreateLease leaves with a request id, the raw API's too, and a
+// retried one keeps it: a retry never takes a second proxy.
+func TestEveryAcquireCarriesARequestID(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	srv := grpc.NewServer()
+	rec := &recorder{}
+	leasev1.RegisterLeaseServiceServer(srv, rec)
+	go func() { _ = srv.Serve(ln) }()
+	defer srv.Stop()
+	c, err := leaseclient.Dial(ln.Addr().String())
+	require.NoError(t, err)
+	defer func() { _ = c.Close() }()
+	ctx := context.Background()
+
+	_, err = c.Lease(ctx, leaseclient.Request{})
+	require.NoError(t, err)
+	_, err = c.API().CreateLease(ctx, &leasev1.CreateLeaseRequest{})
+	require.NoError(t, err)
+	rec.mu.Lock()
+	defer rec.mu.Unlock()
+	require.Len(t, rec.ids, 3)
+	assert.NotEmpty(t, rec.ids[0])
+	assert.Equal(t, rec.ids[0], rec.ids[1], "Lease's retry after UNAVAILABLE repeats the id")
+	assert.NotEmpty(t, rec.ids[2], "the raw API gets one too")
+	assert.NotEqual(t, rec.ids[0], rec.ids[2])
 }

@@ -86,7 +86,7 @@ func TestAlertsAndDashboardReadExportedSeries(t *testing.T) {
 		}
 	}
 	assert.ElementsMatch(t, []string{"EgressProxiesNoHealthyProxy", "EgressProxiesProbeFleetStale", "EgressProxiesLeaseRefusalsRising",
-		"EgressProxiesRedisUnreachable", "EgressProxiesControllerNoLeader"}, alerts)
+		"EgressProxiesRedisUnreachable", "EgressProxiesControllerNoLeader", "EgressProxiesQuarantineHeld", "EgressProxiesStoreFull"}, alerts)
 
 	cm := find(t, objs, "ConfigMap", "ep-dashboard")
 	assert.Equal(t, "1", cm.GetLabels()["grafana_dashboard"], "the label Grafana's sidecar loads")

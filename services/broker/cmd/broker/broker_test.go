@@ -394,12 +394,19 @@ func TestAuthOnRESTAndGRPC(t *testing.T) {
 	_, err = c.CreateLease(ctx, &leasev1.CreateLeaseRequest{Selector: map[string]string{"geo": strings.Repeat("x", 2<<20)}})
 	assert.Equal(t, codes.ResourceExhausted, status.Code(err), "an oversized message is refused before it is read")
 
-	// Rotating the file switches tokens without a restart.
-	require.NoError(t, os.WriteFile(tokenFile, []byte("second-token"), 0o600))
+	// Rotating the file switches tokens without a restart; a named line
+	// names its callers in the metrics, and the token itself is nowhere.
+	require.NoError(t, os.WriteFile(tokenFile, []byte("team-a:second-token"), 0o600))
 	require.Eventually(t, func() bool {
 		return b.do("GET", "/v1/proxies", "", "Authorization", "Bearer second-token").Status == 200
 	}, 20*time.Second, 100*time.Millisecond)
 	assert.Equal(t, 401, b.do("GET", "/v1/proxies", "", "Authorization", "Bearer first-token").Status)
+	m := b.metrics()
+	assert.Positive(t, m.Sum(`proxy_operator_broker_calls_by_token_total{code="OK",method="ListProxies",token="team-a"}`))
+	assert.Positive(t, m.Sum(`proxy_operator_broker_calls_by_token_total{code="OK",method="CreateLease",token="token-1"}`), "an unnamed line is named by its number")
+	for _, secret := range []string{"first-token", "second-token"} {
+		assert.NotContains(t, b.p.Log(), secret, "no token in the log")
+	}
 }
 
 func TestNoTokenServesUnauthenticatedAndWarns(t *testing.T) {

@@ -12,6 +12,7 @@ import (
 	"math"
 	"net"
 	"net/http"
+	"path"
 	"net/url"
 	goruntime "runtime"
 	"strconv"
@@ -61,8 +62,23 @@ type Options struct {
 // grpc_server_handled_total{grpc_method="CreateLease"} like any other.
 var grpcMetrics = service.NewGRPCMetrics()
 
+// callsByToken says who calls: the name of each call's token, never the
+// token. The names are the operator's (one per line of the token file), so
+// the label's values are few.
+var callsByToken = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "proxy_operator_broker_calls_by_token_total",
+	Help: "gRPC and REST calls by the name of the token they were authenticated with, method and code."}, []string{"token", "method", "code"})
+
 // Collectors are the server's metrics.
-func Collectors() []prometheus.Collector { return []prometheus.Collector{grpcMetrics} }
+func Collectors() []prometheus.Collector { return []prometheus.Collector{grpcMetrics, callsByToken} }
+
+// countByCaller counts each authenticated call under its token's name.
+func countByCaller(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
+	resp, err := h(ctx, req)
+	if caller := auth.Caller(ctx); caller != "" {
+		callsByToken.WithLabelValues(caller, path.Base(info.FullMethod), status.Code(err).String()).Inc()
+	}
+	return resp, err
+}
 
 // chain runs interceptors in order around a handler, as
 // grpc.ChainUnaryInterceptor does, as one interceptor both the gRPC
@@ -139,7 +155,7 @@ func New(ctx context.Context, log *slog.Logger, o Options, svc leasev1.LeaseServ
 		_ = gln.Close()
 		return nil, fmt.Errorf("--http-addr %s: %w", o.HTTPAddr, err)
 	}
-	ic := chain(grpcMetrics.UnaryServerInterceptor(), tok.UnaryInterceptor())
+	ic := chain(grpcMetrics.UnaryServerInterceptor(), tok.UnaryInterceptor(), countByCaller)
 	opts := []grpc.ServerOption{
 		// Calls run on reused goroutines whose stacks have already grown,
 		// rather than a new goroutine per call growing its stack through the
