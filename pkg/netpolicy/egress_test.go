@@ -3,6 +3,9 @@ package netpolicy
 import (
 	"errors"
 	"net/netip"
+	"os"
+	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -89,4 +92,23 @@ http_access deny egress_connect !egress_tls_ports
 http_access allow egress_authenticated
 http_access deny all
 `, e.SquidRules("egress_authenticated"))
+}
+
+// The samples' cloud-init Squid configs (gcp, kvm) deny what the default
+// policy denies: they are the one copy not rendered from this package.
+func TestSamplesDenyTheDefaultList(t *testing.T) {
+	d, err := Parse(DefaultEgressDenyCIDRs)
+	require.NoError(t, err)
+	for _, f := range []string{"proxy_kvm.yaml", "proxy_gcp.yaml"} {
+		b, err := os.ReadFile(filepath.Join("..", "..", "deploy", "samples", f))
+		require.NoError(t, err)
+		var listed []string
+		for _, line := range strings.Split(string(b), "\n") {
+			if rest, ok := strings.CutPrefix(strings.TrimSpace(line), "acl egress_denied dst "); ok {
+				listed = append(listed, strings.Fields(rest)...)
+			}
+		}
+		assert.ElementsMatch(t, d.strings(), listed, f)
+		assert.Contains(t, string(b), "http_access deny egress_denied\n", f)
+	}
 }

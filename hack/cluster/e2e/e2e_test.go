@@ -16,6 +16,7 @@ import (
 	"path/filepath"
 	"slices"
 	"sort"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -220,7 +221,21 @@ func (h *harness) install(in *install) {
 		policies = append(policies, strings.TrimPrefix(n, in.release+"-"))
 	}
 	sort.Strings(policies)
-	assert.Equal(t, []string{"broker", "controller", "prober", "redis"}, policies)
+	assert.Equal(t, []string{"broker", "controller", "prober", "proxies", "redis"}, policies)
+
+	// A full Redis refuses rather than evicts; its password is in its
+	// config file, not on its command line.
+	assert.Equal(t, "*2 $16 maxmemory-policy $10 noeviction", redisCommand(t, redisIP, password, "CONFIG GET maxmemory-policy"))
+
+	// Least privilege: neither service account may read Secrets outside
+	// the release's namespace (secretNamespaces is empty by default).
+	for _, sa := range []string{"broker", "controller"} {
+		as := "system:serviceaccount:" + in.ns + ":" + in.release + "-" + sa
+		out, _ := h.kubectlOut("auth", "can-i", "list", "secrets", "-n", "kube-system", "--as", as)
+		assert.Equal(t, "no", strings.TrimSpace(out), "%s may list Secrets in kube-system", sa)
+		out, _ = h.kubectlOut("auth", "can-i", "list", "secrets", "-n", in.ns, "--as", as)
+		assert.Equal(t, "yes", strings.TrimSpace(out), "%s reads Secrets in its own namespace", sa)
+	}
 }
 
 func (h *harness) podIP(ns, name string) string {
@@ -259,7 +274,16 @@ func redisCommand(t *testing.T, ip string, password []byte, cmd string) string {
 	require.NoError(t, err)
 	line, err := r.ReadString('\n')
 	require.NoError(t, err)
-	return strings.TrimSpace(line)
+	line = strings.TrimSpace(line)
+	// An array of bulk strings ("*2"): its lines, joined by spaces.
+	if n, err := strconv.Atoi(strings.TrimPrefix(line, "*")); err == nil && strings.HasPrefix(line, "*") {
+		for range 2 * n {
+			next, err := r.ReadString('\n')
+			require.NoError(t, err)
+			line += " " + strings.TrimSpace(next)
+		}
+	}
+	return line
 }
 
 // poolUp applies the test's ProxyPool with n members and waits until all
