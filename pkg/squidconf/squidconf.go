@@ -15,7 +15,7 @@ import (
 
 // Config is one Squid's.
 type Config struct {
-	// Listen is http_port's value: ":3128", "127.0.0.1:3128".
+	// Listen is http_port's value: "3128" (every address), "127.0.0.1:3128".
 	Listen string
 	// AuthHelper is the path of proxyauth's helper script admitting the
 	// proxy's credentials; "" makes an open proxy (no credentials key).

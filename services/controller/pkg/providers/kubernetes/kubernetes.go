@@ -128,7 +128,7 @@ func configSecretName(pod string) string { return pod + "-squid" }
 // credentials. The pod is made first (an owner needs a UID); until this
 // Secret exists its container waits to start.
 func (p *Provider) configSecret(ctx context.Context, pod *corev1.Pod, req *providers.CreateRequest) error {
-	conf := squidconf.Config{Listen: fmt.Sprintf(":%d", req.Port), Egress: p.egress, ShutdownLifetime: squidShutdown}
+	conf := squidconf.Config{Listen: fmt.Sprint(req.Port), Egress: p.egress, ShutdownLifetime: squidShutdown}
 	data := map[string][]byte{}
 	if !req.Credentials.Empty() {
 		conf.AuthHelper = configDir + "/" + authHelperKey

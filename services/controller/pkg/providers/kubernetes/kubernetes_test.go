@@ -104,7 +104,7 @@ func TestPodShape(t *testing.T) {
 	assert.Equal(t, int32(8080), c.Ports[0].ContainerPort)
 	s := &corev1.Secret{}
 	require.NoError(t, get(t, ns, req.Name+"-squid", s))
-	assert.Contains(t, string(s.Data["squid.conf"]), "http_port :8080\n", "Squid listens on spec.port")
+	assert.Contains(t, string(s.Data["squid.conf"]), "http_port 8080\n", "Squid listens on spec.port")
 	assert.Equal(t, map[string]string{corev1.LabelTopologyZone: "zone-a", corev1.LabelInstanceTypeStable: "big"}, pod.Spec.NodeSelector)
 
 	got, err := p.Get(context.Background(), inst.ProviderID)
@@ -218,7 +218,7 @@ func TestThePodRunsTheGeneratedConfigUnprivileged(t *testing.T) {
 	assert.Equal(t, "ep-user", string(s.Data["username"]))
 	assert.Equal(t, "pw", string(s.Data["password"]))
 	assert.Equal(t, req.Credentials.SquidHelper(), string(s.Data["auth.sh"]), "proxyauth's helper, the one the tests' Squids run")
-	assert.Equal(t, squidconf.Config{Listen: ":3128", AuthHelper: "/etc/squid/egress/auth.sh", Egress: egress, ShutdownLifetime: 5 * time.Second}.String(),
+	assert.Equal(t, squidconf.Config{Listen: "3128", AuthHelper: "/etc/squid/egress/auth.sh", Egress: egress, ShutdownLifetime: 5 * time.Second}.String(),
 		string(s.Data["squid.conf"]), "squidconf's config, the one TestAProxyIsNotAWayIn runs")
 	assert.Contains(t, string(s.Data["squid.conf"]), "http_access deny egress_denied\n")
 	require.Len(t, s.OwnerReferences, 1)
