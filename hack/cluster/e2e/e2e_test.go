@@ -174,11 +174,15 @@ func (h *harness) values(in *install) string {
 egress:
   # The in-cluster crawl target's Service: inside, so let through by name.
   allowanceCIDRs: %[3]s/32
+networkPolicies:
+  # Where the test's crawler runs (the cluster here enforces no
+  # NetworkPolicy; a user's that does would need it).
+  proxyClientNamespaces: [%[4]s]
 prober:
   extraArgs: [--ca-file=/etc/e2e-target/ca.crt]
   extraVolumes: [{name: target-ca, secret: {secretName: e2e-target-ca}}]
   extraVolumeMounts: [{name: target-ca, mountPath: /etc/e2e-target, readOnly: true}]
-`, targetURL, probeInterval, targetClusterIP)
+`, targetURL, probeInterval, targetClusterIP, crawlerNS)
 	if in.brokerCA != nil {
 		v += "broker:\n  tls: {enabled: true, source: existing, secretName: broker-tls}\n"
 	}
