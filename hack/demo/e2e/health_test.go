@@ -205,11 +205,13 @@ func TestAQuarantineEndsAtTheProbersNextSuccess(t *testing.T) {
 	s, ns := up(t, system.Options{})
 	proxies(t, ns, 1)
 	b0, b1 := s.Brokers[0].REST, s.Brokers[1].REST
-	l := leaseOnce(t, b0, ns)
-	id := l.JSON["leaseID"].(string)
 	before := time.Now()
 	var rep rest.Reply
 	for i, target := range []string{"a.example", "b.example", "c.example"} {
+		// A lease per target: a report counts only for its lease's.
+		l := rest.Do(t, "POST", b0+"/v1/leases", `{"namespace":"`+ns+`","target":"`+target+`"}`)
+		require.Equal(t, 200, l.Status, string(l.Body))
+		id := l.JSON["leaseID"].(string)
 		rep = rest.Do(t, "POST", []string{b0, b1}[i%2]+"/v1/leases/"+id+"/report", `{"result":"error","target":"`+target+`"}`)
 		require.Equal(t, 200, rep.Status, string(rep.Body))
 	}

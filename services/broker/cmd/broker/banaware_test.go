@@ -419,12 +419,17 @@ func TestErrorsOnSeveralTargetsQuarantineTheProxy(t *testing.T) {
 	short := startBroker(t, f, r, "--quarantine-targets", "3", "--quarantine-window", "1m", "--quarantine-period", "6s")
 	short.waitListed(2)
 
+	// Each report on a lease for its target: a report counts only for
+	// its lease's.
+	errorOn := func(b *broker, target string) rest.Reply {
+		id, _ := b.leaseFor(`{"selector":{"n":"bad"},"target":"` + target + `"}`)
+		return b.report(id, `{"result":"error"}`)
+	}
 	quarantine := func(b *broker) time.Time {
-		id, _ := b.leaseFor(`{"selector":{"n":"bad"}}`)
 		for _, target := range []string{"a.example", "b.example", "a.example"} {
-			assert.Equal(t, []string{"NONE"}, actions(b.report(id, `{"result":"error","target":"`+target+`"}`)), "two distinct targets are not yet the proxy's fault")
+			assert.Equal(t, []string{"NONE"}, actions(errorOn(b, target)), "two distinct targets are not yet the proxy's fault")
 		}
-		rep := b.report(id, `{"result":"error","target":"c.example"}`)
+		rep := errorOn(b, "c.example")
 		require.Equal(t, []string{"QUARANTINED"}, actions(rep))
 		return at(t, rep, "quarantinedUntil")
 	}

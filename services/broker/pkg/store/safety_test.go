@@ -164,3 +164,21 @@ func TestAFullRedisRefusesNewLeasesAndStillEndsThem(t *testing.T) {
 	}
 	assert.Equal(t, granted+1, total, "every expiry applied whole: no load left behind by a lease that is gone")
 }
+
+// States applies what is due before it counts (it is how the controller
+// sees a drained proxy's last lease end): its script may write, though it
+// only reads what callers see.
+func TestStatesApplyDueExpiries(t *testing.T) {
+	f := newFixture(t)
+	all := uids(1)
+	f.index("ix", all...)
+	_, err := f.st.Acquire(f.ctx, store.Acquire{Index: "ix", TTL: 100 * time.Millisecond, LeaseID: store.NewLeaseID()})
+	require.NoError(t, err)
+	loads, err := f.loads(all)
+	require.NoError(t, err)
+	assert.Equal(t, 1, loads[all[0]])
+	time.Sleep(200 * time.Millisecond)
+	loads, err = f.loads(all)
+	require.NoError(t, err, "an expiry due when the counts are read")
+	assert.Equal(t, 0, loads[all[0]])
+}

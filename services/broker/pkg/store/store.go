@@ -87,7 +87,7 @@ var (
 	joinScript    = script(grows, joinSrc)
 	leaveScript   = script(shrinks, leaveSrc)
 	dropScript    = script(shrinks, dropSrc)
-	loadsScript   = script(reads, loadsSrc)
+	loadsScript   = script(shrinks, loadsSrc) // applies what is due first
 )
 
 // A script's flags (Redis 7's shebang). Out of memory (maxmemory with
