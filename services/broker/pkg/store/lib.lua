@@ -121,9 +121,8 @@ end
 
 -- A quarantined proxy leaves every index until ends; qix:<uid> remembers
 -- the indexes it left (and those a join asked for meanwhile), so
--- unquarantine puts it back where it belongs, and qs:<h> the members of
--- index h out in quarantine, so report.lua can tell what share of a
--- selector's proxies is.
+-- unquarantine puts it back where it belongs (and report.lua can count
+-- the members of an index that are out in quarantine).
 local function quarantine(uid, now, ends)
   redis.call('HSET', P .. 'quar', uid, now .. '|' .. ends)
   redis.call('ZADD', DUE, ends, 'q|' .. uid .. '|')
@@ -132,7 +131,6 @@ local function quarantine(uid, now, ends)
     if k:sub(1, 3) == 'ix:' then
       leave(uid, k:sub(4), targets)
       redis.call('SADD', P .. 'qix:' .. uid, k:sub(4))
-      redis.call('SADD', P .. 'qs:' .. k:sub(4), uid)
     end
   end
 end
@@ -148,9 +146,6 @@ local function unquarantine(uid, now)
         join(uid, h, s, cooling, now)
       end
     end
-  end
-  for _, h in ipairs(redis.call('SMEMBERS', P .. 'qix:' .. uid)) do
-    redis.call('SREM', P .. 'qs:' .. h, uid)
   end
   redis.call('DEL', P .. 'qix:' .. uid)
 end

@@ -125,11 +125,17 @@ end
 -- Whether quarantining one more member of the lease's index would put
 -- more than qfraction of its proxies in quarantine at once (one may
 -- always go: a fleet of one is not an outbreak).
+-- Quarantines are rare (a proxy's errors on several targets), so the
+-- count walks the quarantined proxies rather than keeping a second record
+-- of them per index that every leave and join would have to mend.
 local function quarantine_held()
   if qfraction >= 1 or not h then
     return false
   end
-  local out_now = redis.call('SCARD', P .. 'qs:' .. h)
+  local out_now = 0
+  for _, u in ipairs(redis.call('HKEYS', P .. 'quar')) do
+    out_now = out_now + redis.call('SISMEMBER', P .. 'qix:' .. u, h)
+  end
   local total = redis.call('ZCARD', P .. 'ix:' .. h) + out_now
   return out_now + 1 > math.max(1, math.floor(qfraction * total))
 end
