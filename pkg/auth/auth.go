@@ -19,10 +19,8 @@ import (
 	"crypto/subtle"
 	"fmt"
 	"log/slog"
-	"os"
 	"regexp"
 	"strings"
-	"sync"
 	"time"
 
 	"google.golang.org/grpc"
@@ -36,11 +34,10 @@ import (
 // Token holds the current tokens. The zero value (and a nil *Token)
 // allows every call: no token configured.
 type Token struct {
-	path string
-	mu   sync.RWMutex
-	// toks: the first is sent, any is accepted.
-	toks []named
-	raw  []byte
+	// file holds a file's tokens, static fixed ones: the first is sent,
+	// any is accepted.
+	file   *filewatch.File[[]named]
+	static []named
 }
 
 // named is one line of a token file.
@@ -53,30 +50,28 @@ type named struct {
 // ctx ends, so a rotated Secret takes effect without a restart. The file
 // must hold at least one token.
 func FromFile(ctx context.Context, log *slog.Logger, path string, interval time.Duration) (*Token, error) {
-	t := &Token{path: path}
-	if err := t.reload(); err != nil {
+	f, err := filewatch.FollowFile(ctx, log, interval, "token file", path, parse)
+	if err != nil {
 		return nil, err
 	}
-	filewatch.Follow(ctx, log, interval, "token file", path, t.reloadIfChanged)
-	return t, nil
+	return &Token{file: f}, nil
 }
 
 // Static returns fixed tokens, lines as in a file: the first sent, any
 // accepted (tests).
 func Static(lines ...string) *Token {
-	return &Token{toks: parse([]byte(strings.Join(lines, "\n")))}
+	return &Token{static: parse([]byte(strings.Join(lines, "\n")))}
 }
 
-func (t *Token) read() ([]byte, error) {
-	b, err := os.ReadFile(t.path)
-	if err != nil {
-		return nil, fmt.Errorf("token file %s: %w", t.path, err)
+// tokens are the tokens in use.
+func (t *Token) tokens() []named {
+	switch {
+	case t == nil:
+		return nil
+	case t.file != nil:
+		return t.file.Value()
 	}
-	b = bytes.TrimSpace(b)
-	if len(b) == 0 {
-		return nil, fmt.Errorf("token file %s is empty", t.path)
-	}
-	return b, nil
+	return t.static
 }
 
 // tokenName is what a line's name may be: it goes into logs and metric
@@ -100,69 +95,28 @@ func parse(b []byte) []named {
 	return toks
 }
 
-func (t *Token) reload() error {
-	b, err := t.read()
-	if err != nil {
-		return err
-	}
-	t.mu.Lock()
-	t.raw, t.toks = b, parse(b)
-	t.mu.Unlock()
-	return nil
-}
-
-// reloadIfChanged compares content, not mtime: Kubernetes swaps a mounted
-// Secret through a symlink whose target's mtime says nothing reliable.
-func (t *Token) reloadIfChanged() (bool, error) {
-	b, err := t.read()
-	if err != nil {
-		return false, err
-	}
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	if subtle.ConstantTimeCompare(b, t.raw) == 1 {
-		return false, nil
-	}
-	t.raw, t.toks = b, parse(b)
-	return true, nil
-}
-
 // Enabled reports whether a token is configured.
-func (t *Token) Enabled() bool {
-	if t == nil {
-		return false
-	}
-	t.mu.RLock()
-	defer t.mu.RUnlock()
-	return len(t.toks) > 0
-}
+func (t *Token) Enabled() bool { return len(t.tokens()) > 0 }
 
 // Value returns the token a client sends: the first.
 func (t *Token) Value() string {
-	if t == nil {
-		return ""
+	if toks := t.tokens(); len(toks) > 0 {
+		return string(toks[0].tok)
 	}
-	t.mu.RLock()
-	defer t.mu.RUnlock()
-	if len(t.toks) == 0 {
-		return ""
-	}
-	return string(t.toks[0].tok)
+	return ""
 }
 
 // Check verifies "Bearer <token>" from an Authorization value and returns
 // the name of the token it holds ("" when no token is configured).
 func (t *Token) Check(authorization string) (name string, err error) {
-	if !t.Enabled() {
+	want := t.tokens()
+	if len(want) == 0 {
 		return "", nil
 	}
 	got, ok := strings.CutPrefix(authorization, "Bearer ")
 	if !ok || got == "" {
 		return "", status.Error(codes.Unauthenticated, "missing bearer token: send the header \"Authorization: Bearer <token>\"")
 	}
-	t.mu.RLock()
-	want := t.toks
-	t.mu.RUnlock()
 	// Every token is compared, so the time taken does not say which
 	// matched.
 	match := -1
@@ -254,8 +208,6 @@ func (bearer) RequireTransportSecurity() bool { return false }
 // DialOption sends the token on every call of a client connection.
 func (t *Token) DialOption() grpc.DialOption { return grpc.WithPerRPCCredentials(bearer{t}) }
 
-// reloadEvery is how often a token file is re-read.
-const reloadEvery = 5 * time.Second
 
 // FromFlag is FromFile for a --flag value: an empty path means no token
 // (nil, which allows every call), and an error names the flag.
@@ -263,7 +215,7 @@ func FromFlag(ctx context.Context, log *slog.Logger, flag, path string) (*Token,
 	if path == "" {
 		return nil, nil
 	}
-	t, err := FromFile(ctx, log, path, reloadEvery)
+	t, err := FromFile(ctx, log, path, filewatch.Interval)
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", flag, err)
 	}

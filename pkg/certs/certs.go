@@ -170,8 +170,6 @@ type Reloading struct {
 	certPEM, keyPEM   []byte
 }
 
-// reloadEvery is how often the files are compared with what is served.
-const reloadEvery = 5 * time.Second
 
 // NewReloading loads the pair, failing if it does not load, and follows
 // it until ctx ends.
@@ -180,7 +178,7 @@ func NewReloading(ctx context.Context, log *slog.Logger, certFile, keyFile strin
 	if _, err := r.reload(); err != nil {
 		return nil, err
 	}
-	filewatch.Follow(ctx, log, reloadEvery, "TLS certificate", certFile, r.reload)
+	filewatch.Follow(ctx, log, filewatch.Interval, "TLS certificate", certFile, r.reload)
 	return r, nil
 }
 

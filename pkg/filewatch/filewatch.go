@@ -6,14 +6,19 @@
 package filewatch
 
 import (
+	"bytes"
 	"context"
+	"crypto/subtle"
 	"fmt"
 	"log/slog"
 	"os"
-	"strings"
 	"sync"
 	"time"
 )
+
+// Interval is how often the project's services re-read a mounted Secret:
+// a rotation takes effect within it.
+const Interval = 5 * time.Second
 
 // Follow calls reload every interval until ctx ends, in a goroutine of
 // its own. reload says whether what it read differs from what is in use;
@@ -40,49 +45,58 @@ func Follow(ctx context.Context, log *slog.Logger, interval time.Duration, what,
 	}()
 }
 
-// Content is a file's content, trimmed of surrounding white space, as last
-// read: a password from a mounted Secret.
-type Content struct {
-	mu sync.RWMutex
-	v  string
+// File is a file's content, trimmed of surrounding white space and
+// parsed, as last read: a password or a token list from a mounted Secret.
+type File[T any] struct {
+	mu  sync.RWMutex
+	raw []byte
+	v   T
 }
 
 // Value is the content as last read.
-func (c *Content) Value() string {
-	c.mu.RLock()
-	defer c.mu.RUnlock()
-	return c.v
+func (f *File[T]) Value() T {
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	return f.v
 }
 
-// FollowContent reads path, which must not be empty, and re-reads it every
-// interval until ctx ends.
-func FollowContent(ctx context.Context, log *slog.Logger, interval time.Duration, what, path string) (*Content, error) {
-	read := func() (string, error) {
+// FollowFile reads path, which must not be empty, parses it, and re-reads
+// it every interval until ctx ends; a read that fails (an emptied file)
+// keeps what is in use. It compares content, not modification times:
+// Kubernetes swaps a mounted Secret through a symlink whose target's mtime
+// says nothing reliable. The comparison is constant-time: the content is
+// a secret.
+func FollowFile[T any](ctx context.Context, log *slog.Logger, interval time.Duration, what, path string, parse func([]byte) T) (*File[T], error) {
+	read := func() ([]byte, error) {
 		b, err := os.ReadFile(path)
 		if err != nil {
-			return "", err
+			return nil, fmt.Errorf("%s %s: %w", what, path, err)
 		}
-		v := strings.TrimSpace(string(b))
-		if v == "" {
-			return "", fmt.Errorf("%s is empty", path)
+		if b = bytes.TrimSpace(b); len(b) == 0 {
+			return nil, fmt.Errorf("%s %s is empty", what, path)
 		}
-		return v, nil
+		return b, nil
 	}
-	v, err := read()
+	b, err := read()
 	if err != nil {
 		return nil, err
 	}
-	c := &Content{v: v}
+	f := &File[T]{raw: b, v: parse(b)}
 	Follow(ctx, log, interval, what, path, func() (bool, error) {
-		v, err := read()
+		b, err := read()
 		if err != nil {
 			return false, err
 		}
-		c.mu.Lock()
-		defer c.mu.Unlock()
-		changed := v != c.v
-		c.v = v
-		return changed, nil
+		f.mu.Lock()
+		defer f.mu.Unlock()
+		if subtle.ConstantTimeCompare(b, f.raw) == 1 {
+			return false, nil
+		}
+		f.raw, f.v = b, parse(b)
+		return true, nil
 	})
-	return c, nil
+	return f, nil
 }
+
+// String is the content as it is, for FollowFile.
+func String(b []byte) string { return string(b) }

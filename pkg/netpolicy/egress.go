@@ -90,10 +90,10 @@ func (e Egress) Check(ip netip.Addr, port uint16, connect bool) error {
 		return &DeniedError{Addr: ip, Prefix: p}
 	}
 	if len(e.Ports) > 0 && !e.Ports.Has(port) {
-		return &DeniedError{Addr: ip, Port: port, Why: "port " + strconv.Itoa(int(port)) + " is not an egress port (" + e.Ports.String() + ")"}
+		return &DeniedError{Addr: ip, Why: "port " + strconv.Itoa(int(port)) + " is not an egress port (" + e.Ports.String() + ")"}
 	}
 	if connect && len(e.TLSPorts) > 0 && !e.TLSPorts.Has(port) {
-		return &DeniedError{Addr: ip, Port: port, Why: "CONNECT to port " + strconv.Itoa(int(port)) + " is not allowed (egress TLS ports: " + e.TLSPorts.String() + ")"}
+		return &DeniedError{Addr: ip, Why: "CONNECT to port " + strconv.Itoa(int(port)) + " is not allowed (egress TLS ports: " + e.TLSPorts.String() + ")"}
 	}
 	return nil
 }

@@ -72,7 +72,6 @@ func (d DenyList) DeniesHost(host string) (netip.Prefix, bool) {
 type DeniedError struct {
 	Addr   netip.Addr
 	Prefix netip.Prefix
-	Port   uint16
 	Why    string
 }
 

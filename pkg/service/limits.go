@@ -75,12 +75,8 @@ func (l Limits) HTTPServer(h http.Handler) *http.Server {
 		IdleTimeout: l.IdleTimeout, MaxHeaderBytes: l.MaxHeaderBytes}
 }
 
-// GRPCOptions are the gRPC server options enforcing the gRPC limits; a
-// zero Limits leaves gRPC's defaults.
+// GRPCOptions are the gRPC server options enforcing the gRPC limits.
 func (l Limits) GRPCOptions() []grpc.ServerOption {
-	if l == (Limits{}) {
-		return nil
-	}
 	return []grpc.ServerOption{
 		grpc.ConnectionTimeout(l.GRPCHandshakeTimeout),
 		grpc.MaxConcurrentStreams(uint32(min(l.GRPCMaxStreams, 1<<31))),

@@ -1,6 +1,6 @@
 // Package squidconf is the squid.conf of every Squid this project runs: the
-// kubernetes provider's pods and the suites' authenticating Squids, so the
-// config the tests hold to account is the one users run. It is a whole
+// kubernetes provider's pods and every Squid of the suites, so the config
+// the tests hold to account is the one users run. It is a whole
 // config, not lines spliced into an image's own: what a proxy lets through
 // must not depend on which Squid image a Proxy names.
 package squidconf

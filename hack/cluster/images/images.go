@@ -103,26 +103,16 @@ func Busybox(tag string) (*oci.Image, error) {
 	return &oci.Image{Name: Ref("busybox", tag), Files: r.Files(), Cmd: []string{"sh"}}, nil
 }
 
-// squidEntrypoint plays the part of ubuntu/squid's entrypoint.sh, which
-// the kubernetes provider's pods run: make Squid's directories, then
-// Squid in the foreground with the arguments given.
-const squidEntrypoint = `#!/bin/sh
-set -e
-mkdir -p /var/log/squid /var/spool/squid /run/squid
-chown proxy:proxy /var/log/squid /var/spool/squid /run/squid
-exec /usr/sbin/squid "$@"
-`
-
-// Squid is the kubernetes provider's Squid: Debian's, behind the same
-// command the provider gives ubuntu/squid (/bin/sh, sed on
-// /etc/squid/squid.conf, /usr/local/bin/entrypoint.sh -f <conf> -NYC).
+// Squid is the kubernetes provider's Squid: Debian's, with what the
+// provider's pods need of an image, as ubuntu/squid has it: Squid at
+// /usr/sbin/squid, its user 13, and /bin/sh for the auth helper. The pod
+// gives the command and the whole config.
 func Squid(tag string) (*oci.Image, error) {
 	r, err := debianImage("squid", map[string]int{"proxy": 13}, []string{"squid", "squid-common", "squid-langpack"}, true)
 	if err != nil {
 		return nil, err
 	}
-	r.Put(oci.File{Path: "/usr/local/bin/entrypoint.sh", Data: []byte(squidEntrypoint), Mode: 0o755})
-	return &oci.Image{Name: Ref("squid", tag), Files: r.Files(), Entrypoint: []string{"/usr/local/bin/entrypoint.sh"}, Cmd: []string{"-f", "/etc/squid/squid.conf", "-NYC"}, Env: []string{"PATH=/usr/sbin:/usr/bin:/sbin:/bin"}}, nil
+	return &oci.Image{Name: Ref("squid", tag), Files: r.Files(), Entrypoint: []string{"/usr/sbin/squid"}, Cmd: []string{"-NYC", "-d", "1"}, Env: []string{"PATH=/usr/sbin:/usr/bin:/sbin:/bin"}}, nil
 }
 
 // Redis is Debian's redis-server, with redis-cli for the chart's

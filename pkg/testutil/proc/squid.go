@@ -45,14 +45,18 @@ func StartSquid(t T, host string, denyAll bool) *Squid {
 	return StartSquidAt(t, host, FreePort(t), denyAll)
 }
 
-// StartSquidAt starts Squid on host:port.
+// StartSquidAt starts Squid on host:port: an open proxy (no credentials,
+// no egress policy), or with denyAll one whose policy denies every
+// destination.
 func StartSquidAt(t T, host string, port int, denyAll bool) *Squid {
 	t.Helper()
-	access := "http_access allow all"
+	var egress netpolicy.Egress
 	if denyAll {
-		access = "http_access deny all"
+		egress.Deny = netpolicy.DenyList{netip.MustParsePrefix("0.0.0.0/0"), netip.MustParsePrefix("::/0")}
 	}
-	s := newSquid(t, host, port, func(string) string { return access })
+	s := startSquid(t, host, port, func(dir, addr string) string {
+		return squidconf.Config{Listen: addr, Egress: egress, Dir: dir}.String() + "connect_timeout 5 seconds\n"
+	})
 	s.DenyAll = denyAll
 	return s
 }
@@ -94,25 +98,6 @@ func StartSquidWithEgress(t T, host string, port int, creds proxyauth.Credential
 			t.Fatal(err)
 		}
 		return squidconf.Config{Listen: addr, AuthHelper: helper, Egress: egress, Dir: dir}.String() + "connect_timeout 5 seconds\n"
-	})
-}
-
-// newSquid writes a config whose access rules access returns (given the
-// directory, for any file they need) and starts Squid.
-func newSquid(t T, host string, port int, access func(dir string) string) *Squid {
-	t.Helper()
-	return startSquid(t, host, port, func(dir, addr string) string {
-		return fmt.Sprintf(`http_port %s
-pid_filename %[2]s/squid.pid
-cache_log %[2]s/cache.log
-access_log none
-cache deny all
-coredump_dir %[2]s
-pinger_enable off
-shutdown_lifetime 0 seconds
-connect_timeout 5 seconds
-%s
-`, addr, dir, access(dir))
 	})
 }
 

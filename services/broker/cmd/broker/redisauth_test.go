@@ -64,7 +64,8 @@ func TestRedisOverTLSWithAnACLUserAndARotatedPassword(t *testing.T) {
 	// one and every connection of the broker's.
 	require.NoError(t, admin.Do(ctx, "ACL", "SETUSER", "broker", ">second-pw").Err())
 	require.NoError(t, os.WriteFile(pwFile, []byte("second-pw\n"), 0o600))
-	time.Sleep(6 * time.Second) // the broker re-reads the file every 5 s
+	require.Eventually(t, func() bool { return strings.Contains(b.p.Log(), "Redis password file reloaded") },
+		30*time.Second, 100*time.Millisecond, "the broker re-reads the file")
 	require.NoError(t, admin.Do(ctx, "ACL", "SETUSER", "broker", "<first-pw").Err())
 	require.NoError(t, admin.Do(ctx, "CLIENT", "KILL", "USER", "broker").Err())
 	require.Eventually(t, func() bool { return lease() == nil }, 30*time.Second, 100*time.Millisecond, "leasing after the rotation")

@@ -103,7 +103,7 @@ func redisClient(ctx context.Context, log *slog.Logger, o Options, tracing bool)
 	ropts := store.ClientOptions(strings.Split(o.RedisAddrs, ","), o.RedisMaster)
 	ropts.DB = o.RedisDB
 	if o.RedisPasswordFile != "" {
-		pw, err := filewatch.FollowContent(ctx, log, 5*time.Second, "Redis password file", o.RedisPasswordFile)
+		pw, err := filewatch.FollowFile(ctx, log, filewatch.Interval, "Redis password file", o.RedisPasswordFile, filewatch.String)
 		if err != nil {
 			return nil, service.Usagef("--redis-password-file: %v", err)
 		}

@@ -331,9 +331,6 @@ func (s *Service) CreateLease(ctx context.Context, req *leasev1.CreateLeaseReque
 	target := strings.ToLower(req.GetTarget())
 	a := store.Acquire{Target: target, Cap: s.cfg.LeaseCap, TTL: ttl, LeaseID: store.NewLeaseID(), RequestID: req.GetRequestId(),
 		PerTarget: s.cfg.BanAware, Session: req.GetSessionKey(), Caller: auth.Caller(ctx), CallerCap: s.cfg.TokenMaxLeases}
-	if a.Caller == "" {
-		a.CallerCap = 0
-	}
 	if a.PerTarget {
 		a.TargetCap = s.pol.For(target).MaxConcurrentLeases
 	}

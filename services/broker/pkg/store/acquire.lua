@@ -44,7 +44,7 @@ if req ~= '' then
 end
 
 local more = drain(now, DRAIN)
-if ccap > 0 then
+if caller ~= '' and ccap > 0 then
   local n = tonumber(redis.call('HGET', P .. 'tok', caller) or '0')
   if n >= ccap then
     return {'ccap', n}

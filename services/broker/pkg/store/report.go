@@ -156,14 +156,6 @@ type Verdict struct {
 	Actions  []string
 }
 
-// maxFraction is the script's argument: 1 means no limit.
-func maxFraction(f float64) float64 {
-	if f <= 0 {
-		return 1
-	}
-	return f
-}
-
 // Report applies an outcome report atomically: escalating cooldowns on
 // the proxy's exit IP, the waterfall guard and pacing for the target, and
 // fault attribution for the proxy. The lease must be live, and the report
@@ -174,7 +166,7 @@ func (s *Store) Report(ctx context.Context, r Report) (*Verdict, error) {
 	p, f := r.Policy, r.Faults
 	res, err := s.run(ctx, reportScript, r.LeaseID, string(r.Outcome), r.Target,
 		p.CooldownBase.Milliseconds(), p.CooldownMax.Milliseconds(), p.CooldownWindow.Milliseconds(), p.MaxCoolingFraction,
-		p.PacingInitial, p.PacingMin, p.PacingMax, f.Window.Milliseconds(), f.Targets, f.Period.Milliseconds(), rand.Float64(), maxFraction(f.MaxFraction)).Slice()
+		p.PacingInitial, p.PacingMin, p.PacingMax, f.Window.Milliseconds(), f.Targets, f.Period.Milliseconds(), rand.Float64(), f.MaxFraction).Slice()
 	if err != nil {
 		return nil, wrap(err)
 	}

@@ -5,7 +5,7 @@
 -- cooldown base_ms, max_ms, window_ms, max_cooling_fraction, pacing
 -- initial, min, max (leases/s), error window_ms,
 -- error targets (0: never quarantine), quarantine_ms, random in [0, 1),
--- max quarantined fraction.
+-- max quarantined fraction (0 or 1: no limit).
 -- Returns {} when the lease is gone, else {cooldown start_ms, end_ms,
 -- level, proxies sharing it, quarantine end_ms, pace rate ('' unpaced),
 -- actions...}. A report counts only for its lease's target: a lease taken
@@ -129,7 +129,7 @@ end
 -- count walks the quarantined proxies rather than keeping a second record
 -- of them per index that every leave and join would have to mend.
 local function quarantine_held()
-  if qfraction >= 1 or not h then
+  if qfraction <= 0 or qfraction >= 1 or not h then
     return false
   end
   local out_now = 0

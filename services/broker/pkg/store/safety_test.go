@@ -81,7 +81,8 @@ func TestACallerHoldsAtMostItsCap(t *testing.T) {
 	}
 	a1, err := acquire("team-a", time.Hour)
 	require.NoError(t, err)
-	_, err = acquire("team-a", 300*time.Millisecond)
+	// Long enough to outlast the calls below on a busy machine.
+	short, err := acquire("team-a", 3*time.Second)
 	require.NoError(t, err)
 	_, err = acquire("team-a", time.Hour)
 	var capped *store.CallerCapError
@@ -95,7 +96,7 @@ func TestACallerHoldsAtMostItsCap(t *testing.T) {
 	require.NoError(t, err)
 	_, err = acquire("team-a", time.Hour)
 	require.NoError(t, err, "a release frees a place")
-	time.Sleep(400 * time.Millisecond)
+	time.Sleep(time.Until(short.Expires) + 200*time.Millisecond)
 	_, err = acquire("team-a", time.Hour)
 	require.NoError(t, err, "so does an expiry")
 	_, err = acquire("team-a", time.Hour)
@@ -172,12 +173,12 @@ func TestStatesApplyDueExpiries(t *testing.T) {
 	f := newFixture(t)
 	all := uids(1)
 	f.index("ix", all...)
-	_, err := f.st.Acquire(f.ctx, store.Acquire{Index: "ix", TTL: 100 * time.Millisecond, LeaseID: store.NewLeaseID()})
+	l, err := f.st.Acquire(f.ctx, store.Acquire{Index: "ix", TTL: 2 * time.Second, LeaseID: store.NewLeaseID()})
 	require.NoError(t, err)
 	loads, err := f.loads(all)
 	require.NoError(t, err)
 	assert.Equal(t, 1, loads[all[0]])
-	time.Sleep(200 * time.Millisecond)
+	time.Sleep(time.Until(l.Expires) + 200*time.Millisecond)
 	loads, err = f.loads(all)
 	require.NoError(t, err, "an expiry due when the counts are read")
 	assert.Equal(t, 0, loads[all[0]])

@@ -290,8 +290,8 @@ func (s *Store) send(ctx context.Context) {
 	}
 }
 
-// reads are the scripts whose effects need not reach a replica: a lost
-// drain is applied again from the replica's own due set.
+// readOnly are the scripts whose effects need not reach a replica: a
+// lost drain is applied again from the replica's own due set.
 func readOnly(sc *redis.Script) bool { return sc == getScript || sc == loadsScript }
 
 // exec makes one round trip of a batch of script calls, setting each
@@ -474,8 +474,9 @@ type Acquire struct {
 	// Session, when set, leases the proxy of the session's live leases
 	// while it qualifies (in the index, below Cap, not cooling down).
 	Session string
-	// Caller names the token the lease is taken with ("" for none); it
-	// may hold at most CallerCap live leases (0: no cap).
+	// Caller names the token the lease is taken with ("" for none, which
+	// no cap applies to); it may hold at most CallerCap live leases (0: no
+	// cap).
 	Caller    string
 	CallerCap int
 }

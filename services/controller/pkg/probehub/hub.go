@@ -80,8 +80,8 @@ type Hub struct {
 	// development and tests of the hub alone).
 	TLS   *tls.Config
 	Token *auth.Token
-	// Deny lists where probes may not go: a Proxy whose address or
-	// health-check URL is in it is refused (ProbeDenied), not assigned.
+	// Deny lists where a proxy may not be: a Proxy whose address is in
+	// it is refused (ProbeDenied), not assigned.
 	Deny netpolicy.DenyList
 	// Egress is where a health-check URL may point: a Proxy's creator
 	// names it, and the probe fleet would fetch it through the proxy.
