@@ -208,7 +208,6 @@ func (bearer) RequireTransportSecurity() bool { return false }
 // DialOption sends the token on every call of a client connection.
 func (t *Token) DialOption() grpc.DialOption { return grpc.WithPerRPCCredentials(bearer{t}) }
 
-
 // FromFlag is FromFile for a --flag value: an empty path means no token
 // (nil, which allows every call), and an error names the flag.
 func FromFlag(ctx context.Context, log *slog.Logger, flag, path string) (*Token, error) {

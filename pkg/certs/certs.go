@@ -170,7 +170,6 @@ type Reloading struct {
 	certPEM, keyPEM   []byte
 }
 
-
 // NewReloading loads the pair, failing if it does not load, and follows
 // it until ctx ends.
 func NewReloading(ctx context.Context, log *slog.Logger, certFile, keyFile string) (*Reloading, error) {
