@@ -29,6 +29,15 @@ type Config struct {
 	// ShutdownLifetime is how long Squid waits for clients when told to
 	// stop (its default is 30 s).
 	ShutdownLifetime time.Duration
+	// AccessLog is a file Squid logs every request to; "" logs none (what
+	// a crawler fetched is its own business). The suites log, to see each
+	// request went through the proxy it leased.
+	AccessLog string
+	// OutgoingAddress is the source address Squid dials from; "" lets the
+	// kernel pick. The suites' Squids each listen on a 127.x.y.z of their
+	// own and egress from it, so a target tells them apart as sites tell
+	// real proxies apart: by exit IP.
+	OutgoingAddress string
 }
 
 // AuthACL is the ACL naming clients with the proxy's credentials.
@@ -44,10 +53,17 @@ func (c Config) String() string {
 		b.WriteString("pid_filename none\ncache_log /dev/null\n")
 	}
 	fmt.Fprintf(&b, "shutdown_lifetime %d seconds\n", int(c.ShutdownLifetime.Seconds()))
-	// No disk, no request log (crawl URLs are the crawler's business),
-	// and nothing in a forwarded request that says where it came from.
-	b.WriteString(`access_log none
-cache deny all
+	if c.AccessLog != "" {
+		fmt.Fprintf(&b, "access_log stdio:%s squid\n", c.AccessLog)
+	} else {
+		b.WriteString("access_log none\n")
+	}
+	if c.OutgoingAddress != "" {
+		fmt.Fprintf(&b, "tcp_outgoing_address %s\n", c.OutgoingAddress)
+	}
+	// No disk, and nothing in a forwarded request that says where it came
+	// from.
+	b.WriteString(`cache deny all
 netdb_filename none
 pinger_enable off
 via off

@@ -20,6 +20,10 @@ type Squid struct {
 	Host string
 	Port int
 	Dir  string
+	// AccessLog is the file Squid logs each request to (squid's native
+	// format: time, elapsed, client, code/status, bytes, method, URL, user,
+	// hierarchy/peer, type).
+	AccessLog string
 	// DenyAll makes Squid refuse every request (403): a proxy that accepts
 	// connections but cannot egress.
 	DenyAll bool
@@ -54,9 +58,7 @@ func StartSquidAt(t T, host string, port int, denyAll bool) *Squid {
 	if denyAll {
 		egress.Deny = netpolicy.DenyList{netip.MustParsePrefix("0.0.0.0/0"), netip.MustParsePrefix("::/0")}
 	}
-	s := startSquid(t, host, port, func(dir, addr string) string {
-		return squidconf.Config{Listen: addr, Egress: egress, Dir: dir}.String() + "connect_timeout 5 seconds\n"
-	})
+	s := startSquid(t, host, port, func(c *squidconf.Config) { c.Egress = egress })
 	s.DenyAll = denyAll
 	return s
 }
@@ -92,18 +94,19 @@ func SuiteEgress() netpolicy.Egress {
 // creds asked for, egress enforced.
 func StartSquidWithEgress(t T, host string, port int, creds proxyauth.Credentials, egress netpolicy.Egress) *Squid {
 	t.Helper()
-	return startSquid(t, host, port, func(dir, addr string) string {
-		helper := filepath.Join(dir, "auth.sh")
+	return startSquid(t, host, port, func(c *squidconf.Config) {
+		helper := filepath.Join(c.Dir, "auth.sh")
 		if err := os.WriteFile(helper, []byte(creds.SquidHelper()), 0o755); err != nil {
 			t.Fatal(err)
 		}
-		return squidconf.Config{Listen: addr, AuthHelper: helper, Egress: egress, Dir: dir}.String() + "connect_timeout 5 seconds\n"
+		c.AuthHelper, c.Egress = helper, egress
 	})
 }
 
-// startSquid writes the config conf returns (given Squid's directory and
-// address) and starts Squid.
-func startSquid(t T, host string, port int, conf func(dir, addr string) string) *Squid {
+// startSquid starts Squid with squidconf's config, which conf completes.
+// Every suite Squid egresses from the address it listens on and logs each
+// request to AccessLog.
+func startSquid(t T, host string, port int, conf func(*squidconf.Config)) *Squid {
 	t.Helper()
 	if tb, ok := t.(testing.TB); ok {
 		RequireProcesses(tb)
@@ -121,7 +124,10 @@ func startSquid(t T, host string, port int, conf func(dir, addr string) string) 
 	if err := os.Chmod(s.Dir, 0o777); err != nil {
 		t.Fatal(err)
 	}
-	if err := os.WriteFile(filepath.Join(s.Dir, "squid.conf"), []byte(conf(s.Dir, s.Addr)), 0o644); err != nil {
+	s.AccessLog = filepath.Join(s.Dir, "access.log")
+	c := squidconf.Config{Listen: s.Addr, Dir: s.Dir, AccessLog: s.AccessLog, OutgoingAddress: host}
+	conf(&c)
+	if err := os.WriteFile(filepath.Join(s.Dir, "squid.conf"), []byte(c.String()+"connect_timeout 5 seconds\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	s.Start()

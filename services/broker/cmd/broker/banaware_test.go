@@ -144,6 +144,20 @@ func TestWaterfallGuardHoldsAndPacingStarts(t *testing.T) {
 		assert.InDelta(t, time.Hour.Seconds(), at(t, r, "cooldownUntil").Sub(at(t, r, "cooldownStart")).Seconds(), 0.01)
 		assert.Equal(t, float64(1), r.JSON["cooldownShared"])
 	}
+	cooling := func(query string) (n int) {
+		list := b.do("GET", "/v1/proxies?pool=w"+query, "")
+		require.Equal(t, 200, list.Status, string(list.Body))
+		for _, p := range list.JSON["proxies"].([]any) {
+			if p.(map[string]any)["cooldownUntil"] != nil {
+				n++
+			}
+		}
+		return n
+	}
+	assert.Equal(t, 5, cooling("&target=shop.example"), "a list naming the target shows each proxy's cooldown for it")
+	assert.Equal(t, 0, cooling("&target=other.example"), "and none for another target")
+	assert.Equal(t, 0, cooling(""), "a list naming no target shows none")
+
 	r := b.report(ids[5], `{"result":"rate_limited","target":"shop.example","statusCode":429}`)
 	assert.Equal(t, []string{"GUARD_HELD", "PACING_STARTED"}, actions(r), "the sixth would cool more than half the fleet")
 	assert.Nil(t, r.JSON["cooldownUntil"], "no cooldown past the guard")

@@ -256,7 +256,7 @@ func storeError(err error) error {
 
 func toProto(p inventory.Proxy, st store.State) *leasev1.Proxy {
 	return &leasev1.Proxy{Id: p.ID, Ip: p.IP, Port: p.Port, Attributes: p.Attributes, Healthy: p.Healthy, LeaseCount: int32(st.Load), EgressIp: p.EgressIP,
-		QuarantinedSince: timestamp(st.QuarantinedSince), QuarantinedUntil: timestamp(st.QuarantinedUntil)}
+		QuarantinedSince: timestamp(st.QuarantinedSince), QuarantinedUntil: timestamp(st.QuarantinedUntil), CooldownUntil: timestamp(st.CooldownUntil)}
 }
 
 // timestamp is t, or nil when t is zero.
@@ -276,7 +276,7 @@ func (s *Service) checkSynced() error {
 
 // ListProxies implements LeaseService.
 func (s *Service) ListProxies(ctx context.Context, req *leasev1.ListProxiesRequest) (*leasev1.ListProxiesResponse, error) {
-	if err := firstErr(checkSelector(req.GetSelector()), checkNamespace(req.GetNamespace())); err != nil {
+	if err := firstErr(checkSelector(req.GetSelector()), checkNamespace(req.GetNamespace()), checkTarget(req.GetTarget())); err != nil {
 		return nil, err
 	}
 	if err := s.checkSynced(); err != nil {
@@ -292,7 +292,7 @@ func (s *Service) ListProxies(ctx context.Context, req *leasev1.ListProxiesReque
 	for i, p := range ps {
 		uids[i] = p.UID
 	}
-	states, err := s.store.States(ctx, uids)
+	states, err := s.store.States(ctx, req.GetTarget(), uids)
 	if err != nil {
 		return nil, storeError(err)
 	}
@@ -400,7 +400,7 @@ func (s *Service) explainEmpty(ctx context.Context, sel index.Selector, none *st
 			leasable = append(leasable, p.UID)
 		}
 	}
-	states, err := s.store.States(ctx, leasable)
+	states, err := s.store.States(ctx, "", leasable)
 	for _, st := range states {
 		if !st.QuarantinedUntil.IsZero() {
 			none.Quarantined++

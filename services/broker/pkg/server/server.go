@@ -341,7 +341,7 @@ func (w *noContentWriter) Write(b []byte) (int, error) {
 // requests parse as the gateway's default parser does.
 type attributeQueryParser struct{}
 
-var known = map[string]bool{"healthy": true, "namespace": true}
+var known = map[string]bool{"healthy": true, "namespace": true, "target": true}
 
 func (attributeQueryParser) Parse(msg proto.Message, values url.Values, filter *utilities.DoubleArray) error {
 	list, isList := msg.(*leasev1.ListProxiesRequest)

@@ -1,18 +1,30 @@
--- Live lease counts and quarantines (0: none) of proxies, after applying
--- what is due. ARGV: proxies... Returns {load, quarantine start,
--- quarantine end} triples, flattened.
-drain(now_ms(), DRAIN)
+-- Live lease counts, quarantines (0: none) and, for a target, cooldown
+-- ends (0: none) of proxies, after applying what is due. ARGV: target
+-- ('' for none), proxies... Returns {load, quarantine start, quarantine
+-- end, cooldown end} quadruples, flattened.
+local now = now_ms()
+drain(now, DRAIN)
+local target = ARGV[1]
+local uids = {unpack(ARGV, 2)}
 local out = {}
-if #ARGV > 0 then
-  local q = redis.call('HMGET', P .. 'quar', unpack(ARGV))
-  for i, s in ipairs(redis.call('HMGET', P .. 'score', unpack(ARGV))) do
+if #uids > 0 then
+  local q = redis.call('HMGET', P .. 'quar', unpack(uids))
+  for i, s in ipairs(redis.call('HMGET', P .. 'score', unpack(uids))) do
     local from, ends = 0, 0
     if q[i] then
       from, ends = split(q[i])
     end
-    out[3 * i - 2] = math.floor(tonumber(s or '0') / SHIFT)
-    out[3 * i - 1] = tonumber(from)
-    out[3 * i] = tonumber(ends)
+    local cool = 0
+    if target ~= '' then
+      cool = tonumber(redis.call('HGET', P .. 'cool:' .. uids[i], target) or '0')
+      if cool <= now then
+        cool = 0
+      end
+    end
+    out[4 * i - 3] = math.floor(tonumber(s or '0') / SHIFT)
+    out[4 * i - 2] = tonumber(from)
+    out[4 * i - 1] = tonumber(ends)
+    out[4 * i] = cool
   end
 end
 return out

@@ -580,25 +580,34 @@ type State struct {
 	// QuarantinedSince and QuarantinedUntil bound the quarantine error
 	// reports on several targets put it in (zero: none).
 	QuarantinedSince, QuarantinedUntil time.Time
+	// CooldownUntil ends its cooldown for the target States was asked
+	// about (zero: none, or no target named).
+	CooldownUntil time.Time
 }
 
-// States returns the state of each proxy (by UID).
-func (s *Store) States(ctx context.Context, proxies []string) (map[string]State, error) {
+// States returns the state of each proxy (by UID); with a target, their
+// cooldowns for it too.
+func (s *Store) States(ctx context.Context, target string, proxies []string) (map[string]State, error) {
 	out := make(map[string]State, len(proxies))
 	for lo := 0; lo < len(proxies); lo += batch {
 		chunk := proxies[lo:min(lo+batch, len(proxies))]
-		args := make([]any, len(chunk))
-		for i, p := range chunk {
-			args[i] = p
+		args := make([]any, 0, len(chunk)+1)
+		args = append(args, target)
+		for _, p := range chunk {
+			args = append(args, p)
 		}
 		res, err := s.run(ctx, loadsScript, args...).Slice()
 		if err != nil {
 			return nil, wrap(err)
 		}
 		for i, p := range chunk {
-			st := State{Load: int(res[3*i].(int64))}
-			if q := res[3*i+2].(int64); q > 0 {
-				st.QuarantinedSince, st.QuarantinedUntil = time.UnixMilli(res[3*i+1].(int64)), time.UnixMilli(q)
+			r := res[4*i : 4*i+4]
+			st := State{Load: int(r[0].(int64))}
+			if q := r[2].(int64); q > 0 {
+				st.QuarantinedSince, st.QuarantinedUntil = time.UnixMilli(r[1].(int64)), time.UnixMilli(q)
+			}
+			if c := r[3].(int64); c > 0 {
+				st.CooldownUntil = time.UnixMilli(c)
 			}
 			out[p] = st
 		}
