@@ -18,7 +18,6 @@ import (
 	"path/filepath"
 	"sort"
 	"strings"
-	"sync"
 	"syscall"
 	"text/tabwriter"
 	"time"
@@ -37,46 +36,6 @@ import (
 	"github.com/egress-proxies/egress-proxies/pkg/testutil/proc"
 )
 
-// runner satisfies proc.T outside `go test`: Fatal runs every cleanup and
-// exits, pointing at the logs.
-type runner struct {
-	dir      string
-	mu       sync.Mutex
-	cleanups []func()
-	failed   bool
-	n        int
-}
-
-func (r *runner) Helper()                         {}
-func (r *runner) Logf(format string, args ...any) { fmt.Printf("    "+format+"\n", args...) }
-func (r *runner) Failed() bool                    { return r.failed }
-func (r *runner) Cleanup(f func())                { r.mu.Lock(); r.cleanups = append(r.cleanups, f); r.mu.Unlock() }
-func (r *runner) Fatal(args ...any)               { r.Fatalf("%s", fmt.Sprint(args...)) }
-func (r *runner) Fatalf(format string, args ...any) {
-	fmt.Printf("\nFAILED: "+format+"\n", args...)
-	fmt.Printf("Every process's log is under %s (one file per process; the lines above name them).\n", filepath.Join(r.dir, "tmp"))
-	r.failed = true
-	r.stop()
-	os.Exit(1)
-}
-func (r *runner) TempDir() string {
-	r.mu.Lock()
-	r.n++
-	d := filepath.Join(r.dir, "tmp", fmt.Sprintf("%03d", r.n))
-	r.mu.Unlock()
-	_ = os.MkdirAll(d, 0o755)
-	return d
-}
-func (r *runner) stop() {
-	r.mu.Lock()
-	cs := r.cleanups
-	r.cleanups = nil
-	r.mu.Unlock()
-	for i := len(cs) - 1; i >= 0; i-- {
-		cs[i]()
-	}
-}
-
 var start = time.Now()
 
 func step(format string, args ...any) {
@@ -85,7 +44,7 @@ func step(format string, args ...any) {
 
 // waitFor polls ok, printing progress every few seconds, and fails naming
 // the process to look at.
-func waitFor(r *runner, what, lookAt string, limit time.Duration, ok func() (bool, string)) {
+func waitFor(r *system.Runner, what, lookAt string, limit time.Duration, ok func() (bool, string)) {
 	deadline := time.Now().Add(limit)
 	last := time.Now()
 	for {
@@ -111,8 +70,8 @@ func main() {
 	abs, _ := filepath.Abs(*dir)
 	_ = os.RemoveAll(abs)
 	_ = os.MkdirAll(abs, 0o755)
-	r := &runner{dir: abs}
-	defer r.stop()
+	r := system.NewRunner(abs)
+	defer r.Stop()
 	ctx, cancel := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer cancel()
 
@@ -219,7 +178,7 @@ type answer struct {
 	body   []byte
 }
 
-func call(r *runner, method, url, body string, show bool) answer {
+func call(r *system.Runner, method, url, body string, show bool) answer {
 	var rd io.Reader
 	if body != "" {
 		rd = strings.NewReader(body)
@@ -270,7 +229,7 @@ func printProxies(ctx context.Context, c client.Client, opts ...client.ListOptio
 // poolWalk creates a ProxyPool of 3, scales it to 5 and back to 2 through
 // /scale, and rolls a template change, printing the pool and its members
 // along the way.
-func poolWalk(ctx context.Context, r *runner, c client.Client) {
+func poolWalk(ctx context.Context, r *system.Runner, c client.Client) {
 	step("applying a ProxyPool of 3 (deploy/samples/proxypool.yaml, smaller)")
 	pool := &v1.ProxyPool{
 		ObjectMeta: metav1.ObjectMeta{Name: "demo-pool", Namespace: "default"},

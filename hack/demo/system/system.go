@@ -48,6 +48,10 @@ type Options struct {
 	// BrokerToken, when set, is the bearer token the brokers require
 	// (and the controllers send): then leases carry proxy credentials.
 	BrokerToken string
+	// BrokerTLS makes broker 0 serve TLS (its CA in System.BrokerCA), as
+	// the chart's broker.tls does, and the controllers read leases from
+	// it over TLS; any other brokers stay plaintext.
+	BrokerTLS bool
 	// ProxyCredentials gives the controllers and brokers a credentials
 	// key: Managed proxies then ask every client for their own.
 	ProxyCredentials bool
@@ -80,7 +84,10 @@ type System struct {
 	Kubelet   *kubelet.StandIn
 	// APILink is the link between the services and the API server, when
 	// Options.CuttableAPIServer is set.
-	APILink  *proc.Cutter
+	APILink *proc.Cutter
+	// BrokerCA is the PEM CA broker 0's certificate chains to, with
+	// Options.BrokerTLS.
+	BrokerCA string
 	token    string
 	probeTLS certs.Files
 	opts     Options
@@ -198,7 +205,16 @@ func Start(t proc.T, env *testenv.Env, o Options) *System {
 		s.Brokers = append(s.Brokers, &Broker{GRPC: grpcs[i], args: append([]string{"--kubeconfig", s.Kubeconfig, "--redis-addrs", s.Redis.Addr}, brokerAuth...)})
 	}
 	var brokerArgs []string
-	if o.Brokers > 0 {
+	switch {
+	case o.Brokers > 0 && o.BrokerTLS:
+		tlsFiles, err := probeCA.WriteServer(t.TempDir(), "127.0.0.1")
+		if err != nil {
+			t.Fatal(err)
+		}
+		s.BrokerCA = tlsFiles.CA
+		s.Brokers[0].args = append(s.Brokers[0].args, "--tls-cert-file", tlsFiles.Cert, "--tls-key-file", tlsFiles.Key)
+		brokerArgs = []string{"--broker-address", grpcs[0], "--broker-ca-file", tlsFiles.CA, "--broker-poll-interval", "500ms"}
+	case o.Brokers > 0:
 		brokerArgs = []string{"--broker-address", proc.NewBalancer(t, grpcs...).Addr, "--broker-poll-interval", "500ms"}
 	}
 	brokerArgs = append(brokerArgs, controllerAuth...)
@@ -289,5 +305,9 @@ func (s *System) StartBroker(i int) {
 	ops, g, h := proc.Addr(proc.FreePort(s.T)), b.GRPC, proc.Addr(proc.FreePort(s.T))
 	b.Proc = proc.Start(s.T, fmt.Sprintf("broker-%d", i), s.Bins["broker"], append([]string{"--ops-addr", ops, "--grpc-addr", g, "--http-addr", h}, b.args...)...)
 	proc.WaitHTTP(s.T, b.Proc, "http://"+ops+"/readyz", 60*time.Second)
-	b.REST, b.GRPC, b.Ops = "http://"+h, g, "http://"+ops
+	scheme := "http://"
+	if i == 0 && s.BrokerCA != "" {
+		scheme = "https://"
+	}
+	b.REST, b.GRPC, b.Ops = scheme+h, g, "http://"+ops
 }
