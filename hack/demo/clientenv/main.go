@@ -44,8 +44,10 @@ type Env struct {
 	GRPCPlain string `json:"grpcPlain"`
 	CAFile    string `json:"caFile"`
 	// REST is broker 1's REST API.
-	REST  string `json:"rest"`
-	Token string `json:"token"`
+	REST string `json:"rest"`
+	// Ops are the brokers' ops addresses (http://host:port; /metrics).
+	Ops   []string `json:"ops"`
+	Token string   `json:"token"`
 	// Namespace and Selector pick the three proxies.
 	Namespace string            `json:"namespace"`
 	Selector  map[string]string `json:"selector"`
@@ -133,7 +135,7 @@ func main() {
 
 	e := Env{GRPCTLS: s.Brokers[0].GRPC, GRPCPlain: s.Brokers[1].GRPC, CAFile: s.BrokerCA, REST: s.Brokers[1].REST, Token: token,
 		Namespace: ns, Selector: selector, Pages: *pages, LimitedIP: ready[0].Status.EgressIP,
-		HTTPSEcho: s.Target.URL, HTTPSEchoCA: s.Target.CAFile}
+		HTTPSEcho: s.Target.URL, HTTPSEchoCA: s.Target.CAFile, Ops: []string{s.Brokers[0].Ops, s.Brokers[1].Ops}}
 	for _, px := range ready {
 		p := Proxy{ID: ns + "/" + px.Name, Addr: net.JoinHostPort(px.Status.IP, strconv.Itoa(int(px.Status.Port))), EgressIP: px.Status.EgressIP}
 		pods := &corev1.PodList{}

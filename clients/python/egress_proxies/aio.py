@@ -1,0 +1,166 @@
+"""The asyncio client (grpc.aio), for asyncio code and Scrapy's asyncio
+reactor.
+
+    from egress_proxies.aio import AsyncClient
+
+    async with AsyncClient("grpcs://broker:9090", token=token) as client:
+        async with client.lease({"geo": "eu"}, target="example.com") as lease:
+            ...  # fetch through lease.proxy_url
+"""
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import List, Mapping, Optional
+
+import grpc
+import grpc.aio
+
+from . import _core
+from ._core import Granted, Proxy, Report
+from ._gen import lease_pb2, lease_pb2_grpc
+from .errors import EgressProxiesError, LeaseGone, from_rpc_error
+
+
+class AsyncClient:
+    """A connection to the broker's gRPC API, for one event loop."""
+
+    def __init__(self, url: str, *, token: Optional[str] = None, ca_file: Optional[str] = None, timeout: float = 10.0):
+        target = _core.Target.parse(url)
+        if target.tls:
+            self._channel = grpc.aio.secure_channel(target.address, _core.channel_credentials(ca_file))
+        else:
+            self._channel = grpc.aio.insecure_channel(target.address)
+        self._stub = lease_pb2_grpc.LeaseServiceStub(self._channel)
+        self._metadata = _core.call_metadata(token)
+        self.timeout = timeout
+
+    async def close(self) -> None:
+        await self._channel.close()
+
+    async def __aenter__(self) -> "AsyncClient":
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.close()
+
+    async def _call(self, method, request, *, lease_id: str = "", creating: bool = False):
+        delay = _core.BACKOFF
+        for attempt in range(_core.ATTEMPTS):
+            try:
+                # A retry waits for the channel to reconnect (gRPC's own
+                # backoff) rather than failing fast on its last error.
+                return await getattr(self._stub, method)(request, metadata=self._metadata, timeout=self.timeout,
+                                                     wait_for_ready=attempt > 0)
+            except grpc.aio.AioRpcError as err:
+                if err.code() != grpc.StatusCode.UNAVAILABLE or attempt == _core.ATTEMPTS - 1:
+                    raise from_rpc_error(err, lease_id=lease_id, creating=creating) from None
+            await asyncio.sleep(delay)
+            delay *= 2
+
+    def lease(self, selector: Optional[Mapping[str, str]] = None, *, target: str = "", session_key: str = "",
+              ttl: Optional[float] = None, namespace: str = "", request_id: Optional[str] = None) -> "_Pending":
+        """As Client.lease: ``await client.lease(...)`` for an AsyncLease, or
+        ``async with client.lease(...) as lease`` for one that renews,
+        reports and releases itself."""
+        req = _core.create_request(selector, target, session_key, ttl, namespace, request_id)
+        return _Pending(self, req, target, ttl)
+
+    async def _create(self, req, target, ttl) -> "AsyncLease":
+        return AsyncLease(self, await self._call("CreateLease", req, creating=True), target, ttl)
+
+    async def list_proxies(self, selector: Optional[Mapping[str, str]] = None, *, healthy: Optional[bool] = None,
+                           namespace: str = "", target: str = "") -> List[Proxy]:
+        req = lease_pb2.ListProxiesRequest(selector=dict(selector or {}), namespace=namespace, target=target)
+        if healthy is not None:
+            req.healthy = healthy
+        return [Proxy.from_pb(p) for p in (await self._call("ListProxies", req)).proxies]
+
+
+class _Pending:
+    """A lease being asked for: awaitable, or an async context manager."""
+
+    def __init__(self, client: AsyncClient, req, target, ttl):
+        self._args = (req, target, ttl)
+        self._client = client
+        self._lease: Optional[AsyncLease] = None
+
+    def __await__(self):
+        return self._client._create(*self._args).__await__()
+
+    async def __aenter__(self) -> "AsyncLease":
+        self._lease = await self._client._create(*self._args)
+        return await self._lease.__aenter__()
+
+    async def __aexit__(self, exc_type, exc, tb) -> None:
+        await self._lease.__aexit__(exc_type, exc, tb)
+
+
+class AsyncLease(Granted):
+    """A live lease; as an async context manager it renews itself in a task."""
+
+    def __init__(self, client: AsyncClient, resp, target: str, ttl: Optional[float]):
+        super().__init__(resp, target, ttl)
+        self._client = client
+        self._renewer: Optional[asyncio.Task] = None
+        self._released = False
+        self._entered = 0.0
+
+    async def renew(self, ttl: Optional[float] = None) -> None:
+        resp = await self._client._call("RenewLease", lease_pb2.RenewLeaseRequest(lease_id=self.id, ttl_seconds=int(ttl or self._ttl or 0)),
+                                        lease_id=self.id)
+        self.expires_at = resp.expires_at.ToDatetime().replace(tzinfo=self.expires_at.tzinfo)
+
+    async def report(self, result: str, *, target: str = "", status_code: int = 0, latency: float = 0.0) -> Report:
+        req = _core.report_request(self.id, result, target, status_code, latency)
+        resp = await self._client._call("ReportLease", req, lease_id=self.id)
+        self._reported = True
+        return Report.from_pb(resp)
+
+    async def release(self) -> None:
+        await self._stop_renewing()
+        if self._released:
+            return
+        await self._client._call("ReleaseLease", lease_pb2.ReleaseLeaseRequest(lease_id=self.id))
+        self._released = True
+
+    def keep_alive(self) -> None:
+        """Renew in the background until release (what ``async with`` does)."""
+        if self._renewer is None:
+            self._renewer = asyncio.ensure_future(self._renew_loop())
+
+    async def _stop_renewing(self) -> None:
+        if self._renewer and self._renewer is not asyncio.current_task():
+            self._renewer.cancel()
+            try:
+                await self._renewer
+            except asyncio.CancelledError:
+                pass
+
+    async def _renew_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self._renew_every())
+            try:
+                await self.renew()
+            except LeaseGone as gone:
+                self.lost = gone
+                return
+            except EgressProxiesError:
+                continue
+
+    async def __aenter__(self) -> "AsyncLease":
+        self._entered = time.monotonic()
+        self.keep_alive()
+        return self
+
+    async def __aexit__(self, exc_type, exc, tb) -> None:
+        await self._stop_renewing()
+        try:
+            outcome = self._exit_outcome(exc_type is not None)
+            if outcome:
+                try:
+                    await self.report(outcome[0], status_code=outcome[1], latency=time.monotonic() - self._entered)
+                except LeaseGone:
+                    pass
+        finally:
+            await self.release()

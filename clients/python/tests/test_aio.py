@@ -1,0 +1,51 @@
+"""The asyncio client: the same semantics over grpc.aio."""
+from __future__ import annotations
+
+import asyncio
+import uuid
+
+import pytest
+
+import egress_proxies as ep
+from conftest import metric
+from egress_proxies.aio import AsyncClient
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+def test_async_lease_reports_and_releases(env):
+    async def main():
+        async with AsyncClient("grpcs://" + env["grpcTLS"], token=env["token"], ca_file=env["caFile"]) as c:
+            t = f"a-{uuid.uuid4().hex[:12]}.test"
+            async with c.lease(env["selector"], target=t) as lease:
+                assert lease.credentials
+                held = sum(p.lease_count for p in await c.list_proxies(env["selector"]))
+            with pytest.raises(RuntimeError):
+                async with c.lease(env["selector"], target=t) as failing:
+                    failing.set_outcome(ep.BLOCKED, 403)
+                    raise RuntimeError("a block page")
+            cooling = [p.id for p in await c.list_proxies(env["selector"], target=t) if p.cooldown_until]
+            left = sum(p.lease_count for p in await c.list_proxies(env["selector"]))
+            return lease, held, failing, cooling, left
+
+    blocked = metric(env, "proxy_operator_broker_reports_total", result="blocked")
+    lease, held, failing, cooling, left = run(main())
+    assert held == 1 and left == 0
+    assert cooling == [failing.proxy.id], "the outcome set in the block was reported, not error"
+    assert metric(env, "proxy_operator_broker_reports_total", result="blocked") == blocked + 1
+
+
+def test_async_typed_refusal_and_await_form(env):
+    async def main():
+        async with AsyncClient("grpc://" + env["grpcPlain"], token=env["token"]) as c:
+            lease = await c.lease(env["selector"])
+            await lease.release()
+            with pytest.raises(ep.LeaseGone):
+                await lease.report(ep.OK)
+            with pytest.raises(ep.NoProxyAvailable) as refused:
+                await c.lease({"pool": "no-such-pool"})
+            return refused.value
+
+    assert run(main()).reason == "NO_MATCHING_PROXY"

@@ -1,0 +1,168 @@
+"""The blocking client against a real broker (TLS, bearer token), Redis and
+Squid."""
+from __future__ import annotations
+
+import socket
+import ssl
+import threading
+import time
+import urllib.request
+import uuid
+
+import pytest
+
+import egress_proxies as ep
+from conftest import metric
+
+
+@pytest.fixture
+def client(env):
+    with ep.Client("grpcs://" + env["grpcTLS"], token=env["token"], ca_file=env["caFile"]) as c:
+        yield c
+
+
+def target() -> str:
+    # Each test its own target, so cooldowns of one never steer another.
+    return f"t-{uuid.uuid4().hex[:12]}.test"
+
+
+def fetch_ip(env, lease) -> str:
+    """The HTTPS echo's answer through the leased proxy: a CONNECT tunnel
+    with the lease's credentials."""
+    ctx = ssl.create_default_context(cafile=env["httpsEchoCA"])
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler(lease.proxies), urllib.request.HTTPSHandler(context=ctx))
+    return opener.open(env["httpsEcho"] + "/ip", timeout=10).read().decode().strip()
+
+
+def live_leases(client, env) -> int:
+    return sum(p.lease_count for p in client.list_proxies(env["selector"]))
+
+
+def test_a_lease_egresses_through_its_proxy_reports_ok_and_releases(client, env):
+    oks = metric(env, "proxy_operator_broker_reports_total", result="ok")
+    with client.lease(env["selector"], target=target(), ttl=30) as lease:
+        assert lease.credentials, "a broker with a token hands out the proxy's credentials"
+        assert fetch_ip(env, lease) == lease.proxy.egress_ip
+        assert live_leases(client, env) == 1
+    assert live_leases(client, env) == 0, "the with block released it"
+    assert metric(env, "proxy_operator_broker_reports_total", result="ok") == oks + 1, "and reported ok"
+
+
+def test_an_exception_reports_error_and_still_releases(client, env):
+    errors = metric(env, "proxy_operator_broker_reports_total", result="error")
+    with pytest.raises(ConnectionResetError):
+        with client.lease(env["selector"], target=target()):
+            raise ConnectionResetError("the site hung up")
+    assert live_leases(client, env) == 0
+    assert metric(env, "proxy_operator_broker_reports_total", result="error") == errors + 1
+
+
+def test_an_outcome_set_in_the_block_is_reported_and_cools_the_proxy(client, env):
+    t = target()
+    with client.lease(env["selector"], target=t) as lease:
+        lease.set_outcome(ep.RATE_LIMITED, 429)
+    cooling = {p.id: p.cooldown_until for p in client.list_proxies(env["selector"], target=t)}
+    assert cooling[lease.proxy.id] is not None, "the report cooled the proxy down for the target"
+    assert [i for i, c in cooling.items() if c] == [lease.proxy.id], "and only it"
+    with client.lease(env["selector"], target=t) as other:
+        assert other.proxy.id != lease.proxy.id, "the next lease for the target goes elsewhere"
+
+
+def test_an_explicit_report_is_not_doubled_at_exit(client, env):
+    before = metric(env, "proxy_operator_broker_reports_total")
+    with client.lease(env["selector"], target=target()) as lease:
+        r = lease.report(ep.OK, status_code=200, latency=0.05)
+        assert r.actions == ("NONE",) or "COOLDOWN_DECAYED" in r.actions or r.actions == ()
+    assert metric(env, "proxy_operator_broker_reports_total") == before + 1
+
+
+def test_the_lease_is_renewed_while_held(client, env):
+    with client.lease(env["selector"], target=target(), ttl=10) as lease:
+        first = lease.expires_at
+        time.sleep(13)  # past the TTL: only renewals keep it
+        assert lease.expires_at > first
+        assert lease.lost is None
+        lease.report(ep.OK)  # the broker still knows it
+    assert live_leases(client, env) == 0
+
+
+def test_typed_refusals(client, env):
+    with pytest.raises(ep.NoProxyAvailable) as refused:
+        client.lease({"pool": "no-such-pool"})
+    assert refused.value.reason == "NO_MATCHING_PROXY"
+    assert refused.value.retry_after == 10
+    assert not isinstance(refused.value, ep.TargetPaced)
+    with pytest.raises(ep.InvalidRequest, match="ttl"):
+        client.lease(env["selector"], ttl=999999)
+    with pytest.raises(ep.Unauthenticated):
+        with ep.Client("grpcs://" + env["grpcTLS"], token="not-the-token", ca_file=env["caFile"]) as bad:
+            bad.lease(env["selector"])
+    with pytest.raises(ValueError, match="grpc://"):
+        ep.Client("https://" + env["grpcTLS"])
+
+
+def test_a_released_lease_is_gone(client, env):
+    lease = client.lease(env["selector"], target=target())
+    lease.release()
+    lease.release()  # harmless twice
+    with pytest.raises(ep.LeaseGone) as gone:
+        lease.renew()
+    assert gone.value.lease_id == lease.id
+
+
+def test_a_request_id_names_one_lease(client, env):
+    rid = uuid.uuid4().hex
+    a = client.lease(env["selector"], request_id=rid)
+    b = client.lease(env["selector"], request_id=rid)
+    try:
+        assert a.id == b.id, "the same request id is the same lease, not a second proxy"
+        assert live_leases(client, env) == 1
+    finally:
+        a.release()
+
+
+def test_plaintext_broker_and_sessions(env):
+    with ep.Client("grpc://" + env["grpcPlain"], token=env["token"]) as plain:
+        with plain.lease(env["selector"], session_key="login-1") as first:
+            with plain.lease(env["selector"], session_key="login-1") as again:
+                assert again.proxy.id == first.proxy.id, "a session keeps its proxy"
+
+
+def test_unavailable_is_retried(env):
+    """A broker that is not there yet (restarting) answers UNAVAILABLE; the
+    client tries again with the same request id and gets its lease."""
+    host, port = env["grpcPlain"].rsplit(":", 1)
+    front = socket.socket()
+    front.bind(("127.0.0.1", 0))
+    addr = front.getsockname()
+    front.close()  # nothing listens there for now
+
+    def serve_later():
+        time.sleep(0.5)
+        srv = socket.create_server(addr)
+        srv.settimeout(10)
+        try:
+            while True:
+                c, _ = srv.accept()
+                b = socket.create_connection((host, int(port)))
+                for a, z in ((c, b), (b, c)):
+                    threading.Thread(target=pipe, args=(a, z), daemon=True).start()
+        except OSError:
+            pass
+        finally:
+            srv.close()
+
+    threading.Thread(target=serve_later, daemon=True).start()
+    with ep.Client(f"grpc://{addr[0]}:{addr[1]}", token=env["token"]) as late:
+        with late.lease(env["selector"], target=target()) as lease:
+            assert lease.id
+
+
+def pipe(a, z):
+    try:
+        while data := a.recv(65536):
+            z.sendall(data)
+    except OSError:
+        pass
+    finally:
+        z.close()
