@@ -1,0 +1,329 @@
+// The Node client of the lease API, over gRPC (Connect's gRPC transport on
+// node:http2), with the Python client's semantics: a lease that renews
+// while held, reports ok / error / the outcome you set, releases at the
+// end, and typed errors.
+import { randomUUID } from "node:crypto";
+import { readFileSync } from "node:fs";
+import { setTimeout as sleep } from "node:timers/promises";
+
+import { create } from "@bufbuild/protobuf";
+import { timestampDate, type Timestamp } from "@bufbuild/protobuf/wkt";
+import { Code, ConnectError, createClient, type Client as RpcClient, type Interceptor } from "@connectrpc/connect";
+import { createGrpcTransport } from "@connectrpc/connect-node";
+
+import { EgressProxiesError, LeaseGone, fromCallError } from "./errors.js";
+import {
+  CreateLeaseRequestSchema,
+  LeaseService,
+  ListProxiesRequestSchema,
+  ReportLeaseRequestSchema,
+  type CreateLeaseResponse,
+  type Proxy as ProxyMessage,
+  type ReportLeaseResponse,
+} from "./gen/egressproxies/lease/v1/lease_pb.js";
+import { RESULTS, type Result } from "./policy.js";
+
+/** Tries of a call the broker answered UNAVAILABLE; a CreateLease keeps its request id across them. */
+const ATTEMPTS = 3;
+const BACKOFF_MS = 100;
+
+export interface ClientOptions {
+  /** Bearer token the broker asks for. */
+  token?: string;
+  /** PEM CA bundle (a path) the broker's certificate is verified with; default: the system's roots. */
+  caFile?: string;
+  /** Deadline of each call, ms (default 10 s). */
+  timeoutMs?: number;
+}
+
+export interface LeaseRequest {
+  /** The proxy's attributes must contain every pair. */
+  selector?: Record<string, string>;
+  /** The host the crawler will fetch; proxies cooling down for it are skipped. */
+  target?: string;
+  /** Keeps the same proxy for every lease with this key while it qualifies. */
+  sessionKey?: string;
+  /** Lease lifetime in seconds; 0 or unset: the broker's default. */
+  ttlSeconds?: number;
+  namespace?: string;
+  /** Names this lease for safe retries; default: a fresh UUID. */
+  requestId?: string;
+}
+
+/** A proxy as the broker lists it. */
+export interface Proxy {
+  id: string;
+  ip: string;
+  port: number;
+  attributes: Record<string, string>;
+  healthy: boolean;
+  leaseCount: number;
+  egressIp: string;
+  /** In a list naming a target: while the proxy cools down for it. */
+  cooldownUntil?: Date;
+  quarantinedUntil?: Date;
+}
+
+/** What the broker did about a report (docs/api.md, Ban-aware leasing). */
+export interface Report {
+  actions: string[];
+  cooldownUntil?: Date;
+  quarantinedUntil?: Date;
+  pacePerSecond: number;
+}
+
+export interface ReportOptions {
+  target?: string;
+  statusCode?: number;
+  /** How long the request took, ms. */
+  latencyMs?: number;
+}
+
+const date = (t?: Timestamp) => (t ? timestampDate(t) : undefined);
+
+function toProxy(p?: ProxyMessage): Proxy {
+  return {
+    id: p?.id ?? "",
+    ip: p?.ip ?? "",
+    port: p?.port ?? 0,
+    attributes: { ...p?.attributes },
+    healthy: p?.healthy ?? false,
+    leaseCount: p?.leaseCount ?? 0,
+    egressIp: p?.egressIp ?? "",
+    cooldownUntil: date(p?.cooldownUntil),
+    quarantinedUntil: date(p?.quarantinedUntil),
+  };
+}
+
+function toReport(r: ReportLeaseResponse): Report {
+  return {
+    actions: [...r.actions],
+    cooldownUntil: date(r.cooldownUntil),
+    quarantinedUntil: date(r.quarantinedUntil),
+    pacePerSecond: r.pacePerSecond,
+  };
+}
+
+/** `grpc://host:port` (plaintext) or `grpcs://host:port` (TLS) as an http(s) base URL. */
+export function baseUrl(url: string): string {
+  let u: URL;
+  try {
+    u = new URL(url);
+  } catch {
+    u = new URL("invalid:");
+  }
+  if ((u.protocol !== "grpc:" && u.protocol !== "grpcs:") || !u.hostname || !u.port || (u.pathname !== "" && u.pathname !== "/")) {
+    throw new TypeError(`broker URL ${JSON.stringify(url)}: want grpc://host:port (plaintext) or grpcs://host:port (TLS)`);
+  }
+  return `${u.protocol === "grpcs:" ? "https" : "http"}://${u.host}`;
+}
+
+/** A connection to the broker's gRPC API. */
+export class Client {
+  private readonly rpc: RpcClient<typeof LeaseService>;
+  private readonly timeoutMs: number;
+
+  constructor(url: string, opts: ClientOptions = {}) {
+    const auth: Interceptor = (next) => (req) => {
+      if (opts.token) req.header.set("authorization", `Bearer ${opts.token}`);
+      return next(req);
+    };
+    const transport = createGrpcTransport({
+      baseUrl: baseUrl(url),
+      interceptors: [auth],
+      nodeOptions: opts.caFile ? { ca: readFileSync(opts.caFile) } : undefined,
+    });
+    this.rpc = createClient(LeaseService, transport);
+    this.timeoutMs = opts.timeoutMs ?? 10_000;
+  }
+
+  /** @internal */
+  async call<T>(fn: (o: { timeoutMs: number }) => Promise<T>, ctx: { leaseId?: string; creating?: boolean } = {}): Promise<T> {
+    for (let attempt = 0; ; attempt++) {
+      try {
+        return await fn({ timeoutMs: this.timeoutMs });
+      } catch (err) {
+        if (ConnectError.from(err).code !== Code.Unavailable || attempt === ATTEMPTS - 1) {
+          throw fromCallError(err, ctx);
+        }
+      }
+      await sleep(BACKOFF_MS * 2 ** attempt);
+    }
+  }
+
+  /**
+   * Take a proxy: the least-loaded healthy one matching the selector that is
+   * not cooling down for the target. Throws NoProxyAvailable (TargetPaced
+   * when the target is paced) with retryAfter.
+   */
+  async lease(r: LeaseRequest = {}): Promise<Lease> {
+    const req = create(CreateLeaseRequestSchema, {
+      selector: r.selector ?? {},
+      target: r.target ?? "",
+      sessionKey: r.sessionKey ?? "",
+      ttlSeconds: Math.floor(r.ttlSeconds ?? 0),
+      namespace: r.namespace ?? "",
+      requestId: r.requestId ?? randomUUID(),
+    });
+    const resp = await this.call((o) => this.rpc.createLease(req, o), { creating: true });
+    return new Lease(this, resp, r.target ?? "", r.ttlSeconds ?? 0);
+  }
+
+  /**
+   * Lease, run fn with the lease while renewing it, then report (ok when fn
+   * resolves, error when it throws, or what lease.setOutcome said) and
+   * release: Python's `with client.lease(...)`.
+   */
+  async withLease<T>(r: LeaseRequest, fn: (lease: Lease) => Promise<T>): Promise<T> {
+    const lease = await this.lease(r);
+    lease.keepAlive();
+    const started = performance.now();
+    let failed = false;
+    try {
+      return await fn(lease);
+    } catch (err) {
+      failed = true;
+      throw err;
+    } finally {
+      await lease.finish(failed, performance.now() - started);
+    }
+  }
+
+  /** The proxies the broker knows, filtered; naming a target fills cooldownUntil for it. */
+  async listProxies(f: { selector?: Record<string, string>; healthy?: boolean; namespace?: string; target?: string } = {}): Promise<Proxy[]> {
+    const req = create(ListProxiesRequestSchema, {
+      selector: f.selector ?? {},
+      healthy: f.healthy,
+      namespace: f.namespace ?? "",
+      target: f.target ?? "",
+    });
+    const resp = await this.call((o) => this.rpc.listProxies(req, o));
+    return resp.proxies.map(toProxy);
+  }
+
+  /** @internal */
+  get api(): RpcClient<typeof LeaseService> {
+    return this.rpc;
+  }
+}
+
+/** A live lease. */
+export class Lease {
+  readonly id: string;
+  readonly proxy: Proxy;
+  /** [username, password] the proxy asks for, or undefined. */
+  readonly credentials?: [string, string];
+  readonly target: string;
+  readonly sessionMoved: boolean;
+  expiresAt: Date;
+  /** Set when a renewal found the lease gone. */
+  lost?: LeaseGone;
+  private outcome?: [Result, number];
+  private reported = false;
+  private released = false;
+  private timer?: NodeJS.Timeout;
+
+  constructor(
+    private readonly client: Client,
+    resp: CreateLeaseResponse,
+    target: string,
+    private readonly ttlSeconds: number,
+  ) {
+    this.id = resp.leaseId;
+    this.proxy = toProxy(resp.proxy);
+    const c = resp.credentials;
+    this.credentials = c && c.username ? [c.username, c.password] : undefined;
+    this.target = target;
+    this.sessionMoved = resp.sessionMoved;
+    this.expiresAt = date(resp.expiresAt) ?? new Date();
+  }
+
+  /** `http://[user:password@]ip:port`, for any HTTP client's proxy setting. */
+  get proxyUrl(): string {
+    const host = this.proxy.ip.includes(":") ? `[${this.proxy.ip}]` : this.proxy.ip;
+    const auth = this.credentials ? `${encodeURIComponent(this.credentials[0])}:${encodeURIComponent(this.credentials[1])}@` : "";
+    return `http://${auth}${host}:${this.proxy.port}`;
+  }
+
+  /** The result reported when withLease's function ends, instead of ok or error. */
+  setOutcome(result: Result, statusCode = 0): void {
+    if (!RESULTS.includes(result)) throw new TypeError(`result ${JSON.stringify(result)}: want one of ${RESULTS.join(", ")}`);
+    this.outcome = [result, statusCode];
+  }
+
+  /** Extend the lease by ttlSeconds from now (0: as leased). Throws LeaseGone once it cannot be renewed. */
+  async renew(ttlSeconds = 0): Promise<void> {
+    const resp = await this.client.call((o) => this.client.api.renewLease({ leaseId: this.id, ttlSeconds: ttlSeconds || this.ttlSeconds }, o), {
+      leaseId: this.id,
+    });
+    this.expiresAt = date(resp.expiresAt) ?? this.expiresAt;
+  }
+
+  /** Tell the broker how the target treated the proxy and hear what it did. */
+  async report(result: Result, o: ReportOptions = {}): Promise<Report> {
+    if (!RESULTS.includes(result)) throw new TypeError(`result ${JSON.stringify(result)}: want one of ${RESULTS.join(", ")}`);
+    const req = create(ReportLeaseRequestSchema, {
+      leaseId: this.id,
+      result,
+      target: o.target ?? "",
+      statusCode: o.statusCode ?? 0,
+      latencyMs: Math.max(0, Math.min(3_600_000, Math.round(o.latencyMs ?? 0))),
+    });
+    const resp = await this.client.call((c) => this.client.api.reportLease(req, c), { leaseId: this.id });
+    this.reported = true;
+    return toReport(resp);
+  }
+
+  /** End the lease; calling it again is harmless. */
+  async release(): Promise<void> {
+    this.stopRenewing();
+    if (this.released) return;
+    await this.client.call((o) => this.client.api.releaseLease({ leaseId: this.id }, o));
+    this.released = true;
+  }
+
+  /** Renew in the background until release (what withLease does); the timer does not keep the process alive. */
+  keepAlive(): void {
+    if (this.timer || this.released) return;
+    const tick = () => {
+      const left = this.expiresAt.getTime() - Date.now();
+      this.timer = setTimeout(async () => {
+        try {
+          await this.renew();
+        } catch (err) {
+          if (err instanceof LeaseGone) {
+            this.lost = err;
+            return;
+          }
+          if (!(err instanceof EgressProxiesError)) throw err;
+        }
+        if (this.timer) tick();
+      }, Math.max(500, left / 3));
+      this.timer.unref();
+    };
+    tick();
+  }
+
+  /** @internal Report what the holder's work came to (unless already said) and release. */
+  async finish(failed: boolean, latencyMs: number): Promise<void> {
+    this.stopRenewing();
+    try {
+      const outcome: [Result, number] | undefined =
+        this.outcome ?? (this.reported || this.lost ? undefined : [failed ? "error" : "ok", 0]);
+      if (outcome) {
+        try {
+          await this.report(outcome[0], { statusCode: outcome[1], latencyMs });
+        } catch (err) {
+          if (!(err instanceof LeaseGone)) throw err;
+        }
+      }
+    } finally {
+      await this.release();
+    }
+  }
+
+  private stopRenewing(): void {
+    clearTimeout(this.timer);
+    this.timer = undefined;
+  }
+}

@@ -1,0 +1,185 @@
+// crawlee integration: a ProxyConfiguration whose proxies are leased from
+// egress-proxies, one lease per crawlee session and target host (the
+// session id is the lease's session key, so the broker keeps the session on
+// one proxy while it qualifies), with crawlee's own verdicts on sessions
+// reported to the fleet.
+//
+//   const proxyConfiguration = egressProxyConfiguration({ url, token, selector });
+//   const crawler = new CheerioCrawler({
+//     proxyConfiguration,
+//     sessionPoolOptions: proxyConfiguration.sessionPoolOptions,
+//     requestHandler: ...,
+//   });
+//   await crawler.run([...]);
+//   await proxyConfiguration.close();
+import { setTimeout as sleep } from "node:timers/promises";
+
+import { ProxyConfiguration, Session, type SessionOptions, type SessionPool } from "@crawlee/core";
+
+import { Client, type ClientOptions, type Lease } from "./client.js";
+import { EgressProxiesError, NoProxyAvailable } from "./errors.js";
+import type { Result } from "./policy.js";
+
+export interface EgressProxyConfigurationOptions extends ClientOptions {
+  /** The broker: grpc://host:port or grpcs://host:port. */
+  url: string;
+  selector?: Record<string, string>;
+  namespace?: string;
+  /** Lease TTL, seconds (default 60); leases renew while their session lives. */
+  ttlSeconds?: number;
+  /** How long a request waits out the broker's refusals before it fails, seconds (default 120). */
+  maxWaitSeconds?: number;
+}
+
+/** The lease one session holds for one host. */
+interface Held {
+  lease: Promise<Lease>;
+  host: string;
+}
+
+/**
+ * A crawlee ProxyConfiguration over egress-proxies. Pass
+ * `sessionPoolOptions` to the crawler too: through it the fleet hears how
+ * each session fared (markGood: ok; retire or markBad: blocked, or
+ * rate_limited when the site answered 429) and a retired session's leases
+ * are released. `close()` releases whatever is still held.
+ */
+export class EgressProxyConfiguration extends ProxyConfiguration {
+  readonly client: Client;
+  /** Spread into the crawler's sessionPoolOptions. */
+  readonly sessionPoolOptions: { createSessionFunction: (pool: SessionPool, options?: { sessionOptions?: SessionOptions }) => Session };
+  private readonly held = new Map<string, Held[]>();
+  private readonly o: EgressProxyConfigurationOptions;
+  /** Leases the broker refused and this configuration waited out. */
+  refusals = 0;
+
+  constructor(o: EgressProxyConfigurationOptions) {
+    super({ newUrlFunction: (sessionId, options) => this.proxyUrlFor(String(sessionId ?? ""), options?.request?.url) });
+    this.o = o;
+    this.client = new Client(o.url, o);
+    this.sessionPoolOptions = { createSessionFunction: (pool, options) => this.observe(pool, options) };
+  }
+
+  private async proxyUrlFor(sessionId: string, url?: string): Promise<string> {
+    const host = url ? new URL(url).hostname : "";
+    const leases = this.held.get(sessionId) ?? [];
+    this.held.set(sessionId, leases);
+    let h = leases.find((x) => x.host === host);
+    if (!h) {
+      const lease = this.leaseWaiting(host, sessionId).then((l) => {
+        l.keepAlive();
+        return l;
+      });
+      h = { lease, host };
+      leases.push(h);
+      lease.catch(() => leases.splice(leases.indexOf(h!), 1)); // refused: the next request asks again
+    }
+    // Most recently used first: a session's verdict is about its last request.
+    leases.splice(leases.indexOf(h), 1);
+    leases.unshift(h);
+    return (await h.lease).proxyUrl;
+  }
+
+  /**
+   * A lease for the session and host; a refusal (no proxy qualifies, the
+   * host is paced) is waited out for the broker's Retry-After, up to
+   * maxWaitSeconds in all, rather than failing the request.
+   */
+  private async leaseWaiting(host: string, sessionId: string): Promise<Lease> {
+    const deadline = Date.now() + (this.o.maxWaitSeconds ?? 120) * 1000;
+    for (;;) {
+      try {
+        return await this.client.lease({
+          selector: this.o.selector,
+          namespace: this.o.namespace,
+          target: host,
+          ttlSeconds: this.o.ttlSeconds ?? 60,
+          sessionKey: sessionKey(sessionId),
+        });
+      } catch (err) {
+        const wait = ((err instanceof NoProxyAvailable && err.retryAfter) || 1) * 1000;
+        if (!(err instanceof NoProxyAvailable) || Date.now() + wait > deadline) throw err;
+        this.refusals++;
+        await sleep(wait);
+      }
+    }
+  }
+
+  /** A crawlee Session whose verdicts reach the fleet. */
+  private observe(pool: SessionPool, options?: { sessionOptions?: SessionOptions }): Session {
+    // As crawlee's default createSessionFunction builds it.
+    const defaults = (pool as unknown as { sessionOptions: SessionOptions }).sessionOptions;
+    const session = new Session({ ...defaults, ...options?.sessionOptions, sessionPool: pool });
+    let lastStatus = 0;
+    const { markGood, markBad, retire, retireOnBlockedStatusCodes } = session;
+    session.markGood = () => {
+      markGood.call(session);
+      void this.report(session.id, "ok", 0);
+    };
+    session.markBad = () => {
+      void this.report(session.id, lastStatus === 429 ? "rate_limited" : "blocked", lastStatus);
+      markBad.call(session);
+    };
+    session.retireOnBlockedStatusCodes = (statusCode: number, extra?: number[]) => {
+      lastStatus = statusCode;
+      return retireOnBlockedStatusCodes.call(session, statusCode, extra);
+    };
+    session.retire = () => {
+      retire.call(session);
+      void this.end(session.id, lastStatus === 429 ? "rate_limited" : "blocked", lastStatus);
+    };
+    return session;
+  }
+
+  private async report(sessionId: string, result: Result, statusCode: number): Promise<void> {
+    const h = this.held.get(sessionId)?.[0];
+    if (!h) return;
+    try {
+      await (await h.lease).report(result, { statusCode });
+    } catch (err) {
+      if (!(err instanceof EgressProxiesError)) throw err; // a gone lease or a refused report: nothing to do
+    }
+  }
+
+  /** Report a retired session's verdict and release its leases. */
+  private async end(sessionId: string, result: Result, statusCode: number): Promise<void> {
+    await this.report(sessionId, result, statusCode);
+    await this.releaseSession(sessionId);
+  }
+
+  private async releaseSession(sessionId: string): Promise<void> {
+    const leases = this.held.get(sessionId) ?? [];
+    this.held.delete(sessionId);
+    await Promise.all(
+      leases.map(async (h) => {
+        try {
+          await (await h.lease).release();
+        } catch {
+          // refused at lease time, or the broker is away: it ends at its TTL
+        }
+      }),
+    );
+  }
+
+  /** Release every lease still held; call after crawler.run(). */
+  async close(): Promise<void> {
+    await Promise.all([...this.held.keys()].map((id) => this.releaseSession(id)));
+  }
+
+  /** How many leases the sessions hold now. */
+  get heldLeases(): number {
+    let n = 0;
+    for (const leases of this.held.values()) n += leases.length;
+    return n;
+  }
+}
+
+/** A crawlee ProxyConfiguration whose proxies are leased from egress-proxies. */
+export function egressProxyConfiguration(o: EgressProxyConfigurationOptions): EgressProxyConfiguration {
+  return new EgressProxyConfiguration(o);
+}
+
+// The broker takes 1-128 of [A-Za-z0-9_.:-]; crawlee's ids are session_<random>.
+function sessionKey(id: string): string {
+  return id.replace(/[^A-Za-z0-9_.:-]/g, "_").slice(0, 128) || "_";
+}

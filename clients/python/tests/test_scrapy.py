@@ -1,0 +1,72 @@
+"""The Scrapy middleware's own behaviour, each through a real crawl of the
+clients' environment in a Scrapy process: refusals wait and reschedule, a
+session keeps one proxy and one lease. They crawl the site at its other
+address, another target than the example's, so they neither use nor
+leave cooldowns the example test looks at."""
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import threading
+import time
+
+import egress_proxies as ep
+from conftest import REPO, site_requests
+
+EXAMPLE = REPO / "examples" / "scrapy"
+HERE = os.path.dirname(__file__)
+
+
+def crawl(env, spider, out, *settings):
+    run_env = dict(os.environ, EGRESS_PROXIES_URL="grpcs://" + env["grpcTLS"], EGRESS_PROXIES_TOKEN=env["token"],
+                   EGRESS_PROXIES_CA_FILE=env["caFile"], SITE_URL=env["otherSite"],
+                   PYTHONPATH=os.pathsep.join([str(REPO / "clients" / "python"), HERE]))
+    args = [sys.executable, "-m", "scrapy", "crawl", spider, "-O", str(out), "-s", "SPIDER_MODULES=sitecrawl.spiders,session_spiders"]
+    for s in settings:
+        args += ["-s", s]
+    p = subprocess.run(args, cwd=EXAMPLE, env=run_env, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-4000:]
+    return dict((k, int(v)) for k, v in re.findall(r"'(egress_proxies/[^']+)': (\d+)", p.stderr)), p.stderr
+
+
+def test_a_refusal_reschedules_the_request_after_retry_after(env, tmp_path):
+    """Every proxy at its lease cap: the broker refuses with ALL_AT_CAP and
+    Retry-After 1 s; the crawl waits instead of failing, and completes once
+    capacity returns."""
+    with ep.Client("grpc://" + env["grpcPlain"], token=env["token"]) as c:
+        held = []
+        while True:
+            try:
+                held.append(c.lease(env["selector"], ttl=120))
+            except ep.NoProxyAvailable as full:
+                assert full.reason == "ALL_AT_CAP"
+                break
+
+        def give_back():
+            time.sleep(3)
+            for lease in held:
+                lease.release()
+
+        threading.Thread(target=give_back).start()
+        stats, log = crawl(env, "site", tmp_path / "pages.jsonl")
+    pages = (tmp_path / "pages.jsonl").read_text().splitlines()
+    assert len(pages) == env["pages"] + 1, "nothing was dropped"
+    assert stats.get("egress_proxies/refused/ALL_AT_CAP", 0) >= 1, log[-3000:]
+    assert stats.get("egress_proxies/rescheduled", 0) >= 1
+    assert "egress_proxies/gave_up" not in stats
+
+
+def test_a_session_keeps_one_proxy_and_one_lease(env, tmp_path):
+    before = len(site_requests(env))
+    stats, log = crawl(env, "session", tmp_path / "pages.jsonl", "EGRESS_PROXIES_SESSION_IDLE=1")
+    pages = [json.loads(line) for line in (tmp_path / "pages.jsonl").read_text().splitlines()]
+    assert len(pages) == env["pages"] + 1
+    served = {r["from"] for r in site_requests(env)[before:] if r["status"] == 200}
+    assert len(served) == 1, f"one session, one exit IP: {served}"
+    # One lease per proxy the session held: the one it kept, and one more
+    # if its first proxy was the limited one.
+    assert stats["egress_proxies/leases"] <= 2, stats
+    assert stats["egress_proxies/leases"] == stats["egress_proxies/released"]
