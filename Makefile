@@ -22,7 +22,13 @@ LDFLAGS := -s -w -X github.com/egress-proxies/egress-proxies/pkg/version.Commit=
 # providers' hosts libvirtd with its qemu driver, qemu, sshd, and bsdtar to
 # read the seed ISOs back.
 APT_PACKAGES := redis-server squid openssh-server libvirt-daemon libvirt-daemon-driver-qemu qemu-system-x86 qemu-utils libarchive-tools iproute2 \
-  $(CLUSTER_APT_PACKAGES)
+  $(CLIENT_APT_PACKAGES) $(CLUSTER_APT_PACKAGES)
+# The Python client's suite runs on Debian's Python and its packages (no
+# Python registry is needed), and the clients' code is generated with
+# Debian's protoc and gRPC Python plugin. Node.js and npm are the machine's.
+CLIENT_APT_PACKAGES := python3-grpcio python3-protobuf python3-scrapy python3-pytest python3-setuptools python3-wheel \
+  protobuf-compiler protobuf-compiler-grpc
+PYTHON ?= /usr/bin/python3
 # The real cluster: iptables for kube-proxy, the kubelet and the pods'
 # isolation; libseccomp and pkg-config to build runc; and what the images
 # made from Debian's packages hold (Squid and Redis above, curl, busybox
@@ -57,21 +63,24 @@ run-dev: build ## Run the three services locally against the current kubeconfig 
 ##@ Development
 
 .PHONY: generate
-generate: manifests ## Regenerate protobuf/gRPC/gateway code, the OpenAPI document, deepcopy and CRDs.
+generate: manifests ## Regenerate protobuf/gRPC/gateway code, the OpenAPI document, deepcopy, CRDs and the Python and Node clients' code.
 	$(TOOL) buf generate
 	cd pkg && $(CONTROLLER_GEN) object paths=./api/...
+	bash clients/gen.sh
 
 .PHONY: manifests
 manifests: ## Regenerate the CRD YAML in deploy/crds and the chart's crds/ (one source) from pkg/api.
 	cd pkg && $(CONTROLLER_GEN) crd:allowDangerousTypes=true paths=./api/... output:crd:artifacts:config=../deploy/crds
 	cp deploy/crds/*.yaml charts/egress-proxies/files/crds/
 
-GENERATED := pkg/gen pkg/openapi/gen deploy/crds charts/egress-proxies/files/crds pkg/api/v1alpha1/zz_generated.deepcopy.go
+GENERATED := pkg/gen pkg/openapi/gen deploy/crds charts/egress-proxies/files/crds pkg/api/v1alpha1/zz_generated.deepcopy.go \
+  clients/python/egress_proxies/_gen clients/node/src/gen
 
 .PHONY: verify-generated
 verify-generated: ## Fail if generated files differ from what `make generate` writes; it generates into a scratch copy, never the working tree.
 	@scratch=$$(mktemp -d); trap 'rm -rf "$$scratch"' EXIT; \
 	git ls-files -z --cached --others --exclude-standard | xargs -0 cp --parents -t "$$scratch" 2>/dev/null || true; \
+	ln -s $(CURDIR)/clients/node/node_modules "$$scratch/clients/node/node_modules"; \
 	$(MAKE) --no-print-directory -C "$$scratch" generate >/dev/null; \
 	stale=; for g in $(GENERATED); do \
 	  diff -r "$$g" "$$scratch/$$g" >/dev/null 2>&1 || stale="$$stale $$g"; done; \
@@ -150,9 +159,33 @@ envtest: ## Build (once, cached) kube-apiserver and etcd for envtest.
 	@bash hack/envtest-bins.sh >/dev/null
 
 .PHONY: test
-test: deps envtest verify-generated lint ## Everything: set-up, generated-code drift, lint, unit + envtest + process suites with -race, then the real-cluster end-to-end test.
+test: deps envtest node-deps verify-generated lint ## Everything: set-up, generated-code drift, lint, unit + envtest + process suites with -race, the Python and Node clients' suites, then the real-cluster end-to-end test.
 	KUBEBUILDER_ASSETS=$$(bash hack/envtest-bins.sh) go test $(TEST_FLAGS) $(GO_PKGS)
+	$(MAKE) --no-print-directory test-clients
 	$(MAKE) --no-print-directory e2e-cluster
+
+.PHONY: node-deps
+node-deps: ## Install the Node client's and the crawlee example's packages (npm ci, from their lock files).
+	@command -v npm >/dev/null || { echo "the Node client needs Node.js 20+ and npm"; exit 1; }
+	cd clients/node && npm ci --no-audit --no-fund --loglevel=error && npm run --silent build
+	cd examples/crawlee && npm ci --no-audit --no-fund --loglevel=error
+
+.PHONY: test-clients
+test-clients: test-python test-node ## The Python and Node clients' suites and the Scrapy and crawlee examples, each against the whole system on loopback.
+
+CLIENTENV := $(BIN)/clientenv
+
+.PHONY: clientenv
+clientenv: envtest
+	cd hack/demo && go build -o $(CLIENTENV) ./clientenv
+
+.PHONY: test-python
+test-python: deps clientenv ## The Python client's suite (Debian's python3 and packages) and examples/scrapy.
+	cd clients/python && KUBEBUILDER_ASSETS=$$(bash ../../hack/envtest-bins.sh) CLIENTENV=$(CLIENTENV) $(PYTHON) -m pytest -q -p no:cacheprovider
+
+.PHONY: test-node
+test-node: node-deps clientenv ## The Node client's suite and examples/crawlee.
+	cd clients/node && KUBEBUILDER_ASSETS=$$(bash ../../hack/envtest-bins.sh) CLIENTENV=$(CLIENTENV) node test/run.mjs
 
 .PHONY: test-short
 test-short: ## Unit tests only (no API server, no outside processes, no cluster).

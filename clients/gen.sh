@@ -15,7 +15,7 @@ for tool in protoc grpc_python_plugin; do
   command -v "$tool" >/dev/null || { echo "$tool is missing: apt-get install protobuf-compiler protobuf-compiler-grpc (make deps)"; exit 1; }
 done
 plugin=clients/node/node_modules/.bin/protoc-gen-es
-[ -x "$plugin" ] || { echo "$plugin is missing: run npm ci in clients/node"; exit 1; }
+[ -x "$plugin" ] || { echo "$plugin is missing: run make node-deps"; exit 1; }
 scratch=$(mktemp -d)
 trap 'rm -rf "$scratch"' EXIT
 protos=(egressproxies/lease/v1/lease.proto)

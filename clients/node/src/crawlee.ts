@@ -14,7 +14,7 @@
 //   await proxyConfiguration.close();
 import { setTimeout as sleep } from "node:timers/promises";
 
-import { ProxyConfiguration, Session, type SessionOptions, type SessionPool } from "@crawlee/core";
+import { ProxyConfiguration, Session, log as crawleeLog, type SessionOptions, type SessionPool } from "@crawlee/core";
 
 import { Client, type ClientOptions, type Lease } from "./client.js";
 import { EgressProxiesError, NoProxyAvailable } from "./errors.js";
@@ -27,14 +27,25 @@ export interface EgressProxyConfigurationOptions extends ClientOptions {
   namespace?: string;
   /** Lease TTL, seconds (default 60); leases renew while their session lives. */
   ttlSeconds?: number;
-  /** How long a request waits out the broker's refusals before it fails, seconds (default 120). */
+  /** How long a request waits out the broker's refusals before it fails, seconds (default 60). */
   maxWaitSeconds?: number;
+  /**
+   * How long a session keeps its lease with no request in flight, seconds
+   * (default 5): its next request within it reuses the lease and proxy, and
+   * idle sessions (crawlee keeps up to maxPoolSize) hold no proxy capacity.
+   */
+  lingerSeconds?: number;
 }
+
+const log = crawleeLog.child({ prefix: "EgressProxies" });
 
 /** The lease one session holds for one host. */
 interface Held {
   lease: Promise<Lease>;
   host: string;
+  /** Requests that took its proxy URL and have no verdict yet. */
+  inflight: number;
+  lastUsed: number;
 }
 
 /**
@@ -42,7 +53,8 @@ interface Held {
  * `sessionPoolOptions` to the crawler too: through it the fleet hears how
  * each session fared (markGood: ok; retire or markBad: blocked, or
  * rate_limited when the site answered 429) and a retired session's leases
- * are released. `close()` releases whatever is still held.
+ * are released. A session holds its lease while it has requests in flight
+ * and lingerSeconds after; `close()` releases whatever is still held.
  */
 export class EgressProxyConfiguration extends ProxyConfiguration {
   readonly client: Client;
@@ -52,6 +64,7 @@ export class EgressProxyConfiguration extends ProxyConfiguration {
   private readonly o: EgressProxyConfigurationOptions;
   /** Leases the broker refused and this configuration waited out. */
   refusals = 0;
+  private sweeper?: NodeJS.Timeout;
 
   constructor(o: EgressProxyConfigurationOptions) {
     super({ newUrlFunction: (sessionId, options) => this.proxyUrlFor(String(sessionId ?? ""), options?.request?.url) });
@@ -68,16 +81,44 @@ export class EgressProxyConfiguration extends ProxyConfiguration {
     if (!h) {
       const lease = this.leaseWaiting(host, sessionId).then((l) => {
         l.keepAlive();
+        log.debug("leased", { session: sessionId, host, lease: l.id, proxy: l.proxy.id });
         return l;
       });
-      h = { lease, host };
+      h = { lease, host, inflight: 0, lastUsed: Date.now() };
       leases.push(h);
-      lease.catch(() => leases.splice(leases.indexOf(h!), 1)); // refused: the next request asks again
+      const mine = h;
+      lease.catch(() => leases.includes(mine) && leases.splice(leases.indexOf(mine), 1)); // refused: the next request asks again
+      this.sweep();
     }
+    h.inflight++;
+    h.lastUsed = Date.now();
     // Most recently used first: a session's verdict is about its last request.
     leases.splice(leases.indexOf(h), 1);
     leases.unshift(h);
     return (await h.lease).proxyUrl;
+  }
+
+  /** Release, now and then, the leases of sessions with nothing in flight for lingerSeconds. */
+  private sweep(): void {
+    if (this.sweeper) return;
+    const linger = (this.o.lingerSeconds ?? 5) * 1000;
+    // A request that never got a verdict (aborted before it used its
+    // session) counts as done after this long.
+    const stuck = Math.max(linger, (this.o.ttlSeconds ?? 60) * 2000);
+    this.sweeper = setInterval(() => {
+      const now = Date.now();
+      for (const [id, leases] of this.held) {
+        for (const h of [...leases]) {
+          const idle = now - h.lastUsed;
+          if ((h.inflight === 0 && idle > linger) || idle > stuck) {
+            leases.splice(leases.indexOf(h), 1);
+            void release(h);
+          }
+        }
+        if (leases.length === 0) this.held.delete(id);
+      }
+    }, Math.max(250, linger / 2));
+    this.sweeper.unref();
   }
 
   /**
@@ -86,7 +127,7 @@ export class EgressProxyConfiguration extends ProxyConfiguration {
    * maxWaitSeconds in all, rather than failing the request.
    */
   private async leaseWaiting(host: string, sessionId: string): Promise<Lease> {
-    const deadline = Date.now() + (this.o.maxWaitSeconds ?? 120) * 1000;
+    const deadline = Date.now() + (this.o.maxWaitSeconds ?? 60) * 1000;
     for (;;) {
       try {
         return await this.client.lease({
@@ -98,6 +139,7 @@ export class EgressProxyConfiguration extends ProxyConfiguration {
         });
       } catch (err) {
         const wait = ((err instanceof NoProxyAvailable && err.retryAfter) || 1) * 1000;
+        log.debug("lease refused", { session: sessionId, host, error: String(err), waitMs: wait });
         if (!(err instanceof NoProxyAvailable) || Date.now() + wait > deadline) throw err;
         this.refusals++;
         await sleep(wait);
@@ -133,7 +175,10 @@ export class EgressProxyConfiguration extends ProxyConfiguration {
 
   private async report(sessionId: string, result: Result, statusCode: number): Promise<void> {
     const h = this.held.get(sessionId)?.[0];
+    log.debug("session verdict", { session: sessionId, result, statusCode, held: Boolean(h) });
     if (!h) return;
+    h.inflight = Math.max(0, h.inflight - 1);
+    h.lastUsed = Date.now();
     try {
       await (await h.lease).report(result, { statusCode });
     } catch (err) {
@@ -150,19 +195,13 @@ export class EgressProxyConfiguration extends ProxyConfiguration {
   private async releaseSession(sessionId: string): Promise<void> {
     const leases = this.held.get(sessionId) ?? [];
     this.held.delete(sessionId);
-    await Promise.all(
-      leases.map(async (h) => {
-        try {
-          await (await h.lease).release();
-        } catch {
-          // refused at lease time, or the broker is away: it ends at its TTL
-        }
-      }),
-    );
+    await Promise.all(leases.map(release));
   }
 
   /** Release every lease still held; call after crawler.run(). */
   async close(): Promise<void> {
+    clearInterval(this.sweeper);
+    this.sweeper = undefined;
     await Promise.all([...this.held.keys()].map((id) => this.releaseSession(id)));
   }
 
@@ -177,6 +216,16 @@ export class EgressProxyConfiguration extends ProxyConfiguration {
 /** A crawlee ProxyConfiguration whose proxies are leased from egress-proxies. */
 export function egressProxyConfiguration(o: EgressProxyConfigurationOptions): EgressProxyConfiguration {
   return new EgressProxyConfiguration(o);
+}
+
+async function release(h: Held): Promise<void> {
+  try {
+    const lease = await h.lease;
+    await lease.release();
+    log.debug("released", { lease: lease.id, host: h.host });
+  } catch {
+    // refused at lease time, or the broker is away: it ends at its TTL
+  }
 }
 
 // The broker takes 1-128 of [A-Za-z0-9_.:-]; crawlee's ids are session_<random>.

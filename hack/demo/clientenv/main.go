@@ -55,7 +55,10 @@ type Env struct {
 	// Site is the crawl site's root (http://127.0.0.1:port/), Pages how
 	// many pages it links from its root, LimitedIP the exit IP it answers
 	// 429 to.
-	Site      string `json:"site"`
+	Site string `json:"site"`
+	// OtherSite is the same site on another address (another target), for
+	// tests that must not share the examples' cooldowns.
+	OtherSite string `json:"otherSite"`
 	Pages     int    `json:"pages"`
 	LimitedIP string `json:"limitedIP"`
 	// HTTPSEcho echoes the caller's IP over HTTPS (/ip), with its own CA
@@ -150,15 +153,21 @@ func main() {
 		e.Proxies = append(e.Proxies, p)
 	}
 
-	site := &site{pages: *pages, limited: e.LimitedIP}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		r.Fatalf("crawl site: %v", err)
+	site := &site{pages: *pages, limited: e.LimitedIP, log: []request{}}
+	for _, addr := range []*string{&e.Site, &e.OtherSite} {
+		host := "127.0.0.1"
+		if addr == &e.OtherSite {
+			host = "127.0.0.2"
+		}
+		ln, err := net.Listen("tcp", host+":0")
+		if err != nil {
+			r.Fatalf("crawl site: %v", err)
+		}
+		srv := &http.Server{Handler: site, ReadHeaderTimeout: 5 * time.Second}
+		go func() { _ = srv.Serve(ln) }()
+		r.Cleanup(func() { _ = srv.Close() })
+		*addr = "http://" + ln.Addr().String() + "/"
 	}
-	srv := &http.Server{Handler: site, ReadHeaderTimeout: 5 * time.Second}
-	go func() { _ = srv.Serve(ln) }()
-	r.Cleanup(func() { _ = srv.Close() })
-	e.Site = "http://" + ln.Addr().String() + "/"
 
 	b, _ := json.MarshalIndent(e, "", "  ")
 	tmp := *out + ".tmp"
