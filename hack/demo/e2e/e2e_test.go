@@ -139,7 +139,7 @@ func TestQuickstart(t *testing.T) {
 	require.NoError(t, err)
 	body, _ := io.ReadAll(resp.Body)
 	_ = resp.Body.Close()
-	assert.Equal(t, "127.0.0.1", strings.TrimSpace(string(body)))
+	assert.Equal(t, px.Status.IP, strings.TrimSpace(string(body)), "the pod's Squid egresses from its own address")
 
 	rep := rest.Do(t, "POST", b1+"/v1/leases/"+leaseID+"/report", `{"result":"rate_limited","target":"example.com"}`)
 	assert.Equal(t, 200, rep.Status, "the other broker sees the lease: %s", rep.Body)
