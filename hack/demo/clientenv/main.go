@@ -154,19 +154,18 @@ func main() {
 	}
 
 	site := &site{pages: *pages, limited: e.LimitedIP, log: []request{}}
-	for _, addr := range []*string{&e.Site, &e.OtherSite} {
-		host := "127.0.0.1"
-		if addr == &e.OtherSite {
-			host = "127.0.0.2"
-		}
-		ln, err := net.Listen("tcp", host+":0")
+	for _, at := range []struct {
+		host string
+		url  *string
+	}{{"127.0.0.1", &e.Site}, {"127.0.0.2", &e.OtherSite}} {
+		ln, err := net.Listen("tcp", at.host+":0")
 		if err != nil {
 			r.Fatalf("crawl site: %v", err)
 		}
 		srv := &http.Server{Handler: site, ReadHeaderTimeout: 5 * time.Second}
 		go func() { _ = srv.Serve(ln) }()
 		r.Cleanup(func() { _ = srv.Close() })
-		*addr = "http://" + ln.Addr().String() + "/"
+		*at.url = "http://" + ln.Addr().String() + "/"
 	}
 
 	b, _ := json.MarshalIndent(e, "", "  ")
