@@ -32,7 +32,6 @@ import (
 
 	"github.com/egress-proxies/egress-proxies/hack/demo/system"
 	v1 "github.com/egress-proxies/egress-proxies/pkg/api/v1alpha1"
-	"github.com/egress-proxies/egress-proxies/pkg/testenv"
 	"github.com/egress-proxies/egress-proxies/pkg/testutil/proc"
 )
 
@@ -67,20 +66,13 @@ func main() {
 	once := flag.Bool("once", false, "exit after the walk (for CI)")
 	dir := flag.String("dir", ".demo", "working directory for logs, kubeconfig and data")
 	flag.Parse()
-	abs, _ := filepath.Abs(*dir)
-	_ = os.RemoveAll(abs)
-	_ = os.MkdirAll(abs, 0o755)
-	r := system.NewRunner(abs)
+	r := system.NewRunner(*dir)
 	defer r.Stop()
 	ctx, cancel := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer cancel()
 
 	step("starting the API server and etcd (envtest binaries built from source)")
-	env, err := testenv.Start()
-	if err != nil {
-		r.Fatalf("%v", err)
-	}
-	r.Cleanup(func() { _ = env.Stop() })
+	env := r.StartAPIServer()
 	// Two controller replicas, as the chart runs: one leads, probers find
 	// it through a round-robin balancer, the probe stream over TLS.
 	sys := system.Start(r, env, system.Options{Controllers: 2, Probers: 2, Brokers: 2, Step: step})
@@ -163,7 +155,7 @@ func main() {
 	fmt.Println()
 	fmt.Printf("Everything runs on loopback. kubeconfig: %s\n", kubeconfig)
 	fmt.Printf("REST: %s and %s   (try: curl -s '%s/v1/proxies?healthy=true')\n", rest[0], rest[1], rest[0])
-	fmt.Printf("Logs: %s\n", filepath.Join(abs, "tmp"))
+	fmt.Printf("Logs: %s\n", filepath.Join(r.Dir, "tmp"))
 	if *once {
 		step("--once: stopping everything")
 		return

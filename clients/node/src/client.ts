@@ -79,6 +79,10 @@ export interface ReportOptions {
   latencyMs?: number;
 }
 
+function checkResult(result: Result): void {
+  if (!RESULTS.includes(result)) throw new TypeError(`result ${JSON.stringify(result)}: want one of ${RESULTS.join(", ")}`);
+}
+
 const date = (t?: Timestamp) => (t ? timestampDate(t) : undefined);
 
 function toProxy(p?: ProxyMessage): Proxy {
@@ -247,7 +251,7 @@ export class Lease {
 
   /** The result reported when withLease's function ends, instead of ok or error. */
   setOutcome(result: Result, statusCode = 0): void {
-    if (!RESULTS.includes(result)) throw new TypeError(`result ${JSON.stringify(result)}: want one of ${RESULTS.join(", ")}`);
+    checkResult(result);
     this.outcome = [result, statusCode];
   }
 
@@ -261,7 +265,7 @@ export class Lease {
 
   /** Tell the broker how the target treated the proxy and hear what it did. */
   async report(result: Result, o: ReportOptions = {}): Promise<Report> {
-    if (!RESULTS.includes(result)) throw new TypeError(`result ${JSON.stringify(result)}: want one of ${RESULTS.join(", ")}`);
+    checkResult(result);
     const req = create(ReportLeaseRequestSchema, {
       leaseId: this.id,
       result,

@@ -62,8 +62,6 @@ export class EgressProxyConfiguration extends ProxyConfiguration {
   readonly sessionPoolOptions: { createSessionFunction: (pool: SessionPool, options?: { sessionOptions?: SessionOptions }) => Session };
   private readonly held = new Map<string, Held[]>();
   private readonly o: EgressProxyConfigurationOptions;
-  /** Leases the broker refused and this configuration waited out. */
-  refusals = 0;
   private sweeper?: NodeJS.Timeout;
 
   constructor(o: EgressProxyConfigurationOptions) {
@@ -141,7 +139,6 @@ export class EgressProxyConfiguration extends ProxyConfiguration {
         const wait = ((err instanceof NoProxyAvailable && err.retryAfter) || 1) * 1000;
         log.debug("lease refused", { session: sessionId, host, error: String(err), waitMs: wait });
         if (!(err instanceof NoProxyAvailable) || Date.now() + wait > deadline) throw err;
-        this.refusals++;
         await sleep(wait);
       }
     }
@@ -203,13 +200,6 @@ export class EgressProxyConfiguration extends ProxyConfiguration {
     clearInterval(this.sweeper);
     this.sweeper = undefined;
     await Promise.all([...this.held.keys()].map((id) => this.releaseSession(id)));
-  }
-
-  /** How many leases the sessions hold now. */
-  get heldLeases(): number {
-    let n = 0;
-    for (const leases of this.held.values()) n += leases.length;
-    return n;
   }
 }
 

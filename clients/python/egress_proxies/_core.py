@@ -65,6 +65,18 @@ def create_request(selector: Optional[Mapping[str, str]], target: str, session_k
         request_id=request_id or str(uuid.uuid4()))
 
 
+def list_request(selector: Optional[Mapping[str, str]], healthy: Optional[bool], namespace: str,
+                 target: str) -> lease_pb2.ListProxiesRequest:
+    req = lease_pb2.ListProxiesRequest(selector=dict(selector or {}), namespace=namespace or "", target=target or "")
+    if healthy is not None:
+        req.healthy = healthy
+    return req
+
+
+def renew_request(lease_id: str, ttl: Optional[float]) -> lease_pb2.RenewLeaseRequest:
+    return lease_pb2.RenewLeaseRequest(lease_id=lease_id, ttl_seconds=int(ttl or 0))
+
+
 @dataclasses.dataclass(frozen=True)
 class Proxy:
     """A proxy as the broker lists it."""
@@ -108,9 +120,13 @@ class Report:
                       quarantined_until=_time(r, "quarantined_until"), pace_per_second=r.pace_per_second)
 
 
-def report_request(lease_id: str, result: str, target: str, status_code: int, latency: float) -> lease_pb2.ReportLeaseRequest:
+def check_result(result: str) -> None:
     if result not in RESULTS:
         raise ValueError(f"result {result!r}: want one of {', '.join(RESULTS)}")
+
+
+def report_request(lease_id: str, result: str, target: str, status_code: int, latency: float) -> lease_pb2.ReportLeaseRequest:
+    check_result(result)
     return lease_pb2.ReportLeaseRequest(lease_id=lease_id, result=result, target=target or "", status_code=int(status_code or 0),
                                         latency_ms=max(0, min(3_600_000, int(latency * 1000))))
 
@@ -151,8 +167,7 @@ class Granted:
     def set_outcome(self, result: str, status_code: int = 0) -> None:
         """The result the lease reports when its ``with`` block ends, clean or
         not (instead of ``ok`` or ``error``)."""
-        if result not in RESULTS:
-            raise ValueError(f"result {result!r}: want one of {', '.join(RESULTS)}")
+        check_result(result)
         self._outcome = (result, status_code)
 
     def _exit_outcome(self, failed: bool) -> Optional[Tuple[str, int]]:

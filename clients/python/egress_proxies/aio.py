@@ -71,9 +71,7 @@ class AsyncClient:
 
     async def list_proxies(self, selector: Optional[Mapping[str, str]] = None, *, healthy: Optional[bool] = None,
                            namespace: str = "", target: str = "") -> List[Proxy]:
-        req = lease_pb2.ListProxiesRequest(selector=dict(selector or {}), namespace=namespace, target=target)
-        if healthy is not None:
-            req.healthy = healthy
+        req = _core.list_request(selector, healthy, namespace, target)
         return [Proxy.from_pb(p) for p in (await self._call("ListProxies", req)).proxies]
 
 
@@ -107,7 +105,7 @@ class AsyncLease(Granted):
         self._entered = 0.0
 
     async def renew(self, ttl: Optional[float] = None) -> None:
-        resp = await self._client._call("RenewLease", lease_pb2.RenewLeaseRequest(lease_id=self.id, ttl_seconds=int(ttl or self._ttl or 0)),
+        resp = await self._client._call("RenewLease", _core.renew_request(self.id, ttl or self._ttl),
                                         lease_id=self.id)
         self.expires_at = resp.expires_at.ToDatetime().replace(tzinfo=self.expires_at.tzinfo)
 

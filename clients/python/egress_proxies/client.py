@@ -77,9 +77,7 @@ class Client:
                      namespace: str = "", target: str = "") -> List[Proxy]:
         """The proxies the broker knows, filtered; naming a ``target`` fills each
         one's ``cooldown_until`` for it."""
-        req = lease_pb2.ListProxiesRequest(selector=dict(selector or {}), namespace=namespace, target=target)
-        if healthy is not None:
-            req.healthy = healthy
+        req = _core.list_request(selector, healthy, namespace, target)
         return [Proxy.from_pb(p) for p in self._call("ListProxies", req).proxies]
 
 
@@ -98,7 +96,7 @@ class Lease(Granted):
     def renew(self, ttl: Optional[float] = None) -> None:
         """Extend the lease by ``ttl`` seconds from now (None: as leased).
         Raises LeaseGone once it cannot be renewed."""
-        resp = self._client._call("RenewLease", lease_pb2.RenewLeaseRequest(lease_id=self.id, ttl_seconds=int(ttl or self._ttl or 0)),
+        resp = self._client._call("RenewLease", _core.renew_request(self.id, ttl or self._ttl),
                                   lease_id=self.id)
         self.expires_at = resp.expires_at.ToDatetime().replace(tzinfo=self.expires_at.tzinfo)
 

@@ -62,8 +62,7 @@ class InvalidRequest(EgressProxiesError, ValueError):
 
 def _details(err: grpc.RpcError):
     reason, metadata, retry_after = "", {}, None
-    trailers = err.trailing_metadata() if hasattr(err, "trailing_metadata") else None
-    for key, value in trailers or ():
+    for key, value in err.trailing_metadata() or ():
         if key != _DETAILS:
             continue
         status = rpc_status_pb2.Status.FromString(value)

@@ -54,11 +54,10 @@ class BanPolicy:
 
 
 def _header(headers: Mapping[str, str], name: str) -> Optional[str]:
+    # Scrapy's and requests' header types ignore case; a plain dict may
+    # carry either spelling.
     for key in (name, name.lower()):
-        try:
-            value = headers.get(key)
-        except Exception:  # a header type that wants bytes
-            value = headers.get(key.encode())
+        value = headers.get(key)
         if value:
             return value.decode() if isinstance(value, bytes) else value
     return None

@@ -44,7 +44,7 @@ from scrapy.utils.httpobj import urlparse_cached
 from scrapy.utils.misc import load_object
 from scrapy.utils.reactor import is_asyncio_reactor_installed
 
-from ._core import BLOCKED, RATE_LIMITED
+from ._core import BLOCKED, OK, RATE_LIMITED
 from .aio import AsyncClient, AsyncLease
 from .errors import EgressProxiesError, NoProxyAvailable
 
@@ -196,7 +196,7 @@ class EgressProxiesMiddleware:
         if s is not None and s.lease is lease:
             s.users -= 1
             s.last_used = time.monotonic()
-            if result in (None, "ok") and not lease.lost:
+            if result in (None, OK) and not lease.lost:
                 return  # the session keeps its proxy
             s.lease = None  # the next request of the session moves on
             if s.users > 0:

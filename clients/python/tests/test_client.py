@@ -72,7 +72,7 @@ def test_an_explicit_report_is_not_doubled_at_exit(client, env):
     before = metric(env, "proxy_operator_broker_reports_total")
     with client.lease(env["selector"], target=target()) as lease:
         r = lease.report(ep.OK, status_code=200, latency=0.05)
-        assert r.actions == ("NONE",) or "COOLDOWN_DECAYED" in r.actions or r.actions == ()
+        assert r.actions == ("NONE",), "ok on a proxy that never cooled down for a fresh target changes nothing"
     assert metric(env, "proxy_operator_broker_reports_total") == before + 1
 
 

@@ -14,7 +14,7 @@ import threading
 import time
 
 import egress_proxies as ep
-from conftest import REPO, site_requests
+from conftest import REPO, metric, site_requests
 
 EXAMPLE = REPO / "examples" / "scrapy"
 HERE = os.path.dirname(__file__)
@@ -44,13 +44,17 @@ def test_a_refusal_reschedules_the_request_after_retry_after(env, tmp_path):
             except ep.NoProxyAvailable as full:
                 assert full.reason == "ALL_AT_CAP"
                 break
+        refused = metric(env, "proxy_operator_broker_no_candidate_total", reason="ALL_AT_CAP")
 
         def give_back():
-            time.sleep(3)
+            # Once the crawl has been refused (the broker counts it), not
+            # after a guess at how long Scrapy takes to start.
+            while metric(env, "proxy_operator_broker_no_candidate_total", reason="ALL_AT_CAP") == refused:
+                time.sleep(0.2)
             for lease in held:
                 lease.release()
 
-        threading.Thread(target=give_back).start()
+        threading.Thread(target=give_back, daemon=True).start()
         stats, log = crawl(env, "site", tmp_path / "pages.jsonl")
     pages = (tmp_path / "pages.jsonl").read_text().splitlines()
     assert len(pages) == env["pages"] + 1, "nothing was dropped"

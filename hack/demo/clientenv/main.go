@@ -19,7 +19,6 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
-	"path/filepath"
 	"sort"
 	"strconv"
 	"strings"
@@ -33,7 +32,6 @@ import (
 
 	"github.com/egress-proxies/egress-proxies/hack/demo/system"
 	v1 "github.com/egress-proxies/egress-proxies/pkg/api/v1alpha1"
-	"github.com/egress-proxies/egress-proxies/pkg/testenv"
 )
 
 // Env is what the file describes; the suites read it as JSON.
@@ -87,20 +85,13 @@ func main() {
 		fmt.Fprintln(os.Stderr, "--out is required")
 		os.Exit(2)
 	}
-	abs, _ := filepath.Abs(*dir)
-	_ = os.RemoveAll(abs)
-	_ = os.MkdirAll(abs, 0o755)
-	r := system.NewRunner(abs)
+	r := system.NewRunner(*dir)
 	defer r.Stop()
 	ctx, cancel := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer cancel()
 	go func() { _, _ = io.Copy(io.Discard, os.Stdin); cancel() }()
 
-	env, err := testenv.Start()
-	if err != nil {
-		r.Fatalf("%v", err)
-	}
-	r.Cleanup(func() { _ = env.Stop() })
+	env := r.StartAPIServer()
 	s := system.Start(r, env, system.Options{Probers: 1, Brokers: 2, BrokerTLS: true, BrokerToken: token, ProxyCredentials: true,
 		HealthInterval: time.Second, Step: func(f string, a ...any) { fmt.Printf(f+"\n", a...) }})
 

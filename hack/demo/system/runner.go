@@ -5,6 +5,8 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+
+	"github.com/egress-proxies/egress-proxies/pkg/testenv"
 )
 
 // Runner satisfies proc.T outside `go test`, for the commands that bring
@@ -18,8 +20,24 @@ type Runner struct {
 	n        int
 }
 
-// NewRunner keeps every process's log and data under dir.
-func NewRunner(dir string) *Runner { return &Runner{Dir: dir} }
+// NewRunner keeps every process's log and data under dir, emptied first.
+func NewRunner(dir string) *Runner {
+	abs, _ := filepath.Abs(dir)
+	_ = os.RemoveAll(abs)
+	_ = os.MkdirAll(abs, 0o755)
+	return &Runner{Dir: abs}
+}
+
+// StartAPIServer starts the API server and etcd (the envtest binaries),
+// stopped with the other cleanups.
+func (r *Runner) StartAPIServer() *testenv.Env {
+	env, err := testenv.Start()
+	if err != nil {
+		r.Fatalf("%v", err)
+	}
+	r.Cleanup(func() { _ = env.Stop() })
+	return env
+}
 
 func (r *Runner) Helper()                         {}
 func (r *Runner) Logf(format string, args ...any) { fmt.Printf("    "+format+"\n", args...) }

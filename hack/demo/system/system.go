@@ -170,12 +170,13 @@ func Start(t proc.T, env *testenv.Env, o Options) *System {
 		o.Controllers = 1
 	}
 	// The probe stream runs over TLS, as in a cluster: one CA, one
-	// certificate every replica serves.
-	probeCA, err := certs.NewCA("egress-proxies probe CA")
+	// certificate every replica serves; with BrokerTLS the same CA signs
+	// broker 0's.
+	ca, err := certs.NewCA("egress-proxies system CA")
 	if err != nil {
 		t.Fatal(err)
 	}
-	if s.probeTLS, err = probeCA.WriteServer(dir, "127.0.0.1"); err != nil {
+	if s.probeTLS, err = ca.WriteServer(dir, "127.0.0.1"); err != nil {
 		t.Fatal(err)
 	}
 	// Flags the brokers get, and the same files as the controllers name them.
@@ -207,7 +208,7 @@ func Start(t proc.T, env *testenv.Env, o Options) *System {
 	var brokerArgs []string
 	switch {
 	case o.Brokers > 0 && o.BrokerTLS:
-		tlsFiles, err := probeCA.WriteServer(t.TempDir(), "127.0.0.1")
+		tlsFiles, err := ca.WriteServer(t.TempDir(), "127.0.0.1")
 		if err != nil {
 			t.Fatal(err)
 		}
