@@ -43,6 +43,11 @@ class LeaseServiceStub(object):
                 request_serializer=egressproxies_dot_lease_dot_v1_dot_lease__pb2.ReportLeaseRequest.SerializeToString,
                 response_deserializer=egressproxies_dot_lease_dot_v1_dot_lease__pb2.ReportLeaseResponse.FromString,
                 )
+        self.ReportSession = channel.unary_unary(
+                '/egressproxies.lease.v1.LeaseService/ReportSession',
+                request_serializer=egressproxies_dot_lease_dot_v1_dot_lease__pb2.ReportSessionRequest.SerializeToString,
+                response_deserializer=egressproxies_dot_lease_dot_v1_dot_lease__pb2.ReportLeaseResponse.FromString,
+                )
         self.ListRefusals = channel.unary_unary(
                 '/egressproxies.lease.v1.LeaseService/ListRefusals',
                 request_serializer=egressproxies_dot_lease_dot_v1_dot_lease__pb2.ListRefusalsRequest.SerializeToString,
@@ -100,6 +105,17 @@ class LeaseServiceServicer(object):
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ReportSession(self, request, context):
+        """ReportSession is ReportLease for a session key instead of a lease id:
+        the outcome applies to the session's last lease for the target, live
+        or ended within the session's 10-minute linger. It is how a client of
+        the gateway, which never sees a lease id, reports a block it saw
+        inside TLS.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def ListRefusals(self, request, context):
         """ListRefusals returns, per selector, how many leases were refused in
         the last window because every matching proxy was at its lease cap or
@@ -136,6 +152,11 @@ def add_LeaseServiceServicer_to_server(servicer, server):
             'ReportLease': grpc.unary_unary_rpc_method_handler(
                     servicer.ReportLease,
                     request_deserializer=egressproxies_dot_lease_dot_v1_dot_lease__pb2.ReportLeaseRequest.FromString,
+                    response_serializer=egressproxies_dot_lease_dot_v1_dot_lease__pb2.ReportLeaseResponse.SerializeToString,
+            ),
+            'ReportSession': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReportSession,
+                    request_deserializer=egressproxies_dot_lease_dot_v1_dot_lease__pb2.ReportSessionRequest.FromString,
                     response_serializer=egressproxies_dot_lease_dot_v1_dot_lease__pb2.ReportLeaseResponse.SerializeToString,
             ),
             'ListRefusals': grpc.unary_unary_rpc_method_handler(
@@ -238,6 +259,23 @@ class LeaseService(object):
             metadata=None):
         return grpc.experimental.unary_unary(request, target, '/egressproxies.lease.v1.LeaseService/ReportLease',
             egressproxies_dot_lease_dot_v1_dot_lease__pb2.ReportLeaseRequest.SerializeToString,
+            egressproxies_dot_lease_dot_v1_dot_lease__pb2.ReportLeaseResponse.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def ReportSession(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(request, target, '/egressproxies.lease.v1.LeaseService/ReportSession',
+            egressproxies_dot_lease_dot_v1_dot_lease__pb2.ReportSessionRequest.SerializeToString,
             egressproxies_dot_lease_dot_v1_dot_lease__pb2.ReportLeaseResponse.FromString,
             options, channel_credentials,
             insecure, call_credentials, compression, wait_for_ready, timeout, metadata)

@@ -85,6 +85,17 @@ func (b *broker) waitListed(n int) {
 	}, 30*time.Second, 50*time.Millisecond, "the broker never listed %d proxies", n)
 }
 
+// gatewayAddr is the --gateway-addr the broker was started with.
+func (b *broker) gatewayAddr() string {
+	for i, a := range b.args {
+		if a == "--gateway-addr" {
+			return b.args[i+1]
+		}
+	}
+	b.t.Fatal("no --gateway-addr")
+	return ""
+}
+
 func (b *broker) lease(body string) rest.Reply { return b.do("POST", "/v1/leases", body) }
 
 // counts maps proxy id to leaseCount from the list endpoint.

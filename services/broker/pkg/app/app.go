@@ -22,6 +22,7 @@ import (
 	"github.com/egress-proxies/egress-proxies/pkg/kube"
 	"github.com/egress-proxies/egress-proxies/pkg/service"
 	"github.com/egress-proxies/egress-proxies/pkg/version"
+	"github.com/egress-proxies/egress-proxies/services/broker/pkg/gateway"
 	"github.com/egress-proxies/egress-proxies/services/broker/pkg/index"
 	"github.com/egress-proxies/egress-proxies/services/broker/pkg/inventory"
 	"github.com/egress-proxies/egress-proxies/services/broker/pkg/leases"
@@ -74,13 +75,34 @@ func Run(ctx context.Context, env service.Env, o Options) error {
 		return service.UsageError{Err: err}
 	}
 	srv.FollowHealth(ctx, 2*time.Second, st.Ping)
+	waitGateway, err := serveGateway(ctx, log, o, srv, tok)
+	if err != nil {
+		return err
+	}
 	waitOps, err := serveOps(ctx, o, env, st, inv, pol)
 	if err != nil {
 		return err
 	}
-	log.Info("starting", "commit", version.Commit, "leaseCap", o.Leases.LeaseCap, "cooldown", o.Policy.CooldownBase, "banAware", o.Leases.BanAware, "auth", tok.Enabled(), "tls", serverTLS != nil)
+	log.Info("starting", "commit", version.Commit, "leaseCap", o.Leases.LeaseCap, "cooldown", o.Policy.CooldownBase, "banAware", o.Leases.BanAware, "auth", tok.Enabled(), "tls", serverTLS != nil, "gateway", o.Gateway.Addr)
 	serveErr := srv.Serve(ctx)
-	return errors.Join(serveErr, waitOps())
+	return errors.Join(serveErr, waitGateway(), waitOps())
+}
+
+// serveGateway serves the HTTP proxy gateway when --gateway-addr is set,
+// leasing through the servers' in-process LeaseService; the returned func
+// waits until it stopped and released every lease it held.
+func serveGateway(ctx context.Context, log *slog.Logger, o Options, srv *server.Servers, tok *auth.Token) (func() error, error) {
+	if o.Gateway.Addr == "" {
+		return func() error { return nil }, nil
+	}
+	gw, err := gateway.New(log, o.Gateway, srv.InProcess, tok)
+	if err != nil {
+		return nil, service.UsageError{Err: err}
+	}
+	log.Info("gateway listening", "addr", gw.Addr(), "egressDeny", o.Gateway.Egress.Deny.String(), "egressAllowance", o.Gateway.Egress.Allowance.String())
+	errc := make(chan error, 1)
+	go func() { errc <- gw.Serve(ctx) }()
+	return func() error { return <-errc }, nil
 }
 
 // servingTLS is the listeners' TLS from --tls-cert-file and --tls-key-file,
@@ -155,7 +177,7 @@ func watchProxies(ctx context.Context, o Options, st *store.Store, env service.E
 // them to stop.
 func serveOps(ctx context.Context, o Options, env service.Env, st *store.Store, inv *inventory.Inventory, pol *policy.Policies) (func() error, error) {
 	ops := service.NewOps()
-	ops.Registry.MustRegister(append(append(append(leases.Collectors(), server.Collectors()...), index.Collectors()...), store.Collectors()...)...)
+	ops.Registry.MustRegister(append(append(append(append(leases.Collectors(), server.Collectors()...), index.Collectors()...), store.Collectors()...), gateway.Collectors()...)...)
 	ops.Registry.MustRegister(store.FleetCollector(st))
 	ops.AddReadyCheck("redis", st.Ping)
 	ops.AddReadyCheck("inventory", func(context.Context) error {

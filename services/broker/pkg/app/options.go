@@ -8,8 +8,10 @@ import (
 	"time"
 
 	"github.com/egress-proxies/egress-proxies/pkg/kube"
+	"github.com/egress-proxies/egress-proxies/pkg/netpolicy"
 	"github.com/egress-proxies/egress-proxies/pkg/proxyauth"
 	"github.com/egress-proxies/egress-proxies/pkg/service"
+	"github.com/egress-proxies/egress-proxies/services/broker/pkg/gateway"
 	"github.com/egress-proxies/egress-proxies/services/broker/pkg/index"
 	"github.com/egress-proxies/egress-proxies/services/broker/pkg/leases"
 	"github.com/egress-proxies/egress-proxies/services/broker/pkg/policy"
@@ -52,7 +54,10 @@ type Options struct {
 	// SecretNamespaces: where Proxies' credentials Secrets are read.
 	SecretNamespaces string
 	secretNamespaces []string
-	IndexResync      time.Duration
+	// Gateway is the proxy listener's; off while its Addr is empty.
+	Gateway     gateway.Options
+	EgressFlags netpolicy.EgressFlags
+	IndexResync time.Duration
 	IndexIdle        time.Duration
 	MaxIndexes       int
 	MaxBody          int64
@@ -67,6 +72,15 @@ func (o *Options) Register(fs *flag.FlagSet) {
 	fs.StringVar(&o.PprofAddr, "pprof-bind-address", "", "address of Go's /debug/pprof profiles; empty means off")
 	fs.StringVar(&o.GRPCAddr, "grpc-addr", ":9090", "address of the gRPC LeaseService")
 	fs.StringVar(&o.HTTPAddr, "http-addr", ":8090", "address of the REST gateway")
+	g := gateway.DefaultOptions
+	fs.StringVar(&o.Gateway.Addr, "gateway-addr", "", "address of the HTTP proxy gateway (CONNECT and plain HTTP; options in the proxy user name, the token as its password); empty means off. Needs --token-file")
+	fs.DurationVar(&o.Gateway.HeaderTimeout, "gateway-header-timeout", g.HeaderTimeout, "longest a gateway client may take to send a request's head (408 after)")
+	fs.DurationVar(&o.Gateway.IdleTimeout, "gateway-idle-timeout", g.IdleTimeout, "a gateway tunnel or keep-alive connection with no byte either way for this long is closed (a tunnel within twice this)")
+	fs.DurationVar(&o.Gateway.TunnelTimeout, "gateway-tunnel-timeout", g.TunnelTimeout, "longest a gateway tunnel or request lives, and its lease's TTL (between --min-ttl and --max-ttl)")
+	fs.DurationVar(&o.Gateway.DialTimeout, "gateway-dial-timeout", g.DialTimeout, "longest the gateway takes to resolve a destination, and to reach a leased proxy and have its tunnel opened")
+	fs.IntVar(&o.Gateway.MaxHeaderBytes, "gateway-max-header-bytes", g.MaxHeaderBytes, "largest request head a gateway client may send (431 past it)")
+	fs.IntVar(&o.Gateway.TokenMaxTunnels, "gateway-token-max-tunnels", g.TokenMaxTunnels, "most tunnels and requests the callers of one token may have open on each broker's gateway (0: no limit)")
+	o.EgressFlags.Register(fs)
 	fs.StringVar(&o.Kubeconfig, "kubeconfig", "", "kubeconfig file; empty means in-cluster config or $KUBECONFIG")
 	fs.StringVar(&o.Namespace, "namespace", "", "serve only Proxies of this namespace; empty means all")
 	fs.StringVar(&o.SecretNamespaces, "secret-namespaces", "", kube.SecretNamespacesFlag)
@@ -156,6 +170,21 @@ func (o *Options) Validate() error {
 	}
 	if err := o.Limits.Validate(); err != nil {
 		return err
+	}
+	if o.Gateway.Addr != "" {
+		if err := o.Gateway.Validate(); err != nil {
+			return err
+		}
+		if t := o.Gateway.TunnelTimeout; t < l.MinTTL || t > l.MaxTTL || t%time.Second != 0 {
+			return fmt.Errorf("--gateway-tunnel-timeout %s is its leases' TTL: whole seconds between --min-ttl %s and --max-ttl %s", t, l.MinTTL, l.MaxTTL)
+		}
+		if o.TokenFile == "" {
+			return errors.New("--gateway-addr needs --token-file: without a token the gateway would be an open proxy")
+		}
+	}
+	var egressErr error
+	if o.Gateway.Egress, egressErr = o.EgressFlags.Parse(); egressErr != nil {
+		return egressErr
 	}
 	var err error
 	if o.secretNamespaces, err = kube.ParseNamespaces(o.SecretNamespaces); err != nil {

@@ -84,11 +84,20 @@ func New(inv *inventory.Inventory, st *store.Store, idx *index.Maintainer, pol *
 	return &Service{inv: inv, store: st, idx: idx, pol: pol, cfg: cfg}
 }
 
+type observedKey struct{}
+
+// Observed marks ctx's reports as the broker's own observations (the
+// gateway saw the target answer): they are as many as the caller's
+// tunnels and requests, which its limits bound, and are not drawn from
+// the token's report budget, which bounds what a caller claims. Only
+// in-process callers can set it; nothing on the wire maps to it.
+func Observed(ctx context.Context) context.Context { return context.WithValue(ctx, observedKey{}, true) }
+
 // allowReport takes one of the caller's reports from its token's budget,
 // or says how long to wait.
 func (s *Service) allowReport(ctx context.Context) error {
 	caller := auth.Caller(ctx)
-	if s.cfg.TokenReportRate <= 0 || caller == "" {
+	if s.cfg.TokenReportRate <= 0 || caller == "" || ctx.Value(observedKey{}) != nil {
 		return nil
 	}
 	l, ok := s.reporters.Load(caller)
@@ -329,8 +338,9 @@ func (s *Service) CreateLease(ctx context.Context, req *leasev1.CreateLeaseReque
 	}
 	sel := index.Selector{Namespace: req.GetNamespace(), Labels: req.GetSelector()}
 	target := strings.ToLower(req.GetTarget())
+	caller := auth.Caller(ctx)
 	a := store.Acquire{Target: target, Cap: s.cfg.LeaseCap, TTL: ttl, LeaseID: store.NewLeaseID(), RequestID: req.GetRequestId(),
-		PerTarget: s.cfg.BanAware, Session: req.GetSessionKey(), Caller: auth.Caller(ctx), CallerCap: s.cfg.TokenMaxLeases}
+		PerTarget: s.cfg.BanAware, Session: scopedSession(caller, req.GetSessionKey()), Caller: caller, CallerCap: s.cfg.TokenMaxLeases}
 	if a.PerTarget {
 		a.TargetCap = s.pol.For(target).MaxConcurrentLeases
 	}
@@ -507,8 +517,49 @@ func (s *Service) ReportLease(ctx context.Context, req *leasev1.ReportLeaseReque
 			return nil, invalid("target", "is required for %s when the lease was created without one", outcome)
 		}
 	}
-	pol := s.pol.For(target)
-	r := store.Report{LeaseID: req.GetLeaseId(), Outcome: outcome, Target: target, Policy: pol.Policy, Faults: s.cfg.Faults}
+	return s.report(ctx, store.Report{LeaseID: req.GetLeaseId(), Outcome: outcome, Target: target}, req.GetStatusCode(), req.GetLatencyMs())
+}
+
+// ReportSession implements LeaseService.
+func (s *Service) ReportSession(ctx context.Context, req *leasev1.ReportSessionRequest) (*leasev1.ReportLeaseResponse, error) {
+	outcome := store.Outcome(req.GetResult())
+	if err := firstErr(checkSessionKey(req.GetSessionKey()), checkTarget(req.GetTarget()), checkOutcome(outcome),
+		checkRange("statusCode", req.GetStatusCode(), 100, 599), checkRange("latencyMs", req.GetLatencyMs(), 0, 3_600_000)); err != nil {
+		return nil, err
+	}
+	switch {
+	case req.GetSessionKey() == "":
+		return nil, invalid("sessionKey", "is required")
+	case req.GetTarget() == "":
+		return nil, invalid("target", "is required: the host the session leased for")
+	}
+	if err := s.allowReport(ctx); err != nil {
+		return nil, err
+	}
+	r := store.Report{Session: scopedSession(auth.Caller(ctx), req.GetSessionKey()), Outcome: outcome, Target: strings.ToLower(req.GetTarget())}
+	resp, err := s.report(ctx, r, req.GetStatusCode(), req.GetLatencyMs())
+	if status.Code(err) == codes.NotFound {
+		return nil, status.Errorf(codes.NotFound, "session %q has had no lease for target %q in the last 10 minutes (or was taken with another token)", req.GetSessionKey(), r.Target)
+	}
+	return resp, err
+}
+
+// scopedSession is a session key as the store keeps it: each token's
+// sessions apart, so one caller can neither join nor report on another's
+// session by guessing its key ('/' is not allowed in a key).
+func scopedSession(caller, key string) string {
+	if key == "" || caller == "" {
+		return key
+	}
+	return caller + "/" + key
+}
+
+// report applies r (its lease's or session's target resolved) under the
+// target's policy.
+func (s *Service) report(ctx context.Context, r store.Report, statusCode, latencyMs int32) (*leasev1.ReportLeaseResponse, error) {
+	outcome := r.Outcome
+	pol := s.pol.For(r.Target)
+	r.Policy, r.Faults = pol.Policy, s.cfg.Faults
 	if !s.cfg.BanAware {
 		// The seed's rule: a fixed cooldown on rate_limited, nothing else.
 		r.Policy = store.FixedCooldown(pol.CooldownBase)
@@ -521,7 +572,7 @@ func (s *Service) ReportLease(ctx context.Context, req *leasev1.ReportLeaseReque
 	if err != nil {
 		return nil, storeError(err)
 	}
-	observeReport(outcome, req.GetStatusCode(), req.GetLatencyMs(), v.Actions)
+	observeReport(outcome, statusCode, latencyMs, v.Actions)
 	return &leasev1.ReportLeaseResponse{
 		CooldownStart: timestamp(v.CooldownStart), CooldownUntil: timestamp(v.CooldownEnd),
 		CooldownLevel: int32(v.CooldownLevel), CooldownShared: int32(v.CooldownShared),

@@ -133,6 +133,10 @@ func (p inProcess) ReportLease(ctx context.Context, r *leasev1.ReportLeaseReques
 	return invoke(ctx, p, leasev1.LeaseService_ReportLease_FullMethodName, r, p.svc.ReportLease)
 }
 
+func (p inProcess) ReportSession(ctx context.Context, r *leasev1.ReportSessionRequest) (*leasev1.ReportLeaseResponse, error) {
+	return invoke(ctx, p, leasev1.LeaseService_ReportSession_FullMethodName, r, p.svc.ReportSession)
+}
+
 // Servers are the running listeners.
 type Servers struct {
 	GRPC     *grpc.Server
@@ -142,6 +146,10 @@ type Servers struct {
 	Health   *health.Server
 	GRPCAddr string
 	HTTPAddr string
+	// InProcess is LeaseService through the same interceptors (auth,
+	// metrics, counting by token) as the gRPC port: the REST gateway's and
+	// the proxy gateway's way in.
+	InProcess leasev1.LeaseServiceServer
 }
 
 // New binds both listeners (a bad address fails at once) and wires svc.
@@ -190,7 +198,8 @@ func New(ctx context.Context, log *slog.Logger, o Options, svc leasev1.LeaseServ
 		runtime.SetQueryParameterParser(attributeQueryParser{}),
 		runtime.WithErrorHandler(retryAfterHeader),
 	)
-	if err := leasev1.RegisterLeaseServiceHandlerServer(ctx, mux, inProcess{svc: svc, ic: ic}); err != nil {
+	in := inProcess{svc: svc, ic: ic}
+	if err := leasev1.RegisterLeaseServiceHandlerServer(ctx, mux, in); err != nil {
 		return nil, err
 	}
 	root := http.NewServeMux()
@@ -206,7 +215,7 @@ func New(ctx context.Context, log *slog.Logger, o Options, svc leasev1.LeaseServ
 	s := &Servers{
 		GRPC: gs, Health: hs, grpcLn: gln, httpLn: hln,
 		HTTP:     o.Limits.HTTPServer(rest),
-		GRPCAddr: gln.Addr().String(), HTTPAddr: hln.Addr().String(),
+		GRPCAddr: gln.Addr().String(), HTTPAddr: hln.Addr().String(), InProcess: in,
 	}
 	log.Info("listening", "grpc", s.GRPCAddr, "rest", s.HTTPAddr)
 	return s, nil

@@ -1,6 +1,7 @@
 -- Leases the least-loaded proxy of index h that is not cooling down for
 -- target and is below cap, a uniformly random one among ties; with a
--- session key, the proxy of the key's live leases while it still qualifies.
+-- session key, the proxy the key last had while it still qualifies (the
+-- key lingers SESSION_LINGER past its last lease).
 -- ARGV: h, target, cap (0: none), ttl_ms, lease_id, random, request_id,
 -- fingerprint, target_cap (0: none), session, per_target ('1': count the
 -- target's live leases, honour its cap and pacing, keep sessions), caller
@@ -218,8 +219,17 @@ if caller ~= '' then
 end
 if per_target and sess ~= '' then
   f[#f + 1], f[#f + 2] = 'sess', sess
-  redis.call('HSET', P .. 'sess:' .. sess, 'proxy', uid)
-  redis.call('HINCRBY', P .. 'sess:' .. sess, 'n', 1)
+  local sk = P .. 'sess:' .. sess
+  redis.call('HSET', sk, 'proxy', uid)
+  redis.call('HINCRBY', sk, 'n', 1)
+  redis.call('PERSIST', sk)
+  -- What a report naming the session and the target acts on (the
+  -- gateway's tunnels carry no lease id the client could name): this
+  -- lease's proxy, index and grant time. HLEN counts proxy and n too.
+  local tk = 't:' .. target
+  if target ~= '' and (redis.call('HEXISTS', sk, tk) == 1 or redis.call('HLEN', sk) < SESSION_TARGETS + 2) then
+    redis.call('HSET', sk, tk, uid .. '|' .. h .. '|' .. now)
+  end
 end
 redis.call('HSET', P .. 'lease:' .. id, unpack(f))
 redis.call('SADD', P .. 'pl:' .. uid, id)

@@ -150,6 +150,11 @@ local function unquarantine(uid, now)
   redis.call('DEL', P .. 'qix:' .. uid)
 end
 
+-- How long a session remembers its proxy, and the targets it leased for,
+-- after its last lease ended (ms); and how many targets it remembers.
+local SESSION_LINGER = 600000
+local SESSION_TARGETS = 64
+
 -- Ends a lease: its proxy's load, and the live counts of its target
 -- (field ct, set when counted), session (field sess) and caller (field
 -- tok, the name of the token it was taken with).
@@ -168,8 +173,14 @@ local function end_lease(id, uid, ct, sess, tok)
     end
   end
   if sess then
-    if redis.call('HINCRBY', P .. 'sess:' .. sess, 'n', -1) <= 0 then
-      redis.call('DEL', P .. 'sess:' .. sess)
+    -- A session outlives its last lease by SESSION_LINGER, so a client
+    -- that opens one connection per request (the gateway's curl) keeps
+    -- its proxy, and a block seen after the tunnel closed can be
+    -- reported against it.
+    local sk = P .. 'sess:' .. sess
+    if redis.call('HINCRBY', sk, 'n', -1) <= 0 then
+      redis.call('HDEL', sk, 'n')
+      redis.call('PEXPIRE', sk, SESSION_LINGER)
     end
   end
 end

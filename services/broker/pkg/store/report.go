@@ -115,9 +115,14 @@ type Faults struct {
 	MaxFraction float64
 }
 
-// Report is one outcome report on a live lease.
+// Report is one outcome report on a live lease, or (LeaseID empty) on a
+// session's last lease for Target, live or ended within the session's
+// linger.
 type Report struct {
 	LeaseID string
+	// Session is the (caller-scoped) session key a report without a
+	// LeaseID names.
+	Session string
 	Outcome Outcome
 	// Target the report is about (the lease's own when the caller gave none).
 	Target string
@@ -166,7 +171,7 @@ func (s *Store) Report(ctx context.Context, r Report) (*Verdict, error) {
 	p, f := r.Policy, r.Faults
 	res, err := s.run(ctx, reportScript, r.LeaseID, string(r.Outcome), r.Target,
 		p.CooldownBase.Milliseconds(), p.CooldownMax.Milliseconds(), p.CooldownWindow.Milliseconds(), p.MaxCoolingFraction,
-		p.PacingInitial, p.PacingMin, p.PacingMax, f.Window.Milliseconds(), f.Targets, f.Period.Milliseconds(), rand.Float64(), f.MaxFraction).Slice()
+		p.PacingInitial, p.PacingMin, p.PacingMax, f.Window.Milliseconds(), f.Targets, f.Period.Milliseconds(), rand.Float64(), f.MaxFraction, r.Session).Slice()
 	if err != nil {
 		return nil, wrap(err)
 	}

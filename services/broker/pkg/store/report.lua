@@ -5,7 +5,8 @@
 -- cooldown base_ms, max_ms, window_ms, max_cooling_fraction, pacing
 -- initial, min, max (leases/s), error window_ms,
 -- error targets (0: never quarantine), quarantine_ms, random in [0, 1),
--- max quarantined fraction (0 or 1: no limit).
+-- max quarantined fraction (0 or 1: no limit), session (with lease_id '':
+-- the report is on the session's last lease for target).
 -- Returns {} when the lease is gone, else {cooldown start_ms, end_ms,
 -- level, proxies sharing it, quarantine end_ms, pace rate ('' unpaced),
 -- actions...}. A report counts only for its lease's target: a lease taken
@@ -17,11 +18,25 @@ local fraction = tonumber(ARGV[7])
 local pinit, pmin, pmax = tonumber(ARGV[8]), tonumber(ARGV[9]), tonumber(ARGV[10])
 local ewindow, etargets, qperiod = tonumber(ARGV[11]), tonumber(ARGV[12]), tonumber(ARGV[13])
 local rnd, qfraction = tonumber(ARGV[14]), tonumber(ARGV[15])
-local now, l = open_lease(id)
+local sess = ARGV[16]
+local now, l
+if id ~= '' then
+  now, l = open_lease(id)
+else
+  -- A report on a session: its last lease for the target, live or
+  -- ended within the session's linger.
+  now = now_ms()
+  drain(now, DRAIN)
+  local r = redis.call('HGET', P .. 'sess:' .. sess, 't:' .. target)
+  if r then
+    local u, ix, at = string.match(r, '^(.*)|(.*)|(%d+)$')
+    l = {u, nil, target, nil, nil, ix, at}
+  end
+end
 if not l then
   return {}
 end
-if result ~= '' then
+if result ~= '' and id ~= '' then
   if l[3] == '' then
     redis.call('HSET', P .. 'lease:' .. id, 'target', target)
   elseif l[3] ~= target then

@@ -22,7 +22,9 @@
 //	                       a memory window past its end (escalation, inheritance)
 //	{ep}:t:<target>        hash {n: live leases for the target; rate, tat, cut, until: its pace}
 //	{ep}:paced             hash target -> pace rate, for metrics
-//	{ep}:sess:<key>        hash {proxy, n: live leases} of a sticky session
+//	{ep}:sess:<key>        hash {proxy, n: live leases, t:<target>: "<uid>|<index>|<granted>" of its
+//	                       last lease for the target (up to 64)} of a sticky session; it expires
+//	                       10 minutes after its last lease ends
 //	{ep}:errs:<uid>        sorted set target -> time of the proxy's error reports in the window
 //	{ep}:quar              hash uid -> "<start>|<end>" of quarantined proxies
 //	{ep}:qix:<uid>         set of the indexes a quarantined proxy rejoins at its end

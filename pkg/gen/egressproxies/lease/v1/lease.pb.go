@@ -796,6 +796,90 @@ func (x *ReportLeaseRequest) GetLatencyMs() int32 {
 	return 0
 }
 
+// ReportSessionRequest reports an outcome on a session's last lease for
+// a target.
+type ReportSessionRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// session_key the leases were taken with (the gateway's session option).
+	SessionKey string `protobuf:"bytes,1,opt,name=session_key,json=sessionKey,proto3" json:"session_key,omitempty"`
+	// result at the target: ok, rate_limited, blocked or error, as in
+	// ReportLeaseRequest.
+	Result string `protobuf:"bytes,2,opt,name=result,proto3" json:"result,omitempty"`
+	// target the result is about: a host the session leased for. Required.
+	Target string `protobuf:"bytes,3,opt,name=target,proto3" json:"target,omitempty"`
+	// status_code the target answered, 100-599; 0 when there was none.
+	StatusCode int32 `protobuf:"varint,4,opt,name=status_code,json=statusCode,proto3" json:"status_code,omitempty"`
+	// latency_ms the request took, 0-3600000.
+	LatencyMs     int32 `protobuf:"varint,5,opt,name=latency_ms,json=latencyMs,proto3" json:"latency_ms,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReportSessionRequest) Reset() {
+	*x = ReportSessionRequest{}
+	mi := &file_egressproxies_lease_v1_lease_proto_msgTypes[11]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReportSessionRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReportSessionRequest) ProtoMessage() {}
+
+func (x *ReportSessionRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_egressproxies_lease_v1_lease_proto_msgTypes[11]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReportSessionRequest.ProtoReflect.Descriptor instead.
+func (*ReportSessionRequest) Descriptor() ([]byte, []int) {
+	return file_egressproxies_lease_v1_lease_proto_rawDescGZIP(), []int{11}
+}
+
+func (x *ReportSessionRequest) GetSessionKey() string {
+	if x != nil {
+		return x.SessionKey
+	}
+	return ""
+}
+
+func (x *ReportSessionRequest) GetResult() string {
+	if x != nil {
+		return x.Result
+	}
+	return ""
+}
+
+func (x *ReportSessionRequest) GetTarget() string {
+	if x != nil {
+		return x.Target
+	}
+	return ""
+}
+
+func (x *ReportSessionRequest) GetStatusCode() int32 {
+	if x != nil {
+		return x.StatusCode
+	}
+	return 0
+}
+
+func (x *ReportSessionRequest) GetLatencyMs() int32 {
+	if x != nil {
+		return x.LatencyMs
+	}
+	return 0
+}
+
 // ReportLeaseResponse says what the broker did about the report.
 type ReportLeaseResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -828,7 +912,7 @@ type ReportLeaseResponse struct {
 
 func (x *ReportLeaseResponse) Reset() {
 	*x = ReportLeaseResponse{}
-	mi := &file_egressproxies_lease_v1_lease_proto_msgTypes[11]
+	mi := &file_egressproxies_lease_v1_lease_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -840,7 +924,7 @@ func (x *ReportLeaseResponse) String() string {
 func (*ReportLeaseResponse) ProtoMessage() {}
 
 func (x *ReportLeaseResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_egressproxies_lease_v1_lease_proto_msgTypes[11]
+	mi := &file_egressproxies_lease_v1_lease_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -853,7 +937,7 @@ func (x *ReportLeaseResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReportLeaseResponse.ProtoReflect.Descriptor instead.
 func (*ReportLeaseResponse) Descriptor() ([]byte, []int) {
-	return file_egressproxies_lease_v1_lease_proto_rawDescGZIP(), []int{11}
+	return file_egressproxies_lease_v1_lease_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *ReportLeaseResponse) GetCooldownUntil() *timestamppb.Timestamp {
@@ -923,7 +1007,7 @@ type ListRefusalsRequest struct {
 
 func (x *ListRefusalsRequest) Reset() {
 	*x = ListRefusalsRequest{}
-	mi := &file_egressproxies_lease_v1_lease_proto_msgTypes[12]
+	mi := &file_egressproxies_lease_v1_lease_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -935,7 +1019,7 @@ func (x *ListRefusalsRequest) String() string {
 func (*ListRefusalsRequest) ProtoMessage() {}
 
 func (x *ListRefusalsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_egressproxies_lease_v1_lease_proto_msgTypes[12]
+	mi := &file_egressproxies_lease_v1_lease_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -948,7 +1032,7 @@ func (x *ListRefusalsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRefusalsRequest.ProtoReflect.Descriptor instead.
 func (*ListRefusalsRequest) Descriptor() ([]byte, []int) {
-	return file_egressproxies_lease_v1_lease_proto_rawDescGZIP(), []int{12}
+	return file_egressproxies_lease_v1_lease_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *ListRefusalsRequest) GetWindowSeconds() int32 {
@@ -974,7 +1058,7 @@ type SelectorRefusals struct {
 
 func (x *SelectorRefusals) Reset() {
 	*x = SelectorRefusals{}
-	mi := &file_egressproxies_lease_v1_lease_proto_msgTypes[13]
+	mi := &file_egressproxies_lease_v1_lease_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -986,7 +1070,7 @@ func (x *SelectorRefusals) String() string {
 func (*SelectorRefusals) ProtoMessage() {}
 
 func (x *SelectorRefusals) ProtoReflect() protoreflect.Message {
-	mi := &file_egressproxies_lease_v1_lease_proto_msgTypes[13]
+	mi := &file_egressproxies_lease_v1_lease_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -999,7 +1083,7 @@ func (x *SelectorRefusals) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SelectorRefusals.ProtoReflect.Descriptor instead.
 func (*SelectorRefusals) Descriptor() ([]byte, []int) {
-	return file_egressproxies_lease_v1_lease_proto_rawDescGZIP(), []int{13}
+	return file_egressproxies_lease_v1_lease_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *SelectorRefusals) GetNamespace() string {
@@ -1035,7 +1119,7 @@ type ListRefusalsResponse struct {
 
 func (x *ListRefusalsResponse) Reset() {
 	*x = ListRefusalsResponse{}
-	mi := &file_egressproxies_lease_v1_lease_proto_msgTypes[14]
+	mi := &file_egressproxies_lease_v1_lease_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1047,7 +1131,7 @@ func (x *ListRefusalsResponse) String() string {
 func (*ListRefusalsResponse) ProtoMessage() {}
 
 func (x *ListRefusalsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_egressproxies_lease_v1_lease_proto_msgTypes[14]
+	mi := &file_egressproxies_lease_v1_lease_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1060,7 +1144,7 @@ func (x *ListRefusalsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRefusalsResponse.ProtoReflect.Descriptor instead.
 func (*ListRefusalsResponse) Descriptor() ([]byte, []int) {
-	return file_egressproxies_lease_v1_lease_proto_rawDescGZIP(), []int{14}
+	return file_egressproxies_lease_v1_lease_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *ListRefusalsResponse) GetSelectors() []*SelectorRefusals {
@@ -1146,6 +1230,15 @@ const file_egressproxies_lease_v1_lease_proto_rawDesc = "" +
 	"\vstatus_code\x18\x04 \x01(\x05R\n" +
 	"statusCode\x12\x1d\n" +
 	"\n" +
+	"latency_ms\x18\x05 \x01(\x05R\tlatencyMs\"\xa7\x01\n" +
+	"\x14ReportSessionRequest\x12\x1f\n" +
+	"\vsession_key\x18\x01 \x01(\tR\n" +
+	"sessionKey\x12\x16\n" +
+	"\x06result\x18\x02 \x01(\tR\x06result\x12\x16\n" +
+	"\x06target\x18\x03 \x01(\tR\x06target\x12\x1f\n" +
+	"\vstatus_code\x18\x04 \x01(\x05R\n" +
+	"statusCode\x12\x1d\n" +
+	"\n" +
 	"latency_ms\x18\x05 \x01(\x05R\tlatencyMs\"\x8e\x03\n" +
 	"\x13ReportLeaseResponse\x12A\n" +
 	"\x0ecooldown_until\x18\x01 \x01(\v2\x1a.google.protobuf.TimestampR\rcooldownUntil\x12A\n" +
@@ -1166,14 +1259,15 @@ const file_egressproxies_lease_v1_lease_proto_rawDesc = "" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"^\n" +
 	"\x14ListRefusalsResponse\x12F\n" +
-	"\tselectors\x18\x01 \x03(\v2(.egressproxies.lease.v1.SelectorRefusalsR\tselectors2\x81\x05\n" +
+	"\tselectors\x18\x01 \x03(\v2(.egressproxies.lease.v1.SelectorRefusalsR\tselectors2\xed\x05\n" +
 	"\fLeaseService\x12f\n" +
 	"\vListProxies\x12*.egressproxies.lease.v1.ListProxiesRequest\x1a+.egressproxies.lease.v1.ListProxiesResponse\x12f\n" +
 	"\vCreateLease\x12*.egressproxies.lease.v1.CreateLeaseRequest\x1a+.egressproxies.lease.v1.CreateLeaseResponse\x12c\n" +
 	"\n" +
 	"RenewLease\x12).egressproxies.lease.v1.RenewLeaseRequest\x1a*.egressproxies.lease.v1.RenewLeaseResponse\x12i\n" +
 	"\fReleaseLease\x12+.egressproxies.lease.v1.ReleaseLeaseRequest\x1a,.egressproxies.lease.v1.ReleaseLeaseResponse\x12f\n" +
-	"\vReportLease\x12*.egressproxies.lease.v1.ReportLeaseRequest\x1a+.egressproxies.lease.v1.ReportLeaseResponse\x12i\n" +
+	"\vReportLease\x12*.egressproxies.lease.v1.ReportLeaseRequest\x1a+.egressproxies.lease.v1.ReportLeaseResponse\x12j\n" +
+	"\rReportSession\x12,.egressproxies.lease.v1.ReportSessionRequest\x1a+.egressproxies.lease.v1.ReportLeaseResponse\x12i\n" +
 	"\fListRefusals\x12+.egressproxies.lease.v1.ListRefusalsRequest\x1a,.egressproxies.lease.v1.ListRefusalsResponseBQZOgithub.com/egress-proxies/egress-proxies/pkg/gen/egressproxies/lease/v1;leasev1b\x06proto3"
 
 var (
@@ -1188,7 +1282,7 @@ func file_egressproxies_lease_v1_lease_proto_rawDescGZIP() []byte {
 	return file_egressproxies_lease_v1_lease_proto_rawDescData
 }
 
-var file_egressproxies_lease_v1_lease_proto_msgTypes = make([]protoimpl.MessageInfo, 19)
+var file_egressproxies_lease_v1_lease_proto_msgTypes = make([]protoimpl.MessageInfo, 20)
 var file_egressproxies_lease_v1_lease_proto_goTypes = []any{
 	(*Proxy)(nil),                 // 0: egressproxies.lease.v1.Proxy
 	(*ListProxiesRequest)(nil),    // 1: egressproxies.lease.v1.ListProxiesRequest
@@ -1201,47 +1295,50 @@ var file_egressproxies_lease_v1_lease_proto_goTypes = []any{
 	(*ReleaseLeaseRequest)(nil),   // 8: egressproxies.lease.v1.ReleaseLeaseRequest
 	(*ReleaseLeaseResponse)(nil),  // 9: egressproxies.lease.v1.ReleaseLeaseResponse
 	(*ReportLeaseRequest)(nil),    // 10: egressproxies.lease.v1.ReportLeaseRequest
-	(*ReportLeaseResponse)(nil),   // 11: egressproxies.lease.v1.ReportLeaseResponse
-	(*ListRefusalsRequest)(nil),   // 12: egressproxies.lease.v1.ListRefusalsRequest
-	(*SelectorRefusals)(nil),      // 13: egressproxies.lease.v1.SelectorRefusals
-	(*ListRefusalsResponse)(nil),  // 14: egressproxies.lease.v1.ListRefusalsResponse
-	nil,                           // 15: egressproxies.lease.v1.Proxy.AttributesEntry
-	nil,                           // 16: egressproxies.lease.v1.ListProxiesRequest.SelectorEntry
-	nil,                           // 17: egressproxies.lease.v1.CreateLeaseRequest.SelectorEntry
-	nil,                           // 18: egressproxies.lease.v1.SelectorRefusals.SelectorEntry
-	(*timestamppb.Timestamp)(nil), // 19: google.protobuf.Timestamp
+	(*ReportSessionRequest)(nil),  // 11: egressproxies.lease.v1.ReportSessionRequest
+	(*ReportLeaseResponse)(nil),   // 12: egressproxies.lease.v1.ReportLeaseResponse
+	(*ListRefusalsRequest)(nil),   // 13: egressproxies.lease.v1.ListRefusalsRequest
+	(*SelectorRefusals)(nil),      // 14: egressproxies.lease.v1.SelectorRefusals
+	(*ListRefusalsResponse)(nil),  // 15: egressproxies.lease.v1.ListRefusalsResponse
+	nil,                           // 16: egressproxies.lease.v1.Proxy.AttributesEntry
+	nil,                           // 17: egressproxies.lease.v1.ListProxiesRequest.SelectorEntry
+	nil,                           // 18: egressproxies.lease.v1.CreateLeaseRequest.SelectorEntry
+	nil,                           // 19: egressproxies.lease.v1.SelectorRefusals.SelectorEntry
+	(*timestamppb.Timestamp)(nil), // 20: google.protobuf.Timestamp
 }
 var file_egressproxies_lease_v1_lease_proto_depIdxs = []int32{
-	15, // 0: egressproxies.lease.v1.Proxy.attributes:type_name -> egressproxies.lease.v1.Proxy.AttributesEntry
-	19, // 1: egressproxies.lease.v1.Proxy.quarantined_until:type_name -> google.protobuf.Timestamp
-	19, // 2: egressproxies.lease.v1.Proxy.quarantined_since:type_name -> google.protobuf.Timestamp
-	19, // 3: egressproxies.lease.v1.Proxy.cooldown_until:type_name -> google.protobuf.Timestamp
-	16, // 4: egressproxies.lease.v1.ListProxiesRequest.selector:type_name -> egressproxies.lease.v1.ListProxiesRequest.SelectorEntry
+	16, // 0: egressproxies.lease.v1.Proxy.attributes:type_name -> egressproxies.lease.v1.Proxy.AttributesEntry
+	20, // 1: egressproxies.lease.v1.Proxy.quarantined_until:type_name -> google.protobuf.Timestamp
+	20, // 2: egressproxies.lease.v1.Proxy.quarantined_since:type_name -> google.protobuf.Timestamp
+	20, // 3: egressproxies.lease.v1.Proxy.cooldown_until:type_name -> google.protobuf.Timestamp
+	17, // 4: egressproxies.lease.v1.ListProxiesRequest.selector:type_name -> egressproxies.lease.v1.ListProxiesRequest.SelectorEntry
 	0,  // 5: egressproxies.lease.v1.ListProxiesResponse.proxies:type_name -> egressproxies.lease.v1.Proxy
-	17, // 6: egressproxies.lease.v1.CreateLeaseRequest.selector:type_name -> egressproxies.lease.v1.CreateLeaseRequest.SelectorEntry
+	18, // 6: egressproxies.lease.v1.CreateLeaseRequest.selector:type_name -> egressproxies.lease.v1.CreateLeaseRequest.SelectorEntry
 	0,  // 7: egressproxies.lease.v1.CreateLeaseResponse.proxy:type_name -> egressproxies.lease.v1.Proxy
-	19, // 8: egressproxies.lease.v1.CreateLeaseResponse.expires_at:type_name -> google.protobuf.Timestamp
+	20, // 8: egressproxies.lease.v1.CreateLeaseResponse.expires_at:type_name -> google.protobuf.Timestamp
 	5,  // 9: egressproxies.lease.v1.CreateLeaseResponse.credentials:type_name -> egressproxies.lease.v1.ProxyCredentials
-	19, // 10: egressproxies.lease.v1.RenewLeaseResponse.expires_at:type_name -> google.protobuf.Timestamp
-	19, // 11: egressproxies.lease.v1.ReportLeaseResponse.cooldown_until:type_name -> google.protobuf.Timestamp
-	19, // 12: egressproxies.lease.v1.ReportLeaseResponse.cooldown_start:type_name -> google.protobuf.Timestamp
-	19, // 13: egressproxies.lease.v1.ReportLeaseResponse.quarantined_until:type_name -> google.protobuf.Timestamp
-	18, // 14: egressproxies.lease.v1.SelectorRefusals.selector:type_name -> egressproxies.lease.v1.SelectorRefusals.SelectorEntry
-	13, // 15: egressproxies.lease.v1.ListRefusalsResponse.selectors:type_name -> egressproxies.lease.v1.SelectorRefusals
+	20, // 10: egressproxies.lease.v1.RenewLeaseResponse.expires_at:type_name -> google.protobuf.Timestamp
+	20, // 11: egressproxies.lease.v1.ReportLeaseResponse.cooldown_until:type_name -> google.protobuf.Timestamp
+	20, // 12: egressproxies.lease.v1.ReportLeaseResponse.cooldown_start:type_name -> google.protobuf.Timestamp
+	20, // 13: egressproxies.lease.v1.ReportLeaseResponse.quarantined_until:type_name -> google.protobuf.Timestamp
+	19, // 14: egressproxies.lease.v1.SelectorRefusals.selector:type_name -> egressproxies.lease.v1.SelectorRefusals.SelectorEntry
+	14, // 15: egressproxies.lease.v1.ListRefusalsResponse.selectors:type_name -> egressproxies.lease.v1.SelectorRefusals
 	1,  // 16: egressproxies.lease.v1.LeaseService.ListProxies:input_type -> egressproxies.lease.v1.ListProxiesRequest
 	3,  // 17: egressproxies.lease.v1.LeaseService.CreateLease:input_type -> egressproxies.lease.v1.CreateLeaseRequest
 	6,  // 18: egressproxies.lease.v1.LeaseService.RenewLease:input_type -> egressproxies.lease.v1.RenewLeaseRequest
 	8,  // 19: egressproxies.lease.v1.LeaseService.ReleaseLease:input_type -> egressproxies.lease.v1.ReleaseLeaseRequest
 	10, // 20: egressproxies.lease.v1.LeaseService.ReportLease:input_type -> egressproxies.lease.v1.ReportLeaseRequest
-	12, // 21: egressproxies.lease.v1.LeaseService.ListRefusals:input_type -> egressproxies.lease.v1.ListRefusalsRequest
-	2,  // 22: egressproxies.lease.v1.LeaseService.ListProxies:output_type -> egressproxies.lease.v1.ListProxiesResponse
-	4,  // 23: egressproxies.lease.v1.LeaseService.CreateLease:output_type -> egressproxies.lease.v1.CreateLeaseResponse
-	7,  // 24: egressproxies.lease.v1.LeaseService.RenewLease:output_type -> egressproxies.lease.v1.RenewLeaseResponse
-	9,  // 25: egressproxies.lease.v1.LeaseService.ReleaseLease:output_type -> egressproxies.lease.v1.ReleaseLeaseResponse
-	11, // 26: egressproxies.lease.v1.LeaseService.ReportLease:output_type -> egressproxies.lease.v1.ReportLeaseResponse
-	14, // 27: egressproxies.lease.v1.LeaseService.ListRefusals:output_type -> egressproxies.lease.v1.ListRefusalsResponse
-	22, // [22:28] is the sub-list for method output_type
-	16, // [16:22] is the sub-list for method input_type
+	11, // 21: egressproxies.lease.v1.LeaseService.ReportSession:input_type -> egressproxies.lease.v1.ReportSessionRequest
+	13, // 22: egressproxies.lease.v1.LeaseService.ListRefusals:input_type -> egressproxies.lease.v1.ListRefusalsRequest
+	2,  // 23: egressproxies.lease.v1.LeaseService.ListProxies:output_type -> egressproxies.lease.v1.ListProxiesResponse
+	4,  // 24: egressproxies.lease.v1.LeaseService.CreateLease:output_type -> egressproxies.lease.v1.CreateLeaseResponse
+	7,  // 25: egressproxies.lease.v1.LeaseService.RenewLease:output_type -> egressproxies.lease.v1.RenewLeaseResponse
+	9,  // 26: egressproxies.lease.v1.LeaseService.ReleaseLease:output_type -> egressproxies.lease.v1.ReleaseLeaseResponse
+	12, // 27: egressproxies.lease.v1.LeaseService.ReportLease:output_type -> egressproxies.lease.v1.ReportLeaseResponse
+	12, // 28: egressproxies.lease.v1.LeaseService.ReportSession:output_type -> egressproxies.lease.v1.ReportLeaseResponse
+	15, // 29: egressproxies.lease.v1.LeaseService.ListRefusals:output_type -> egressproxies.lease.v1.ListRefusalsResponse
+	23, // [23:30] is the sub-list for method output_type
+	16, // [16:23] is the sub-list for method input_type
 	16, // [16:16] is the sub-list for extension type_name
 	16, // [16:16] is the sub-list for extension extendee
 	0,  // [0:16] is the sub-list for field type_name
@@ -1259,7 +1356,7 @@ func file_egressproxies_lease_v1_lease_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_egressproxies_lease_v1_lease_proto_rawDesc), len(file_egressproxies_lease_v1_lease_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   19,
+			NumMessages:   20,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

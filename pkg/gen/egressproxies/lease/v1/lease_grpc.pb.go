@@ -19,12 +19,13 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	LeaseService_ListProxies_FullMethodName  = "/egressproxies.lease.v1.LeaseService/ListProxies"
-	LeaseService_CreateLease_FullMethodName  = "/egressproxies.lease.v1.LeaseService/CreateLease"
-	LeaseService_RenewLease_FullMethodName   = "/egressproxies.lease.v1.LeaseService/RenewLease"
-	LeaseService_ReleaseLease_FullMethodName = "/egressproxies.lease.v1.LeaseService/ReleaseLease"
-	LeaseService_ReportLease_FullMethodName  = "/egressproxies.lease.v1.LeaseService/ReportLease"
-	LeaseService_ListRefusals_FullMethodName = "/egressproxies.lease.v1.LeaseService/ListRefusals"
+	LeaseService_ListProxies_FullMethodName   = "/egressproxies.lease.v1.LeaseService/ListProxies"
+	LeaseService_CreateLease_FullMethodName   = "/egressproxies.lease.v1.LeaseService/CreateLease"
+	LeaseService_RenewLease_FullMethodName    = "/egressproxies.lease.v1.LeaseService/RenewLease"
+	LeaseService_ReleaseLease_FullMethodName  = "/egressproxies.lease.v1.LeaseService/ReleaseLease"
+	LeaseService_ReportLease_FullMethodName   = "/egressproxies.lease.v1.LeaseService/ReportLease"
+	LeaseService_ReportSession_FullMethodName = "/egressproxies.lease.v1.LeaseService/ReportSession"
+	LeaseService_ListRefusals_FullMethodName  = "/egressproxies.lease.v1.LeaseService/ListRefusals"
 )
 
 // LeaseServiceClient is the client API for LeaseService service.
@@ -54,6 +55,12 @@ type LeaseServiceClient interface {
 	// the target's cooling limit, pace the target fleet-wide; error on
 	// several targets quarantines the proxy; ok decays both.
 	ReportLease(ctx context.Context, in *ReportLeaseRequest, opts ...grpc.CallOption) (*ReportLeaseResponse, error)
+	// ReportSession is ReportLease for a session key instead of a lease id:
+	// the outcome applies to the session's last lease for the target, live
+	// or ended within the session's 10-minute linger. It is how a client of
+	// the gateway, which never sees a lease id, reports a block it saw
+	// inside TLS.
+	ReportSession(ctx context.Context, in *ReportSessionRequest, opts ...grpc.CallOption) (*ReportLeaseResponse, error)
 	// ListRefusals returns, per selector, how many leases were refused in
 	// the last window because every matching proxy was at its lease cap or
 	// cooling down for the target: demand the fleet did not meet. The
@@ -119,6 +126,16 @@ func (c *leaseServiceClient) ReportLease(ctx context.Context, in *ReportLeaseReq
 	return out, nil
 }
 
+func (c *leaseServiceClient) ReportSession(ctx context.Context, in *ReportSessionRequest, opts ...grpc.CallOption) (*ReportLeaseResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ReportLeaseResponse)
+	err := c.cc.Invoke(ctx, LeaseService_ReportSession_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 func (c *leaseServiceClient) ListRefusals(ctx context.Context, in *ListRefusalsRequest, opts ...grpc.CallOption) (*ListRefusalsResponse, error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(ListRefusalsResponse)
@@ -156,6 +173,12 @@ type LeaseServiceServer interface {
 	// the target's cooling limit, pace the target fleet-wide; error on
 	// several targets quarantines the proxy; ok decays both.
 	ReportLease(context.Context, *ReportLeaseRequest) (*ReportLeaseResponse, error)
+	// ReportSession is ReportLease for a session key instead of a lease id:
+	// the outcome applies to the session's last lease for the target, live
+	// or ended within the session's 10-minute linger. It is how a client of
+	// the gateway, which never sees a lease id, reports a block it saw
+	// inside TLS.
+	ReportSession(context.Context, *ReportSessionRequest) (*ReportLeaseResponse, error)
 	// ListRefusals returns, per selector, how many leases were refused in
 	// the last window because every matching proxy was at its lease cap or
 	// cooling down for the target: demand the fleet did not meet. The
@@ -185,6 +208,9 @@ func (UnimplementedLeaseServiceServer) ReleaseLease(context.Context, *ReleaseLea
 }
 func (UnimplementedLeaseServiceServer) ReportLease(context.Context, *ReportLeaseRequest) (*ReportLeaseResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method ReportLease not implemented")
+}
+func (UnimplementedLeaseServiceServer) ReportSession(context.Context, *ReportSessionRequest) (*ReportLeaseResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ReportSession not implemented")
 }
 func (UnimplementedLeaseServiceServer) ListRefusals(context.Context, *ListRefusalsRequest) (*ListRefusalsResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method ListRefusals not implemented")
@@ -300,6 +326,24 @@ func _LeaseService_ReportLease_Handler(srv interface{}, ctx context.Context, dec
 	return interceptor(ctx, in, info, handler)
 }
 
+func _LeaseService_ReportSession_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ReportSessionRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(LeaseServiceServer).ReportSession(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: LeaseService_ReportSession_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(LeaseServiceServer).ReportSession(ctx, req.(*ReportSessionRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 func _LeaseService_ListRefusals_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
 	in := new(ListRefusalsRequest)
 	if err := dec(in); err != nil {
@@ -344,6 +388,10 @@ var LeaseService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "ReportLease",
 			Handler:    _LeaseService_ReportLease_Handler,
+		},
+		{
+			MethodName: "ReportSession",
+			Handler:    _LeaseService_ReportSession_Handler,
 		},
 		{
 			MethodName: "ListRefusals",

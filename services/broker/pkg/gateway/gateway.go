@@ -1,0 +1,595 @@
+// Package gateway is the broker's HTTP proxy listener: any HTTP client
+// (curl, requests, a headless browser) sets it as its proxy and gets the
+// fleet, with its ban-aware leasing, without a line of code. Each CONNECT
+// tunnel, and each plain-HTTP request, leases a proxy for its target host
+// through the lease API in process (the same interceptors, the same Redis
+// state as every other lease), goes through that proxy with its
+// credentials, reports what it saw, and releases the lease when it ends.
+//
+// Options travel in the proxy user name, the API token in the password
+// (docs/api.md, "The gateway"). Every destination is resolved here and
+// checked against the egress policy before a lease is taken; a CONNECT
+// goes to the very address that was checked, so a name that resolves
+// differently a moment later (DNS rebinding) cannot get round it.
+package gateway
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/netip"
+	neturl "net/url"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"google.golang.org/grpc/metadata"
+
+	"github.com/egress-proxies/egress-proxies/pkg/auth"
+	leasev1 "github.com/egress-proxies/egress-proxies/pkg/gen/egressproxies/lease/v1"
+	"github.com/egress-proxies/egress-proxies/pkg/netpolicy"
+	"github.com/egress-proxies/egress-proxies/pkg/proxyauth"
+	"github.com/egress-proxies/egress-proxies/services/broker/pkg/leases"
+	"github.com/egress-proxies/egress-proxies/services/broker/pkg/store"
+)
+
+// Leaser is the part of the lease API the gateway calls, in process.
+type Leaser interface {
+	CreateLease(context.Context, *leasev1.CreateLeaseRequest) (*leasev1.CreateLeaseResponse, error)
+	ReleaseLease(context.Context, *leasev1.ReleaseLeaseRequest) (*leasev1.ReleaseLeaseResponse, error)
+	ReportLease(context.Context, *leasev1.ReportLeaseRequest) (*leasev1.ReportLeaseResponse, error)
+}
+
+var _ Leaser = leasev1.LeaseServiceServer(nil)
+
+// Gateway serves the proxy listener.
+type Gateway struct {
+	o      Options
+	log    *slog.Logger
+	leaser Leaser
+	tok    *auth.Token
+	ln     net.Listener
+
+	// perToken counts each token's tunnels and requests in flight.
+	perToken sync.Map // name -> *atomic.Int64
+	mu       sync.Mutex
+	conns    map[net.Conn]*tunnel // open client connections; the tunnel once spliced
+	closing  bool
+	wg       sync.WaitGroup
+}
+
+// New binds the listener. The gateway refuses to run without a token: it
+// would be an open proxy into the fleet.
+func New(log *slog.Logger, o Options, l Leaser, tok *auth.Token) (*Gateway, error) {
+	if !tok.Enabled() {
+		return nil, errors.New("--gateway-addr needs --token-file: without a token the gateway would be an open proxy")
+	}
+	if err := o.Validate(); err != nil {
+		return nil, err
+	}
+	if o.Resolver == nil {
+		o.Resolver = net.DefaultResolver
+	}
+	ln, err := net.Listen("tcp", o.Addr)
+	if err != nil {
+		return nil, fmt.Errorf("--gateway-addr %s: %w", o.Addr, err)
+	}
+	return &Gateway{o: o, log: log, leaser: l, tok: tok, ln: ln, conns: map[net.Conn]*tunnel{}}, nil
+}
+
+// Addr is the listener's address.
+func (g *Gateway) Addr() string { return g.ln.Addr().String() }
+
+// Serve accepts clients until ctx ends, then closes every connection and
+// returns once each one's lease is released.
+func (g *Gateway) Serve(ctx context.Context) error {
+	stop := context.AfterFunc(ctx, g.shutdown)
+	defer stop()
+	var err error
+	for {
+		var c net.Conn
+		c, err = g.ln.Accept()
+		if err != nil {
+			var ne net.Error
+			if errors.As(err, &ne) && ne.Timeout() {
+				time.Sleep(10 * time.Millisecond) // out of file descriptors
+				continue
+			}
+			break
+		}
+		if !g.track(c) {
+			_ = c.Close()
+			break
+		}
+		go g.serve(c)
+	}
+	g.shutdown()
+	g.wg.Wait()
+	if ctx.Err() != nil {
+		return nil
+	}
+	return err
+}
+
+func (g *Gateway) track(c net.Conn) bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.closing {
+		return false
+	}
+	g.conns[c] = nil
+	g.wg.Add(1)
+	return true
+}
+
+func (g *Gateway) untrack(c net.Conn) {
+	g.mu.Lock()
+	delete(g.conns, c)
+	g.mu.Unlock()
+	_ = c.Close()
+	g.wg.Done()
+}
+
+// shutdown stops accepting and closes every connection: tunnels end, and
+// their handlers release their leases.
+func (g *Gateway) shutdown() {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.closing {
+		return
+	}
+	g.closing = true
+	_ = g.ln.Close()
+	for c, t := range g.conns {
+		if t != nil {
+			t.shut()
+		} else {
+			_ = c.Close()
+		}
+	}
+}
+
+// headLimit bounds the bytes a request's head may take from the client.
+type headLimit struct {
+	r io.Reader
+	n int // < 0: unbounded (a body)
+}
+
+func (h *headLimit) Read(p []byte) (int, error) {
+	if h.n < 0 {
+		return h.r.Read(p)
+	}
+	if h.n == 0 {
+		return 0, errHeadTooLarge
+	}
+	n, err := h.r.Read(p[:min(len(p), h.n)])
+	h.n -= n
+	return n, err
+}
+
+var errHeadTooLarge = errors.New("request head too large")
+
+// serve reads requests off one client connection until it closes, a
+// request turns it into a tunnel, or an answer ends it.
+func (g *Gateway) serve(c net.Conn) {
+	defer g.untrack(c)
+	limit := &headLimit{r: c}
+	br := bufio.NewReader(limit)
+	for first := true; ; first = false {
+		if !first {
+			// Between requests a keep-alive client may wait an idle
+			// timeout; once it starts, its head is due within the header
+			// timeout.
+			_ = c.SetReadDeadline(time.Now().Add(g.o.IdleTimeout))
+			if _, err := br.Peek(1); err != nil {
+				return
+			}
+		}
+		_ = c.SetReadDeadline(time.Now().Add(g.o.HeaderTimeout))
+		limit.n = g.o.MaxHeaderBytes
+		req, err := http.ReadRequest(br)
+		if err != nil {
+			g.badRequest(c, err)
+			return
+		}
+		limit.n = -1
+		_ = c.SetReadDeadline(time.Time{})
+		if !g.handle(c, br, req) {
+			return
+		}
+	}
+}
+
+// badRequest answers a request that could not be read, if there was one.
+func (g *Gateway) badRequest(c net.Conn, err error) {
+	var ne net.Error
+	a := answer{code: http.StatusBadRequest, reason: "BAD_REQUEST", msg: "malformed request line or header"}
+	switch {
+	case errors.Is(err, io.EOF):
+		return // the client left
+	case errors.Is(err, errHeadTooLarge):
+		a = answer{code: http.StatusRequestHeaderFieldsTooLarge, reason: "HEAD_TOO_LARGE", msg: fmt.Sprintf("the request's head is over %d bytes", g.o.MaxHeaderBytes)}
+	case errors.As(err, &ne) && ne.Timeout():
+		a = answer{code: http.StatusRequestTimeout, reason: "HEAD_TIMEOUT", msg: fmt.Sprintf("the request's head did not arrive within %s", g.o.HeaderTimeout)}
+	case errors.Is(err, io.ErrUnexpectedEOF), errors.Is(err, net.ErrClosed):
+		return
+	}
+	g.answer(c, "unread", a)
+}
+
+// answer writes a, counted under kind.
+func (g *Gateway) answer(c net.Conn, kind string, a answer) {
+	requests.WithLabelValues(kind, strconv.Itoa(a.code)).Inc()
+	_ = c.SetWriteDeadline(time.Now().Add(g.o.HeaderTimeout))
+	_ = a.write(c)
+}
+
+// request is one CONNECT or plain-HTTP request, authenticated.
+type request struct {
+	kind    string // "connect" or "http"
+	caller  string
+	ctx     context.Context
+	host    string
+	port    uint16
+	addr    netip.Addr // the checked address a CONNECT goes to
+	opts    userOptions
+	started time.Time
+}
+
+// handle serves one request; it says whether the connection may carry
+// another.
+func (g *Gateway) handle(c net.Conn, br *bufio.Reader, req *http.Request) bool {
+	r := &request{kind: "http", started: time.Now()}
+	if req.Method == http.MethodConnect {
+		r.kind = "connect"
+	}
+	user, pass, ok := proxyBasicAuth(req)
+	if !ok {
+		g.answer(c, r.kind, needAuth("no proxy credentials"))
+		return false
+	}
+	var err error
+	if r.caller, err = g.tok.Check("Bearer " + pass); err != nil {
+		g.answer(c, r.kind, needAuth("invalid proxy password"))
+		return false
+	}
+	if r.opts, err = parseUser(user); err != nil {
+		g.answer(c, r.kind, answer{code: http.StatusBadRequest, reason: "BAD_OPTIONS", msg: err.Error()})
+		return false
+	}
+	if err := r.destination(req); err != nil {
+		g.answer(c, r.kind, answer{code: http.StatusBadRequest, reason: "BAD_DESTINATION", msg: err.Error()})
+		return false
+	}
+	if !g.takeSlot(r.caller) {
+		g.answer(c, r.kind, answer{code: http.StatusTooManyRequests, reason: "TOKEN_TUNNEL_CAP", retryAfter: time.Second,
+			msg: fmt.Sprintf("token %q holds its %d tunnels on this gateway (--gateway-token-max-tunnels); close one or wait", r.caller, g.o.TokenMaxTunnels)})
+		return false
+	}
+	defer g.freeSlot(r.caller)
+
+	ctx, cancel := context.WithTimeout(context.Background(), g.o.TunnelTimeout)
+	defer cancel()
+	// The lease API authenticates the call again and counts it under the
+	// token's name, as it does every gRPC and REST call.
+	r.ctx = leases.Observed(metadata.NewIncomingContext(ctx, metadata.Pairs("authorization", "Bearer "+pass)))
+	if a, ok := g.check(r); !ok {
+		g.answer(c, r.kind, a)
+		return false
+	}
+	lease, err := g.leaser.CreateLease(r.ctx, &leasev1.CreateLeaseRequest{Namespace: r.opts.namespace, Selector: r.opts.selector,
+		Target: r.host, SessionKey: r.opts.session, TtlSeconds: int32(g.o.TunnelTimeout.Seconds())})
+	if err != nil {
+		a := refusal(err)
+		if a.code >= 500 && a.reason == "INTERNAL" {
+			g.log.Warn("gateway could not lease", "token", r.caller, "target", r.host, "err", err)
+		}
+		g.answer(c, r.kind, a)
+		return false
+	}
+	defer g.release(r, lease.GetLeaseId())
+	if r.kind == "connect" {
+		g.connect(c, br, r, lease)
+		return false
+	}
+	return g.forward(c, br, req, r, lease)
+}
+
+// proxyBasicAuth reads Proxy-Authorization: Basic.
+func proxyBasicAuth(req *http.Request) (user, pass string, ok bool) {
+	h := req.Header.Get("Proxy-Authorization")
+	if h == "" {
+		return "", "", false
+	}
+	// http.Request.BasicAuth reads Authorization; borrow it.
+	r := http.Request{Header: http.Header{"Authorization": {h}}}
+	return r.BasicAuth()
+}
+
+// destination reads where the request goes: CONNECT host:port, or an
+// absolute http:// URI.
+func (r *request) destination(req *http.Request) error {
+	var hostport string
+	switch {
+	case r.kind == "connect":
+		hostport = req.Host
+		if _, _, err := net.SplitHostPort(hostport); err != nil {
+			return fmt.Errorf("CONNECT %q: give host:port", clip(hostport))
+		}
+	case req.URL.Scheme == "http" && req.URL.Host != "":
+		hostport = req.URL.Host
+		if req.URL.Port() == "" {
+			hostport = net.JoinHostPort(req.URL.Hostname(), "80")
+		}
+	case req.URL.Scheme == "https":
+		return errors.New("https:// URLs go through a CONNECT tunnel (set the gateway as HTTPS_PROXY)")
+	default:
+		return fmt.Errorf("%s %q: this is a proxy; send an absolute http:// URI or CONNECT host:port", req.Method, clip(req.RequestURI))
+	}
+	host, port, _ := net.SplitHostPort(hostport)
+	p, err := strconv.ParseUint(port, 10, 16)
+	if err != nil || p == 0 || host == "" {
+		return fmt.Errorf("destination %q: give host:port with a port 1-65535", clip(hostport))
+	}
+	r.host, r.port = strings.ToLower(strings.TrimSuffix(host, ".")), uint16(p)
+	return nil
+}
+
+// check resolves the destination and holds every address it has to the
+// egress policy; the first is the one a CONNECT goes to.
+func (g *Gateway) check(r *request) (answer, bool) {
+	connect := r.kind == "connect"
+	addrs := []netip.Addr(nil)
+	if ip, err := netip.ParseAddr(r.host); err == nil {
+		addrs = []netip.Addr{ip}
+	} else {
+		ctx, cancel := context.WithTimeout(r.ctx, g.o.DialTimeout)
+		defer cancel()
+		if addrs, err = g.o.Resolver.LookupNetIP(ctx, "ip", r.host); err != nil || len(addrs) == 0 {
+			return answer{code: http.StatusBadGateway, reason: "UNRESOLVED", msg: fmt.Sprintf("%s does not resolve", r.host)}, false
+		}
+	}
+	for _, ip := range addrs {
+		var denied *netpolicy.DeniedError
+		if err := g.o.Egress.Check(ip, r.port, connect); errors.As(err, &denied) {
+			why := "it is not a public address"
+			if denied.Why != "" {
+				why = denied.Why // about the port
+			}
+			egressDenied.Inc()
+			// The address is not quoted: it may be inside.
+			return answer{code: http.StatusForbidden, reason: "EGRESS_DENIED", msg: fmt.Sprintf("%s:%d is outside the egress policy: %s", r.host, r.port, why)}, false
+		}
+	}
+	r.addr = addrs[0].Unmap()
+	return answer{}, true
+}
+
+// release ends the lease, whatever happened to the client.
+func (g *Gateway) release(r *request, id string) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	ctx = metadata.NewIncomingContext(ctx, mdOf(r.ctx))
+	if _, err := g.leaser.ReleaseLease(ctx, &leasev1.ReleaseLeaseRequest{LeaseId: id}); err != nil {
+		// It expires at its TTL, the tunnel timeout.
+		releaseFailed.Inc()
+		g.log.Warn("gateway could not release a lease; it expires at its TTL", "token", r.caller, "lease", id, "err", err)
+	}
+}
+
+func mdOf(ctx context.Context) metadata.MD {
+	md, _ := metadata.FromIncomingContext(ctx)
+	return md
+}
+
+// report tells the broker how the target treated the leased proxy.
+func (g *Gateway) report(r *request, id string, o store.Outcome, statusCode int) {
+	outcomes.WithLabelValues(r.kind, string(o)).Inc()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	ctx = leases.Observed(metadata.NewIncomingContext(ctx, mdOf(r.ctx)))
+	latency := min(time.Since(r.started).Milliseconds(), 3_600_000)
+	if _, err := g.leaser.ReportLease(ctx, &leasev1.ReportLeaseRequest{LeaseId: id, Result: string(o), StatusCode: int32(statusCode), LatencyMs: int32(latency)}); err != nil {
+		reportFailed.Inc()
+		g.log.Debug("gateway report failed", "token", r.caller, "lease", id, "err", err)
+	}
+}
+
+// dial connects to the leased proxy.
+func (g *Gateway) dial(r *request, lease *leasev1.CreateLeaseResponse) (net.Conn, error) {
+	d := net.Dialer{Timeout: g.o.DialTimeout}
+	return d.DialContext(r.ctx, "tcp", net.JoinHostPort(lease.GetProxy().GetIp(), strconv.Itoa(int(lease.GetProxy().GetPort()))))
+}
+
+// credentials are the leased proxy's Proxy-Authorization, if it has any.
+func credentials(lease *leasev1.CreateLeaseResponse) proxyauth.Credentials {
+	c := lease.GetCredentials()
+	return proxyauth.Credentials{Username: c.GetUsername(), Password: c.GetPassword()}
+}
+
+// connect opens a tunnel through the leased proxy to the checked address
+// and splices the client into it.
+func (g *Gateway) connect(c net.Conn, br *bufio.Reader, r *request, lease *leasev1.CreateLeaseResponse) {
+	up, err := g.dial(r, lease)
+	if err != nil {
+		g.report(r, lease.GetLeaseId(), store.Failed, 0)
+		g.answer(c, r.kind, answer{code: http.StatusBadGateway, reason: "PROXY_UNREACHABLE", msg: "the leased proxy did not answer; retry (it is reported)"})
+		return
+	}
+	target := net.JoinHostPort(r.addr.String(), strconv.Itoa(int(r.port)))
+	creq := &http.Request{Method: http.MethodConnect, URL: &neturl.URL{Opaque: target}, Host: target, Header: http.Header{}}
+	credentials(lease).Authorize(creq.Header)
+	_ = up.SetDeadline(time.Now().Add(g.o.DialTimeout))
+	ubr := bufio.NewReaderSize(up, 1024)
+	var resp *http.Response
+	if err = creq.Write(up); err == nil {
+		resp, err = http.ReadResponse(bufio.NewReader(io.LimitReader(ubr, int64(g.o.MaxHeaderBytes))), creq)
+	}
+	switch {
+	case err != nil:
+		_ = up.Close()
+		g.report(r, lease.GetLeaseId(), store.Failed, 0)
+		g.answer(c, r.kind, answer{code: http.StatusBadGateway, reason: "PROXY_FAILED", msg: "the leased proxy did not open the tunnel; retry (it is reported)"})
+		return
+	case resp.StatusCode == http.StatusForbidden:
+		// The proxy's own egress policy refused the destination: not a
+		// fault of the proxy.
+		_ = up.Close()
+		g.answer(c, r.kind, answer{code: http.StatusForbidden, reason: "PROXY_DENIED", msg: fmt.Sprintf("the leased proxy refused %s:%d (its egress policy)", r.host, r.port)})
+		return
+	case resp.StatusCode/100 != 2:
+		_ = up.Close()
+		g.report(r, lease.GetLeaseId(), store.Failed, resp.StatusCode)
+		g.answer(c, r.kind, answer{code: http.StatusBadGateway, reason: "PROXY_FAILED", msg: fmt.Sprintf("the leased proxy refused the tunnel (%d); retry (it is reported)", resp.StatusCode)})
+		return
+	}
+	_ = up.SetDeadline(time.Time{})
+	requests.WithLabelValues(r.kind, "200").Inc()
+	if _, err := io.WriteString(c, "HTTP/1.1 200 Connection established\r\n\r\n"); err != nil {
+		_ = up.Close()
+		return
+	}
+	// Bytes either side sent early (a ClientHello pipelined behind the
+	// CONNECT) go first; then the bufio readers are dropped and the
+	// connections spliced.
+	if err := flush(up, br); err != nil {
+		_ = up.Close()
+		return
+	}
+	if err := flush(c, ubr); err != nil {
+		_ = up.Close()
+		return
+	}
+	t := &tunnel{client: c, up: up, idle: g.o.IdleTimeout, deadline: r.started.Add(g.o.TunnelTimeout)}
+	if !g.spliced(c, t) {
+		t.shut()
+		return
+	}
+	tunnelsOpen.Inc()
+	sent, received, clean := t.run()
+	tunnelsOpen.Dec()
+	tunnelBytes.WithLabelValues("sent").Add(float64(sent))
+	tunnelBytes.WithLabelValues("received").Add(float64(received))
+	if received > 0 && clean {
+		g.report(r, lease.GetLeaseId(), store.OK, 0)
+	}
+}
+
+// spliced records c's tunnel, so a shutdown cuts it; false when the
+// gateway is already closing.
+func (g *Gateway) spliced(c net.Conn, t *tunnel) bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.closing {
+		return false
+	}
+	g.conns[c] = t
+	return true
+}
+
+// flush writes what br holds to w.
+func flush(w io.Writer, br *bufio.Reader) error {
+	if n := br.Buffered(); n > 0 {
+		b, _ := br.Peek(n)
+		_, err := w.Write(b)
+		return err
+	}
+	return nil
+}
+
+// forward sends one plain-HTTP request through the leased proxy and the
+// answer back, classified as the clients' default policy does. It says
+// whether the client connection may carry another request.
+func (g *Gateway) forward(c net.Conn, br *bufio.Reader, req *http.Request, r *request, lease *leasev1.CreateLeaseResponse) bool {
+	up, err := g.dial(r, lease)
+	if err != nil {
+		g.report(r, lease.GetLeaseId(), store.Failed, 0)
+		g.answer(c, r.kind, answer{code: http.StatusBadGateway, reason: "PROXY_UNREACHABLE", msg: "the leased proxy did not answer; retry (it is reported)"})
+		return false
+	}
+	defer func() { _ = up.Close() }()
+	deadline := r.started.Add(g.o.TunnelTimeout)
+	_ = up.SetDeadline(deadline)
+	_ = c.SetDeadline(deadline)
+	defer func() { _ = c.SetDeadline(time.Time{}) }()
+
+	keepAlive := !req.Close
+	out := req.Clone(r.ctx)
+	removeHopByHop(out.Header)
+	out.Close = true // one request per upstream connection: the lease ends with it
+	credentials(lease).Authorize(out.Header)
+	if err := out.WriteProxy(up); err != nil {
+		g.report(r, lease.GetLeaseId(), store.Failed, 0)
+		g.answer(c, r.kind, answer{code: http.StatusBadGateway, reason: "PROXY_FAILED", msg: "the request could not be sent through the leased proxy; retry (it is reported)"})
+		return false
+	}
+	resp, err := http.ReadResponse(bufio.NewReader(&headLimit{r: up, n: 4 * g.o.MaxHeaderBytes}), req)
+	if err != nil {
+		g.report(r, lease.GetLeaseId(), store.Failed, 0)
+		g.answer(c, r.kind, answer{code: http.StatusBadGateway, reason: "PROXY_FAILED", msg: "the leased proxy gave no answer; retry (it is reported)"})
+		return false
+	}
+	defer func() { _ = resp.Body.Close() }()
+	if squidErr := resp.Header.Get("X-Squid-Error"); squidErr != "" {
+		// The proxy's own error page names the proxy's host: the client
+		// gets the gateway's instead.
+		g.report(r, lease.GetLeaseId(), store.Failed, resp.StatusCode)
+		g.answer(c, r.kind, answer{code: http.StatusBadGateway, reason: "PROXY_FAILED", msg: fmt.Sprintf("the leased proxy could not fetch it (%s); retry (it is reported)", clip(squidErr))})
+		return false
+	}
+	removeHopByHop(resp.Header)
+	for _, h := range []string{"Via", "X-Cache", "X-Cache-Lookup"} {
+		resp.Header.Del(h) // they name the proxy's host
+	}
+	body := &sniffer{body: resp.Body}
+	resp.Body = body
+	resp.Close = !keepAlive
+	err = resp.Write(c)
+	requests.WithLabelValues(r.kind, strconv.Itoa(resp.StatusCode)).Inc()
+	g.report(r, lease.GetLeaseId(), classify(resp.StatusCode, resp.Header, body.head), resp.StatusCode)
+	return err == nil && keepAlive && !resp.Close
+}
+
+// hopByHop are the headers one connection's ends use, never forwarded.
+var hopByHop = []string{"Connection", "Proxy-Connection", "Keep-Alive", "Proxy-Authenticate", "Proxy-Authorization", "Te", "Trailer", "Transfer-Encoding", "Upgrade"}
+
+func removeHopByHop(h http.Header) {
+	for _, f := range h.Values("Connection") {
+		for _, name := range strings.Split(f, ",") {
+			h.Del(strings.TrimSpace(name))
+		}
+	}
+	for _, name := range hopByHop {
+		h.Del(name)
+	}
+}
+
+// takeSlot counts a tunnel against its token's limit.
+func (g *Gateway) takeSlot(caller string) bool {
+	if g.o.TokenMaxTunnels == 0 {
+		return true
+	}
+	v, _ := g.perToken.LoadOrStore(caller, new(atomic.Int64))
+	if v.(*atomic.Int64).Add(1) > int64(g.o.TokenMaxTunnels) {
+		v.(*atomic.Int64).Add(-1)
+		tokenCapped.WithLabelValues(caller).Inc()
+		return false
+	}
+	return true
+}
+
+func (g *Gateway) freeSlot(caller string) {
+	if g.o.TokenMaxTunnels == 0 {
+		return
+	}
+	if v, ok := g.perToken.Load(caller); ok {
+		v.(*atomic.Int64).Add(-1)
+	}
+}

@@ -1,0 +1,27 @@
+package gateway
+
+import "github.com/prometheus/client_golang/prometheus"
+
+var (
+	requests = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "proxy_operator_broker_gateway_requests_total",
+		Help: "Gateway requests by kind (connect, http; unread: no request could be read) and the HTTP status the client got."}, []string{"kind", "code"})
+	tunnelsOpen = prometheus.NewGauge(prometheus.GaugeOpts{Name: "proxy_operator_broker_gateway_tunnels",
+		Help: "CONNECT tunnels open through the gateway."})
+	tunnelBytes = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "proxy_operator_broker_gateway_tunnel_bytes_total",
+		Help: "Bytes through closed tunnels: sent (client to proxy) and received."}, []string{"direction"})
+	outcomes = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "proxy_operator_broker_gateway_reports_total",
+		Help: "Outcomes the gateway reported on its leases, by kind and result."}, []string{"kind", "result"})
+	egressDenied = prometheus.NewCounter(prometheus.CounterOpts{Name: "proxy_operator_broker_gateway_egress_denied_total",
+		Help: "Requests refused because their destination resolved outside the egress policy."})
+	tokenCapped = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "proxy_operator_broker_gateway_token_capped_total",
+		Help: "Requests refused because their token held its --gateway-token-max-tunnels, by token name."}, []string{"token"})
+	releaseFailed = prometheus.NewCounter(prometheus.CounterOpts{Name: "proxy_operator_broker_gateway_release_failures_total",
+		Help: "Leases the gateway could not release (they expire at their TTL, --gateway-tunnel-timeout)."})
+	reportFailed = prometheus.NewCounter(prometheus.CounterOpts{Name: "proxy_operator_broker_gateway_report_failures_total",
+		Help: "Outcome reports the gateway could not make."})
+)
+
+// Collectors are the gateway's metrics.
+func Collectors() []prometheus.Collector {
+	return []prometheus.Collector{requests, tunnelsOpen, tunnelBytes, outcomes, egressDenied, tokenCapped, releaseFailed, reportFailed}
+}

@@ -1,0 +1,122 @@
+package gateway
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/netip"
+	"strings"
+	"time"
+
+	"github.com/egress-proxies/egress-proxies/pkg/netpolicy"
+)
+
+// Options configure a Gateway.
+type Options struct {
+	// Addr is the listener's address.
+	Addr string
+	// Egress is where a client may be taken: checked on the addresses a
+	// destination resolves to, here, before any lease is taken.
+	Egress netpolicy.Egress
+	// HeaderTimeout bounds how long a client may take to send a request's
+	// head (a slow client holds nothing longer).
+	HeaderTimeout time.Duration
+	// IdleTimeout closes a tunnel, or a keep-alive connection between
+	// requests, after this long with no byte either way (a tunnel within
+	// twice that).
+	IdleTimeout time.Duration
+	// TunnelTimeout is the longest a tunnel or a plain request lives; its
+	// lease is taken for this long, so a gateway that dies leaves leases
+	// that expire by themselves. At most the broker's --max-ttl.
+	TunnelTimeout time.Duration
+	// DialTimeout bounds resolving the destination, dialling the leased
+	// proxy and its answer to CONNECT.
+	DialTimeout time.Duration
+	// MaxHeaderBytes bounds a request's head: past it the client gets 431.
+	MaxHeaderBytes int
+	// TokenMaxTunnels is the most tunnels and requests in flight the
+	// callers of one token may hold on this gateway (0: no limit).
+	TokenMaxTunnels int
+	// Resolver resolves destinations; nil means the system's.
+	Resolver Resolver
+}
+
+// Resolver resolves a host name (net.Resolver is one).
+type Resolver interface {
+	LookupNetIP(ctx context.Context, network, host string) ([]netip.Addr, error)
+}
+
+// DefaultOptions are what the broker's flags default to.
+var DefaultOptions = Options{HeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute, TunnelTimeout: 30 * time.Minute,
+	DialTimeout: 10 * time.Second, MaxHeaderBytes: 16 << 10, TokenMaxTunnels: 1000}
+
+// Validate names the first bad option, as its flag (--gateway-*).
+func (o Options) Validate() error {
+	switch {
+	case o.HeaderTimeout <= 0 || o.IdleTimeout <= 0 || o.DialTimeout <= 0:
+		return errors.New("--gateway-header-timeout, --gateway-idle-timeout and --gateway-dial-timeout must be positive")
+	case o.TunnelTimeout < time.Second:
+		return fmt.Errorf("--gateway-tunnel-timeout %s must be at least 1s", o.TunnelTimeout)
+	case o.MaxHeaderBytes < 1024:
+		return fmt.Errorf("--gateway-max-header-bytes %d must be at least 1024", o.MaxHeaderBytes)
+	case o.TokenMaxTunnels < 0:
+		return errors.New("--gateway-token-max-tunnels must not be negative")
+	}
+	return nil
+}
+
+// Options a client puts in its proxy user name.
+type userOptions struct {
+	namespace string
+	session   string
+	selector  map[string]string
+}
+
+// attrPrefix marks a selector attribute among the user name's options.
+const attrPrefix = "attr."
+
+// parseUser reads the user name's options: comma-separated name=value
+// pairs, namespace=<ns>, session=<key> and attr.<attribute>=<value> (any
+// number), each at most once; an empty name means none. Values are
+// checked by the lease API, which names the field.
+func parseUser(user string) (userOptions, error) {
+	var o userOptions
+	if user == "" {
+		return o, nil
+	}
+	seen := map[string]bool{}
+	for _, pair := range strings.Split(user, ",") {
+		name, value, ok := strings.Cut(pair, "=")
+		switch {
+		case !ok || name == "":
+			return o, fmt.Errorf("proxy user name option %q is not name=value (options: namespace=, session=, attr.<attribute>=, comma-separated)", clip(pair))
+		case value == "":
+			return o, fmt.Errorf("proxy user name option %q has an empty value", clip(name))
+		case seen[name]:
+			return o, fmt.Errorf("proxy user name option %q is given twice", clip(name))
+		}
+		seen[name] = true
+		switch {
+		case name == "namespace":
+			o.namespace = value
+		case name == "session":
+			o.session = value
+		case strings.HasPrefix(name, attrPrefix) && len(name) > len(attrPrefix):
+			if o.selector == nil {
+				o.selector = map[string]string{}
+			}
+			o.selector[name[len(attrPrefix):]] = value
+		default:
+			return o, fmt.Errorf("proxy user name option %q is unknown (options: namespace=, session=, attr.<attribute>=)", clip(name))
+		}
+	}
+	return o, nil
+}
+
+// clip bounds what of a client's input an answer quotes.
+func clip(s string) string {
+	if len(s) > 64 {
+		return s[:64] + "..."
+	}
+	return s
+}
