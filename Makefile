@@ -223,6 +223,10 @@ e2e-cluster: deps cluster-bins ## The end-to-end test on a real cluster: helm in
 bench-broker: deps envtest ## Leases/s and p50/p99 over gRPC and REST (64 clients, 1,000 proxies, real Redis) against the Lua script's own ceiling, and ban-aware leasing against --ban-aware=false.
 	KUBEBUILDER_ASSETS=$$(bash hack/envtest-bins.sh) go test ./services/broker/cmd/broker -run '^$$' -bench BenchmarkLeases -benchtime 1x -timeout 10m
 
+.PHONY: bench-gateway
+bench-gateway: deps envtest ## The proxy gateway against straight Squid, same run, same Squid and site: HTTPS throughput at 64 clients, time to first byte of new tunnels, memory of 10,000 idle tunnels, leaked leases.
+	KUBEBUILDER_ASSETS=$$(bash hack/envtest-bins.sh) go test ./services/broker/cmd/broker -run '^$$' -bench BenchmarkGateway -benchtime 1x -timeout 10m
+
 .PHONY: bench-prober
 bench-prober: deps ## Probes/s and CPU per probe of one prober against Squid-fronted HTTPS targets, and memory for 10,000 assigned proxies.
 	go test ./services/prober/pkg/agent -run '^$$' -bench BenchmarkProber -benchtime 1x -timeout 5m

@@ -2,6 +2,7 @@ package main
 
 import (
 	"bufio"
+	"context"
 	"crypto/tls"
 	"fmt"
 	"io"
@@ -51,17 +52,7 @@ const (
 func newGatewayFleet(t *testing.T, extra ...string) *gwFleet {
 	f := &gwFleet{fleet: newFleet(t)}
 	for i, ip := range []string{"127.0.8.1", "127.0.8.2"} {
-		sq := proc.StartSquidWithAuth(t, ip, "squid-user", fmt.Sprintf("squid-pass-%d", i))
-		f.squids = append(f.squids, sq)
-		px := env.ReadyProxy(t, f.ns, fmt.Sprintf("p%d", i), ip, int32(sq.Port), map[string]string{"pool": "gw"}, true)
-		secret := fmt.Sprintf("p%d-creds", i)
-		require.NoError(t, env.Client.Create(t.Context(), &corev1.Secret{
-			ObjectMeta: metav1.ObjectMeta{Namespace: f.ns, Name: secret, Labels: map[string]string{v1.LabelProxyCredentials: "true"}},
-			Data:       map[string][]byte{"username": []byte("squid-user"), "password": []byte(fmt.Sprintf("squid-pass-%d", i))},
-		}))
-		patch := client.MergeFrom(px.DeepCopy())
-		px.Spec.CredentialsSecretRef = &v1.LocalSecretRef{Name: secret}
-		require.NoError(t, env.Client.Patch(t.Context(), px, patch))
+		f.squids = append(f.squids, squidProxy(t, f.ns, fmt.Sprintf("p%d", i), ip, map[string]string{"pool": "gw"}))
 	}
 	f.limited = f.squids[0].Host
 	f.site = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -93,6 +84,22 @@ func newGatewayFleet(t *testing.T, extra ...string) *gwFleet {
 	f.b = startBroker(t, f.fleet, f.redis, args...)
 	f.waitLeasable()
 	return f
+}
+
+// squidProxy starts a Squid on ip asking for credentials and makes it a
+// Ready, healthy Proxy of ns whose Secret holds them.
+func squidProxy(t testing.TB, ns, name, ip string, attrs map[string]string) *proc.Squid {
+	t.Helper()
+	sq := proc.StartSquidWithAuth(t, ip, "squid-user", "pass-of-"+name)
+	px := env.ReadyProxy(t, ns, name, ip, int32(sq.Port), attrs, true)
+	require.NoError(t, env.Client.Create(context.Background(), &corev1.Secret{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name + "-creds", Labels: map[string]string{v1.LabelProxyCredentials: "true"}},
+		Data:       map[string][]byte{"username": []byte("squid-user"), "password": []byte("pass-of-" + name)},
+	}))
+	patch := client.MergeFrom(px.DeepCopy())
+	px.Spec.CredentialsSecretRef = &v1.LocalSecretRef{Name: name + "-creds"}
+	require.NoError(t, env.Client.Patch(context.Background(), px, patch))
+	return sq
 }
 
 // waitLeasable waits until the broker lists both proxies.

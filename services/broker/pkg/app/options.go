@@ -58,9 +58,9 @@ type Options struct {
 	Gateway     gateway.Options
 	EgressFlags netpolicy.EgressFlags
 	IndexResync time.Duration
-	IndexIdle        time.Duration
-	MaxIndexes       int
-	MaxBody          int64
+	IndexIdle   time.Duration
+	MaxIndexes  int
+	MaxBody     int64
 }
 
 // Register adds the flags to fs.

@@ -93,17 +93,22 @@ func (g *Gateway) Serve(ctx context.Context) error {
 	stop := context.AfterFunc(ctx, g.shutdown)
 	defer stop()
 	var err error
+	backoff := 5 * time.Millisecond
 	for {
 		var c net.Conn
 		c, err = g.ln.Accept()
-		if err != nil {
-			var ne net.Error
-			if errors.As(err, &ne) && ne.Timeout() {
-				time.Sleep(10 * time.Millisecond) // out of file descriptors
-				continue
-			}
+		if errors.Is(err, net.ErrClosed) {
 			break
 		}
+		if err != nil {
+			// Out of descriptors (EMFILE) or memory: clients wait in the
+			// backlog until a tunnel ends, as net/http's server does.
+			g.log.Error("gateway accept failed; retrying", "err", err, "in", backoff)
+			time.Sleep(backoff)
+			backoff = min(2*backoff, time.Second)
+			continue
+		}
+		backoff = 5 * time.Millisecond
 		if !g.track(c) {
 			_ = c.Close()
 			break

@@ -7,6 +7,7 @@ import (
 	"os"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 )
 
@@ -15,11 +16,10 @@ import (
 // enter the process, and an idle tunnel holds no buffer, only its two
 // goroutines parked in the poller.
 //
-// Idle time is measured without counting bytes as they pass: each
-// direction copies under a read deadline one idle timeout away; a copy
-// that times out having moved nothing marks its direction idle, and the
-// tunnel closes when both are. A tunnel thus closes between one and two
-// idle timeouts after its last byte, and at its deadline at the latest.
+// Each direction waits for a byte (holding no pipe), then splices while
+// bytes flow. A wait that lasts an idle timeout marks its direction idle,
+// and the tunnel closes when both are: between one and two idle timeouts
+// after its last byte, and at its deadline at the latest.
 type tunnel struct {
 	client, up net.Conn
 	idle       time.Duration
@@ -81,16 +81,33 @@ func (t *tunnel) shut() {
 func (t *tunnel) pump(h, other *half) {
 	defer t.first.CompareAndSwap(nil, h)
 	for {
-		d := time.Now().Add(t.idle)
-		if d.After(t.deadline) {
-			d = t.deadline
+		// Wait for a byte without holding anything but the goroutine:
+		// splice holds a pipe (two descriptors) while it waits, which idle
+		// tunnels would multiply.
+		_ = h.src.SetReadDeadline(t.until(t.idle))
+		err := waitReadable(h.src)
+		switch {
+		case err == nil:
+		case errors.Is(err, os.ErrDeadlineExceeded) && time.Now().Before(t.deadline):
+			h.idle.Store(true)
+			if other.idle.Load() {
+				t.shut()
+				return
+			}
+			continue
+		case errors.Is(err, os.ErrDeadlineExceeded):
+			t.shut()
+			return
+		default:
+			h.err = err
+			t.close()
+			return
 		}
-		_ = h.src.SetReadDeadline(d)
+		h.idle.Store(false)
+		// Splice while bytes flow, for up to activeWindow; then wait again.
+		_ = h.src.SetReadDeadline(t.until(activeWindow))
 		n, err := io.Copy(h.dst, h.src)
 		h.n += n
-		if n > 0 {
-			h.idle.Store(false)
-		}
 		switch {
 		case err == nil:
 			// EOF: pass the half-close on; the other direction may still
@@ -101,13 +118,6 @@ func (t *tunnel) pump(h, other *half) {
 			h.idle.Store(true)
 			return
 		case errors.Is(err, os.ErrDeadlineExceeded) && time.Now().Before(t.deadline):
-			if n == 0 {
-				h.idle.Store(true)
-				if other.idle.Load() {
-					t.shut()
-					return
-				}
-			}
 		case errors.Is(err, os.ErrDeadlineExceeded):
 			t.shut()
 			return
@@ -117,4 +127,34 @@ func (t *tunnel) pump(h, other *half) {
 			return
 		}
 	}
+}
+
+// activeWindow is how long a direction splices before it checks in: an
+// idle tunnel gives its pipes back within it.
+const activeWindow = time.Second
+
+// until is d from now, or the tunnel's deadline if sooner.
+func (t *tunnel) until(d time.Duration) time.Time {
+	if at := time.Now().Add(d); at.Before(t.deadline) {
+		return at
+	}
+	return t.deadline
+}
+
+// waitReadable returns once c has a byte to read, or its end (EOF, an
+// error: the copy that follows meets it), or its read deadline passes.
+func waitReadable(c net.Conn) error {
+	sc, ok := c.(syscall.Conn)
+	if !ok {
+		return nil
+	}
+	rc, err := sc.SyscallConn()
+	if err != nil {
+		return err
+	}
+	return rc.Read(func(fd uintptr) bool {
+		var b [1]byte
+		_, _, err := syscall.Recvfrom(int(fd), b[:], syscall.MSG_PEEK|syscall.MSG_DONTWAIT)
+		return !errors.Is(err, syscall.EAGAIN)
+	})
 }

@@ -91,7 +91,9 @@ type observedKey struct{}
 // tunnels and requests, which its limits bound, and are not drawn from
 // the token's report budget, which bounds what a caller claims. Only
 // in-process callers can set it; nothing on the wire maps to it.
-func Observed(ctx context.Context) context.Context { return context.WithValue(ctx, observedKey{}, true) }
+func Observed(ctx context.Context) context.Context {
+	return context.WithValue(ctx, observedKey{}, true)
+}
 
 // allowReport takes one of the caller's reports from its token's budget,
 // or says how long to wait.
