@@ -402,3 +402,41 @@ func TestGatewayLimits(t *testing.T) {
 	_ = open.Close()
 	f.waitNoLeases()
 }
+
+// A tunnel's lease is renewed while it lives and ends with it; when its
+// proxy stops being leasable (here: deleted), the next renewal fails and
+// the tunnel is closed rather than left on a proxy the fleet gave up.
+func TestGatewayTunnelEndsWithItsProxy(t *testing.T) {
+	f := newGatewayFleet(t, "--gateway-lease-ttl", "10s")
+	c, err := net.Dial("tcp", f.gw)
+	require.NoError(t, err)
+	defer func() { _ = c.Close() }()
+	_, err = fmt.Fprintf(c, "CONNECT %s HTTP/1.1\r\n%s\r\n\r\n", f.echo.Listener.Addr(), basic("attr.pool=gw", gwToken))
+	require.NoError(t, err)
+	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+	require.NoError(t, err)
+	require.Equal(t, 200, resp.StatusCode)
+
+	var leased string
+	r := f.b.do("GET", "/v1/proxies", "", "Authorization", "Bearer "+gwToken)
+	for _, p := range r.JSON["proxies"].([]any) {
+		if p := p.(map[string]any); p["leaseCount"].(float64) == 1 {
+			leased = p["id"].(string)
+		}
+	}
+	require.NotEmpty(t, leased)
+	// Renewals keep it past its 10 s TTL.
+	require.Eventually(t, func() bool {
+		return f.b.metrics()[`proxy_operator_broker_gateway_renewals_total{result="renewed"}`] >= 4
+	}, 60*time.Second, 200*time.Millisecond)
+	assert.Equal(t, 1, f.liveLeases(), "the tunnel's lease lives past its TTL")
+
+	var px v1.Proxy
+	require.NoError(t, env.Client.Get(t.Context(), client.ObjectKey{Namespace: f.ns, Name: strings.TrimPrefix(leased, f.ns+"/")}, &px))
+	require.NoError(t, env.Client.Delete(t.Context(), &px))
+	_ = c.SetReadDeadline(time.Now().Add(60 * time.Second))
+	n, err := c.Read(make([]byte, 1))
+	assert.Equal(t, 0, n)
+	assert.Error(t, err, "the gateway closed the tunnel")
+	assert.Equal(t, float64(1), f.b.metrics()[`proxy_operator_broker_gateway_renewals_total{result="ended"}`])
+}

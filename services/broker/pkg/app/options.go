@@ -76,7 +76,8 @@ func (o *Options) Register(fs *flag.FlagSet) {
 	fs.StringVar(&o.Gateway.Addr, "gateway-addr", "", "address of the HTTP proxy gateway (CONNECT and plain HTTP; options in the proxy user name, the token as its password); empty means off. Needs --token-file")
 	fs.DurationVar(&o.Gateway.HeaderTimeout, "gateway-header-timeout", g.HeaderTimeout, "longest a gateway client may take to send a request's head (408 after)")
 	fs.DurationVar(&o.Gateway.IdleTimeout, "gateway-idle-timeout", g.IdleTimeout, "a gateway tunnel or keep-alive connection with no byte either way for this long is closed (a tunnel within twice this)")
-	fs.DurationVar(&o.Gateway.TunnelTimeout, "gateway-tunnel-timeout", g.TunnelTimeout, "longest a gateway tunnel or request lives, and its lease's TTL (between --min-ttl and --max-ttl)")
+	fs.DurationVar(&o.Gateway.TunnelTimeout, "gateway-tunnel-timeout", g.TunnelTimeout, "longest a gateway tunnel or request lives")
+	fs.DurationVar(&o.Gateway.LeaseTTL, "gateway-lease-ttl", g.LeaseTTL, "TTL of a gateway tunnel's lease, renewed every third of it while the tunnel lives (between --min-ttl and --max-ttl): a broker that dies leaves leases that end within it")
 	fs.DurationVar(&o.Gateway.DialTimeout, "gateway-dial-timeout", g.DialTimeout, "longest the gateway takes to resolve a destination, and to reach a leased proxy and have its tunnel opened")
 	fs.IntVar(&o.Gateway.MaxHeaderBytes, "gateway-max-header-bytes", g.MaxHeaderBytes, "largest request head a gateway client may send (431 past it)")
 	fs.IntVar(&o.Gateway.TokenMaxTunnels, "gateway-token-max-tunnels", g.TokenMaxTunnels, "most tunnels and requests the callers of one token may have open on each broker's gateway (0: no limit)")
@@ -175,8 +176,8 @@ func (o *Options) Validate() error {
 		if err := o.Gateway.Validate(); err != nil {
 			return err
 		}
-		if t := o.Gateway.TunnelTimeout; t < l.MinTTL || t > l.MaxTTL || t%time.Second != 0 {
-			return fmt.Errorf("--gateway-tunnel-timeout %s is its leases' TTL: whole seconds between --min-ttl %s and --max-ttl %s", t, l.MinTTL, l.MaxTTL)
+		if t := o.Gateway.LeaseTTL; t < l.MinTTL || t > l.MaxTTL {
+			return fmt.Errorf("--gateway-lease-ttl %s must be between --min-ttl %s and --max-ttl %s", t, l.MinTTL, l.MaxTTL)
 		}
 		if o.TokenFile == "" {
 			return errors.New("--gateway-addr needs --token-file: without a token the gateway would be an open proxy")

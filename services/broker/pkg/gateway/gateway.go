@@ -45,6 +45,7 @@ type Leaser interface {
 	CreateLease(context.Context, *leasev1.CreateLeaseRequest) (*leasev1.CreateLeaseResponse, error)
 	ReleaseLease(context.Context, *leasev1.ReleaseLeaseRequest) (*leasev1.ReleaseLeaseResponse, error)
 	ReportLease(context.Context, *leasev1.ReportLeaseRequest) (*leasev1.ReportLeaseResponse, error)
+	RenewLease(context.Context, *leasev1.RenewLeaseRequest) (*leasev1.RenewLeaseResponse, error)
 }
 
 var _ Leaser = leasev1.LeaseServiceServer(nil)
@@ -63,6 +64,7 @@ type Gateway struct {
 	conns    map[net.Conn]*tunnel // open client connections; the tunnel once spliced
 	closing  bool
 	wg       sync.WaitGroup
+	renewer  renewer
 }
 
 // New binds the listener. The gateway refuses to run without a token: it
@@ -92,6 +94,7 @@ func (g *Gateway) Addr() string { return g.ln.Addr().String() }
 func (g *Gateway) Serve(ctx context.Context) error {
 	stop := context.AfterFunc(ctx, g.shutdown)
 	defer stop()
+	go g.renewer.run(ctx, g.leaser, g.o.LeaseTTL)
 	var err error
 	backoff := 5 * time.Millisecond
 	for {
@@ -290,7 +293,7 @@ func (g *Gateway) handle(c net.Conn, br *bufio.Reader, req *http.Request) bool {
 		return false
 	}
 	lease, err := g.leaser.CreateLease(r.ctx, &leasev1.CreateLeaseRequest{Namespace: r.opts.namespace, Selector: r.opts.selector,
-		Target: r.host, SessionKey: r.opts.session, TtlSeconds: int32(g.o.TunnelTimeout.Seconds())})
+		Target: r.host, SessionKey: r.opts.session, TtlSeconds: int32(g.o.LeaseTTL.Seconds())})
 	if err != nil {
 		a := refusal(err)
 		if a.code >= 500 && a.reason == "INTERNAL" {
@@ -300,6 +303,8 @@ func (g *Gateway) handle(c net.Conn, br *bufio.Reader, req *http.Request) bool {
 		return false
 	}
 	defer g.release(r, lease.GetLeaseId())
+	g.renewer.hold(lease.GetLeaseId(), mdOf(r.ctx), func() { _ = c.Close() })
+	defer g.renewer.drop(lease.GetLeaseId())
 	if r.kind == "connect" {
 		g.connect(c, br, r, lease)
 		return false

@@ -17,11 +17,13 @@ var (
 		Help: "Requests refused because their token held its --gateway-token-max-tunnels, by token name."}, []string{"token"})
 	releaseFailed = prometheus.NewCounter(prometheus.CounterOpts{Name: "proxy_operator_broker_gateway_release_failures_total",
 		Help: "Leases the gateway could not release (they expire at their TTL, --gateway-tunnel-timeout)."})
+	renewals = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "proxy_operator_broker_gateway_renewals_total",
+		Help: "Renewals of tunnels' leases: renewed, ended (the lease was gone or its proxy no longer leasable: the tunnel was closed) or failed (retried)."}, []string{"result"})
 	reportFailed = prometheus.NewCounter(prometheus.CounterOpts{Name: "proxy_operator_broker_gateway_report_failures_total",
 		Help: "Outcome reports the gateway could not make."})
 )
 
 // Collectors are the gateway's metrics.
 func Collectors() []prometheus.Collector {
-	return []prometheus.Collector{requests, tunnelsOpen, tunnelBytes, outcomes, egressDenied, tokenCapped, releaseFailed, reportFailed}
+	return []prometheus.Collector{requests, tunnelsOpen, tunnelBytes, outcomes, egressDenied, tokenCapped, releaseFailed, reportFailed, renewals}
 }

@@ -25,10 +25,13 @@ type Options struct {
 	// requests, after this long with no byte either way (a tunnel within
 	// twice that).
 	IdleTimeout time.Duration
-	// TunnelTimeout is the longest a tunnel or a plain request lives; its
-	// lease is taken for this long, so a gateway that dies leaves leases
-	// that expire by themselves. At most the broker's --max-ttl.
+	// TunnelTimeout is the longest a tunnel or a plain request lives.
 	TunnelTimeout time.Duration
+	// LeaseTTL is the TTL of each tunnel's lease, renewed while the tunnel
+	// lives: a gateway that dies leaves leases that end within it, and a
+	// tunnel whose proxy stops being leasable (deleted, unhealthy, past
+	// its drain deadline) is closed at the next renewal.
+	LeaseTTL time.Duration
 	// DialTimeout bounds resolving the destination, dialling the leased
 	// proxy and its answer to CONNECT.
 	DialTimeout time.Duration
@@ -47,7 +50,7 @@ type Resolver interface {
 }
 
 // DefaultOptions are what the broker's flags default to.
-var DefaultOptions = Options{HeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute, TunnelTimeout: 30 * time.Minute,
+var DefaultOptions = Options{HeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute, TunnelTimeout: time.Hour, LeaseTTL: time.Minute,
 	DialTimeout: 10 * time.Second, MaxHeaderBytes: 16 << 10, TokenMaxTunnels: 1000}
 
 // Validate names the first bad option, as its flag (--gateway-*).
@@ -57,6 +60,8 @@ func (o Options) Validate() error {
 		return errors.New("--gateway-header-timeout, --gateway-idle-timeout and --gateway-dial-timeout must be positive")
 	case o.TunnelTimeout < time.Second:
 		return fmt.Errorf("--gateway-tunnel-timeout %s must be at least 1s", o.TunnelTimeout)
+	case o.LeaseTTL < 3*time.Second || o.LeaseTTL%time.Second != 0:
+		return fmt.Errorf("--gateway-lease-ttl %s must be whole seconds, at least 3s", o.LeaseTTL)
 	case o.MaxHeaderBytes < 1024:
 		return fmt.Errorf("--gateway-max-header-bytes %d must be at least 1024", o.MaxHeaderBytes)
 	case o.TokenMaxTunnels < 0:
