@@ -262,6 +262,9 @@ func TestValuesThatBreakTheSchemaAreNamed(t *testing.T) {
 		{"global.imagePullSecrets[0]=mirror", "global/imagePullSecrets/0"},
 		{"controller.health.staleIntervals=1", "controller/health/staleIntervals"},
 		{"controller.health.denyCIDRs=metadata", "controller/health/denyCIDRs"},
+		{"broker.gateway.port=8090", "broker/gateway/port"},
+		{"broker.gateway.leaseTTL=long", "broker/gateway/leaseTTL"},
+		{"broker.gateway.service.type=Ingress", "broker/gateway/service/type"},
 	} {
 		out, err := helm(t, "template", "ep", chart, "--set", c.set)
 		require.Error(t, err, c.set)
