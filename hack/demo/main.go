@@ -8,11 +8,13 @@ package main
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"flag"
 	"fmt"
 	"io"
 	"net/http"
+	"net/url"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -32,6 +34,7 @@ import (
 
 	"github.com/egress-proxies/egress-proxies/hack/demo/system"
 	v1 "github.com/egress-proxies/egress-proxies/pkg/api/v1alpha1"
+	"github.com/egress-proxies/egress-proxies/pkg/certs"
 	"github.com/egress-proxies/egress-proxies/pkg/testutil/proc"
 )
 
@@ -75,7 +78,9 @@ func main() {
 	env := r.StartAPIServer()
 	// Two controller replicas, as the chart runs: one leads, probers find
 	// it through a round-robin balancer, the probe stream over TLS.
-	sys := system.Start(r, env, system.Options{Controllers: 2, Probers: 2, Brokers: 2, Step: step})
+	// The brokers want a token, as the chart's do by default, and serve the
+	// proxy gateway, whose password it is.
+	sys := system.Start(r, env, system.Options{Controllers: 2, Probers: 2, Brokers: 2, BrokerToken: demoToken, Gateway: true, Step: step})
 	c := env.Client
 	kubeconfig := sys.Kubeconfig
 	for i, ctl := range sys.Controllers {
@@ -146,6 +151,10 @@ func main() {
 	}
 
 	fmt.Println()
+	step("the gateway: any HTTP client, no code (a CONNECT tunnel leases a proxy for its target)")
+	gatewayLine := gatewayWalk(r, sys)
+
+	fmt.Println()
 	step("kubectl get px -o wide")
 	printProxies(ctx, c)
 
@@ -154,7 +163,8 @@ func main() {
 
 	fmt.Println()
 	fmt.Printf("Everything runs on loopback. kubeconfig: %s\n", kubeconfig)
-	fmt.Printf("REST: %s and %s   (try: curl -s '%s/v1/proxies?healthy=true')\n", rest[0], rest[1], rest[0])
+	fmt.Printf("REST: %s and %s   (try: curl -s -H 'Authorization: Bearer %s' '%s/v1/proxies?healthy=true')\n", rest[0], rest[1], demoToken, rest[0])
+	fmt.Printf("Gateway: %s and %s   (try: %s)\n", sys.Brokers[0].Gateway, sys.Brokers[1].Gateway, gatewayLine)
 	fmt.Printf("Logs: %s\n", filepath.Join(r.Dir, "tmp"))
 	if *once {
 		step("--once: stopping everything")
@@ -163,6 +173,35 @@ func main() {
 	fmt.Println("Ctrl-C stops everything.")
 	<-ctx.Done()
 	step("stopping everything")
+}
+
+// demoToken is the brokers' bearer token and the gateway's password.
+const demoToken = "demo-token"
+
+// gatewayWalk fetches the probe target's /ip through broker 0's gateway,
+// as the curl line it prints does, and returns that line.
+func gatewayWalk(r *system.Runner, sys *system.System) string {
+	gw := sys.Brokers[0].Gateway
+	proxy := &url.URL{Scheme: "http", User: url.UserPassword("attr.geo=local", demoToken), Host: gw}
+	line := fmt.Sprintf("curl -s --cacert %s -x '%s' %s/ip", sys.Target.CAFile, proxy, sys.Target.URL)
+	fmt.Printf("\n$ %s\n", line)
+	pool, err := certs.LoadPool(sys.Target.CAFile)
+	if err != nil {
+		r.Fatalf("%v", err)
+	}
+	tr := &http.Transport{Proxy: http.ProxyURL(proxy), TLSClientConfig: &tls.Config{RootCAs: pool}}
+	defer tr.CloseIdleConnections()
+	resp, err := (&http.Client{Transport: tr, Timeout: 10 * time.Second}).Get(sys.Target.URL + "/ip")
+	if err != nil {
+		r.Fatalf("through the gateway: %v; look at the broker-0 log", err)
+	}
+	defer func() { _ = resp.Body.Close() }()
+	b, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != http.StatusOK {
+		r.Fatalf("through the gateway: %s %s; look at the broker-0 log", resp.Status, b)
+	}
+	fmt.Printf("%s   (the target saw the leased proxy's address)\n", strings.TrimSpace(string(b)))
+	return line
 }
 
 type answer struct {
@@ -176,6 +215,7 @@ func call(r *system.Runner, method, url, body string, show bool) answer {
 		rd = strings.NewReader(body)
 	}
 	req, _ := http.NewRequest(method, url, rd)
+	req.Header.Set("Authorization", "Bearer "+demoToken)
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		r.Fatalf("%s %s: %v; look at the broker logs", method, url, err)
@@ -183,7 +223,7 @@ func call(r *system.Runner, method, url, body string, show bool) answer {
 	defer func() { _ = resp.Body.Close() }()
 	b, _ := io.ReadAll(resp.Body)
 	if show {
-		fmt.Printf("\n$ curl -s -X%s '%s'", method, url)
+		fmt.Printf("\n$ curl -s -H 'Authorization: Bearer %s' -X%s '%s'", demoToken, method, url)
 		if body != "" {
 			fmt.Printf(" -d '%s'", body)
 		}

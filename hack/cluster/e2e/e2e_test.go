@@ -99,7 +99,7 @@ func TestInstalledAsUsersDeployIt(t *testing.T) {
 	})
 	step("1. helm install: Deployments Available, Redis on its PVC, NetworkPolicies", func() { h.install(plain) })
 	step("2. a ProxyPool of 3 Squid pods Ready and Healthy through the real probe path", func() { h.poolUp(3) })
-	step("3. a crawler pod leases over REST and gRPC, fetches, reports a ban, releases", func() { h.crawl(plain) })
+	step("3. a crawler pod leases over REST, gRPC and the gateway, fetches, reports a ban", func() { h.crawl(plain) })
 	step("4. kubectl scale ppool up and down; a leased member drains; the GC deletes members", func() { h.scaleAndDrain(plain) })
 	step("5. probers scaled 1 → 3 → 1; controller leader and Redis deleted", func() { h.probersAndFaults(plain) })
 	step("6. helm test; helm upgrade rolls without losing leases", func() { h.testAndUpgrade(plain) })
@@ -389,6 +389,7 @@ func (h *harness) crawl(in *install) {
 		fmt.Sprintf("--grpc=%s-broker-grpc.%s.svc:9090", in.release, in.ns),
 		"--token-file=/etc/crawler/token", "--target=" + targetURL, "--target-ca-file=/etc/crawler/target-ca.crt",
 		"--namespace=" + proxiesNS, "--selector=geo=e2e",
+		fmt.Sprintf("--gateway=%s-gateway.%s.svc:8888", in.release, in.ns),
 	}
 	if in.brokerCA != nil {
 		data["broker-ca.crt"] = in.brokerCA
@@ -473,6 +474,19 @@ spec:
 		assert.EqualValues(t, 204, r["status"], "DELETE /v1/leases/{id}: 204, and 204 again")
 	}
 	one("grpc-release")
+
+	gw := one("gateway-fetch")
+	assert.EqualValues(t, 200, gw["status"], "through the gateway, with only a proxy URL")
+	assert.NotEmpty(t, gw["egressIP"])
+	inside := one("gateway-inside")
+	assert.EqualValues(t, 403, inside["status"], "the gateway refuses the metadata address: %v", inside["answer"])
+	ips := one("gateway-session")["egressIPs"].([]any)
+	require.Len(t, ips, 2)
+	assert.Equal(t, ips[0], ips[1], "a session keeps its proxy from one connection to the next")
+	gwReport := one("gateway-report")
+	assert.EqualValues(t, 429, gwReport["status"])
+	assert.Contains(t, gwReport["answer"].(map[string]any)["actions"], "COOLDOWN_STARTED", "a report by session and target: %v", gwReport["answer"])
+	assert.NotEqual(t, ips[0], one("gateway-moved")["egressIP"], "the session moves off the proxy cooling for the target")
 	one("done")
 }
 

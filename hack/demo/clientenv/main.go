@@ -2,9 +2,10 @@
 // and Node clients' suites and the crawl examples, and describes it in a
 // JSON file they read: the system package's processes (API server, Redis,
 // controller, prober, broker 0 over TLS with a bearer token, broker 1 in
-// plaintext), three Managed kubernetes-provider proxies (real Squids, each
-// egressing from an address of its own and keeping an access log), and a
-// small site to crawl that rate-limits one of those exit IPs. It runs
+// plaintext, each serving the proxy gateway), three Managed
+// kubernetes-provider proxies (real Squids, each egressing from an
+// address of its own and keeping an access log), and a small site to
+// crawl that rate-limits one of those exit IPs. It runs
 // until SIGTERM or until its standard input closes, so a suite that dies
 // takes it down.
 package main
@@ -46,6 +47,9 @@ type Env struct {
 	// Ops are the brokers' ops addresses (http://host:port; /metrics).
 	Ops   []string `json:"ops"`
 	Token string   `json:"token"`
+	// Gateway is broker 1's proxy gateway (host:port); the token is its
+	// password.
+	Gateway string `json:"gateway"`
 	// Namespace and Selector pick the three proxies.
 	Namespace string            `json:"namespace"`
 	Selector  map[string]string `json:"selector"`
@@ -57,8 +61,11 @@ type Env struct {
 	// OtherSite is the same site on another address (another target), for
 	// tests that must not share the examples' cooldowns.
 	OtherSite string `json:"otherSite"`
-	Pages     int    `json:"pages"`
-	LimitedIP string `json:"limitedIP"`
+	// GatewaySite is the same site on a third address, the gateway
+	// suite's own target.
+	GatewaySite string `json:"gatewaySite"`
+	Pages       int    `json:"pages"`
+	LimitedIP   string `json:"limitedIP"`
 	// HTTPSEcho echoes the caller's IP over HTTPS (/ip), with its own CA
 	// in HTTPSEchoCA: a CONNECT through a leased proxy.
 	HTTPSEcho   string `json:"httpsEcho"`
@@ -92,7 +99,7 @@ func main() {
 	go func() { _, _ = io.Copy(io.Discard, os.Stdin); cancel() }()
 
 	env := r.StartAPIServer()
-	s := system.Start(r, env, system.Options{Probers: 1, Brokers: 2, BrokerTLS: true, BrokerToken: token, ProxyCredentials: true,
+	s := system.Start(r, env, system.Options{Probers: 1, Brokers: 2, BrokerTLS: true, BrokerToken: token, ProxyCredentials: true, Gateway: true,
 		HealthInterval: time.Second, Step: func(f string, a ...any) { fmt.Printf(f+"\n", a...) }})
 
 	const ns = "crawl"
@@ -127,7 +134,7 @@ func main() {
 	}
 	sort.Slice(ready, func(i, j int) bool { return ready[i].Name < ready[j].Name })
 
-	e := Env{GRPCTLS: s.Brokers[0].GRPC, GRPCPlain: s.Brokers[1].GRPC, CAFile: s.BrokerCA, REST: s.Brokers[1].REST, Token: token,
+	e := Env{GRPCTLS: s.Brokers[0].GRPC, GRPCPlain: s.Brokers[1].GRPC, CAFile: s.BrokerCA, REST: s.Brokers[1].REST, Token: token, Gateway: s.Brokers[1].Gateway,
 		Namespace: ns, Selector: selector, Pages: *pages, LimitedIP: ready[0].Status.EgressIP,
 		HTTPSEcho: s.Target.URL, HTTPSEchoCA: s.Target.CAFile, Ops: []string{s.Brokers[0].Ops, s.Brokers[1].Ops}}
 	for _, px := range ready {
@@ -148,7 +155,7 @@ func main() {
 	for _, at := range []struct {
 		host string
 		url  *string
-	}{{"127.0.0.1", &e.Site}, {"127.0.0.2", &e.OtherSite}} {
+	}{{"127.0.0.1", &e.Site}, {"127.0.0.2", &e.OtherSite}, {"127.0.0.3", &e.GatewaySite}} {
 		ln, err := net.Listen("tcp", at.host+":0")
 		if err != nil {
 			r.Fatalf("crawl site: %v", err)

@@ -52,6 +52,10 @@ type Options struct {
 	// the chart's broker.tls does, and the controllers read leases from
 	// it over TLS; any other brokers stay plaintext.
 	BrokerTLS bool
+	// Gateway, with BrokerToken, has every broker serve the proxy gateway
+	// (Broker.Gateway), letting loopback targets through as the suites'
+	// Squids do.
+	Gateway bool
 	// ProxyCredentials gives the controllers and brokers a credentials
 	// key: Managed proxies then ask every client for their own.
 	ProxyCredentials bool
@@ -110,7 +114,10 @@ type Broker struct {
 	REST string // http://host:port
 	GRPC string
 	Ops  string
-	args []string
+	// Gateway is the proxy gateway's host:port (Options.Gateway); it stays
+	// across restarts, as GRPC does.
+	Gateway string
+	args    []string
 }
 
 // Start brings the system up; everything stops when t's cleanups run.
@@ -201,9 +208,17 @@ func Start(t proc.T, env *testenv.Env, o Options) *System {
 	// balancer the controllers read live leases through, as through the
 	// chart's Service.
 	grpcs := make([]string, o.Brokers)
+	if o.Gateway && o.BrokerToken == "" {
+		t.Fatal("system: Options.Gateway needs BrokerToken (the gateway's password)")
+	}
 	for i := range o.Brokers {
 		grpcs[i] = proc.Addr(proc.FreePort(t))
-		s.Brokers = append(s.Brokers, &Broker{GRPC: grpcs[i], args: append([]string{"--kubeconfig", s.Kubeconfig, "--redis-addrs", s.Redis.Addr}, brokerAuth...)})
+		b := &Broker{GRPC: grpcs[i], args: append([]string{"--kubeconfig", s.Kubeconfig, "--redis-addrs", s.Redis.Addr}, brokerAuth...)}
+		if o.Gateway {
+			b.Gateway = proc.Addr(proc.FreePort(t))
+			b.args = append(b.args, "--gateway-addr", b.Gateway, "--egress-allowance-cidrs", proc.SuiteAllowance)
+		}
+		s.Brokers = append(s.Brokers, b)
 	}
 	var brokerArgs []string
 	switch {

@@ -5,7 +5,11 @@
 // through the leased proxy with the lease's credentials, fetch /ban (the
 // target answers 429), report rate_limited, lease again for the target
 // (the cooled proxy must not come back while another qualifies), release
-// both leases, and release again (204 both times over REST).
+// both leases, and release again (204 both times over REST). Then, with
+// no lease API code at all, through the gateway (another name of the
+// target, so its cooldowns are its own): a fetch, a refused way inside, a
+// session that keeps its proxy, a block seen inside TLS reported by
+// session, and the session moving off the cooled proxy.
 package main
 
 import (
@@ -33,6 +37,7 @@ import (
 
 type config struct {
 	rest, grpc, tokenFile, brokerCA string
+	gateway                         string
 	targetURL, targetCA, namespace  string
 	selector                        map[string]string
 }
@@ -44,6 +49,7 @@ func main() {
 	flag.StringVar(&c.grpc, "grpc", "", "the broker's gRPC address (host:port)")
 	flag.StringVar(&c.tokenFile, "token-file", "", "file holding the lease API's bearer token")
 	flag.StringVar(&c.brokerCA, "broker-ca-file", "", "CA of the broker's certificate; set: REST and gRPC over TLS")
+	flag.StringVar(&c.gateway, "gateway", "", "the broker's proxy gateway (host:port); empty skips it")
 	flag.StringVar(&c.targetURL, "target", "", "base URL of the crawl target (https://...)")
 	flag.StringVar(&c.targetCA, "target-ca-file", "", "CA of the target's certificate")
 	flag.StringVar(&c.namespace, "namespace", "", "namespace of the Proxies to lease")
@@ -108,15 +114,72 @@ func run(ctx context.Context, c config) error {
 	if err := walkGRPC(ctx, g, c, target.Hostname(), targetRoots); err != nil {
 		return fmt.Errorf("gRPC: %w", err)
 	}
+	if c.gateway != "" {
+		if err := r.walkGateway(ctx, c, targetRoots); err != nil {
+			return fmt.Errorf("gateway: %w", err)
+		}
+	}
+	return nil
+}
+
+// walkGateway crawls through the gateway as any HTTP client would: the
+// proxy URL carries the options and the token, nothing else.
+func (r *rest) walkGateway(ctx context.Context, c config, roots *x509.CertPool) error {
+	base := strings.Replace(c.targetURL, ".svc.cluster.local", ".svc", 1)
+	host := strings.TrimPrefix(base, "https://")
+	proxy := func(session string) *url.URL {
+		user := "namespace=" + c.namespace
+		for k, v := range c.selector {
+			user += ",attr." + k + "=" + v
+		}
+		if session != "" {
+			user += ",session=" + session
+		}
+		return &url.URL{Scheme: "http", User: url.UserPassword(user, r.token), Host: c.gateway}
+	}
+	code, ip, err := fetch(proxy(""), roots, base+"/ip")
+	if err != nil {
+		return err
+	}
+	emit(map[string]any{"step": "gateway-fetch", "status": code, "egressIP": ip})
+	code, body, err := fetch(proxy(""), roots, "http://169.254.169.254/computeMetadata/v1/")
+	if err != nil {
+		return err
+	}
+	emit(map[string]any{"step": "gateway-inside", "status": code, "answer": body})
+	var ips []string
+	for range 2 {
+		_, ip, err := fetch(proxy("e2e-1"), roots, base+"/ip")
+		if err != nil {
+			return err
+		}
+		ips = append(ips, ip)
+	}
+	emit(map[string]any{"step": "gateway-session", "egressIPs": ips})
+	code, _, err = fetch(proxy("e2e-1"), roots, base+"/ban")
+	if err != nil {
+		return err
+	}
+	var report map[string]any
+	if _, err := r.call(ctx, http.MethodPost, "/v1/sessions/e2e-1/report",
+		map[string]any{"result": "rate_limited", "target": host, "statusCode": code}, &report); err != nil {
+		return err
+	}
+	emit(map[string]any{"step": "gateway-report", "status": code, "answer": report})
+	_, ip, err = fetch(proxy("e2e-1"), roots, base+"/ip")
+	if err != nil {
+		return err
+	}
+	emit(map[string]any{"step": "gateway-moved", "egressIP": ip})
 	return nil
 }
 
 // fetch GETs target path through the proxy; the proxy URL carries the
 // lease's credentials, which Go sends on CONNECT.
 func fetch(proxy *url.URL, roots *x509.CertPool, u string) (int, string, error) {
-	client := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{
-		Proxy: http.ProxyURL(proxy), TLSClientConfig: &tls.Config{RootCAs: roots, MinVersion: tls.VersionTLS12},
-	}}
+	tr := &http.Transport{Proxy: http.ProxyURL(proxy), TLSClientConfig: &tls.Config{RootCAs: roots, MinVersion: tls.VersionTLS12}}
+	defer tr.CloseIdleConnections() // a gateway tunnel's lease ends with it
+	client := &http.Client{Timeout: 10 * time.Second, Transport: tr}
 	resp, err := client.Get(u)
 	if err != nil {
 		return 0, "", err
