@@ -13,6 +13,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -439,4 +440,40 @@ func TestGatewayTunnelEndsWithItsProxy(t *testing.T) {
 	assert.Equal(t, 0, n)
 	assert.Error(t, err, "the gateway closed the tunnel")
 	assert.Equal(t, float64(1), f.b.metrics()[`proxy_operator_broker_gateway_renewals_total{result="ended"}`])
+}
+
+// A broker told to stop closes its tunnels and releases their leases
+// before it exits; one killed outright leaves leases that end within the
+// gateway's lease TTL, not the tunnels' hour.
+func TestGatewayStopReleasesItsTunnels(t *testing.T) {
+	f := newGatewayFleet(t, "--gateway-lease-ttl", "10s")
+	open := func() net.Conn {
+		c, err := net.Dial("tcp", f.b.gatewayAddr())
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = c.Close() })
+		_, err = fmt.Fprintf(c, "CONNECT %s HTTP/1.1\r\n%s\r\n\r\n", f.echo.Listener.Addr(), basic("attr.pool=gw", gwToken))
+		require.NoError(t, err)
+		resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+		require.NoError(t, err)
+		require.Equal(t, 200, resp.StatusCode)
+		return c
+	}
+	for range 3 {
+		open()
+	}
+	require.Equal(t, 3, f.liveLeases())
+	f.b.p.Signal(syscall.SIGTERM)
+	code, err := f.b.p.Wait(30 * time.Second)
+	require.NoError(t, err)
+	assert.Equal(t, 0, code)
+	f.b.start()
+	assert.Equal(t, 0, f.liveLeases(), "every tunnel's lease was released before the broker exited")
+
+	for range 2 {
+		open()
+	}
+	require.Equal(t, 2, f.liveLeases())
+	f.b.restart() // SIGKILL
+	require.Eventually(t, func() bool { return f.liveLeases() == 0 }, 30*time.Second, 200*time.Millisecond,
+		"a killed gateway's leases end within its 10 s lease TTL")
 }
