@@ -179,14 +179,7 @@ func (c *Client) Lease(ctx context.Context, r Request) (*Lease, error) {
 	if err != nil {
 		if st, ok := status.FromError(err); ok && st.Code() == codes.ResourceExhausted {
 			ne := &NoProxyError{Message: st.Message()}
-			for _, d := range st.Details() {
-				switch d := d.(type) {
-				case *errdetails.ErrorInfo:
-					ne.Reason = d.GetReason()
-				case *errdetails.RetryInfo:
-					ne.RetryAfter = d.GetRetryDelay().AsDuration()
-				}
-			}
+			ne.Reason, ne.RetryAfter = Details(st)
 			return nil, ne
 		}
 		return nil, err
@@ -330,4 +323,18 @@ func (l *Lease) Release(ctx context.Context) error {
 	l.released = true
 	l.mu.Unlock()
 	return nil
+}
+
+// Details reads the broker's error details from st: its ErrorInfo reason
+// and its RetryInfo delay (zero values when absent).
+func Details(st *status.Status) (reason string, retryAfter time.Duration) {
+	for _, d := range st.Details() {
+		switch d := d.(type) {
+		case *errdetails.ErrorInfo:
+			reason = d.GetReason()
+		case *errdetails.RetryInfo:
+			retryAfter = d.GetRetryDelay().AsDuration()
+		}
+	}
+	return reason, retryAfter
 }

@@ -46,7 +46,7 @@ class LeaseServiceStub(object):
         self.ReportSession = channel.unary_unary(
                 '/egressproxies.lease.v1.LeaseService/ReportSession',
                 request_serializer=egressproxies_dot_lease_dot_v1_dot_lease__pb2.ReportSessionRequest.SerializeToString,
-                response_deserializer=egressproxies_dot_lease_dot_v1_dot_lease__pb2.ReportLeaseResponse.FromString,
+                response_deserializer=egressproxies_dot_lease_dot_v1_dot_lease__pb2.ReportSessionResponse.FromString,
                 )
         self.ListRefusals = channel.unary_unary(
                 '/egressproxies.lease.v1.LeaseService/ListRefusals',
@@ -157,7 +157,7 @@ def add_LeaseServiceServicer_to_server(servicer, server):
             'ReportSession': grpc.unary_unary_rpc_method_handler(
                     servicer.ReportSession,
                     request_deserializer=egressproxies_dot_lease_dot_v1_dot_lease__pb2.ReportSessionRequest.FromString,
-                    response_serializer=egressproxies_dot_lease_dot_v1_dot_lease__pb2.ReportLeaseResponse.SerializeToString,
+                    response_serializer=egressproxies_dot_lease_dot_v1_dot_lease__pb2.ReportSessionResponse.SerializeToString,
             ),
             'ListRefusals': grpc.unary_unary_rpc_method_handler(
                     servicer.ListRefusals,
@@ -276,7 +276,7 @@ class LeaseService(object):
             metadata=None):
         return grpc.experimental.unary_unary(request, target, '/egressproxies.lease.v1.LeaseService/ReportSession',
             egressproxies_dot_lease_dot_v1_dot_lease__pb2.ReportSessionRequest.SerializeToString,
-            egressproxies_dot_lease_dot_v1_dot_lease__pb2.ReportLeaseResponse.FromString,
+            egressproxies_dot_lease_dot_v1_dot_lease__pb2.ReportSessionResponse.FromString,
             options, channel_credentials,
             insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
 

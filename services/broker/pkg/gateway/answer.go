@@ -7,9 +7,10 @@ import (
 	"net/http"
 	"time"
 
-	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+
+	"github.com/egress-proxies/egress-proxies/pkg/leaseclient"
 )
 
 // answer is what the gateway says to a client itself, rather than
@@ -61,14 +62,7 @@ var paced = map[string]bool{"TARGET_PACED": true, "TARGET_AT_CAP": true, "TOKEN_
 func refusal(err error) answer {
 	st := status.Convert(err)
 	a := answer{msg: st.Message()}
-	for _, d := range st.Details() {
-		switch d := d.(type) {
-		case *errdetails.ErrorInfo:
-			a.reason = d.GetReason()
-		case *errdetails.RetryInfo:
-			a.retryAfter = d.GetRetryDelay().AsDuration()
-		}
-	}
+	a.reason, a.retryAfter = leaseclient.Details(st)
 	switch st.Code() {
 	case codes.Unauthenticated:
 		return needAuth(st.Message())

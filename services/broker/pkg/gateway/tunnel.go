@@ -85,31 +85,23 @@ func (t *tunnel) pump(h, other *half) {
 		// splice holds a pipe (two descriptors) while it waits, which idle
 		// tunnels would multiply.
 		_ = h.src.SetReadDeadline(t.until(t.idle))
-		err := waitReadable(h.src)
-		switch {
-		case err == nil:
-		case errors.Is(err, os.ErrDeadlineExceeded) && time.Now().Before(t.deadline):
+		if err := waitReadable(h.src); err != nil {
+			if !t.timedOut(h, err) {
+				return
+			}
 			h.idle.Store(true)
 			if other.idle.Load() {
 				t.shut()
 				return
 			}
 			continue
-		case errors.Is(err, os.ErrDeadlineExceeded):
-			t.shut()
-			return
-		default:
-			h.err = err
-			t.close()
-			return
 		}
 		h.idle.Store(false)
 		// Splice while bytes flow, for up to activeWindow; then wait again.
 		_ = h.src.SetReadDeadline(t.until(activeWindow))
 		n, err := io.Copy(h.dst, h.src)
 		h.n += n
-		switch {
-		case err == nil:
+		if err == nil {
 			// EOF: pass the half-close on; the other direction may still
 			// be answering.
 			if cw, ok := h.dst.(interface{ CloseWrite() error }); ok {
@@ -117,16 +109,26 @@ func (t *tunnel) pump(h, other *half) {
 			}
 			h.idle.Store(true)
 			return
-		case errors.Is(err, os.ErrDeadlineExceeded) && time.Now().Before(t.deadline):
-		case errors.Is(err, os.ErrDeadlineExceeded):
-			t.shut()
-			return
-		default:
-			h.err = err
-			t.close()
+		}
+		if !t.timedOut(h, err) {
 			return
 		}
 	}
+}
+
+// timedOut says whether err is a read deadline short of the tunnel's own,
+// after which h goes on; any other error ends the tunnel.
+func (t *tunnel) timedOut(h *half, err error) bool {
+	switch {
+	case errors.Is(err, os.ErrDeadlineExceeded) && time.Now().Before(t.deadline):
+		return true
+	case errors.Is(err, os.ErrDeadlineExceeded):
+		t.shut()
+	default:
+		h.err = err
+		t.close()
+	}
+	return false
 }
 
 // activeWindow is how long a direction splices before it checks in: an

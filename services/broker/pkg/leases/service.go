@@ -523,7 +523,7 @@ func (s *Service) ReportLease(ctx context.Context, req *leasev1.ReportLeaseReque
 }
 
 // ReportSession implements LeaseService.
-func (s *Service) ReportSession(ctx context.Context, req *leasev1.ReportSessionRequest) (*leasev1.ReportLeaseResponse, error) {
+func (s *Service) ReportSession(ctx context.Context, req *leasev1.ReportSessionRequest) (*leasev1.ReportSessionResponse, error) {
 	outcome := store.Outcome(req.GetResult())
 	if err := firstErr(checkSessionKey(req.GetSessionKey()), checkTarget(req.GetTarget()), checkOutcome(outcome),
 		checkRange("statusCode", req.GetStatusCode(), 100, 599), checkRange("latencyMs", req.GetLatencyMs(), 0, 3_600_000)); err != nil {
@@ -539,11 +539,15 @@ func (s *Service) ReportSession(ctx context.Context, req *leasev1.ReportSessionR
 		return nil, err
 	}
 	r := store.Report{Session: scopedSession(auth.Caller(ctx), req.GetSessionKey()), Outcome: outcome, Target: strings.ToLower(req.GetTarget())}
-	resp, err := s.report(ctx, r, req.GetStatusCode(), req.GetLatencyMs())
+	v, err := s.report(ctx, r, req.GetStatusCode(), req.GetLatencyMs())
 	if status.Code(err) == codes.NotFound {
 		return nil, status.Errorf(codes.NotFound, "session %q has had no lease for target %q in the last 10 minutes (or was taken with another token)", req.GetSessionKey(), r.Target)
 	}
-	return resp, err
+	if err != nil {
+		return nil, err
+	}
+	return &leasev1.ReportSessionResponse{CooldownStart: v.CooldownStart, CooldownUntil: v.CooldownUntil, CooldownLevel: v.CooldownLevel,
+		CooldownShared: v.CooldownShared, QuarantinedUntil: v.QuarantinedUntil, PacePerSecond: v.PacePerSecond, Actions: v.Actions, Policy: v.Policy}, nil
 }
 
 // scopedSession is a session key as the store keeps it: each token's

@@ -133,7 +133,7 @@ func (p inProcess) ReportLease(ctx context.Context, r *leasev1.ReportLeaseReques
 	return invoke(ctx, p, leasev1.LeaseService_ReportLease_FullMethodName, r, p.svc.ReportLease)
 }
 
-func (p inProcess) ReportSession(ctx context.Context, r *leasev1.ReportSessionRequest) (*leasev1.ReportLeaseResponse, error) {
+func (p inProcess) ReportSession(ctx context.Context, r *leasev1.ReportSessionRequest) (*leasev1.ReportSessionResponse, error) {
 	return invoke(ctx, p, leasev1.LeaseService_ReportSession_FullMethodName, r, p.svc.ReportSession)
 }
 

@@ -996,6 +996,119 @@ func (x *ReportLeaseResponse) GetPolicy() string {
 	return ""
 }
 
+// ReportSessionResponse says what the broker did about a session's
+// report: the same fields, and meanings, as ReportLeaseResponse.
+type ReportSessionResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// cooldown_until is the end of the cooldown the report started, or
+	// found running, for the proxy's exit IP and the target.
+	CooldownUntil *timestamppb.Timestamp `protobuf:"bytes,1,opt,name=cooldown_until,json=cooldownUntil,proto3" json:"cooldown_until,omitempty"`
+	// cooldown_start is when that cooldown started.
+	CooldownStart *timestamppb.Timestamp `protobuf:"bytes,2,opt,name=cooldown_start,json=cooldownStart,proto3" json:"cooldown_start,omitempty"`
+	// cooldown_level counts its doublings: 0 is the base period.
+	CooldownLevel int32 `protobuf:"varint,3,opt,name=cooldown_level,json=cooldownLevel,proto3" json:"cooldown_level,omitempty"`
+	// cooldown_shared is how many proxies it covers.
+	CooldownShared int32 `protobuf:"varint,4,opt,name=cooldown_shared,json=cooldownShared,proto3" json:"cooldown_shared,omitempty"`
+	// quarantined_until is set while the proxy is quarantined.
+	QuarantinedUntil *timestamppb.Timestamp `protobuf:"bytes,5,opt,name=quarantined_until,json=quarantinedUntil,proto3" json:"quarantined_until,omitempty"`
+	// pace_per_second is the target's fleet-wide lease rate after the
+	// report; 0 when the target is not paced.
+	PacePerSecond float64 `protobuf:"fixed64,6,opt,name=pace_per_second,json=pacePerSecond,proto3" json:"pace_per_second,omitempty"`
+	// actions the broker took, in order, as ReportLeaseResponse's.
+	Actions []string `protobuf:"bytes,7,rep,name=actions,proto3" json:"actions,omitempty"`
+	// policy is the TargetPolicy ("namespace/name") that decided, or empty
+	// for the broker's defaults.
+	Policy        string `protobuf:"bytes,8,opt,name=policy,proto3" json:"policy,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReportSessionResponse) Reset() {
+	*x = ReportSessionResponse{}
+	mi := &file_egressproxies_lease_v1_lease_proto_msgTypes[13]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReportSessionResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReportSessionResponse) ProtoMessage() {}
+
+func (x *ReportSessionResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_egressproxies_lease_v1_lease_proto_msgTypes[13]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReportSessionResponse.ProtoReflect.Descriptor instead.
+func (*ReportSessionResponse) Descriptor() ([]byte, []int) {
+	return file_egressproxies_lease_v1_lease_proto_rawDescGZIP(), []int{13}
+}
+
+func (x *ReportSessionResponse) GetCooldownUntil() *timestamppb.Timestamp {
+	if x != nil {
+		return x.CooldownUntil
+	}
+	return nil
+}
+
+func (x *ReportSessionResponse) GetCooldownStart() *timestamppb.Timestamp {
+	if x != nil {
+		return x.CooldownStart
+	}
+	return nil
+}
+
+func (x *ReportSessionResponse) GetCooldownLevel() int32 {
+	if x != nil {
+		return x.CooldownLevel
+	}
+	return 0
+}
+
+func (x *ReportSessionResponse) GetCooldownShared() int32 {
+	if x != nil {
+		return x.CooldownShared
+	}
+	return 0
+}
+
+func (x *ReportSessionResponse) GetQuarantinedUntil() *timestamppb.Timestamp {
+	if x != nil {
+		return x.QuarantinedUntil
+	}
+	return nil
+}
+
+func (x *ReportSessionResponse) GetPacePerSecond() float64 {
+	if x != nil {
+		return x.PacePerSecond
+	}
+	return 0
+}
+
+func (x *ReportSessionResponse) GetActions() []string {
+	if x != nil {
+		return x.Actions
+	}
+	return nil
+}
+
+func (x *ReportSessionResponse) GetPolicy() string {
+	if x != nil {
+		return x.Policy
+	}
+	return ""
+}
+
 // ListRefusalsRequest says how far back to count.
 type ListRefusalsRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -1007,7 +1120,7 @@ type ListRefusalsRequest struct {
 
 func (x *ListRefusalsRequest) Reset() {
 	*x = ListRefusalsRequest{}
-	mi := &file_egressproxies_lease_v1_lease_proto_msgTypes[13]
+	mi := &file_egressproxies_lease_v1_lease_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1019,7 +1132,7 @@ func (x *ListRefusalsRequest) String() string {
 func (*ListRefusalsRequest) ProtoMessage() {}
 
 func (x *ListRefusalsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_egressproxies_lease_v1_lease_proto_msgTypes[13]
+	mi := &file_egressproxies_lease_v1_lease_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1032,7 +1145,7 @@ func (x *ListRefusalsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRefusalsRequest.ProtoReflect.Descriptor instead.
 func (*ListRefusalsRequest) Descriptor() ([]byte, []int) {
-	return file_egressproxies_lease_v1_lease_proto_rawDescGZIP(), []int{13}
+	return file_egressproxies_lease_v1_lease_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *ListRefusalsRequest) GetWindowSeconds() int32 {
@@ -1058,7 +1171,7 @@ type SelectorRefusals struct {
 
 func (x *SelectorRefusals) Reset() {
 	*x = SelectorRefusals{}
-	mi := &file_egressproxies_lease_v1_lease_proto_msgTypes[14]
+	mi := &file_egressproxies_lease_v1_lease_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1070,7 +1183,7 @@ func (x *SelectorRefusals) String() string {
 func (*SelectorRefusals) ProtoMessage() {}
 
 func (x *SelectorRefusals) ProtoReflect() protoreflect.Message {
-	mi := &file_egressproxies_lease_v1_lease_proto_msgTypes[14]
+	mi := &file_egressproxies_lease_v1_lease_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1083,7 +1196,7 @@ func (x *SelectorRefusals) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SelectorRefusals.ProtoReflect.Descriptor instead.
 func (*SelectorRefusals) Descriptor() ([]byte, []int) {
-	return file_egressproxies_lease_v1_lease_proto_rawDescGZIP(), []int{14}
+	return file_egressproxies_lease_v1_lease_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *SelectorRefusals) GetNamespace() string {
@@ -1119,7 +1232,7 @@ type ListRefusalsResponse struct {
 
 func (x *ListRefusalsResponse) Reset() {
 	*x = ListRefusalsResponse{}
-	mi := &file_egressproxies_lease_v1_lease_proto_msgTypes[15]
+	mi := &file_egressproxies_lease_v1_lease_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1131,7 +1244,7 @@ func (x *ListRefusalsResponse) String() string {
 func (*ListRefusalsResponse) ProtoMessage() {}
 
 func (x *ListRefusalsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_egressproxies_lease_v1_lease_proto_msgTypes[15]
+	mi := &file_egressproxies_lease_v1_lease_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1144,7 +1257,7 @@ func (x *ListRefusalsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRefusalsResponse.ProtoReflect.Descriptor instead.
 func (*ListRefusalsResponse) Descriptor() ([]byte, []int) {
-	return file_egressproxies_lease_v1_lease_proto_rawDescGZIP(), []int{15}
+	return file_egressproxies_lease_v1_lease_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *ListRefusalsResponse) GetSelectors() []*SelectorRefusals {
@@ -1248,6 +1361,15 @@ const file_egressproxies_lease_v1_lease_proto_rawDesc = "" +
 	"\x11quarantined_until\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\x10quarantinedUntil\x12&\n" +
 	"\x0fpace_per_second\x18\x06 \x01(\x01R\rpacePerSecond\x12\x18\n" +
 	"\aactions\x18\a \x03(\tR\aactions\x12\x16\n" +
+	"\x06policy\x18\b \x01(\tR\x06policy\"\x90\x03\n" +
+	"\x15ReportSessionResponse\x12A\n" +
+	"\x0ecooldown_until\x18\x01 \x01(\v2\x1a.google.protobuf.TimestampR\rcooldownUntil\x12A\n" +
+	"\x0ecooldown_start\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\rcooldownStart\x12%\n" +
+	"\x0ecooldown_level\x18\x03 \x01(\x05R\rcooldownLevel\x12'\n" +
+	"\x0fcooldown_shared\x18\x04 \x01(\x05R\x0ecooldownShared\x12G\n" +
+	"\x11quarantined_until\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\x10quarantinedUntil\x12&\n" +
+	"\x0fpace_per_second\x18\x06 \x01(\x01R\rpacePerSecond\x12\x18\n" +
+	"\aactions\x18\a \x03(\tR\aactions\x12\x16\n" +
 	"\x06policy\x18\b \x01(\tR\x06policy\"<\n" +
 	"\x13ListRefusalsRequest\x12%\n" +
 	"\x0ewindow_seconds\x18\x01 \x01(\x05R\rwindowSeconds\"\xdb\x01\n" +
@@ -1259,15 +1381,15 @@ const file_egressproxies_lease_v1_lease_proto_rawDesc = "" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"^\n" +
 	"\x14ListRefusalsResponse\x12F\n" +
-	"\tselectors\x18\x01 \x03(\v2(.egressproxies.lease.v1.SelectorRefusalsR\tselectors2\xed\x05\n" +
+	"\tselectors\x18\x01 \x03(\v2(.egressproxies.lease.v1.SelectorRefusalsR\tselectors2\xef\x05\n" +
 	"\fLeaseService\x12f\n" +
 	"\vListProxies\x12*.egressproxies.lease.v1.ListProxiesRequest\x1a+.egressproxies.lease.v1.ListProxiesResponse\x12f\n" +
 	"\vCreateLease\x12*.egressproxies.lease.v1.CreateLeaseRequest\x1a+.egressproxies.lease.v1.CreateLeaseResponse\x12c\n" +
 	"\n" +
 	"RenewLease\x12).egressproxies.lease.v1.RenewLeaseRequest\x1a*.egressproxies.lease.v1.RenewLeaseResponse\x12i\n" +
 	"\fReleaseLease\x12+.egressproxies.lease.v1.ReleaseLeaseRequest\x1a,.egressproxies.lease.v1.ReleaseLeaseResponse\x12f\n" +
-	"\vReportLease\x12*.egressproxies.lease.v1.ReportLeaseRequest\x1a+.egressproxies.lease.v1.ReportLeaseResponse\x12j\n" +
-	"\rReportSession\x12,.egressproxies.lease.v1.ReportSessionRequest\x1a+.egressproxies.lease.v1.ReportLeaseResponse\x12i\n" +
+	"\vReportLease\x12*.egressproxies.lease.v1.ReportLeaseRequest\x1a+.egressproxies.lease.v1.ReportLeaseResponse\x12l\n" +
+	"\rReportSession\x12,.egressproxies.lease.v1.ReportSessionRequest\x1a-.egressproxies.lease.v1.ReportSessionResponse\x12i\n" +
 	"\fListRefusals\x12+.egressproxies.lease.v1.ListRefusalsRequest\x1a,.egressproxies.lease.v1.ListRefusalsResponseBQZOgithub.com/egress-proxies/egress-proxies/pkg/gen/egressproxies/lease/v1;leasev1b\x06proto3"
 
 var (
@@ -1282,7 +1404,7 @@ func file_egressproxies_lease_v1_lease_proto_rawDescGZIP() []byte {
 	return file_egressproxies_lease_v1_lease_proto_rawDescData
 }
 
-var file_egressproxies_lease_v1_lease_proto_msgTypes = make([]protoimpl.MessageInfo, 20)
+var file_egressproxies_lease_v1_lease_proto_msgTypes = make([]protoimpl.MessageInfo, 21)
 var file_egressproxies_lease_v1_lease_proto_goTypes = []any{
 	(*Proxy)(nil),                 // 0: egressproxies.lease.v1.Proxy
 	(*ListProxiesRequest)(nil),    // 1: egressproxies.lease.v1.ListProxiesRequest
@@ -1297,51 +1419,55 @@ var file_egressproxies_lease_v1_lease_proto_goTypes = []any{
 	(*ReportLeaseRequest)(nil),    // 10: egressproxies.lease.v1.ReportLeaseRequest
 	(*ReportSessionRequest)(nil),  // 11: egressproxies.lease.v1.ReportSessionRequest
 	(*ReportLeaseResponse)(nil),   // 12: egressproxies.lease.v1.ReportLeaseResponse
-	(*ListRefusalsRequest)(nil),   // 13: egressproxies.lease.v1.ListRefusalsRequest
-	(*SelectorRefusals)(nil),      // 14: egressproxies.lease.v1.SelectorRefusals
-	(*ListRefusalsResponse)(nil),  // 15: egressproxies.lease.v1.ListRefusalsResponse
-	nil,                           // 16: egressproxies.lease.v1.Proxy.AttributesEntry
-	nil,                           // 17: egressproxies.lease.v1.ListProxiesRequest.SelectorEntry
-	nil,                           // 18: egressproxies.lease.v1.CreateLeaseRequest.SelectorEntry
-	nil,                           // 19: egressproxies.lease.v1.SelectorRefusals.SelectorEntry
-	(*timestamppb.Timestamp)(nil), // 20: google.protobuf.Timestamp
+	(*ReportSessionResponse)(nil), // 13: egressproxies.lease.v1.ReportSessionResponse
+	(*ListRefusalsRequest)(nil),   // 14: egressproxies.lease.v1.ListRefusalsRequest
+	(*SelectorRefusals)(nil),      // 15: egressproxies.lease.v1.SelectorRefusals
+	(*ListRefusalsResponse)(nil),  // 16: egressproxies.lease.v1.ListRefusalsResponse
+	nil,                           // 17: egressproxies.lease.v1.Proxy.AttributesEntry
+	nil,                           // 18: egressproxies.lease.v1.ListProxiesRequest.SelectorEntry
+	nil,                           // 19: egressproxies.lease.v1.CreateLeaseRequest.SelectorEntry
+	nil,                           // 20: egressproxies.lease.v1.SelectorRefusals.SelectorEntry
+	(*timestamppb.Timestamp)(nil), // 21: google.protobuf.Timestamp
 }
 var file_egressproxies_lease_v1_lease_proto_depIdxs = []int32{
-	16, // 0: egressproxies.lease.v1.Proxy.attributes:type_name -> egressproxies.lease.v1.Proxy.AttributesEntry
-	20, // 1: egressproxies.lease.v1.Proxy.quarantined_until:type_name -> google.protobuf.Timestamp
-	20, // 2: egressproxies.lease.v1.Proxy.quarantined_since:type_name -> google.protobuf.Timestamp
-	20, // 3: egressproxies.lease.v1.Proxy.cooldown_until:type_name -> google.protobuf.Timestamp
-	17, // 4: egressproxies.lease.v1.ListProxiesRequest.selector:type_name -> egressproxies.lease.v1.ListProxiesRequest.SelectorEntry
+	17, // 0: egressproxies.lease.v1.Proxy.attributes:type_name -> egressproxies.lease.v1.Proxy.AttributesEntry
+	21, // 1: egressproxies.lease.v1.Proxy.quarantined_until:type_name -> google.protobuf.Timestamp
+	21, // 2: egressproxies.lease.v1.Proxy.quarantined_since:type_name -> google.protobuf.Timestamp
+	21, // 3: egressproxies.lease.v1.Proxy.cooldown_until:type_name -> google.protobuf.Timestamp
+	18, // 4: egressproxies.lease.v1.ListProxiesRequest.selector:type_name -> egressproxies.lease.v1.ListProxiesRequest.SelectorEntry
 	0,  // 5: egressproxies.lease.v1.ListProxiesResponse.proxies:type_name -> egressproxies.lease.v1.Proxy
-	18, // 6: egressproxies.lease.v1.CreateLeaseRequest.selector:type_name -> egressproxies.lease.v1.CreateLeaseRequest.SelectorEntry
+	19, // 6: egressproxies.lease.v1.CreateLeaseRequest.selector:type_name -> egressproxies.lease.v1.CreateLeaseRequest.SelectorEntry
 	0,  // 7: egressproxies.lease.v1.CreateLeaseResponse.proxy:type_name -> egressproxies.lease.v1.Proxy
-	20, // 8: egressproxies.lease.v1.CreateLeaseResponse.expires_at:type_name -> google.protobuf.Timestamp
+	21, // 8: egressproxies.lease.v1.CreateLeaseResponse.expires_at:type_name -> google.protobuf.Timestamp
 	5,  // 9: egressproxies.lease.v1.CreateLeaseResponse.credentials:type_name -> egressproxies.lease.v1.ProxyCredentials
-	20, // 10: egressproxies.lease.v1.RenewLeaseResponse.expires_at:type_name -> google.protobuf.Timestamp
-	20, // 11: egressproxies.lease.v1.ReportLeaseResponse.cooldown_until:type_name -> google.protobuf.Timestamp
-	20, // 12: egressproxies.lease.v1.ReportLeaseResponse.cooldown_start:type_name -> google.protobuf.Timestamp
-	20, // 13: egressproxies.lease.v1.ReportLeaseResponse.quarantined_until:type_name -> google.protobuf.Timestamp
-	19, // 14: egressproxies.lease.v1.SelectorRefusals.selector:type_name -> egressproxies.lease.v1.SelectorRefusals.SelectorEntry
-	14, // 15: egressproxies.lease.v1.ListRefusalsResponse.selectors:type_name -> egressproxies.lease.v1.SelectorRefusals
-	1,  // 16: egressproxies.lease.v1.LeaseService.ListProxies:input_type -> egressproxies.lease.v1.ListProxiesRequest
-	3,  // 17: egressproxies.lease.v1.LeaseService.CreateLease:input_type -> egressproxies.lease.v1.CreateLeaseRequest
-	6,  // 18: egressproxies.lease.v1.LeaseService.RenewLease:input_type -> egressproxies.lease.v1.RenewLeaseRequest
-	8,  // 19: egressproxies.lease.v1.LeaseService.ReleaseLease:input_type -> egressproxies.lease.v1.ReleaseLeaseRequest
-	10, // 20: egressproxies.lease.v1.LeaseService.ReportLease:input_type -> egressproxies.lease.v1.ReportLeaseRequest
-	11, // 21: egressproxies.lease.v1.LeaseService.ReportSession:input_type -> egressproxies.lease.v1.ReportSessionRequest
-	13, // 22: egressproxies.lease.v1.LeaseService.ListRefusals:input_type -> egressproxies.lease.v1.ListRefusalsRequest
-	2,  // 23: egressproxies.lease.v1.LeaseService.ListProxies:output_type -> egressproxies.lease.v1.ListProxiesResponse
-	4,  // 24: egressproxies.lease.v1.LeaseService.CreateLease:output_type -> egressproxies.lease.v1.CreateLeaseResponse
-	7,  // 25: egressproxies.lease.v1.LeaseService.RenewLease:output_type -> egressproxies.lease.v1.RenewLeaseResponse
-	9,  // 26: egressproxies.lease.v1.LeaseService.ReleaseLease:output_type -> egressproxies.lease.v1.ReleaseLeaseResponse
-	12, // 27: egressproxies.lease.v1.LeaseService.ReportLease:output_type -> egressproxies.lease.v1.ReportLeaseResponse
-	12, // 28: egressproxies.lease.v1.LeaseService.ReportSession:output_type -> egressproxies.lease.v1.ReportLeaseResponse
-	15, // 29: egressproxies.lease.v1.LeaseService.ListRefusals:output_type -> egressproxies.lease.v1.ListRefusalsResponse
-	23, // [23:30] is the sub-list for method output_type
-	16, // [16:23] is the sub-list for method input_type
-	16, // [16:16] is the sub-list for extension type_name
-	16, // [16:16] is the sub-list for extension extendee
-	0,  // [0:16] is the sub-list for field type_name
+	21, // 10: egressproxies.lease.v1.RenewLeaseResponse.expires_at:type_name -> google.protobuf.Timestamp
+	21, // 11: egressproxies.lease.v1.ReportLeaseResponse.cooldown_until:type_name -> google.protobuf.Timestamp
+	21, // 12: egressproxies.lease.v1.ReportLeaseResponse.cooldown_start:type_name -> google.protobuf.Timestamp
+	21, // 13: egressproxies.lease.v1.ReportLeaseResponse.quarantined_until:type_name -> google.protobuf.Timestamp
+	21, // 14: egressproxies.lease.v1.ReportSessionResponse.cooldown_until:type_name -> google.protobuf.Timestamp
+	21, // 15: egressproxies.lease.v1.ReportSessionResponse.cooldown_start:type_name -> google.protobuf.Timestamp
+	21, // 16: egressproxies.lease.v1.ReportSessionResponse.quarantined_until:type_name -> google.protobuf.Timestamp
+	20, // 17: egressproxies.lease.v1.SelectorRefusals.selector:type_name -> egressproxies.lease.v1.SelectorRefusals.SelectorEntry
+	15, // 18: egressproxies.lease.v1.ListRefusalsResponse.selectors:type_name -> egressproxies.lease.v1.SelectorRefusals
+	1,  // 19: egressproxies.lease.v1.LeaseService.ListProxies:input_type -> egressproxies.lease.v1.ListProxiesRequest
+	3,  // 20: egressproxies.lease.v1.LeaseService.CreateLease:input_type -> egressproxies.lease.v1.CreateLeaseRequest
+	6,  // 21: egressproxies.lease.v1.LeaseService.RenewLease:input_type -> egressproxies.lease.v1.RenewLeaseRequest
+	8,  // 22: egressproxies.lease.v1.LeaseService.ReleaseLease:input_type -> egressproxies.lease.v1.ReleaseLeaseRequest
+	10, // 23: egressproxies.lease.v1.LeaseService.ReportLease:input_type -> egressproxies.lease.v1.ReportLeaseRequest
+	11, // 24: egressproxies.lease.v1.LeaseService.ReportSession:input_type -> egressproxies.lease.v1.ReportSessionRequest
+	14, // 25: egressproxies.lease.v1.LeaseService.ListRefusals:input_type -> egressproxies.lease.v1.ListRefusalsRequest
+	2,  // 26: egressproxies.lease.v1.LeaseService.ListProxies:output_type -> egressproxies.lease.v1.ListProxiesResponse
+	4,  // 27: egressproxies.lease.v1.LeaseService.CreateLease:output_type -> egressproxies.lease.v1.CreateLeaseResponse
+	7,  // 28: egressproxies.lease.v1.LeaseService.RenewLease:output_type -> egressproxies.lease.v1.RenewLeaseResponse
+	9,  // 29: egressproxies.lease.v1.LeaseService.ReleaseLease:output_type -> egressproxies.lease.v1.ReleaseLeaseResponse
+	12, // 30: egressproxies.lease.v1.LeaseService.ReportLease:output_type -> egressproxies.lease.v1.ReportLeaseResponse
+	13, // 31: egressproxies.lease.v1.LeaseService.ReportSession:output_type -> egressproxies.lease.v1.ReportSessionResponse
+	16, // 32: egressproxies.lease.v1.LeaseService.ListRefusals:output_type -> egressproxies.lease.v1.ListRefusalsResponse
+	26, // [26:33] is the sub-list for method output_type
+	19, // [19:26] is the sub-list for method input_type
+	19, // [19:19] is the sub-list for extension type_name
+	19, // [19:19] is the sub-list for extension extendee
+	0,  // [0:19] is the sub-list for field type_name
 }
 
 func init() { file_egressproxies_lease_v1_lease_proto_init() }
@@ -1356,7 +1482,7 @@ func file_egressproxies_lease_v1_lease_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_egressproxies_lease_v1_lease_proto_rawDesc), len(file_egressproxies_lease_v1_lease_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   20,
+			NumMessages:   21,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -60,7 +60,7 @@ type LeaseServiceClient interface {
 	// or ended within the session's 10-minute linger. It is how a client of
 	// the gateway, which never sees a lease id, reports a block it saw
 	// inside TLS.
-	ReportSession(ctx context.Context, in *ReportSessionRequest, opts ...grpc.CallOption) (*ReportLeaseResponse, error)
+	ReportSession(ctx context.Context, in *ReportSessionRequest, opts ...grpc.CallOption) (*ReportSessionResponse, error)
 	// ListRefusals returns, per selector, how many leases were refused in
 	// the last window because every matching proxy was at its lease cap or
 	// cooling down for the target: demand the fleet did not meet. The
@@ -126,9 +126,9 @@ func (c *leaseServiceClient) ReportLease(ctx context.Context, in *ReportLeaseReq
 	return out, nil
 }
 
-func (c *leaseServiceClient) ReportSession(ctx context.Context, in *ReportSessionRequest, opts ...grpc.CallOption) (*ReportLeaseResponse, error) {
+func (c *leaseServiceClient) ReportSession(ctx context.Context, in *ReportSessionRequest, opts ...grpc.CallOption) (*ReportSessionResponse, error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
-	out := new(ReportLeaseResponse)
+	out := new(ReportSessionResponse)
 	err := c.cc.Invoke(ctx, LeaseService_ReportSession_FullMethodName, in, out, cOpts...)
 	if err != nil {
 		return nil, err
@@ -178,7 +178,7 @@ type LeaseServiceServer interface {
 	// or ended within the session's 10-minute linger. It is how a client of
 	// the gateway, which never sees a lease id, reports a block it saw
 	// inside TLS.
-	ReportSession(context.Context, *ReportSessionRequest) (*ReportLeaseResponse, error)
+	ReportSession(context.Context, *ReportSessionRequest) (*ReportSessionResponse, error)
 	// ListRefusals returns, per selector, how many leases were refused in
 	// the last window because every matching proxy was at its lease cap or
 	// cooling down for the target: demand the fleet did not meet. The
@@ -209,7 +209,7 @@ func (UnimplementedLeaseServiceServer) ReleaseLease(context.Context, *ReleaseLea
 func (UnimplementedLeaseServiceServer) ReportLease(context.Context, *ReportLeaseRequest) (*ReportLeaseResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method ReportLease not implemented")
 }
-func (UnimplementedLeaseServiceServer) ReportSession(context.Context, *ReportSessionRequest) (*ReportLeaseResponse, error) {
+func (UnimplementedLeaseServiceServer) ReportSession(context.Context, *ReportSessionRequest) (*ReportSessionResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method ReportSession not implemented")
 }
 func (UnimplementedLeaseServiceServer) ListRefusals(context.Context, *ListRefusalsRequest) (*ListRefusalsResponse, error) {
