@@ -195,9 +195,12 @@ func BenchmarkGateway(b *testing.B) {
 	// Two proxies and two gateways: the idle tunnels need 20,000
 	// descriptors on each side of a hop, and one process may hold at most
 	// 20,000 here, so each gateway and each Squid carries half.
+	// Addresses of this run's own: the last run's 20,000 connections may
+	// still hold ports on the addresses it used.
+	net24 := fmt.Sprintf("127.9.%d.", os.Getpid()%250+1)
 	squids := []*proc.Squid{
-		squidProxy(b, ns, "p0", "127.0.9.1", map[string]string{"pool": "p0"}),
-		squidProxy(b, ns, "p1", "127.0.9.2", map[string]string{"pool": "p1"}),
+		squidProxy(b, ns, "p0", net24+"1", map[string]string{"pool": "p0"}),
+		squidProxy(b, ns, "p1", net24+"2", map[string]string{"pool": "p1"}),
 	}
 	r := proc.StartRedis(b, false)
 	tokenFile := filepath.Join(b.TempDir(), "tokens")
@@ -286,10 +289,18 @@ func BenchmarkGateway(b *testing.B) {
 		return first.Sub(start)
 	}
 	var directT, gwT []time.Duration
+	leaseSum := func() (float64, float64) {
+		m, err := promtext.Scrape(nil, gws[0].ops+"/metrics")
+		require.NoError(b, err)
+		return m[`grpc_server_handling_seconds_sum{grpc_method="CreateLease",grpc_service="egressproxies.lease.v1.LeaseService",grpc_type="unary"}`],
+			m[`grpc_server_handling_seconds_count{grpc_method="CreateLease",grpc_service="egressproxies.lease.v1.LeaseService",grpc_type="unary"}`]
+	}
+	s0, n0 := leaseSum()
 	for range gwTTFBSamples {
 		directT = append(directT, ttfb(straight))
 		gwT = append(gwT, ttfb(via))
 	}
+	s1, n1 := leaseSum()
 	p50 := func(d []time.Duration) float64 {
 		sort.Slice(d, func(i, j int) bool { return d[i] < d[j] })
 		return float64(d[len(d)/2].Microseconds()) / 1000
@@ -297,7 +308,7 @@ func BenchmarkGateway(b *testing.B) {
 
 	// 10,000 idle tunnels, half on each gateway (through its own Squid),
 	// all to one sink process.
-	sinkAddr := fmt.Sprintf("127.0.9.9:%d", proc.FreePort(b))
+	sinkAddr := fmt.Sprintf("%s9:%d", net24, proc.FreePort(b))
 	proc.StartEnv(b, "sink", []string{helperEnv + "=sink " + sinkAddr}, os.Args[0], "-test.run=^$")
 	waitListening(b, sinkAddr)
 	open := func(g int) (net.Conn, error) {
@@ -386,6 +397,7 @@ func BenchmarkGateway(b *testing.B) {
 	fmt.Printf("  minimal CONNECT relay %.1f MiB/s direct %.1f MiB/s %.2f; gateway vs relay %.2f, CPU per GiB %.2f s vs %.2f s\n", relayRate, directRate, relayRate/directRate, gwRate/relayRate,
 		cpu[0].Seconds()/(gwRate*2*gwBenchPhase.Seconds()/1024), cpu[1].Seconds()/(relayRate*2*gwBenchPhase.Seconds()/1024))
 	fmt.Printf("gateway ttfb p50 %.2f ms direct %.2f ms\n", p50(gwT), p50(directT))
+	fmt.Printf("  of which leasing (CreateLease in process, mean) %.2f ms\n", (s1-s0)/(n1-n0)*1000)
 	fmt.Printf("gateway idle tunnels %d %.1f KiB/tunnel\n", gwIdleTunnels, float64(after-before)/gwIdleTunnels/1024)
 	fmt.Printf("gateway leaked leases %d\n", live+int(created-released))
 	b.Logf("%d clients, %d KiB bodies, %s per round, two rounds each way; ttfb over %d new tunnels each way, one at a time; idle tunnels on two gateways (%d each), RSS %d -> %d MiB; leases created %.0f, released %.0f",
