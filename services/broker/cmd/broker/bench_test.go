@@ -53,7 +53,7 @@ func drive(b *testing.B, call func() error) (perSec float64, p50, p99 time.Durat
 	var mu sync.Mutex
 	var lat []time.Duration
 	var failed atomic.Int64
-	var firstErr atomic.Value
+	var first firstErr
 	deadline := time.Now().Add(benchPhase)
 	var wg sync.WaitGroup
 	for range benchClients {
@@ -63,7 +63,7 @@ func drive(b *testing.B, call func() error) (perSec float64, p50, p99 time.Durat
 				t := time.Now()
 				if err := call(); err != nil {
 					failed.Add(1)
-					firstErr.CompareAndSwap(nil, err)
+					first.set(err)
 					continue
 				}
 				local = append(local, time.Since(t))
@@ -75,10 +75,31 @@ func drive(b *testing.B, call func() error) (perSec float64, p50, p99 time.Durat
 	}
 	wg.Wait()
 	if n := failed.Load(); n > 0 {
-		b.Fatalf("%d calls failed; the first: %v", n, firstErr.Load())
+		b.Fatalf("%d calls failed; the first: %v", n, first.get())
 	}
 	sort.Slice(lat, func(i, j int) bool { return lat[i] < lat[j] })
 	return float64(len(lat)) / benchPhase.Seconds(), lat[len(lat)/2], lat[len(lat)*99/100]
+}
+
+// firstErr keeps the first error of many goroutines (an atomic.Value
+// panics when they are of different types).
+type firstErr struct {
+	mu  sync.Mutex
+	err error
+}
+
+func (f *firstErr) set(err error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.err == nil {
+		f.err = err
+	}
+}
+
+func (f *firstErr) get() error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.err
 }
 
 // makeFleets creates the bench's Proxies (those an earlier -count made
@@ -95,7 +116,7 @@ func makeFleets(b *testing.B) []store.Member {
 		}
 		work := make(chan int)
 		var wg sync.WaitGroup
-		var failed atomic.Value
+		var failed firstErr
 		for range 16 {
 			wg.Go(func() {
 				for i := range work {
@@ -105,7 +126,7 @@ func makeFleets(b *testing.B) []store.Member {
 					}
 					ip := fmt.Sprintf("127.%d.%d.%d", 10+fi, i/250, i%250+1)
 					if _, err := env.ReadyProxyE(f.ns, fmt.Sprintf("p%05d", i), ip, 3128, attrs, true); err != nil {
-						failed.CompareAndSwap(nil, err)
+						failed.set(err)
 					}
 				}
 			})
@@ -117,7 +138,7 @@ func makeFleets(b *testing.B) []store.Member {
 		}
 		close(work)
 		wg.Wait()
-		if err := failed.Load(); err != nil {
+		if err := failed.get(); err != nil {
 			b.Fatal(err)
 		}
 	}
@@ -232,14 +253,14 @@ func loadFleet(b *testing.B, r *proc.Redis, prefix, target string, fleet []store
 	require.NoError(b, st.Join(ctx, "{}", cooling, []string{"bench-cool"}))
 	require.NoError(b, st.Join(ctx, "{}", full, []string{"bench-full"}))
 	var wg sync.WaitGroup
-	var failed atomic.Value
+	var failed firstErr
 	for range 16 {
 		wg.Go(func() {
 			for {
 				_, err := st.Acquire(ctx, store.Acquire{Index: "bench-full", Cap: benchCap, TTL: time.Hour, LeaseID: store.NewLeaseID()})
 				if err != nil {
 					if _, ok := err.(*store.NoCandidateError); !ok {
-						failed.CompareAndSwap(nil, err)
+						failed.set(err)
 					}
 					return
 				}
@@ -250,21 +271,21 @@ func loadFleet(b *testing.B, r *proc.Redis, prefix, target string, fleet []store
 				l, err := st.Acquire(ctx, store.Acquire{Index: "bench-cool", Target: target, TTL: time.Hour, LeaseID: store.NewLeaseID()})
 				if err != nil {
 					if _, ok := err.(*store.NoCandidateError); !ok {
-						failed.CompareAndSwap(nil, err)
+						failed.set(err)
 					}
 					return
 				}
 				if _, err := st.Report(ctx, store.Report{LeaseID: l.ID, Outcome: store.RateLimited, Target: target, Policy: store.FixedCooldown(time.Hour)}); err != nil {
-					failed.CompareAndSwap(nil, err)
+					failed.set(err)
 				}
 				if _, err := st.Release(ctx, l.ID); err != nil {
-					failed.CompareAndSwap(nil, err)
+					failed.set(err)
 				}
 			}
 		})
 	}
 	wg.Wait()
-	if err := failed.Load(); err != nil {
+	if err := failed.get(); err != nil {
 		b.Fatal(err)
 	}
 	require.NoError(b, st.Drop(ctx, "bench-cool"))

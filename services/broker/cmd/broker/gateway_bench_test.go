@@ -120,26 +120,6 @@ func serveRelay(addr, squid string, creds proxyauth.Credentials) error {
 	}
 }
 
-// firstErr keeps the first error of many goroutines.
-type firstErr struct {
-	mu  sync.Mutex
-	err error
-}
-
-func (f *firstErr) set(err error) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	if f.err == nil {
-		f.err = err
-	}
-}
-
-func (f *firstErr) get() error {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	return f.err
-}
-
 // waitListening waits until something accepts on addr.
 func waitListening(b *testing.B, addr string) {
 	require.Eventually(b, func() bool {

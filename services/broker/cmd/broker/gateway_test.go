@@ -2,6 +2,7 @@ package main
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"crypto/tls"
 	"fmt"
@@ -59,6 +60,8 @@ func newGatewayFleet(t *testing.T, extra ...string) *gwFleet {
 	f.site = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		ip, _, _ := net.SplitHostPort(r.RemoteAddr)
 		switch {
+		case r.URL.Path == "/big":
+			_, _ = w.Write(bytes.Repeat([]byte("x"), 300<<10))
 		case r.URL.Path == "/blocked":
 			w.WriteHeader(http.StatusOK)
 			_, _ = io.WriteString(w, "<html>please solve this CAPTCHA</html>")
@@ -272,6 +275,19 @@ func TestGatewayClassifiesPlainHTTP(t *testing.T) {
 	assert.Equal(t, float64(limited), m[`proxy_operator_broker_gateway_reports_total{kind="http",result="rate_limited"}`])
 	assert.Equal(t, float64(1), m[`proxy_operator_broker_gateway_reports_total{kind="http",result="blocked"}`])
 	assert.Equal(t, float64(10-limited), m[`proxy_operator_broker_gateway_reports_total{kind="http",result="ok"}`])
+
+	// A body past the head's bound comes whole: only the head is bounded.
+	code, body, _ := get(t, c, f.site.URL+"/big")
+	assert.Equal(t, 200, code)
+	assert.Len(t, body, 300<<10)
+	// The proxy's own policy refusing a destination (Squid's cache
+	// manager) is the proxy doing its job: 403, nothing reported.
+	code, body, h := get(t, c, "http://"+f.squids[1].Addr+"/squid-internal-mgr/info")
+	assert.Equal(t, 403, code, body)
+	assert.Equal(t, "PROXY_DENIED", h.Get("X-Egress-Proxies-Reason"))
+	c.CloseIdleConnections()
+	f.waitNoLeases()
+	assert.Zero(t, f.b.metrics()[`proxy_operator_broker_gateway_reports_total{kind="http",result="error"}`])
 }
 
 // Refusals reach the client as HTTP with a reason, and cost nothing: no

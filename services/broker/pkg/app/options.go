@@ -180,7 +180,7 @@ func (o *Options) Validate() error {
 			return fmt.Errorf("--gateway-lease-ttl %s must be between --min-ttl %s and --max-ttl %s", t, l.MinTTL, l.MaxTTL)
 		}
 		if o.TokenFile == "" {
-			return errors.New("--gateway-addr needs --token-file: without a token the gateway would be an open proxy")
+			return gateway.ErrOpenProxy
 		}
 	}
 	var egressErr error

@@ -40,7 +40,8 @@ import (
 	"github.com/egress-proxies/egress-proxies/services/broker/pkg/store"
 )
 
-// Leaser is the part of the lease API the gateway calls, in process.
+// Leaser is the part of the lease API the gateway calls, in process;
+// the servers' in-process LeaseService is one (checked below).
 type Leaser interface {
 	CreateLease(context.Context, *leasev1.CreateLeaseRequest) (*leasev1.CreateLeaseResponse, error)
 	ReleaseLease(context.Context, *leasev1.ReleaseLeaseRequest) (*leasev1.ReleaseLeaseResponse, error)
@@ -67,11 +68,14 @@ type Gateway struct {
 	renewer  renewer
 }
 
+// ErrOpenProxy is the refusal to serve without a token.
+var ErrOpenProxy = errors.New("--gateway-addr needs --token-file: without a token the gateway would be an open proxy")
+
 // New binds the listener. The gateway refuses to run without a token: it
 // would be an open proxy into the fleet.
 func New(log *slog.Logger, o Options, l Leaser, tok *auth.Token) (*Gateway, error) {
 	if !tok.Enabled() {
-		return nil, errors.New("--gateway-addr needs --token-file: without a token the gateway would be an open proxy")
+		return nil, ErrOpenProxy
 	}
 	if err := o.Validate(); err != nil {
 		return nil, err
@@ -303,7 +307,8 @@ func (g *Gateway) handle(c net.Conn, br *bufio.Reader, req *http.Request) bool {
 		return false
 	}
 	defer g.release(r, lease.GetLeaseId())
-	g.renewer.hold(lease.GetLeaseId(), mdOf(r.ctx), func() { _ = c.Close() })
+	md, _ := metadata.FromIncomingContext(r.ctx)
+	g.renewer.hold(lease.GetLeaseId(), md, func() { _ = c.Close() })
 	defer g.renewer.drop(lease.GetLeaseId())
 	if r.kind == "connect" {
 		g.connect(c, br, r, lease)
@@ -382,11 +387,19 @@ func (g *Gateway) check(r *request) (answer, bool) {
 	return answer{}, true
 }
 
+// afterwards is a context for a call about r's lease once r's own may
+// have ended (the tunnel outlived its deadline, the client left): r's
+// credentials, and a bound of its own.
+func (r *request) afterwards() (context.Context, context.CancelFunc) {
+	md, _ := metadata.FromIncomingContext(r.ctx)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	return leases.Observed(metadata.NewIncomingContext(ctx, md)), cancel
+}
+
 // release ends the lease, whatever happened to the client.
 func (g *Gateway) release(r *request, id string) {
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	ctx, cancel := r.afterwards()
 	defer cancel()
-	ctx = metadata.NewIncomingContext(ctx, mdOf(r.ctx))
 	if _, err := g.leaser.ReleaseLease(ctx, &leasev1.ReleaseLeaseRequest{LeaseId: id}); err != nil {
 		// It expires at its TTL, the tunnel timeout.
 		releaseFailed.Inc()
@@ -394,17 +407,11 @@ func (g *Gateway) release(r *request, id string) {
 	}
 }
 
-func mdOf(ctx context.Context) metadata.MD {
-	md, _ := metadata.FromIncomingContext(ctx)
-	return md
-}
-
 // report tells the broker how the target treated the leased proxy.
 func (g *Gateway) report(r *request, id string, o store.Outcome, statusCode int) {
 	outcomes.WithLabelValues(r.kind, string(o)).Inc()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	ctx, cancel := r.afterwards()
 	defer cancel()
-	ctx = leases.Observed(metadata.NewIncomingContext(ctx, mdOf(r.ctx)))
 	latency := min(time.Since(r.started).Milliseconds(), 3_600_000)
 	if _, err := g.leaser.ReportLease(ctx, &leasev1.ReportLeaseRequest{LeaseId: id, Result: string(o), StatusCode: int32(statusCode), LatencyMs: int32(latency)}); err != nil {
 		reportFailed.Inc()
@@ -437,10 +444,11 @@ func (g *Gateway) connect(c net.Conn, br *bufio.Reader, r *request, lease *lease
 	creq := &http.Request{Method: http.MethodConnect, URL: &neturl.URL{Opaque: target}, Host: target, Header: http.Header{}}
 	credentials(lease).Authorize(creq.Header)
 	_ = up.SetDeadline(time.Now().Add(g.o.DialTimeout))
-	ubr := bufio.NewReaderSize(up, 1024)
+	head := &headLimit{r: up, n: g.o.MaxHeaderBytes}
+	ubr := bufio.NewReaderSize(head, 1024)
 	var resp *http.Response
 	if err = creq.Write(up); err == nil {
-		resp, err = http.ReadResponse(bufio.NewReader(io.LimitReader(ubr, int64(g.o.MaxHeaderBytes))), creq)
+		resp, err = http.ReadResponse(ubr, creq)
 	}
 	switch {
 	case err != nil:
@@ -449,10 +457,8 @@ func (g *Gateway) connect(c net.Conn, br *bufio.Reader, r *request, lease *lease
 		g.answer(c, r.kind, answer{code: http.StatusBadGateway, reason: "PROXY_FAILED", msg: "the leased proxy did not open the tunnel; retry (it is reported)"})
 		return
 	case resp.StatusCode == http.StatusForbidden:
-		// The proxy's own egress policy refused the destination: not a
-		// fault of the proxy.
 		_ = up.Close()
-		g.answer(c, r.kind, answer{code: http.StatusForbidden, reason: "PROXY_DENIED", msg: fmt.Sprintf("the leased proxy refused %s:%d (its egress policy)", r.host, r.port)})
+		g.answer(c, r.kind, proxyDenied(r))
 		return
 	case resp.StatusCode/100 != 2:
 		_ = up.Close()
@@ -460,6 +466,7 @@ func (g *Gateway) connect(c net.Conn, br *bufio.Reader, r *request, lease *lease
 		g.answer(c, r.kind, answer{code: http.StatusBadGateway, reason: "PROXY_FAILED", msg: fmt.Sprintf("the leased proxy refused the tunnel (%d); retry (it is reported)", resp.StatusCode)})
 		return
 	}
+	head.n = -1
 	_ = up.SetDeadline(time.Time{})
 	requests.WithLabelValues(r.kind, "200").Inc()
 	if _, err := io.WriteString(c, "HTTP/1.1 200 Connection established\r\n\r\n"); err != nil {
@@ -490,6 +497,13 @@ func (g *Gateway) connect(c net.Conn, br *bufio.Reader, r *request, lease *lease
 	if received > 0 && clean {
 		g.report(r, lease.GetLeaseId(), store.OK, 0)
 	}
+}
+
+// proxyDenied is the answer when the leased proxy's own egress policy
+// refused the destination: not the proxy's fault, so nothing is
+// reported against it.
+func proxyDenied(r *request) answer {
+	return answer{code: http.StatusForbidden, reason: "PROXY_DENIED", msg: fmt.Sprintf("the leased proxy refused %s:%d (its egress policy)", r.host, r.port)}
 }
 
 // spliced records c's tunnel, so a shutdown cuts it; false when the
@@ -540,14 +554,23 @@ func (g *Gateway) forward(c net.Conn, br *bufio.Reader, req *http.Request, r *re
 		g.answer(c, r.kind, answer{code: http.StatusBadGateway, reason: "PROXY_FAILED", msg: "the request could not be sent through the leased proxy; retry (it is reported)"})
 		return false
 	}
-	resp, err := http.ReadResponse(bufio.NewReader(&headLimit{r: up, n: 4 * g.o.MaxHeaderBytes}), req)
+	// The answer's head is bounded (it comes from the site, through the
+	// proxy); its body is not.
+	head := &headLimit{r: up, n: 4 * g.o.MaxHeaderBytes}
+	resp, err := http.ReadResponse(bufio.NewReader(head), req)
+	head.n = -1
 	if err != nil {
 		g.report(r, lease.GetLeaseId(), store.Failed, 0)
 		g.answer(c, r.kind, answer{code: http.StatusBadGateway, reason: "PROXY_FAILED", msg: "the leased proxy gave no answer; retry (it is reported)"})
 		return false
 	}
 	defer func() { _ = resp.Body.Close() }()
-	if squidErr := resp.Header.Get("X-Squid-Error"); squidErr != "" {
+	squidErr := resp.Header.Get("X-Squid-Error")
+	if strings.HasPrefix(squidErr, "ERR_ACCESS_DENIED") {
+		g.answer(c, r.kind, proxyDenied(r))
+		return false
+	}
+	if squidErr != "" {
 		// The proxy's own error page names the proxy's host: the client
 		// gets the gateway's instead.
 		g.report(r, lease.GetLeaseId(), store.Failed, resp.StatusCode)

@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"errors"
+	"io"
 	"net/http"
 	"strings"
 	"testing"
@@ -73,16 +74,12 @@ func TestClassify(t *testing.T) {
 			if h == nil {
 				h = http.Header{}
 			}
-			s := &sniffer{body: nopCloser{strings.NewReader(tc.body)}}
+			s := &sniffer{body: io.NopCloser(strings.NewReader(tc.body))}
 			_, _ = readAll(s)
 			assert.Equal(t, tc.want, classify(tc.status, h, s.head))
 		})
 	}
 }
-
-type nopCloser struct{ *strings.Reader }
-
-func (nopCloser) Close() error { return nil }
 
 func readAll(s *sniffer) (int, error) {
 	n, buf := 0, make([]byte, 1000)

@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"bytes"
+	"io"
 	"net/http"
 	"regexp"
 
@@ -35,10 +36,7 @@ func classify(status int, h http.Header, head []byte) store.Outcome {
 
 // sniffer passes a body through and keeps its first markerWindow bytes.
 type sniffer struct {
-	body interface {
-		Read([]byte) (int, error)
-		Close() error
-	}
+	body io.ReadCloser
 	head []byte
 }
 

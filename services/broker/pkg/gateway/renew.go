@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"context"
+	"maps"
 	"sync"
 	"time"
 
@@ -59,19 +60,15 @@ func (r *renewer) run(ctx context.Context, l Leaser, ttl time.Duration) {
 		case <-t.C:
 		}
 		r.mu.Lock()
-		ids := make([]string, 0, len(r.live))
-		hs := make([]held, 0, len(r.live))
-		for id, h := range r.live {
-			ids, hs = append(ids, id), append(hs, h)
-		}
+		live := maps.Clone(r.live)
 		r.mu.Unlock()
 		sem := make(chan struct{}, renewConcurrency)
 		var wg sync.WaitGroup
-		for i, id := range ids {
+		for id, h := range live {
 			sem <- struct{}{}
 			wg.Go(func() {
 				defer func() { <-sem }()
-				cctx, cancel := context.WithTimeout(metadata.NewIncomingContext(ctx, hs[i].md), ttl/3)
+				cctx, cancel := context.WithTimeout(metadata.NewIncomingContext(ctx, h.md), ttl/3)
 				defer cancel()
 				_, err := l.RenewLease(cctx, &leasev1.RenewLeaseRequest{LeaseId: id, TtlSeconds: int32(ttl.Seconds())})
 				switch status.Code(err) {
@@ -79,7 +76,7 @@ func (r *renewer) run(ctx context.Context, l Leaser, ttl time.Duration) {
 					renewals.WithLabelValues("renewed").Inc()
 				case codes.NotFound, codes.FailedPrecondition:
 					renewals.WithLabelValues("ended").Inc()
-					hs[i].end()
+					h.end()
 				default:
 					renewals.WithLabelValues("failed").Inc()
 				}
