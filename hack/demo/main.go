@@ -120,7 +120,7 @@ func main() {
 			if h != nil {
 				state += ", healthy " + string(h.Status) + " " + h.Message
 			}
-			return px.Status.Phase == v1.PhaseReady && px.Status.Healthy, state
+			return px.Status.Phase == v1.PhaseReady && px.Status.IsHealthy(), state
 		})
 		step("%s is Ready and Healthy", name)
 	}

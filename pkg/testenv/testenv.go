@@ -204,7 +204,7 @@ func (e *Env) ReadyProxyE(namespace, name, ip string, port int32, attrs map[stri
 	if err := e.Client.Create(ctx, px); err != nil {
 		return nil, fmt.Errorf("creating Proxy %s/%s: %w", namespace, name, err)
 	}
-	px.Status = crawlv1alpha1.ProxyStatus{Phase: crawlv1alpha1.PhaseReady, IP: ip, Port: port, Healthy: healthy}
+	px.Status = crawlv1alpha1.ProxyStatus{Phase: crawlv1alpha1.PhaseReady, IP: ip, Port: port, Healthy: healthy, InstanceGeneration: 1, HealthInstanceGeneration: 1}
 	meta.SetStatusCondition(&px.Status.Conditions, metav1.Condition{Type: crawlv1alpha1.ConditionReady, Status: metav1.ConditionTrue, Reason: crawlv1alpha1.ReasonTracking, Message: "written by the test"})
 	h := metav1.Condition{Type: crawlv1alpha1.ConditionHealthy, Status: metav1.ConditionUnknown, Reason: crawlv1alpha1.ReasonNotProbed, Message: "written by the test"}
 	if healthy {

@@ -117,12 +117,11 @@ func apiFloor(ctx context.Context, c client.Client, n int) (time.Duration, error
 		}
 		for _, step := range []func(*v1.Proxy){
 			func(px *v1.Proxy) {
-				px.Status.Phase, px.Status.IP, px.Status.Port = v1.PhaseReady, px.Spec.Address, px.Spec.Port
+				px.Status.Phase, px.Status.IP, px.Status.Port, px.Status.InstanceGeneration = v1.PhaseReady, px.Spec.Address, px.Spec.Port, 1
 				meta.SetStatusCondition(&px.Status.Conditions, metav1.Condition{Type: v1.ConditionReady, Status: metav1.ConditionTrue, Reason: v1.ReasonTracking, Message: "tracking external proxy at 127.0.9.1:3128"})
-				meta.SetStatusCondition(&px.Status.Conditions, metav1.Condition{Type: v1.ConditionHealthy, Status: metav1.ConditionUnknown, Reason: v1.ReasonNotProbed, Message: "not probed yet"})
 			},
 			func(px *v1.Proxy) {
-				px.Status.Healthy, px.Status.EgressIP = true, "127.0.0.1"
+				px.Status.Healthy, px.Status.EgressIP, px.Status.HealthInstanceGeneration = true, "127.0.0.1", 1
 				meta.SetStatusCondition(&px.Status.Conditions, metav1.Condition{Type: v1.ConditionHealthy, Status: metav1.ConditionTrue, Reason: v1.ReasonProbeSucceeded, Message: "probes through the proxy pass (3ms)"})
 			},
 		} {

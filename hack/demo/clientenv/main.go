@@ -127,7 +127,7 @@ func main() {
 		}
 		ready = ready[:0]
 		for _, px := range list.Items {
-			if px.Status.Phase == v1.PhaseReady && px.Status.Healthy && px.Status.EgressIP != "" {
+			if px.Status.Phase == v1.PhaseReady && px.Status.IsHealthy() && px.Status.EgressIP != "" {
 				ready = append(ready, px)
 			}
 		}

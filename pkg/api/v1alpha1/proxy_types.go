@@ -266,8 +266,9 @@ type ProxyStatus struct {
 	ProviderID string `json:"providerID,omitempty"`
 
 	// InstanceGeneration counts instances: 1 for the first, +1 per
-	// replacement. Instance names derive from it, so a retried create
-	// always names the same instance.
+	// replacement (a spec change, an instance lost or failed, an External
+	// proxy's new address). Instance names derive from it, so a retried
+	// create always names the same instance.
 	// +optional
 	InstanceGeneration int64 `json:"instanceGeneration,omitempty"`
 
@@ -281,6 +282,14 @@ type ProxyStatus struct {
 	// threshold, false otherwise (including before the first probe).
 	// +optional
 	Healthy bool `json:"healthy"`
+
+	// HealthInstanceGeneration is the instanceGeneration that healthy,
+	// egressIP, lastHealthCheckTime and the Healthy condition describe.
+	// The health engine writes it with them; when instanceGeneration moves
+	// past it they describe an instance that is gone, the proxy is not
+	// leasable (see ProxyStatus.IsHealthy), and the engine resets them.
+	// +optional
+	HealthInstanceGeneration int64 `json:"healthInstanceGeneration,omitempty"`
 
 	// LastHealthCheckTime is the time of the last status-affecting probe,
 	// not of the most recent probe: health writes happen on transitions
@@ -360,4 +369,13 @@ func (p *Proxy) DrainDeadline() (deadline time.Time, ok bool) {
 		return time.Unix(0, 0), true
 	}
 	return t, true
+}
+
+// IsHealthy reports whether probes prove the current instance works:
+// status.healthy, about this instance. Health written for an earlier
+// instance (the engine has not yet reset it) proves nothing, so every
+// reader that leases or counts healthy members asks this, not
+// status.healthy alone.
+func (s *ProxyStatus) IsHealthy() bool {
+	return s.Healthy && s.HealthInstanceGeneration == s.InstanceGeneration
 }

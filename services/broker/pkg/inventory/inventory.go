@@ -104,12 +104,12 @@ func fromObject(px *v1.Proxy) Proxy {
 		CredentialsRef: kube.CredentialsRefOf(px),
 		UID:            string(px.UID), ID: px.Key(), Namespace: px.Namespace,
 		IP: px.Status.IP, Port: px.Status.Port, EgressIP: px.Status.EgressIP,
-		Attributes: px.Spec.Attributes, Healthy: px.Status.Healthy,
+		Attributes: px.Spec.Attributes, Healthy: px.Status.IsHealthy(),
 		HealthStale:  h != nil && h.Status == metav1.ConditionUnknown && h.Reason == v1.ReasonProbeStale,
-		HealthySince: healthySince(px.Status.Healthy, h, px.Status.LastHealthCheckTime),
+		HealthySince: healthySince(px.Status.IsHealthy(), h, px.Status.LastHealthCheckTime),
 		Ready:        ready, Deleting: !px.DeletionTimestamp.IsZero(),
 		DrainDeadline: drain,
-		Leasable:      ready && px.Status.Healthy && px.DeletionTimestamp.IsZero() && drain.IsZero(),
+		Leasable:      ready && px.Status.IsHealthy() && px.DeletionTimestamp.IsZero() && drain.IsZero(),
 	}
 }
 

@@ -33,13 +33,12 @@ import (
 	"github.com/egress-proxies/egress-proxies/pkg/service"
 	"github.com/egress-proxies/egress-proxies/pkg/version"
 	"github.com/egress-proxies/egress-proxies/services/controller/pkg/controllers/proxy/garbagecollection"
-	"github.com/egress-proxies/egress-proxies/services/controller/pkg/controllers/proxy/health"
 	"github.com/egress-proxies/egress-proxies/services/controller/pkg/controllers/proxy/lifecycle"
 	"github.com/egress-proxies/egress-proxies/services/controller/pkg/controllers/proxypool"
 	"github.com/egress-proxies/egress-proxies/services/controller/pkg/crds"
+	"github.com/egress-proxies/egress-proxies/services/controller/pkg/health"
 	"github.com/egress-proxies/egress-proxies/services/controller/pkg/leaseview"
 	"github.com/egress-proxies/egress-proxies/services/controller/pkg/metrics"
-	"github.com/egress-proxies/egress-proxies/services/controller/pkg/probehub"
 	"github.com/egress-proxies/egress-proxies/services/controller/pkg/providers"
 	"github.com/egress-proxies/egress-proxies/services/controller/pkg/uninstall"
 )
@@ -163,9 +162,8 @@ func addProxyControllers(ctx context.Context, mgr ctrl.Manager, registry *provid
 	if err := ctrlmetrics.Registry.Register(metrics.FleetCollector(mgr.GetCache(), mgr.Elected())); err != nil {
 		return fmt.Errorf("registering the fleet gauges: %w", err)
 	}
-	return mgr.Add(&garbagecollection.Collector{
-		Registry: registry, Reader: mgr.GetAPIReader(), Interval: o.GCInterval, Grace: o.GCGrace, Log: log.With("controller", "gc"),
-	})
+	return mgr.Add(garbagecollection.New(registry, mgr.GetAPIReader(), log.With("controller", "gc"),
+		garbagecollection.Options{Interval: o.GCInterval, Grace: o.GCGrace}))
 }
 
 // runUninstall is the pre-delete hook: it empties the cluster of Pools and
@@ -204,50 +202,63 @@ func hookClient(o Options) (client.Client, error) {
 	return client.New(cfg, client.Options{Scheme: kube.NewScheme()})
 }
 
-// addPoolController adds the ProxyPool reconciler and, with a broker
-// configured, the poller that tells it the members' live leases (and
-// tells quarantined, the health engine's Confirm, which proxies the
+// addPoolController adds the ProxyPool rollout and autoscaler and, with a
+// broker configured, the poller that tells them the members' live leases
+// (and tells quarantined, the health engine's Confirm, which proxies the
 // brokers quarantined).
 func addPoolController(ctx context.Context, mgr ctrl.Manager, log *slog.Logger, o Options, quarantined func(map[string]time.Time)) error {
 	log = log.With("controller", "proxypool")
+	wakeups := proxypool.NewWakeups(mgr.GetClient())
 	var leases leaseview.Source = leaseview.None{}
 	var poller *leaseview.Poller
 	if o.BrokerAddr != "" {
-		tokenFile := o.BrokerTokenFile
-		if _, err := os.Stat(tokenFile); tokenFile != "" && errors.Is(err, fs.ErrNotExist) {
-			// An optional Secret not created yet: the broker, which needs
-			// it too, is not serving; drains wait for their deadlines.
-			log.Warn("the broker token file does not exist; reading leases without a token", "file", tokenFile)
-			tokenFile = ""
-		}
-		token, err := auth.FromFlag(ctx, log, "--broker-token-file", tokenFile)
+		broker, err := dialBroker(ctx, log, o)
 		if err != nil {
-			return service.Usagef("%v", err)
+			return err
 		}
-		opts := []leaseclient.Option{leaseclient.WithTokenSource(token)}
-		if o.BrokerCAFile != "" {
-			tlsOpt, err := leaseclient.WithCAFile(o.BrokerCAFile)
-			if err != nil {
-				return service.Usagef("--broker-ca-file: %v", err)
-			}
-			opts = append(opts, tlsOpt)
-		}
-		broker, err := leaseclient.Dial(o.BrokerAddr, opts...)
-		if err != nil {
-			return service.Usagef("--broker-address: %v", err)
-		}
-		poller = &leaseview.Poller{API: broker.API(), Interval: o.BrokerPoll, Log: log}
+		poller = leaseview.NewPoller(broker.API(), log, leaseview.PollerOptions{Interval: o.BrokerPoll}, wakeups.LeasesChanged, wakeups.Polled, quarantined)
 		leases = poller
+		if err := mgr.Add(poller); err != nil {
+			return err
+		}
 	}
-	rec := proxypool.New(mgr.GetClient(), leases, mgr.GetEventRecorder(EventSource), log, proxypool.Options{})
-	if err := rec.SetupWithManager(mgr); err != nil {
+	recorder := mgr.GetEventRecorder(EventSource)
+	if err := proxypool.New(mgr.GetClient(), leases, wakeups, recorder, log, proxypool.Options{}).SetupWithManager(mgr); err != nil {
 		return fmt.Errorf("setting up the ProxyPool controller: %w", err)
 	}
-	if poller == nil {
-		return nil
+	if err := proxypool.NewAutoscaler(mgr.GetClient(), leases, wakeups, recorder).SetupWithManager(mgr); err != nil {
+		return fmt.Errorf("setting up the ProxyPool autoscaler: %w", err)
 	}
-	poller.Changed, poller.Polled, poller.Quarantined = rec.LeasesChanged, rec.Polled, quarantined
-	return mgr.Add(poller)
+	return nil
+}
+
+// dialBroker is the controller's one client of the lease API, over TLS
+// when --broker-ca-file is set.
+func dialBroker(ctx context.Context, log *slog.Logger, o Options) (*leaseclient.Client, error) {
+	tokenFile := o.BrokerTokenFile
+	if _, err := os.Stat(tokenFile); tokenFile != "" && errors.Is(err, fs.ErrNotExist) {
+		// An optional Secret not created yet: the broker, which needs
+		// it too, is not serving; drains wait for their deadlines.
+		log.Warn("the broker token file does not exist; reading leases without a token", "file", tokenFile)
+		tokenFile = ""
+	}
+	token, err := auth.FromFlag(ctx, log, "--broker-token-file", tokenFile)
+	if err != nil {
+		return nil, service.Usagef("%v", err)
+	}
+	opts := []leaseclient.Option{leaseclient.WithTokenSource(token)}
+	if o.BrokerCAFile != "" {
+		tlsOpt, err := leaseclient.WithCAFile(o.BrokerCAFile)
+		if err != nil {
+			return nil, service.Usagef("--broker-ca-file: %v", err)
+		}
+		opts = append(opts, tlsOpt)
+	}
+	broker, err := leaseclient.Dial(o.BrokerAddr, opts...)
+	if err != nil {
+		return nil, service.Usagef("--broker-address: %v", err)
+	}
+	return broker, nil
 }
 
 // EventSource is the reporting controller of every Event the controller
@@ -258,20 +269,6 @@ const EventSource = "egress-proxies-controller"
 // prober fleet while this replica leads, and the health engine behind it,
 // which it returns.
 func addProbeHub(ctx context.Context, mgr ctrl.Manager, log *slog.Logger, o Options, probeTLS *tls.Config, probeToken *auth.Token) (*health.Engine, error) {
-	engine := &health.Engine{
-		Client: mgr.GetClient(), Log: log.With("controller", "health"), Workers: o.HealthWriters,
-		StaleIntervals: o.StaleIntervals, Recorder: mgr.GetEventRecorder(EventSource), Elected: mgr.Elected(),
-	}
-	hub := &probehub.Hub{
-		Engine:   engine,
-		Defaults: o.Health, Elected: mgr.Elected(), Addr: o.ProbeAddr, TLS: probeTLS, Token: probeToken, Deny: o.deny, Egress: o.egress, Log: log.With("controller", "probe-hub"),
-	}
-	if _, err := hub.Listen(); err != nil {
-		return nil, service.UsageError{Err: err}
-	}
-	if err := hub.Watch(ctx, mgr.GetCache()); err != nil {
-		return nil, err
-	}
 	// A cache of its own: the manager's holds only cloud-init Secrets, and
 	// a label selector cannot take either of two labels.
 	creds, err := cache.New(mgr.GetConfig(), cache.Options{Scheme: mgr.GetScheme(), ByObject: kube.CredentialSecrets(o.secretNamespaces)})
@@ -281,7 +278,18 @@ func addProbeHub(ctx context.Context, mgr ctrl.Manager, log *slog.Logger, o Opti
 	if err := mgr.Add(creds); err != nil {
 		return nil, err
 	}
-	hub.Credentials = kube.ProxyCredentials{Key: o.credentialsKey, Secrets: creds, Namespaces: o.secretNamespaces}
+	engine := health.NewEngine(mgr.GetClient(), mgr.GetEventRecorder(EventSource), mgr.Elected(), log.With("controller", "health"),
+		health.EngineOptions{Workers: o.HealthWriters, StaleIntervals: o.StaleIntervals})
+	hub := health.NewHub(engine, mgr.Elected(), log.With("controller", "probe-hub"), health.HubOptions{
+		Addr: o.ProbeAddr, TLS: probeTLS, Token: probeToken, Defaults: o.Health, Deny: o.deny, Egress: o.egress,
+		Credentials: kube.ProxyCredentials{Key: o.credentialsKey, Secrets: creds, Namespaces: o.secretNamespaces},
+	})
+	if _, err := hub.Listen(); err != nil {
+		return nil, service.UsageError{Err: err}
+	}
+	if err := hub.Watch(ctx, mgr.GetCache()); err != nil {
+		return nil, err
+	}
 	if err := hub.WatchCredentials(ctx, creds, mgr.GetCache()); err != nil {
 		return nil, err
 	}

@@ -86,24 +86,39 @@ var pollErrors = prometheus.NewCounter(prometheus.CounterOpts{
 
 func init() { metrics.Registry.MustRegister(pollErrors) }
 
-// Poller reads every Proxy's live leases from the broker each Interval.
+// Poller reads every Proxy's live leases from the broker each interval.
 // It runs on the leader only, as the pools it feeds do.
 type Poller struct {
-	API       leasev1.LeaseServiceClient
-	Namespace string // "" for all
-	Interval  time.Duration
-	Log       *slog.Logger
-	// Changed is told the ids whose count changed in a poll; Polled is
-	// called after every answer (demand may have changed anywhere).
-	Changed func(ids []string)
-	Polled  func()
-	// Quarantined, when set, is given the proxies the brokers quarantined
-	// and since when, by id, after every answer (the health engine
-	// confirms their next success).
-	Quarantined func(since map[string]time.Time)
+	api         leasev1.LeaseServiceClient
+	log         *slog.Logger
+	opts        PollerOptions
+	changed     func(ids []string)
+	polled      func()
+	quarantined func(since map[string]time.Time)
 
 	mu   sync.RWMutex
 	snap Snapshot
+}
+
+// PollerOptions tune the poller; zero values take the defaults.
+type PollerOptions struct {
+	// Interval is the time between polls; 0 means 5 seconds.
+	Interval time.Duration
+	// Namespace limits the poll to one namespace; "" means all.
+	Namespace string
+}
+
+// NewPoller returns a poller of api that, after every answer, tells
+// changed the ids ("namespace/name") whose count changed (when any did),
+// calls polled (demand may have changed anywhere), and gives quarantined
+// the proxies the brokers quarantined and since when, by id. Every hook is
+// required: a poll nobody hears is a bug.
+func NewPoller(api leasev1.LeaseServiceClient, log *slog.Logger, o PollerOptions,
+	changed func(ids []string), polled func(), quarantined func(since map[string]time.Time)) *Poller {
+	if o.Interval <= 0 {
+		o.Interval = 5 * time.Second
+	}
+	return &Poller{api: api, log: log, opts: o, changed: changed, polled: polled, quarantined: quarantined}
 }
 
 // Snapshot implements Source. Until the first answer it is not Known;
@@ -117,7 +132,7 @@ func (p *Poller) Snapshot() Snapshot {
 
 // Start polls until ctx ends.
 func (p *Poller) Start(ctx context.Context) error {
-	t := time.NewTicker(p.Interval)
+	t := time.NewTicker(p.opts.Interval)
 	defer t.Stop()
 	for {
 		p.poll(ctx)
@@ -130,13 +145,13 @@ func (p *Poller) Start(ctx context.Context) error {
 }
 
 func (p *Poller) poll(ctx context.Context) {
-	ctx, cancel := context.WithTimeout(ctx, p.Interval)
+	ctx, cancel := context.WithTimeout(ctx, p.opts.Interval)
 	defer cancel()
-	resp, err := p.API.ListProxies(ctx, &leasev1.ListProxiesRequest{Namespace: p.Namespace})
+	resp, err := p.api.ListProxies(ctx, &leasev1.ListProxiesRequest{Namespace: p.opts.Namespace})
 	if err != nil {
 		pollErrors.Inc()
 		if ctx.Err() == nil {
-			p.Log.WarnContext(ctx, "reading live leases from the broker", "err", err)
+			p.log.WarnContext(ctx, "reading live leases from the broker", "err", err)
 		}
 		return
 	}
@@ -150,16 +165,14 @@ func (p *Poller) poll(ctx context.Context) {
 			quarantined[px.GetId()] = px.GetQuarantinedSince().AsTime()
 		}
 	}
-	if p.Quarantined != nil {
-		p.Quarantined(quarantined)
-	}
-	refused, err := p.API.ListRefusals(ctx, &leasev1.ListRefusalsRequest{WindowSeconds: int32(RefusalWindow / time.Second)})
+	p.quarantined(quarantined)
+	refused, err := p.api.ListRefusals(ctx, &leasev1.ListRefusalsRequest{WindowSeconds: int32(RefusalWindow / time.Second)})
 	switch {
 	case status.Code(err) == codes.Unimplemented:
 		// A broker older than ListRefusals: leases only.
 	case err != nil:
 		pollErrors.Inc()
-		p.Log.WarnContext(ctx, "reading refused leases from the broker", "err", err)
+		p.log.WarnContext(ctx, "reading refused leases from the broker", "err", err)
 	default:
 		for _, r := range refused.GetSelectors() {
 			next.Refusals = append(next.Refusals, Refusal{Namespace: r.GetNamespace(), Selector: r.GetSelector(), Count: r.GetRefused()})
@@ -169,12 +182,7 @@ func (p *Poller) poll(ctx context.Context) {
 	prev := p.snap
 	p.snap = next
 	p.mu.Unlock()
-	if p.Polled != nil {
-		p.Polled()
-	}
-	if p.Changed == nil {
-		return
-	}
+	p.polled()
 	var changed []string
 	for id, n := range next.Leases {
 		if prev.Leases[id] != n {
@@ -187,6 +195,6 @@ func (p *Poller) poll(ctx context.Context) {
 		}
 	}
 	if len(changed) > 0 {
-		p.Changed(changed)
+		p.changed(changed)
 	}
 }

@@ -10,7 +10,13 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/tools/events"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/predicate"
+	"sigs.k8s.io/controller-runtime/pkg/source"
 
 	v1 "github.com/egress-proxies/egress-proxies/pkg/api/v1alpha1"
 	"github.com/egress-proxies/egress-proxies/services/controller/pkg/leaseview"
@@ -94,44 +100,78 @@ func (h *history) lowerAt(rec int, window time.Duration) time.Time {
 	return at
 }
 
-// followers is the autoscaler's history of each pool, and the pools every
-// poll of the broker wakes: those autoscaled and those draining members
-// (a drain ends on a lease count read after it began).
-type followers struct {
-	mu      sync.Mutex
-	history map[types.NamespacedName]*history
-	pools   map[types.NamespacedName]bool
-}
-
-// follow says whether the pool wants every poll.
-func (a *followers) follow(key types.NamespacedName, polls bool) {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	if polls {
-		a.pools[key] = true
-	} else {
-		delete(a.pools, key)
-	}
-}
-
 // maxSnapshotAge is how old a lease snapshot may be to scale on: older,
 // the broker has not answered for several polls and demand is unknown.
 const maxSnapshotAge = 30 * time.Second
 
-// autoscale sets spec.replicas (through /scale, as an HPA would) from
-// demand, and reports whether it did; when a scale-down waits for its
-// window, wait says how long.
-func (r *Reconciler) autoscale(ctx context.Context, pool *v1.ProxyPool, l limits, o *observed, snap leaseview.Snapshot, now time.Time) (scaled bool, wait time.Duration, err error) {
+// Autoscaler sets each autoscaled pool's spec.replicas from lease demand
+// and writes nothing else: it updates /scale, as a HorizontalPodAutoscaler
+// does, and the rollout makes the members. It reconciles a pool when the
+// pool changes and after every poll of the broker.
+type Autoscaler struct {
+	client   client.Client
+	leases   leaseview.Source
+	wakeups  *Wakeups
+	recorder events.EventRecorder
+
+	mu sync.Mutex
+	// history keeps each pool's recommendations; a key never reconciles
+	// twice at once, so the lock guards the map only.
+	history map[types.NamespacedName]*history
+}
+
+// NewAutoscaler returns an autoscaler that reads demand from leases and
+// is woken by wakeups.
+func NewAutoscaler(c client.Client, leases leaseview.Source, wakeups *Wakeups, recorder events.EventRecorder) *Autoscaler {
+	return &Autoscaler{client: c, leases: leases, wakeups: wakeups, recorder: recorder, history: map[types.NamespacedName]*history{}}
+}
+
+// SetupWithManager registers the autoscaler.
+func (a *Autoscaler) SetupWithManager(mgr ctrl.Manager) error {
+	return ctrl.NewControllerManagedBy(mgr).
+		Named("proxypool-autoscaler").
+		For(&v1.ProxyPool{}, builder.WithPredicates(predicate.GenerationChangedPredicate{})).
+		WatchesRawSource(source.Channel(a.wakeups.autoscale, &handler.EnqueueRequestForObject{})).
+		Complete(a)
+}
+
+// Reconcile scales one pool, or forgets it when it has no autoscaling.
+func (a *Autoscaler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
+	pool := &v1.ProxyPool{}
+	err := a.client.Get(ctx, req.NamespacedName, pool)
+	if client.IgnoreNotFound(err) != nil {
+		return ctrl.Result{}, err
+	}
+	if err != nil || pool.Spec.Autoscaling == nil || !pool.DeletionTimestamp.IsZero() {
+		a.wakeups.follow(a.wakeups.autoscaled, req.NamespacedName, false)
+		a.mu.Lock()
+		delete(a.history, req.NamespacedName)
+		a.mu.Unlock()
+		return ctrl.Result{}, nil
+	}
+	a.wakeups.follow(a.wakeups.autoscaled, req.NamespacedName, true)
+	l, err := resolve(pool, 0)
+	if err != nil {
+		return ctrl.Result{}, err
+	}
+	snap := a.leases.Snapshot()
+	if !snap.Known() || time.Since(snap.At) > maxSnapshotAge {
+		return ctrl.Result{}, nil // the next poll wakes it
+	}
+	o, err := observe(ctx, a.client, pool, templateHash(&pool.Spec.Template.Spec), snap)
+	if err != nil {
+		return ctrl.Result{}, err
+	}
+	wait, err := a.scale(ctx, pool, l, o, snap, time.Now())
+	return ctrl.Result{RequeueAfter: wait}, err
+}
+
+// scale sets spec.replicas (through /scale) from demand; when a
+// scale-down waits for its window, wait says how long.
+func (a *Autoscaler) scale(ctx context.Context, pool *v1.ProxyPool, l limits, o *observed, snap leaseview.Snapshot, now time.Time) (wait time.Duration, err error) {
 	key := types.NamespacedName{Namespace: pool.Namespace, Name: pool.Name}
-	a := pool.Spec.Autoscaling
-	if a == nil {
-		r.polls.dropHistory(key)
-		return false, 0, nil
-	}
-	if !snap.Known() || now.Sub(snap.At) > maxSnapshotAge {
-		return false, 0, nil
-	}
-	b := bounds{min: int(a.MinReplicas), max: int(a.MaxReplicas), target: int(a.TargetLeasesPerProxy)}
+	as := pool.Spec.Autoscaling
+	b := bounds{min: int(as.MinReplicas), max: int(as.MaxReplicas), target: int(as.TargetLeasesPerProxy)}
 	if b.target == 0 {
 		b.target = defaultTargetLeases
 	}
@@ -152,8 +192,8 @@ func (r *Reconciler) autoscale(ctx context.Context, pool *v1.ProxyPool, l limits
 	d.settling = d.settling || active < d.current
 
 	rec, why := recommend(b, d)
-	h := r.polls.historyOf(key, pool.UID)
-	window := durationOr(a.ScaleDownStabilization, 5*time.Minute)
+	h := a.historyOf(key, pool.UID)
+	window := durationOr(as.ScaleDownStabilization, 5*time.Minute)
 	top, full := h.stabilized(rec, now, window)
 	next := d.current
 	switch {
@@ -169,26 +209,25 @@ func (r *Reconciler) autoscale(ctx context.Context, pool *v1.ProxyPool, l limits
 		wait = h.lowerAt(rec, window).Sub(now) + 10*time.Millisecond
 	}
 	if next == d.current {
-		return false, wait, nil
+		return wait, nil
 	}
 	scale := &autoscalingv1.Scale{
 		ObjectMeta: metav1.ObjectMeta{Name: pool.Name, Namespace: pool.Namespace, ResourceVersion: pool.ResourceVersion},
 		Spec:       autoscalingv1.ScaleSpec{Replicas: int32(next)},
 	}
-	if err := r.client.SubResource("scale").Update(ctx, pool, client.WithSubResourceBody(scale)); err != nil {
-		return false, 0, fmt.Errorf("scaling pool %s to %d: %w", pool.Name, next, err)
+	if err := a.client.SubResource("scale").Update(ctx, pool, client.WithSubResourceBody(scale)); err != nil {
+		return 0, fmt.Errorf("scaling pool %s to %d: %w", pool.Name, next, err)
 	}
 	// A new size starts a new window: a scale-down waits a whole window
 	// after any change.
 	h.since, h.recs = now, nil
-	r.recorder.Eventf(pool, nil, corev1.EventTypeNormal, v1.EventScaled, "Scale", "scaled from %d to %d members: %s", d.current, next, why)
-	return true, 0, nil
+	a.recorder.Eventf(pool, nil, corev1.EventTypeNormal, v1.EventScaled, "Scale", "scaled from %d to %d members: %s", d.current, next, why)
+	return 0, nil
 }
 
 // historyOf returns the pool's history, a new one for a pool new under
-// its name. Only the pool's reconcile uses it, and a key never reconciles
-// twice at once, so the lock guards the map only.
-func (a *followers) historyOf(key types.NamespacedName, uid types.UID) *history {
+// its name.
+func (a *Autoscaler) historyOf(key types.NamespacedName, uid types.UID) *history {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	h := a.history[key]
@@ -197,33 +236,4 @@ func (a *followers) historyOf(key types.NamespacedName, uid types.UID) *history 
 		a.history[key] = h
 	}
 	return h
-}
-
-func (a *followers) dropHistory(key types.NamespacedName) {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	delete(a.history, key)
-}
-
-// forget drops a deleted pool.
-func (a *followers) forget(key types.NamespacedName) {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	delete(a.pools, key)
-	delete(a.history, key)
-}
-
-// Polled wakes every pool that follows the polls: demand may have
-// changed for any, and a drain may have ended. It is leaseview.Poller's
-// Polled hook, and never blocks.
-func (r *Reconciler) Polled() {
-	r.polls.mu.Lock()
-	keys := make([]types.NamespacedName, 0, len(r.polls.pools))
-	for key := range r.polls.pools {
-		keys = append(keys, key)
-	}
-	r.polls.mu.Unlock()
-	for _, key := range keys {
-		r.wakePool(key)
-	}
 }

@@ -1,27 +1,30 @@
-// Package proxypool is the ProxyPool reconciler: it keeps spec.replicas
-// Managed Proxies made from the pool's template, and takes members out
-// one way only, whatever the cause (scale-down, a template rollout):
-// a replacement first, where there is one, then a drain that lets the
-// member's live leases end, then deletion.
+// Package proxypool holds the ProxyPool's two reconcilers. The rollout
+// keeps spec.replicas Managed Proxies made from the pool's template, and
+// takes members out one way only, whatever the cause (scale-down, a
+// template rollout, remediation, maxAge): a replacement first, where there
+// is one, then a drain that lets the member's live leases end, then
+// deletion. The autoscaler only writes the pool's /scale, from lease
+// demand, as a HorizontalPodAutoscaler drives a Deployment.
 //
-// Crash safety comes from the planner being a pure function of the
-// observed members (plan.go) and from deterministic member names: a
-// restarted controller, or one whose cache lags its own writes, tries to
-// create the same names again and gets AlreadyExists, never a second
-// member. Every write is waited for in the cache before the reconcile
-// ends, so the next one decides on a view that holds it.
+// A rollout reconcile has three steps, each in a file of its own:
+// observe (observe.go) reads the members and their lease counts; decide
+// (plan.go), a pure function, turns them into a Command of per-member
+// verdicts and creations, from which status is derived (status.go);
+// execute (execute.go) makes the Command's writes and waits for the cache
+// to hold them. Crash safety comes from the planner's purity and from
+// deterministic member names: a restarted controller, or one whose cache
+// lags its own writes, tries to create the same names again and gets
+// AlreadyExists, never a second member.
 package proxypool
 
 import (
 	"context"
 	"errors"
 	"log/slog"
-	"strings"
 	"time"
 
 	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/events"
 	"k8s.io/client-go/util/workqueue"
@@ -71,60 +74,21 @@ func (o *Options) defaults() {
 	}
 }
 
-// Reconciler reconciles ProxyPools.
+// Reconciler is the rollout: it reconciles ProxyPools' members.
 type Reconciler struct {
 	client   client.Client
 	leases   leaseview.Source
+	wakeups  *Wakeups
 	recorder events.EventRecorder
 	log      *slog.Logger
 	opts     Options
-	// wake carries pools to reconcile now: those whose members' lease
-	// counts changed, and those following every poll of the broker.
-	wake  chan event.GenericEvent
-	polls followers
 }
 
-// New returns a Reconciler that learns live leases from leases.
-func New(c client.Client, leases leaseview.Source, recorder events.EventRecorder, log *slog.Logger, opts Options) *Reconciler {
+// New returns a rollout that learns live leases from leases and is woken
+// by wakeups.
+func New(c client.Client, leases leaseview.Source, wakeups *Wakeups, recorder events.EventRecorder, log *slog.Logger, opts Options) *Reconciler {
 	opts.defaults()
-	return &Reconciler{
-		client: c, leases: leases, recorder: recorder, log: log, opts: opts,
-		wake:  make(chan event.GenericEvent, 1024),
-		polls: followers{history: map[types.NamespacedName]*history{}, pools: map[types.NamespacedName]bool{}},
-	}
-}
-
-// LeasesChanged wakes the pools of the proxies (ids "namespace/name")
-// whose live-lease count changed; it is leaseview.Poller's Changed hook.
-func (r *Reconciler) LeasesChanged(ids []string) {
-	for _, id := range ids {
-		ns, name, _ := strings.Cut(id, "/")
-		px := &v1.Proxy{}
-		if err := r.client.Get(context.Background(), client.ObjectKey{Namespace: ns, Name: name}, px); err != nil {
-			continue
-		}
-		if pool, ok := poolOf(px); ok {
-			r.wakePool(pool)
-		}
-	}
-}
-
-// wakePool enqueues a pool. It never blocks: when the channel is full the
-// pool's own requeue (it drains, or it autoscales) is the fallback.
-func (r *Reconciler) wakePool(key types.NamespacedName) {
-	select {
-	case r.wake <- event.GenericEvent{Object: &v1.ProxyPool{ObjectMeta: metav1.ObjectMeta{Namespace: key.Namespace, Name: key.Name}}}:
-	default:
-	}
-}
-
-// poolOf names the pool that controls o, if one does.
-func poolOf(o client.Object) (types.NamespacedName, bool) {
-	owner := metav1.GetControllerOf(o)
-	if owner == nil || owner.Kind != "ProxyPool" || owner.APIVersion != v1.GroupVersion.String() {
-		return types.NamespacedName{}, false
-	}
-	return types.NamespacedName{Namespace: o.GetNamespace(), Name: owner.Name}, true
+	return &Reconciler{client: c, leases: leases, wakeups: wakeups, recorder: recorder, log: log, opts: opts}
 }
 
 // SetupWithManager registers the reconciler.
@@ -135,7 +99,7 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 		// member's change would otherwise cost the pool two.
 		For(&v1.ProxyPool{}, builder.WithPredicates(predicate.GenerationChangedPredicate{})).
 		Watches(&v1.Proxy{}, r.memberEvents()).
-		WatchesRawSource(source.Channel(r.wake, &handler.EnqueueRequestForObject{})).
+		WatchesRawSource(source.Channel(r.wakeups.rollout, &handler.EnqueueRequestForObject{})).
 		WithOptions(controller.Options{MaxConcurrentReconciles: r.opts.MaxConcurrentReconciles}).
 		Complete(r)
 }
@@ -174,7 +138,8 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (res ctrl.
 	pool := &v1.ProxyPool{}
 	if err := r.client.Get(ctx, req.NamespacedName, pool); err != nil {
 		if apierrors.IsNotFound(err) {
-			r.polls.forget(req.NamespacedName)
+			r.wakeups.follow(r.wakeups.draining, req.NamespacedName, false)
+			forgetGauges(req.NamespacedName)
 		}
 		return ctrl.Result{}, client.IgnoreNotFound(err)
 	}
@@ -198,4 +163,69 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (res ctrl.
 		}
 	}()
 	return r.reconcileNormal(ctx, pool)
+}
+
+// reconcileNormal observes, decides, derives status, and executes.
+func (r *Reconciler) reconcileNormal(ctx context.Context, pool *v1.ProxyPool) (ctrl.Result, error) {
+	l, err := resolve(pool, r.opts.Settle)
+	if err != nil {
+		return ctrl.Result{}, err
+	}
+	hash := templateHash(&pool.Spec.Template.Spec)
+	// One snapshot for the whole reconcile: the counts and the time they
+	// were read must go together.
+	snap := r.leases.Snapshot()
+	o, err := observe(ctx, r.client, pool, hash, snap)
+	if err != nil {
+		return ctrl.Result{}, err
+	}
+	now := time.Now()
+	cmd := decide(l, o.members, snap.At, now)
+	r.setStatus(pool, l, o, cmd, snap.Known())
+	draining := len(cmd.drain)
+	for _, m := range o.members {
+		if m.draining() {
+			draining++
+		}
+	}
+	gauge(pool, draining, cmd.paused != "")
+	if err := r.execute(ctx, pool, hash, l, o, cmd, now); err != nil {
+		return ctrl.Result{}, err
+	}
+	r.wakeups.follow(r.wakeups.draining, types.NamespacedName{Namespace: pool.Namespace, Name: pool.Name}, draining > 0)
+	next := r.nextDrainCheck(l, o, cmd, now)
+	if cmd.wake > 0 && (next == 0 || cmd.wake < next) {
+		next = cmd.wake
+	}
+	return ctrl.Result{RequeueAfter: next}, nil
+}
+
+// maxDrainPoll bounds how long a draining member goes unchecked when no
+// poll of the broker wakes its pool (the broker does not answer).
+const maxDrainPoll = 10 * time.Second
+
+// nextDrainCheck is when a pool with draining members must look again:
+// at the earliest deadline, when a drain's settle time has passed, and
+// at least every maxDrainPoll; 0 when nothing drains.
+func (r *Reconciler) nextDrainCheck(l limits, o *observed, cmd Command, now time.Time) time.Duration {
+	next := time.Duration(0)
+	consider := func(d time.Duration) {
+		d = max(d, 100*time.Millisecond)
+		if next == 0 || d < next {
+			next = d
+		}
+	}
+	if len(cmd.drain) > 0 {
+		consider(r.opts.Settle)
+	}
+	for _, m := range o.members {
+		if !m.draining() {
+			continue
+		}
+		if settled := m.deadline.Add(-l.drainTimeout + l.settle); settled.After(now) {
+			consider(settled.Sub(now))
+		}
+		consider(min(m.deadline.Sub(now), maxDrainPoll))
+	}
+	return next
 }

@@ -33,12 +33,6 @@ type member struct {
 	deleting     bool
 	leases       int32
 	doNotDisrupt bool
-
-	// cause is why decide replaces the member ("" when it stays);
-	// failed says the cause is the member's failure, which counts
-	// towards its slot's retries.
-	cause  string
-	failed bool
 }
 
 func (m *member) draining() bool { return !m.deadline.IsZero() && !m.deleting }
@@ -83,26 +77,67 @@ func (l limits) backoff(retries int) time.Duration {
 	return min(d, l.backoffMax)
 }
 
-// decision is one member's fate and why.
-type decision struct {
-	m   *member
-	why string
+// Action is what a reconcile does to a member.
+type Action string
+
+const (
+	ActionKeep   Action = "keep"
+	ActionDrain  Action = "drain"
+	ActionDelete Action = "delete"
+	ActionCreate Action = "create"
+)
+
+// Cause is why a member goes, or why one is created: a closed set, the
+// pool metrics' label; the verdict's why says it in words.
+type Cause string
+
+const (
+	// CauseFailed: not Ready in time, unhealthy too long, or an egress IP
+	// another member has (remediation).
+	CauseFailed   Cause = "failed"
+	CauseOutdated Cause = "outdated"
+	CauseMaxAge   Cause = "max-age"
+	// CauseScaleDown: a member with no cause of its own, above replicas.
+	CauseScaleDown Cause = "scale-down"
+	// CauseDrained and CauseDrainTimeout end a drain.
+	CauseDrained      Cause = "drained"
+	CauseDrainTimeout Cause = "drain-timeout"
+	// CauseMissing: a create for a slot no member fills.
+	CauseMissing Cause = "missing"
+	// CauseReplacement: a create for a member with a cause to go.
+	CauseReplacement Cause = "replacement"
+)
+
+// verdict is one member's fate in a Command. cause is why it must go
+// (empty when it need not); a member kept with a cause waits for the
+// budget, the floor of healthy members, or its replacement.
+type verdict struct {
+	action Action
+	cause  Cause
+	why    string
+	// failed: the cause is the member's own failure, which counts towards
+	// its slot's retries.
+	failed bool
 }
 
 // creation is one member to create.
 type creation struct {
-	why string
+	cause Cause
+	why   string
 	// replaces names the member this one replaces, retries the count it
 	// inherits; both empty for a new slot.
 	replaces string
 	retries  int
 }
 
-// plan is what one reconcile does.
-type plan struct {
-	creates []creation
-	drain   []decision
-	delete  []decision
+// Command is what one reconcile does, decided from what it observed; the
+// pool's status is derived from it.
+type Command struct {
+	// verdicts holds every member not already deleting, by name.
+	verdicts map[string]verdict
+	// drain and delete name members, in the order they are taken out.
+	drain, delete []string
+	creates       []creation
 	// blocked names the members that should go but are annotated
 	// do-not-disrupt.
 	blocked []string
@@ -118,10 +153,20 @@ type plan struct {
 	wake time.Duration
 }
 
-// decide derives the plan from the members as observed. It is a pure
-// function of its inputs, so a controller restarted at any point decides
-// the same again from the same world; the caller makes creations
-// idempotent.
+func (c *Command) set(m *member, v verdict) {
+	c.verdicts[m.name] = v
+	switch v.action {
+	case ActionDrain:
+		c.drain = append(c.drain, m.name)
+	case ActionDelete:
+		c.delete = append(c.delete, m.name)
+	}
+}
+
+// decide derives the Command from the members as observed. It is a pure
+// function of its inputs (it changes none of them), so a controller
+// restarted at any point decides the same again from the same world; the
+// executor makes creations idempotent.
 //
 // It is the one disruption path: finished drains are deleted; each
 // member's cause to go is found (an outdated template, maxAge, a failure
@@ -134,8 +179,8 @@ type plan struct {
 //
 // leasesAt is when the members' lease counts were read (zero: the broker
 // has not answered yet, so no drain ends before its deadline).
-func decide(l limits, ms []*member, leasesAt time.Time, now time.Time) plan {
-	var p plan
+func decide(l limits, ms []*member, leasesAt time.Time, now time.Time) Command {
+	c := Command{verdicts: map[string]verdict{}}
 	var active []*member
 	draining := 0
 	// replaced holds when each member's replacement was made: a later
@@ -148,14 +193,16 @@ func decide(l limits, ms []*member, leasesAt time.Time, now time.Time) plan {
 		switch {
 		case m.draining():
 			draining++
-			if why, done := drained(l, m, leasesAt, now); done {
-				p.delete = append(p.delete, decision{m, why})
+			if cause, why, done := drained(l, m, leasesAt, now); done {
+				c.set(m, verdict{action: ActionDelete, cause: cause, why: why})
+			} else {
+				c.verdicts[m.name] = verdict{action: ActionKeep, why: "it drains until its leases end or its deadline"}
 			}
 		case m.active():
 			active = append(active, m)
 		}
 	}
-	causes(l, active, now, &p)
+	cause := causes(l, active, now, &c)
 
 	healthy, stuck, fine := 0, 0, 0
 	for _, m := range active {
@@ -163,11 +210,11 @@ func decide(l limits, ms []*member, leasesAt time.Time, now time.Time) plan {
 			healthy++
 		}
 		switch {
-		case m.cause == "":
+		case cause[m.name].cause == "":
 			fine++
 		case m.doNotDisrupt:
 			stuck++
-			p.blocked = append(p.blocked, m.name)
+			c.blocked = append(c.blocked, m.name)
 		}
 	}
 	// Members with a cause that may not go stand in for members of their
@@ -175,17 +222,19 @@ func decide(l limits, ms []*member, leasesAt time.Time, now time.Time) plan {
 	target := l.replicas - stuck
 	budget := l.budget - draining
 	floor := l.replicas - l.unavailable
-	slices.SortFunc(active, drainOrder)
-	kept := active[:0:0]
+	active = slices.Clone(active)
+	slices.SortFunc(active, func(a, b *member) int { return drainOrder(cause, a, b) })
+	kept := 0
 	var replaceable []*member
 	for _, m := range active {
-		why := m.cause
-		if m.cause == "" {
+		v := cause[m.name]
+		if v.cause == "" {
 			if fine <= target {
-				kept = append(kept, m)
+				kept++
+				c.verdicts[m.name] = verdict{action: ActionKeep}
 				continue
 			}
-			why = "the pool is scaled down"
+			v.cause, v.why = CauseScaleDown, "the pool is scaled down"
 		} else if at, ok := replaced[m.name]; !m.doNotDisrupt && (!ok || at.Before(m.created)) {
 			replaceable = append(replaceable, m)
 		}
@@ -193,49 +242,54 @@ func decide(l limits, ms []*member, leasesAt time.Time, now time.Time) plan {
 		// progress; only a member that may never go blocks the pool.
 		switch {
 		case m.doNotDisrupt:
-			if m.cause == "" {
-				p.blocked = appendOnce(p.blocked, m.name)
+			if v.cause == CauseScaleDown {
+				c.blocked = appendOnce(c.blocked, m.name)
 			}
 		case budget > 0 && (!m.healthy || healthy-1 >= floor):
-			p.drain = append(p.drain, decision{m, why})
+			v.action = ActionDrain
+			c.set(m, v)
 			budget--
 			if m.healthy {
 				healthy--
 			}
-			if m.cause == "" {
+			if v.cause == CauseScaleDown {
 				fine--
 			}
 			continue
 		}
-		kept = append(kept, m)
+		v.action = ActionKeep
+		c.verdicts[m.name] = v
+		kept++
 	}
 
 	want := target - fine
-	room := l.replicas + l.surge - len(kept)
-	n := max(l.replicas-len(kept), min(want, room), 0)
+	room := l.replicas + l.surge - kept
+	n := max(l.replicas-kept, min(want, room), 0)
 	for i := range n {
 		if i < len(replaceable) {
 			m := replaceable[i]
-			c := creation{why: fmt.Sprintf("replaces %s: %s", m.name, m.cause), replaces: m.name}
-			if m.failed {
-				c.retries = m.retries + 1
+			v := cause[m.name]
+			cr := creation{cause: CauseReplacement, why: fmt.Sprintf("replaces %s: %s", m.name, v.why), replaces: m.name}
+			if v.failed {
+				cr.retries = m.retries + 1
 			}
-			p.creates = append(p.creates, c)
+			c.creates = append(c.creates, cr)
 			continue
 		}
-		p.creates = append(p.creates, creation{why: fmt.Sprintf("the pool has %d of %d members", len(kept)+i, l.replicas)})
+		c.creates = append(c.creates, creation{cause: CauseMissing, why: fmt.Sprintf("the pool has %d of %d members", kept+i, l.replicas)})
 	}
-	return p
+	return c
 }
 
 // causes finds why each active member must be replaced, in this order:
 // a failure remediation may act on (not Ready in time, unhealthy too
 // long, an egress IP another member has), an outdated template, maxAge.
-// It records in p what holds remediation back and when a deadline falls.
-func causes(l limits, active []*member, now time.Time, p *plan) {
+// It records in c what holds remediation back and when a deadline falls,
+// and returns each member's cause (action unset) by name.
+func causes(l limits, active []*member, now time.Time, c *Command) map[string]verdict {
 	due := func(at time.Time) {
-		if d := at.Sub(now); d > 0 && (p.wake == 0 || d < p.wake) {
-			p.wake = d
+		if d := at.Sub(now); d > 0 && (c.wake == 0 || d < c.wake) {
+			c.wake = d
 		}
 	}
 	type failure struct {
@@ -244,10 +298,10 @@ func causes(l limits, active []*member, now time.Time, p *plan) {
 		detected time.Time
 		unwell   bool
 	}
+	out := make(map[string]verdict, len(active))
 	var failures []failure
 	shared := sharedEgressIPs(l, active)
 	for _, m := range active {
-		m.cause, m.failed = "", false
 		switch {
 		case !m.ready && l.startupTimeout > 0:
 			at := m.created.Add(l.startupTimeout)
@@ -267,7 +321,7 @@ func causes(l limits, active []*member, now time.Time, p *plan) {
 			failures = append(failures, failure{m, shared[m.name], m.since, false})
 		}
 		if m.healthy && m.retries > 0 && l.unhealthyTimeout > 0 && !now.Before(m.since.Add(l.unhealthyTimeout)) {
-			p.settled = append(p.settled, m.name)
+			c.settled = append(c.settled, m.name)
 		}
 	}
 	// A global fault (the health-check target down, the network out)
@@ -286,30 +340,31 @@ func causes(l limits, active []*member, now time.Time, p *plan) {
 		}
 	}
 	if ripe > 0 && unwell > l.maxUnhealthy {
-		p.paused = fmt.Sprintf("%d of %d members are unhealthy, more than maxUnhealthy (%d): the fault is probably not theirs (the health-check target, the network), so none is replaced", unwell, len(active), l.maxUnhealthy)
+		c.paused = fmt.Sprintf("%d of %d members are unhealthy, more than maxUnhealthy (%d): the fault is probably not theirs (the health-check target, the network), so none is replaced", unwell, len(active), l.maxUnhealthy)
 	}
 	for _, f := range failures {
 		switch {
-		case f.unwell && p.paused != "":
+		case f.unwell && c.paused != "":
 		case f.m.retries >= l.maxRetries:
-			p.exhausted = append(p.exhausted, fmt.Sprintf("%s: %s, and its slot was replaced %d times already", f.m.name, f.why, f.m.retries))
+			c.exhausted = append(c.exhausted, fmt.Sprintf("%s: %s, and its slot was replaced %d times already", f.m.name, f.why, f.m.retries))
 		case now.Before(f.detected.Add(l.backoff(f.m.retries))):
 			due(f.detected.Add(l.backoff(f.m.retries)))
 		default:
-			f.m.cause, f.m.failed = f.why, true
+			out[f.m.name] = verdict{cause: CauseFailed, why: f.why, failed: true}
 		}
 	}
 	for _, m := range active {
 		switch {
-		case m.cause != "":
+		case out[m.name].cause != "":
 		case !m.updated:
-			m.cause = "its template is outdated"
+			out[m.name] = verdict{cause: CauseOutdated, why: "its template is outdated"}
 		case m.ageLimit > 0 && !now.Before(m.created.Add(m.ageLimit)):
-			m.cause = "it reached the pool's maxAge"
+			out[m.name] = verdict{cause: CauseMaxAge, why: "it reached the pool's maxAge"}
 		case m.ageLimit > 0:
 			due(m.created.Add(m.ageLimit))
 		}
 	}
+	return out
 }
 
 // sharedEgressIPs names, for each member whose egress IP an older member
@@ -343,26 +398,26 @@ func sharedEgressIPs(l limits, active []*member) map[string]string {
 }
 
 // drained says whether a draining member may be deleted now, and why.
-func drained(l limits, m *member, leasesAt time.Time, now time.Time) (string, bool) {
+func drained(l limits, m *member, leasesAt time.Time, now time.Time) (Cause, string, bool) {
 	if !now.Before(m.deadline) {
 		if m.leases > 0 {
-			return fmt.Sprintf("its drain timed out with %d live leases", m.leases), true
+			return CauseDrainTimeout, fmt.Sprintf("its drain timed out with %d live leases", m.leases), true
 		}
-		return "its drain timed out", true
+		return CauseDrainTimeout, "its drain timed out", true
 	}
 	started := m.deadline.Add(-l.drainTimeout)
 	if m.leases == 0 && !leasesAt.Before(started.Add(l.settle)) {
-		return "it holds no live lease", true
+		return CauseDrained, "it holds no live lease", true
 	}
-	return "", false
+	return "", "", false
 }
 
 // drainOrder puts first the members a pool takes out first: those with
 // a cause to go, then unleased, then unhealthy, then the newest; the
 // highest ordinal breaks ties, so the choice is the same on every
 // controller.
-func drainOrder(a, b *member) int {
-	if c := cmpBool(a.cause == "", b.cause == ""); c != 0 {
+func drainOrder(cause map[string]verdict, a, b *member) int {
+	if c := cmpBool(cause[a.name].cause == "", cause[b.name].cause == ""); c != 0 {
 		return c
 	}
 	if c := cmpBool(a.leases > 0, b.leases > 0); c != 0 {

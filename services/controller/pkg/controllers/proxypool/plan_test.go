@@ -28,14 +28,6 @@ func pool(kinds string) []*member {
 	return ms
 }
 
-func names(ds []decision) []string {
-	var out []string
-	for _, d := range ds {
-		out = append(out, d.m.name)
-	}
-	return out
-}
-
 func TestDecide(t *testing.T) {
 	base := limits{replicas: 3, surge: 1, unavailable: 0, budget: 1, settle: 2 * time.Second, drainTimeout: 10 * time.Minute}
 	known := t0 // when the lease counts were read
@@ -174,8 +166,8 @@ func TestDecide(t *testing.T) {
 			}
 			p := decide(l, tc.members(), known, t0)
 			assert.Equal(t, tc.create, len(p.creates), "create")
-			assert.Equal(t, tc.drain, names(p.drain), "drain")
-			assert.Equal(t, tc.delete, names(p.delete), "delete")
+			assert.Equal(t, tc.drain, p.drain, "drain")
+			assert.Equal(t, tc.delete, p.delete, "delete")
 			assert.Equal(t, tc.blocked, p.blocked, "blocked")
 		})
 	}
@@ -187,7 +179,7 @@ func TestDecideWithoutLeaseKnowledgeWaitsForTheDeadline(t *testing.T) {
 	ms[3].deadline = t0.Add(time.Minute)
 	l := limits{replicas: 3, surge: 1, budget: 1, settle: time.Second, drainTimeout: 10 * time.Minute}
 	assert.Empty(t, decide(l, ms, time.Time{}, t0).delete)
-	assert.Equal(t, []string{"m3"}, names(decide(l, ms, time.Time{}, t0.Add(time.Minute)).delete))
+	assert.Equal(t, []string{"m3"}, decide(l, ms, time.Time{}, t0.Add(time.Minute)).delete)
 }
 
 func TestDecideRemediation(t *testing.T) {
@@ -336,7 +328,7 @@ func TestDecideRemediation(t *testing.T) {
 				creates = append(creates, fmt.Sprintf("%s/%d", c.replaces, c.retries))
 			}
 			assert.Equal(t, tc.creates, creates, "creates")
-			assert.Equal(t, tc.drain, names(p.drain), "drain")
+			assert.Equal(t, tc.drain, p.drain, "drain")
 			assert.Len(t, p.exhausted, tc.exhausted, "exhausted: %v", p.exhausted)
 			assert.Equal(t, tc.paused, p.paused != "", "paused: %q", p.paused)
 			assert.Equal(t, tc.wake, p.wake, "wake")

@@ -12,10 +12,10 @@ import (
 	v1 "github.com/egress-proxies/egress-proxies/pkg/api/v1alpha1"
 )
 
-// setStatus writes the counts and conditions of what this reconcile
-// observed and decided. A reason that needs someone to act is a Warning
+// setStatus derives the counts and conditions from what this reconcile
+// observed and the Command it decided. A reason that needs someone to act is a Warning
 // Event when it begins, not on every reconcile while it lasts.
-func (r *Reconciler) setStatus(pool *v1.ProxyPool, l limits, o *observed, p plan, leasesKnown bool) {
+func (r *Reconciler) setStatus(pool *v1.ProxyPool, l limits, o *observed, p Command, leasesKnown bool) {
 	st := &pool.Status
 	st.Replicas, st.ReadyReplicas, st.HealthyReplicas, st.UpdatedReplicas, st.DrainingReplicas = 0, 0, 0, 0, 0
 	if leasesKnown {
@@ -49,7 +49,7 @@ func (r *Reconciler) setStatus(pool *v1.ProxyPool, l limits, o *observed, p plan
 		if !m.healthy {
 			unhealthy++
 		}
-		if m.updated && m.cause != "" {
+		if c := p.verdicts[m.name].cause; m.updated && (c == CauseFailed || c == CauseMaxAge) {
 			replacing++
 		}
 	}

@@ -40,7 +40,7 @@ type leases struct {
 	mu       sync.Mutex
 	m        map[string]int32
 	refusals []leaseview.Refusal
-	rec      *proxypool.Reconciler
+	wakeups  *proxypool.Wakeups
 }
 
 func (l *leases) Snapshot() leaseview.Snapshot {
@@ -52,10 +52,10 @@ func (l *leases) Snapshot() leaseview.Snapshot {
 // poll wakes the autoscaled pools, as each poll of the broker does.
 func (l *leases) poll() {
 	l.mu.Lock()
-	rec := l.rec
+	w := l.wakeups
 	l.mu.Unlock()
-	if rec != nil {
-		rec.Polled()
+	if w != nil {
+		w.Polled()
 	}
 }
 
@@ -64,20 +64,20 @@ func (l *leases) poll() {
 func (l *leases) refuse(rs ...leaseview.Refusal) {
 	l.mu.Lock()
 	l.refusals = rs
-	rec := l.rec
+	w := l.wakeups
 	l.mu.Unlock()
-	if rec != nil {
-		rec.Polled()
+	if w != nil {
+		w.Polled()
 	}
 }
 
 func (l *leases) set(id string, n int32) {
 	l.mu.Lock()
 	l.m[id] = n
-	rec := l.rec
+	w := l.wakeups
 	l.mu.Unlock()
-	if rec != nil {
-		rec.LeasesChanged([]string{id})
+	if w != nil {
+		w.LeasesChanged([]string{id})
 	}
 }
 
@@ -156,11 +156,13 @@ func (h *harness) start() *harness {
 	if h.wrap != nil {
 		c = h.wrap(c, cancel)
 	}
-	rec := proxypool.New(c, h.leases, mgr.GetEventRecorder("egress-proxies-controller"), slog.Default(), h.opts)
+	wakeups := proxypool.NewWakeups(mgr.GetClient())
+	recorder := mgr.GetEventRecorder("egress-proxies-controller")
+	require.NoError(t, proxypool.New(c, h.leases, wakeups, recorder, slog.Default(), h.opts).SetupWithManager(mgr))
+	require.NoError(t, proxypool.NewAutoscaler(c, h.leases, wakeups, recorder).SetupWithManager(mgr))
 	h.leases.mu.Lock()
-	h.leases.rec = rec
+	h.leases.wakeups = wakeups
 	h.leases.mu.Unlock()
-	require.NoError(t, rec.SetupWithManager(mgr))
 	done := make(chan struct{})
 	killed := h.wrap != nil
 	go func() {
@@ -203,10 +205,10 @@ func (h *harness) standIns(ctx context.Context) {
 					continue
 				}
 				healthy, ip := h.verdict(&px)
-				if px.Status.Healthy == healthy && px.Status.EgressIP == ip {
+				if px.Status.Healthy == healthy && px.Status.EgressIP == ip && px.Status.HealthInstanceGeneration == px.Status.InstanceGeneration {
 					continue
 				}
-				px.Status.Healthy, px.Status.EgressIP = healthy, ip
+				px.Status.Healthy, px.Status.EgressIP, px.Status.HealthInstanceGeneration = healthy, ip, px.Status.InstanceGeneration
 				c := metav1.Condition{Type: v1.ConditionHealthy, Status: metav1.ConditionTrue, Reason: v1.ReasonProbeSucceeded, Message: "the test's stand-in prober"}
 				if !healthy {
 					c.Status, c.Reason = metav1.ConditionFalse, v1.ReasonProbeFailed

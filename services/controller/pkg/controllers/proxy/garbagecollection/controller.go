@@ -44,17 +44,35 @@ func init() { ctrlmetrics.Registry.MustRegister(found, deleted, sweepErrors) }
 // Collector is a manager Runnable; it needs leader election, since only
 // the leader may delete.
 type Collector struct {
-	// Registry supplies the usable providers.
-	Registry *providers.Registry
-	// Reader reads Proxies live from the API server: a cache that has
+	registry *providers.Registry
+	// reader reads Proxies live from the API server: a cache that has
 	// not yet seen a new Proxy must never make its instance look orphaned.
-	Reader   client.Reader
+	reader client.Reader
+	log    *slog.Logger
+	opts   Options
+}
+
+// Options tune the collector; zero values take the defaults.
+type Options struct {
+	// Interval is the time between sweeps; 0 means 5 minutes.
 	Interval time.Duration
 	// Grace protects instances younger than this (their Proxy's status
-	// write may still be on its way).
+	// write may still be on its way); 0 means none.
 	Grace time.Duration
-	Log   *slog.Logger
+	// Clock is the sweeps' clock; nil means the real one.
 	Clock clock.PassiveClock
+}
+
+// New returns a collector of registry's instances whose owners it reads
+// through reader, which must not be a cache.
+func New(registry *providers.Registry, reader client.Reader, log *slog.Logger, o Options) *Collector {
+	if o.Interval <= 0 {
+		o.Interval = 5 * time.Minute
+	}
+	if o.Clock == nil {
+		o.Clock = clock.RealClock{}
+	}
+	return &Collector{registry: registry, reader: reader, log: log, opts: o}
 }
 
 // NeedLeaderElection: only the leader sweeps.
@@ -62,10 +80,7 @@ func (c *Collector) NeedLeaderElection() bool { return true }
 
 // Start sweeps at once, then every Interval, until ctx ends.
 func (c *Collector) Start(ctx context.Context) error {
-	if c.Clock == nil {
-		c.Clock = clock.RealClock{}
-	}
-	t := time.NewTicker(c.Interval)
+	t := time.NewTicker(c.opts.Interval)
 	defer t.Stop()
 	for {
 		c.Sweep(ctx)
@@ -84,18 +99,15 @@ var tracer = otel.Tracer("egress-proxies/controller/gc")
 func (c *Collector) Sweep(ctx context.Context) int {
 	ctx, span := tracer.Start(providers.WithCaller(ctx, providers.CallerGC), "gc.Sweep")
 	defer span.End()
-	if c.Clock == nil {
-		c.Clock = clock.RealClock{}
-	}
 	total := 0
-	for name, p := range c.Registry.Available() {
+	for name, p := range c.registry.Available() {
 		n, err := c.sweepProvider(ctx, name, p)
 		total += n
 		if err != nil {
 			sweepErrors.WithLabelValues(name).Inc()
 			span.RecordError(err)
 			span.SetStatus(codes.Error, err.Error())
-			c.Log.ErrorContext(ctx, "gc sweep incomplete", "provider", name, "err", err)
+			c.log.ErrorContext(ctx, "gc sweep incomplete", "provider", name, "err", err)
 		}
 	}
 	span.SetAttributes(attribute.Int("gc.deleted", total))
@@ -112,7 +124,7 @@ func (c *Collector) sweepProvider(ctx context.Context, name string, p providers.
 		errs = append(errs, fmt.Errorf("listing: %w", listErr))
 	}
 	for _, inst := range insts {
-		if c.Clock.Since(inst.CreatedAt) < c.Grace {
+		if c.opts.Clock.Since(inst.CreatedAt) < c.opts.Grace {
 			continue
 		}
 		orphan, why, err := c.isOrphan(ctx, inst)
@@ -124,7 +136,7 @@ func (c *Collector) sweepProvider(ctx context.Context, name string, p providers.
 			continue
 		}
 		found.WithLabelValues(name).Inc()
-		c.Log.InfoContext(ctx, "deleting orphaned instance", "provider", name, "instance", inst.ProviderID,
+		c.log.InfoContext(ctx, "deleting orphaned instance", "provider", name, "instance", inst.ProviderID,
 			"owner", inst.Owner.Key(), "ownerUID", inst.Owner.UID, "why", why)
 		if err := p.Delete(ctx, inst.ProviderID); err != nil {
 			errs = append(errs, fmt.Errorf("deleting %s: %w", inst.ProviderID, err))
@@ -149,7 +161,7 @@ func (c *Collector) isOrphan(ctx context.Context, inst *providers.Instance) (boo
 		return c.uidGone(ctx, inst)
 	}
 	px := &v1.Proxy{}
-	err := c.Reader.Get(ctx, client.ObjectKey{Namespace: inst.Owner.Namespace, Name: inst.Owner.Name}, px)
+	err := c.reader.Get(ctx, client.ObjectKey{Namespace: inst.Owner.Namespace, Name: inst.Owner.Name}, px)
 	switch {
 	case apierrors.IsNotFound(err):
 		return true, "owner Proxy deleted", nil
@@ -165,7 +177,7 @@ func (c *Collector) isOrphan(ctx context.Context, inst *providers.Instance) (boo
 
 func (c *Collector) uidGone(ctx context.Context, inst *providers.Instance) (bool, string, error) {
 	list := &v1.ProxyList{}
-	if err := c.Reader.List(ctx, list); err != nil {
+	if err := c.reader.List(ctx, list); err != nil {
 		return false, "", err
 	}
 	for _, px := range list.Items {

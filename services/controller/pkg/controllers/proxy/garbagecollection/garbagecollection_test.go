@@ -69,7 +69,7 @@ func TestSweepCollectsOnlyOrphansPastTheGracePeriod(t *testing.T) {
 	require.NoError(t, env.Client.Create(ctx, untagged))
 
 	clock := clocktesting.NewFakePassiveClock(time.Now())
-	gc := &garbagecollection.Collector{Registry: reg, Reader: env.Client, Interval: time.Hour, Grace: 10 * time.Minute, Log: slog.Default(), Clock: clock}
+	gc := garbagecollection.New(reg, env.Client, slog.Default(), garbagecollection.Options{Interval: time.Hour, Grace: 10 * time.Minute, Clock: clock})
 
 	assert.Zero(t, gc.Sweep(ctx), "everything is younger than the grace period")
 	assert.Len(t, pods(t, ns), 6)

@@ -56,8 +56,8 @@ func TestSweepAcrossKVMHostsSkipsAnUnreachableOne(t *testing.T) {
 	b.Cut()
 	var logs bytes.Buffer
 	clock := clocktesting.NewFakePassiveClock(time.Now().Add(11 * time.Minute))
-	gc := &garbagecollection.Collector{Registry: reg, Reader: env.Client, Interval: time.Hour, Grace: 10 * time.Minute,
-		Log: slog.New(slog.NewTextHandler(&logs, nil)), Clock: clock}
+	gc := garbagecollection.New(reg, env.Client, slog.New(slog.NewTextHandler(&logs, nil)),
+		garbagecollection.Options{Interval: time.Hour, Grace: 10 * time.Minute, Clock: clock})
 	assert.Equal(t, 1, gc.Sweep(ctx), "only the reachable host's orphan")
 	assert.Contains(t, logs.String(), "gc sweep incomplete")
 	assert.Contains(t, logs.String(), "kvm host hv-b", "the sweep names the host it could not read")

@@ -45,10 +45,8 @@ func TestManagedHappyPath(t *testing.T) {
 	assert.Contains(t, px.Finalizers, v1.Finalizer)
 	assert.Equal(t, metav1.ConditionTrue, ready(px).Status)
 	assert.Equal(t, v1.ReasonRunning, ready(px).Reason)
-	healthy := meta.FindStatusCondition(px.Status.Conditions, v1.ConditionHealthy)
-	require.NotNil(t, healthy)
-	assert.Equal(t, metav1.ConditionUnknown, healthy.Status, "a new proxy starts Unknown")
-	assert.False(t, px.Status.Healthy)
+	assert.Nil(t, meta.FindStatusCondition(px.Status.Conditions, v1.ConditionHealthy), "health is the health engine's to write, on its first verdict")
+	assert.False(t, px.Status.IsHealthy())
 	h.waitEvent("eu-1", v1.ReasonProvisioning)
 	h.waitEvent("eu-1", v1.ReasonRunning)
 
@@ -79,19 +77,22 @@ func TestExternalIsTrackedNotProvisioned(t *testing.T) {
 	}
 }
 
-// An External Proxy moved to another address starts health afresh, in the
-// same write that moves it: the old address's Healthy=True must not keep
-// the new one leasable.
-func TestExternalAddressChangeStartsHealthAfresh(t *testing.T) {
+// An External Proxy moved to another address is a new instance: its
+// generation moves in the same write that moves it, so the old address's
+// Healthy=True no longer makes it leasable. The lifecycle leaves the
+// health fields to the health engine, which resets them (package health).
+func TestExternalAddressChangeIsANewInstance(t *testing.T) {
 	h := newHarness(t).start()
 	h.create(h.external("moved", "127.0.0.56", 8080))
 	px := h.waitFor("moved", "Ready", func(px *v1.Proxy) bool { return px.Status.Phase == v1.PhaseReady })
+	require.Equal(t, int64(1), px.Status.InstanceGeneration)
 	// What the health engine writes once the old address is proven.
-	px.Status.Healthy, px.Status.EgressIP = true, "198.51.100.9"
+	px.Status.Healthy, px.Status.EgressIP, px.Status.HealthInstanceGeneration = true, "198.51.100.9", 1
 	meta.SetStatusCondition(&px.Status.Conditions, metav1.Condition{Type: v1.ConditionHealthy, Status: metav1.ConditionTrue, Reason: v1.ReasonProbeSucceeded, Message: "ok"})
 	require.NoError(t, env.Client.Status().Update(context.Background(), px))
+	require.True(t, px.Status.IsHealthy())
 
-	for _, tc := range []struct {
+	for i, tc := range []struct {
 		name   string
 		mutate func(*v1.Proxy)
 		want   string
@@ -103,14 +104,9 @@ func TestExternalAddressChangeStartsHealthAfresh(t *testing.T) {
 		got := h.waitFor("moved", tc.name+" moved", func(px *v1.Proxy) bool {
 			return fmt.Sprintf("%s:%d", px.Status.IP, px.Status.Port) == tc.want
 		})
-		c := meta.FindStatusCondition(got.Status.Conditions, v1.ConditionHealthy)
-		require.NotNil(t, c)
-		assert.Equal(t, metav1.ConditionUnknown, c.Status, "%s change", tc.name)
-		assert.Equal(t, v1.ReasonNotProbed, c.Reason)
-		assert.Contains(t, c.Message, "address changed")
-		assert.Contains(t, c.Message, tc.want)
-		assert.False(t, got.Status.Healthy, "not leasable until the new address is proven")
-		assert.Empty(t, got.Status.EgressIP, "the old address's egress IP is not the new one's")
+		assert.Equal(t, int64(2+i), got.Status.InstanceGeneration, "%s change", tc.name)
+		assert.False(t, got.Status.IsHealthy(), "not leasable until the new address is proven")
+		assert.True(t, got.Status.Healthy, "the health fields are the engine's to reset, not the lifecycle's")
 	}
 }
 

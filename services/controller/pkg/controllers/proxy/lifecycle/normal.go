@@ -20,9 +20,6 @@ func (r *Reconciler) reconcileNormal(ctx context.Context, s *scope) (ctrl.Result
 	if px.Status.Phase == "" {
 		px.Status.Phase = v1.PhasePending
 	}
-	if meta.FindStatusCondition(px.Status.Conditions, v1.ConditionHealthy) == nil {
-		resetHealth(px, "not probed yet")
-	}
 	if px.Spec.Mode == v1.ModeExternal {
 		return r.reconcileExternal(px)
 	}
@@ -30,11 +27,16 @@ func (r *Reconciler) reconcileNormal(ctx context.Context, s *scope) (ctrl.Result
 }
 
 func (r *Reconciler) reconcileExternal(px *v1.Proxy) (ctrl.Result, error) {
-	// A new address is a new proxy as far as health goes, as a Managed
-	// replacement is: what was proven of the old address must not keep the
-	// new one leasable while the failure threshold catches up.
-	if px.Status.IP != "" && (px.Status.IP != px.Spec.Address || px.Status.Port != px.Spec.Port) {
-		resetHealth(px, fmt.Sprintf("address changed from %s:%d to %s:%d; not probed yet", px.Status.IP, px.Status.Port, px.Spec.Address, px.Spec.Port))
+	// Each address is an instance of its own: what was proven of the old
+	// one must not keep the new one leasable while the failure threshold
+	// catches up, so a new address moves the generation, which is what
+	// makes the health engine start over.
+	st := &px.Status
+	switch {
+	case st.InstanceGeneration == 0:
+		st.InstanceGeneration = 1
+	case st.IP != "" && (st.IP != px.Spec.Address || st.Port != px.Spec.Port):
+		st.InstanceGeneration++
 	}
 	markReady(px, v1.ReasonTracking, px.Spec.Address, fmt.Sprintf("tracking external proxy at %s:%d", px.Spec.Address, px.Spec.Port))
 	return ctrl.Result{}, nil
@@ -75,8 +77,10 @@ func (r *Reconciler) reconcileManaged(ctx context.Context, px *v1.Proxy) (ctrl.R
 	switch {
 	case providers.IsNotFound(err):
 		markNotReady(px, v1.PhaseProvisioning, v1.ReasonInstanceLost, fmt.Sprintf("instance %s disappeared outside the controller; creating it again", st.ProviderID))
-		st.ProviderID = ""
-		resetHealth(px, "instance recreated; not probed yet")
+		// The next instance is a new generation, under a name of its own:
+		// its health starts over, and should the lost one come back, GC
+		// collects it as superseded.
+		st.ProviderID, st.InstanceGeneration = "", max(st.InstanceGeneration, 1)+1
 		return r.create(ctx, px, prov, cloudInit, hash)
 	case err != nil:
 		return r.providerError(px, err)
@@ -95,7 +99,6 @@ func (r *Reconciler) replace(ctx context.Context, px *v1.Proxy, prov providers.P
 	case providers.IsNotFound(err):
 		st.InstanceGeneration = max(st.InstanceGeneration, 1) + 1
 		st.ProviderID, st.SpecHash = "", ""
-		resetHealth(px, "replacement not probed yet")
 		return r.create(ctx, px, prov, cloudInit, hash)
 	case err != nil:
 		return r.providerError(px, err)

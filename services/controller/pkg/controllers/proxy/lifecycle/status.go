@@ -14,6 +14,11 @@ import (
 	"github.com/egress-proxies/egress-proxies/services/controller/pkg/metrics"
 )
 
+// The lifecycle writes phase, address, Ready, provider id, instance
+// generation and spec hash; health is the health engine's (package
+// health), which resets it when the instance generation moves on, so the
+// lifecycle says a new instance exists by moving the generation.
+//
 // The phase, the Ready condition and the address change together, in
 // markReady, markNotReady and markError and nowhere else, so no path can
 // leave them disagreeing: a Proxy has an address in phase Ready, and
@@ -48,16 +53,6 @@ func markError(px *v1.Proxy, reason, msg string) {
 func setReady(px *v1.Proxy, status metav1.ConditionStatus, reason, msg string) {
 	meta.SetStatusCondition(&px.Status.Conditions, metav1.Condition{
 		Type: v1.ConditionReady, Status: status, Reason: reason, Message: msg, ObservedGeneration: px.Generation,
-	})
-}
-
-// resetHealth: a new instance has not been probed; whatever was known of
-// the old one does not carry over.
-func resetHealth(px *v1.Proxy, msg string) {
-	px.Status.Healthy = false
-	px.Status.EgressIP = ""
-	meta.SetStatusCondition(&px.Status.Conditions, metav1.Condition{
-		Type: v1.ConditionHealthy, Status: metav1.ConditionUnknown, Reason: v1.ReasonNotProbed, Message: msg, ObservedGeneration: px.Generation,
 	})
 }
 

@@ -1,9 +1,4 @@
-// Package probehub is the controller's end of the probe stream: a gRPC
-// server the prober fleet connects to, and the assignment that gives every
-// probe-able Proxy to exactly one connected prober. It hands every result
-// to the health engine (controllers/proxy/health), which alone decides and
-// writes health.
-package probehub
+package health
 
 import (
 	"context"
@@ -25,7 +20,6 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 	corev1 "k8s.io/api/core/v1"
-	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/types"
 	toolscache "k8s.io/client-go/tools/cache"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
@@ -41,7 +35,6 @@ import (
 	"github.com/egress-proxies/egress-proxies/pkg/proxyauth"
 	"github.com/egress-proxies/egress-proxies/pkg/sanitize"
 	"github.com/egress-proxies/egress-proxies/pkg/service"
-	"github.com/egress-proxies/egress-proxies/services/controller/pkg/controllers/proxy/health"
 )
 
 var (
@@ -70,29 +63,12 @@ func init() {
 // changes to one proxy reaches its prober once.
 type Hub struct {
 	probev1.UnimplementedProbeServiceServer
-	Engine   *health.Engine
-	Defaults health.Defaults
-	// Elected is closed once this replica leads; followers refuse streams
+	engine *Engine
+	// elected is closed once this replica leads; followers refuse streams
 	// so probers find the leader.
-	Elected <-chan struct{}
-	Addr    string
-	// TLS serves the stream over TLS; nil serves plaintext (local
-	// development and tests of the hub alone).
-	TLS   *tls.Config
-	Token *auth.Token
-	// Deny lists where a proxy may not be: a Proxy whose address is in
-	// it is refused (ProbeDenied), not assigned.
-	Deny netpolicy.DenyList
-	// Egress is where a health-check URL may point: a Proxy's creator
-	// names it, and the probe fleet would fetch it through the proxy.
-	Egress netpolicy.Egress
-	Log    *slog.Logger
-	// Credentials gives each target the credentials its proxy asks for;
-	// without Secrets, External proxies are probed with none.
-	Credentials kube.ProxyCredentials
-	// MaxMessageBytes bounds one assignment message; 0 means
-	// assignment.MaxMessageBytes.
-	MaxMessageBytes int
+	elected <-chan struct{}
+	log     *slog.Logger
+	opts    HubOptions
 
 	mu      sync.Mutex
 	targets map[string]*probev1.ProbeTarget
@@ -127,10 +103,37 @@ func (s *session) poke() {
 	}
 }
 
-func (h *Hub) init() {
-	if h.targets == nil {
-		h.targets, h.sessions, h.owner, h.dirty = map[string]*probev1.ProbeTarget{}, map[string]*session{}, map[string]string{}, map[string]struct{}{}
-		h.kick = make(chan struct{}, 1)
+// HubOptions configure the probe endpoint.
+type HubOptions struct {
+	// Addr is where the endpoint listens (--probe-addr).
+	Addr string
+	// TLS serves the stream over TLS; nil serves plaintext (local
+	// development and tests of the hub alone).
+	TLS   *tls.Config
+	Token *auth.Token
+	// Defaults resolve each Proxy's spec.healthCheck.
+	Defaults Defaults
+	// Deny lists where a proxy may not be: a Proxy whose address is in
+	// it is refused (ProbeDenied), not assigned.
+	Deny netpolicy.DenyList
+	// Egress is where a health-check URL may point: a Proxy's creator
+	// names it, and the probe fleet would fetch it through the proxy.
+	Egress netpolicy.Egress
+	// Credentials gives each target the credentials its proxy asks for;
+	// without Secrets, External proxies are probed with none.
+	Credentials kube.ProxyCredentials
+	// MaxMessageBytes bounds one assignment message; 0 means
+	// assignment.MaxMessageBytes.
+	MaxMessageBytes int
+}
+
+// NewHub returns a hub that hands results to engine and serves probers
+// once elected is closed (nil: at once).
+func NewHub(engine *Engine, elected <-chan struct{}, log *slog.Logger, o HubOptions) *Hub {
+	return &Hub{
+		engine: engine, elected: elected, log: log, opts: o,
+		targets: map[string]*probev1.ProbeTarget{}, sessions: map[string]*session{}, owner: map[string]string{}, dirty: map[string]struct{}{},
+		kick: make(chan struct{}, 1),
 	}
 }
 
@@ -139,9 +142,6 @@ func (h *Hub) NeedLeaderElection() bool { return false }
 
 // Watch feeds the target set from the manager's Proxy informer.
 func (h *Hub) Watch(ctx context.Context, c cache.Cache) error {
-	h.mu.Lock()
-	h.init()
-	h.mu.Unlock()
 	inf, err := c.GetInformer(ctx, &v1.Proxy{})
 	if err != nil {
 		return err
@@ -156,20 +156,20 @@ func probeable(px *v1.Proxy) bool {
 }
 
 func (h *Hub) upsert(px *v1.Proxy) {
-	key := types.NamespacedName{Namespace: px.Namespace, Name: px.Name}
-	id := key.String()
+	id := px.Key()
 	if !probeable(px) {
-		h.remove(id, px.UID)
+		h.drop(id)
+		h.engine.Reset(px)
 		return
 	}
-	r := h.Defaults.Resolve(px.Spec.HealthCheck)
+	r := h.opts.Defaults.Resolve(px.Spec.HealthCheck)
 	addr := fmt.Sprintf("%s:%d", px.Status.IP, px.Status.Port)
 	if why := h.denied(px.Status.IP, r.URL); why != "" {
-		h.Engine.Refuse(key, px.UID, addr, why)
+		h.engine.Refuse(px, addr, why)
 		h.drop(id)
 		return
 	}
-	h.Engine.Track(key, px.UID, addr, r, meta.FindStatusCondition(px.Status.Conditions, v1.ConditionHealthy), px.Status.EgressIP)
+	h.engine.Track(px, addr, r)
 	t := &probev1.ProbeTarget{Id: id, Uid: string(px.UID), Address: px.Status.IP, Port: px.Status.Port, Settings: r.Proto()}
 	if c := h.credentials(px); !c.Empty() {
 		t.Credentials = &probev1.ProxyCredentials{Username: c.Username, Password: c.Password}
@@ -193,9 +193,9 @@ func (h *Hub) credentials(px *v1.Proxy) proxyauth.Credentials {
 	// bring the credentials to the targets that wait for them.
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
-	c, err := h.Credentials.Of(ctx, kube.CredentialsRefOf(px))
+	c, err := h.opts.Credentials.Of(ctx, kube.CredentialsRefOf(px))
 	if err != nil {
-		h.Log.Debug("probing without credentials", "proxy", px.Key(), "err", err)
+		h.log.Debug("probing without credentials", "proxy", px.Key(), "err", err)
 	}
 	return c
 }
@@ -217,7 +217,7 @@ func (h *Hub) WatchCredentials(ctx context.Context, secrets cache.Cache, proxies
 		}
 		var list v1.ProxyList
 		if err := proxies.List(ctx, &list, client.InNamespace(s.Namespace)); err != nil {
-			h.Log.Warn("listing the Proxies a credentials Secret serves", "secret", s.Namespace+"/"+s.Name, "err", err)
+			h.log.Warn("listing the Proxies a credentials Secret serves", "secret", s.Namespace+"/"+s.Name, "err", err)
 			return
 		}
 		for i := range list.Items {
@@ -233,7 +233,7 @@ func (h *Hub) WatchCredentials(ctx context.Context, secrets cache.Cache, proxies
 }
 
 func (h *Hub) remove(id string, uid types.UID) {
-	h.Engine.Forget(uid)
+	h.engine.Forget(uid)
 	h.drop(id)
 }
 
@@ -251,14 +251,14 @@ func (h *Hub) drop(id string) {
 // denied says why a proxy at ip, checked with url, must not be probed, or
 // "". Names are let through here: the prober checks what they resolve to.
 func (h *Hub) denied(ip, rawURL string) string {
-	if p, ok := h.Deny.DeniesHost(ip); ok {
+	if p, ok := h.opts.Deny.DeniesHost(ip); ok {
 		return fmt.Sprintf("the proxy's address %s is in --probe-deny-cidrs (%s); it is never probed", ip, p)
 	}
 	u, err := url.Parse(rawURL)
 	if err != nil {
 		return ""
 	}
-	if err := h.Egress.CheckHost(netpolicy.Destination(u)); err != nil {
+	if err := h.opts.Egress.CheckHost(netpolicy.Destination(u)); err != nil {
 		return fmt.Sprintf("the health-check URL %s is outside the egress policy (%s); it is never probed", u.Host, err)
 	}
 	return ""
@@ -379,7 +379,7 @@ func (h *Hub) send(ctx context.Context, s *session) error {
 		}
 		clear(s.changed)
 		h.mu.Unlock()
-		for _, m := range assignment.Split(full, upsert, remove, h.MaxMessageBytes) {
+		for _, m := range assignment.Split(full, upsert, remove, h.opts.MaxMessageBytes) {
 			if err := s.stream.Send(&probev1.ConnectResponse{Message: &probev1.ConnectResponse_Assignment{Assignment: m}}); err != nil {
 				return err
 			}
@@ -390,7 +390,7 @@ func (h *Hub) send(ctx context.Context, s *session) error {
 // Connect implements ProbeService.
 func (h *Hub) Connect(stream probev1.ProbeService_ConnectServer) error {
 	select {
-	case <-h.Elected:
+	case <-h.elected:
 	default:
 		return status.Error(codes.Unavailable, "this controller replica is not the leader; reconnect to reach the leader")
 	}
@@ -424,11 +424,11 @@ func (h *Hub) Connect(stream probev1.ProbeService_ConnectServer) error {
 	h.mu.Unlock()
 	go func() {
 		if err := h.send(ctx, s); err != nil {
-			h.Log.Warn("sending an assignment failed; ending the stream", "prober", s.id, "err", err)
+			h.log.Warn("sending an assignment failed; ending the stream", "prober", s.id, "err", err)
 			cancel()
 		}
 	}()
-	h.Log.Info("prober connected", "prober", s.id, "capacity", hello.GetCapacity())
+	h.log.Info("prober connected", "prober", s.id, "capacity", hello.GetCapacity())
 	defer func() {
 		h.mu.Lock()
 		if h.sessions[s.id] == s {
@@ -439,7 +439,7 @@ func (h *Hub) Connect(stream probev1.ProbeService_ConnectServer) error {
 		probersConnected.Set(float64(len(h.sessions)))
 		h.trigger()
 		h.mu.Unlock()
-		h.Log.Info("prober disconnected", "prober", s.id)
+		h.log.Info("prober disconnected", "prober", s.id)
 	}()
 
 	msgs := make(chan *probev1.ConnectRequest)
@@ -466,7 +466,7 @@ func (h *Hub) Connect(stream probev1.ProbeService_ConnectServer) error {
 			return err
 		case m := <-msgs:
 			for _, r := range h.accepted(s, m.GetResults().GetResults()) {
-				h.Engine.Handle(ctx, s.id, r)
+				h.engine.Handle(ctx, s.id, r)
 			}
 		}
 	}
@@ -486,7 +486,7 @@ func (h *Hub) accepted(s *session, rs []*probev1.ProbeResult) []*probev1.ProbeRe
 			rejected.WithLabelValues("unassigned").Inc()
 		case r.GetEgressIp() != "" && net.ParseIP(r.GetEgressIp()) == nil:
 			rejected.WithLabelValues("invalid").Inc()
-			h.Log.Warn("a result's egress IP is not an IP; result dropped", "prober", s.id, "proxy", r.GetId(), "egressIP", sanitize.Text(r.GetEgressIp(), 64))
+			h.log.Warn("a result's egress IP is not an IP; result dropped", "prober", s.id, "proxy", r.GetId(), "egressIP", sanitize.Text(r.GetEgressIp(), 64))
 		default:
 			out = append(out, r)
 		}
@@ -496,31 +496,28 @@ func (h *Hub) accepted(s *session, rs []*probev1.ProbeResult) []*probev1.ProbeRe
 
 // Start serves the probe endpoint until ctx ends (a manager Runnable).
 func (h *Hub) Start(ctx context.Context) error {
-	h.mu.Lock()
-	h.init()
-	h.mu.Unlock()
 	ln := h.listener
 	if ln == nil {
 		var err error
-		if ln, err = net.Listen("tcp", h.Addr); err != nil {
-			return fmt.Errorf("--probe-addr %s: %w", h.Addr, err)
+		if ln, err = net.Listen("tcp", h.opts.Addr); err != nil {
+			return fmt.Errorf("--probe-addr %s: %w", h.opts.Addr, err)
 		}
 	}
 	opts := []grpc.ServerOption{
 		grpc.StatsHandler(otelgrpc.NewServerHandler()),
-		grpc.ChainStreamInterceptor(grpcMetrics.StreamServerInterceptor(), h.Token.StreamInterceptor()),
+		grpc.ChainStreamInterceptor(grpcMetrics.StreamServerInterceptor(), h.opts.Token.StreamInterceptor()),
 		grpc.KeepaliveParams(keepalive.ServerParameters{Time: 10 * time.Second, Timeout: 5 * time.Second}),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 5 * time.Second, PermitWithoutStream: true}),
 	}
-	if h.TLS != nil {
-		opts = append(opts, grpc.Creds(credentials.NewTLS(h.TLS)))
+	if h.opts.TLS != nil {
+		opts = append(opts, grpc.Creds(credentials.NewTLS(h.opts.TLS)))
 	}
 	srv := grpc.NewServer(opts...)
 	probev1.RegisterProbeServiceServer(srv, h)
 	go h.rebalancer(ctx)
-	go h.Engine.Run(ctx)
+	go h.engine.Run(ctx)
 	go func() { <-ctx.Done(); srv.Stop() }()
-	h.Log.Info("serving the probe endpoint", "addr", ln.Addr().String())
+	h.log.Info("serving the probe endpoint", "addr", ln.Addr().String())
 	if err := srv.Serve(ln); err != nil && ctx.Err() == nil {
 		return err
 	}
@@ -530,9 +527,9 @@ func (h *Hub) Start(ctx context.Context) error {
 // Listen binds the endpoint early, so a bad address fails start-up and
 // tests learn the port.
 func (h *Hub) Listen() (string, error) {
-	ln, err := net.Listen("tcp", h.Addr)
+	ln, err := net.Listen("tcp", h.opts.Addr)
 	if err != nil {
-		return "", fmt.Errorf("--probe-addr %s: %w", h.Addr, err)
+		return "", fmt.Errorf("--probe-addr %s: %w", h.opts.Addr, err)
 	}
 	h.listener = ln
 	return ln.Addr().String(), nil

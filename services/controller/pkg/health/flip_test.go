@@ -1,10 +1,9 @@
-package probehub
+package health
 
 import (
 	"context"
 	"fmt"
 	"log/slog"
-	"os"
 	"sync"
 	"testing"
 	"time"
@@ -14,7 +13,6 @@ import (
 	"github.com/stretchr/testify/require"
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
-	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
@@ -24,13 +22,8 @@ import (
 	probev1 "github.com/egress-proxies/egress-proxies/pkg/gen/egressproxies/probe/v1"
 	"github.com/egress-proxies/egress-proxies/pkg/netpolicy"
 	"github.com/egress-proxies/egress-proxies/pkg/testenv"
-	"github.com/egress-proxies/egress-proxies/services/controller/pkg/controllers/proxy/health"
 	"github.com/egress-proxies/egress-proxies/services/controller/pkg/metrics"
 )
-
-var env *testenv.Env
-
-func TestMain(m *testing.M) { os.Exit(testenv.Main(m, &env)) }
 
 // readyFleet creates n Ready, Healthy External proxies in a new
 // namespace, 16 at a time, and returns the namespace.
@@ -68,9 +61,9 @@ func TestAFleetWideFlipNeverStallsResultIntake(t *testing.T) {
 	ctx := context.Background()
 	slow := rest.CopyConfig(env.Config)
 	slow.QPS, slow.Burst = 200, 20
-	d := health.DefaultDefaults
+	d := DefaultDefaults
 	d.FailureThreshold = 1
-	e, addr := watchingHub(t, ns, slow, &Hub{Defaults: d})
+	e, addr := watchingHub(t, ns, slow, HubOptions{Defaults: d})
 
 	p := connect(t, addr, "prober-0")
 	partitionWithin(t, 30*time.Second, n, p)
@@ -116,15 +109,15 @@ func TestAFleetWideFlipNeverStallsResultIntake(t *testing.T) {
 
 // watchingHub runs h as the controller does, fed by an informer on ns,
 // its engine writing through a client made from cfg, until the test ends.
-func watchingHub(t *testing.T, ns string, cfg *rest.Config, h *Hub) (*health.Engine, string) {
+func watchingHub(t *testing.T, ns string, cfg *rest.Config, o HubOptions) (*Engine, string) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	c, err := cache.New(env.Config, cache.Options{Scheme: env.Scheme, DefaultNamespaces: map[string]cache.Config{ns: {}}})
 	require.NoError(t, err)
 	writer, err := client.New(cfg, client.Options{Scheme: env.Scheme, Cache: &client.CacheOptions{Reader: c}})
 	require.NoError(t, err)
-	h.Engine = &health.Engine{Client: writer, Log: slog.Default()}
-	h.Elected, h.Addr, h.Log = closed(), "127.0.0.1:0", slog.Default()
+	o.Addr = "127.0.0.1:0"
+	h := NewHub(NewEngine(writer, nil, nil, slog.Default(), EngineOptions{}), closed(), slog.Default(), o)
 	addr, err := h.Listen()
 	require.NoError(t, err)
 	require.NoError(t, h.Watch(ctx, c))
@@ -133,16 +126,12 @@ func watchingHub(t *testing.T, ns string, cfg *rest.Config, h *Hub) (*health.Eng
 	done := make(chan struct{})
 	go func() { _ = h.Start(ctx); close(done) }()
 	t.Cleanup(func() { cancel(); <-done })
-	return h.Engine, addr
+	return h.engine, addr
 }
 
 // queueDepth is the health write queue's depth, as its metric says.
 func queueDepth(t *testing.T) int {
 	return int(sample(t, "workqueue_depth", "name", "proxy_health_status"))
-}
-
-func healthCond(px *v1.Proxy) *metav1.Condition {
-	return meta.FindStatusCondition(px.Status.Conditions, v1.ConditionHealthy)
 }
 
 func closed() chan struct{} {
@@ -172,7 +161,7 @@ func TestDeniedDestinationsAreNeverProbed(t *testing.T) {
 	require.NoError(t, err)
 	egress, err := netpolicy.ParseEgress(netpolicy.DefaultEgressDenyCIDRs, "127.0.0.1/32", netpolicy.DefaultEgressPorts, netpolicy.DefaultEgressTLSPorts)
 	require.NoError(t, err)
-	_, addr := watchingHub(t, ns, env.Config, &Hub{Defaults: health.DefaultDefaults, Deny: deny, Egress: egress})
+	_, addr := watchingHub(t, ns, env.Config, HubOptions{Defaults: DefaultDefaults, Deny: deny, Egress: egress})
 
 	p := connect(t, addr, "deny-prober")
 	assert.Equal(t, map[string]bool{ns + "/fine": true}, partition(t, 1, p)[0], "only the allowed proxy is probed")

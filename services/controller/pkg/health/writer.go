@@ -34,23 +34,18 @@ var errStale = errors.New("status changed since it was read")
 // never lands (it is retried with backoff on a fresh one) and a verdict
 // status already says is never written again.
 func (e *Engine) Run(ctx context.Context) {
-	e.init()
-	if e.Elected != nil {
+	if e.elected != nil {
 		select {
 		case <-ctx.Done():
 			e.queue.ShutDown()
 			return
-		case <-e.Elected:
+		case <-e.elected:
 		}
 	}
 	e.restart(time.Now())
-	workers := e.Workers
-	if workers <= 0 {
-		workers = DefaultWriteWorkers
-	}
 	var wg sync.WaitGroup
 	defer wg.Wait()
-	for range workers {
+	for range e.opts.Workers {
 		wg.Go(func() {
 			for e.next(ctx) {
 			}
@@ -82,7 +77,7 @@ func (e *Engine) next(ctx context.Context) bool {
 	case errors.Is(err, errStale):
 		e.queue.AddRateLimited(uid)
 	default:
-		e.Log.ErrorContext(ctx, "writing health; will retry", "uid", uid, "err", err)
+		e.log.ErrorContext(ctx, "writing health; will retry", "uid", uid, "err", err)
 		e.queue.AddRateLimited(uid)
 	}
 	return true
@@ -98,13 +93,24 @@ func (e *Engine) write(ctx context.Context, uid types.UID) (uint64, error) {
 		return 0, nil // no longer a target
 	}
 	px := &v1.Proxy{}
-	if err := e.Client.Get(ctx, w.key, px); err != nil {
+	if err := e.client.Get(ctx, w.key, px); err != nil {
 		return w.queued, client.IgnoreNotFound(err)
 	}
-	if px.UID != uid || fmt.Sprintf("%s:%d", px.Status.IP, px.Status.Port) != w.addr {
+	if px.UID != uid || px.Status.InstanceGeneration != w.gen || (w.addr != "" && fmt.Sprintf("%s:%d", px.Status.IP, px.Status.Port) != w.addr) {
 		return w.queued, nil // replaced or gone since the probe ran; the informer re-arms the counter
 	}
 	base := px.DeepCopy()
+	if st := &px.Status; st.HealthInstanceGeneration != w.gen {
+		if st.HealthInstanceGeneration != 0 {
+			// About an earlier instance: nothing of it carries over.
+			st.Healthy, st.EgressIP, st.LastHealthCheckTime = false, "", nil
+			meta.SetStatusCondition(&st.Conditions, metav1.Condition{
+				Type: v1.ConditionHealthy, Status: metav1.ConditionUnknown, Reason: v1.ReasonNotProbed,
+				Message: fmt.Sprintf("instance %d not probed yet", w.gen), ObservedGeneration: px.Generation,
+			})
+		}
+		st.HealthInstanceGeneration = w.gen
+	}
 	cur := meta.FindStatusCondition(px.Status.Conditions, v1.ConditionHealthy)
 	var was string // the reason status had, for the Event
 	transition := false
@@ -144,7 +150,7 @@ func (e *Engine) write(ctx context.Context, uid types.UID) (uint64, error) {
 	}
 	ctx, span := tracer.Start(ctx, "health.Transition", opts...)
 	defer span.End()
-	err := e.Client.Status().Patch(ctx, px, client.MergeFromWithOptions(base, client.MergeFromWithOptimisticLock{}))
+	err := e.client.Status().Patch(ctx, px, client.MergeFromWithOptions(base, client.MergeFromWithOptimisticLock{}))
 	switch {
 	case apierrors.IsConflict(err):
 		return 0, errStale
@@ -167,12 +173,12 @@ func (e *Engine) write(ctx context.Context, uid types.UID) (uint64, error) {
 // status write, it happens on transitions only, never per probe.
 func (e *Engine) announce(px *v1.Proxy, was string, v verdict) {
 	switch {
-	case e.Recorder == nil:
+	case e.recorder == nil:
 	case v.stale():
-		e.Recorder.Eventf(px, nil, v1.EventType(v1.ReasonProbeStale), v1.ReasonProbeStale, "Probe", "%s", v.msg)
+		e.recorder.Eventf(px, nil, v1.EventType(v1.ReasonProbeStale), v1.ReasonProbeStale, "Probe", "%s", v.msg)
 	case was == v1.ReasonProbeStale:
-		e.Recorder.Eventf(px, nil, v1.EventType(v1.EventProbeResumed), v1.EventProbeResumed, "Probe", "probe results arrive again: %s (%s)", v.reason, v.msg)
+		e.recorder.Eventf(px, nil, v1.EventType(v1.EventProbeResumed), v1.EventProbeResumed, "Probe", "probe results arrive again: %s (%s)", v.reason, v.msg)
 	case v.reason == v1.ReasonProbeSucceeded || v.reason == v1.ReasonProbeFailed || v.reason == v1.ReasonProbeDenied:
-		e.Recorder.Eventf(px, nil, v1.EventType(v.reason), v.reason, "Probe", "%s", v.msg)
+		e.recorder.Eventf(px, nil, v1.EventType(v.reason), v.reason, "Probe", "%s", v.msg)
 	}
 }

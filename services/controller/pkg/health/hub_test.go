@@ -1,4 +1,4 @@
-package probehub
+package health
 
 import (
 	"context"
@@ -33,24 +33,23 @@ import (
 	probev1 "github.com/egress-proxies/egress-proxies/pkg/gen/egressproxies/probe/v1"
 	"github.com/egress-proxies/egress-proxies/pkg/testutil/proc"
 	"github.com/egress-proxies/egress-proxies/pkg/testutil/promtext"
-	"github.com/egress-proxies/egress-proxies/services/controller/pkg/controllers/proxy/health"
 )
 
 // startHub serves a hub on loopback with n targets; leader says whether
 // this replica leads.
 func startHub(t *testing.T, n int, leader bool, tok *auth.Token) (*Hub, string) {
 	t.Helper()
-	return startHubWith(t, health.DefaultDefaults, "127.0.0.1", n, leader, tok)
+	return startHubWith(t, DefaultDefaults, "127.0.0.1", n, leader, tok)
 }
 
 // startHubWith is startHub with the probe defaults and the targets' address.
-func startHubWith(t *testing.T, d health.Defaults, ip string, n int, leader bool, tok *auth.Token) (*Hub, string) {
+func startHubWith(t *testing.T, d Defaults, ip string, n int, leader bool, tok *auth.Token) (*Hub, string) {
 	t.Helper()
 	elected := make(chan struct{})
 	if leader {
 		close(elected)
 	}
-	h := &Hub{Engine: &health.Engine{Log: slog.Default()}, Defaults: d, Elected: elected, Addr: "127.0.0.1:0", Token: tok, Log: slog.Default()}
+	h := NewHub(NewEngine(nil, nil, nil, slog.Default(), EngineOptions{}), elected, slog.Default(), HubOptions{Defaults: d, Addr: "127.0.0.1:0", Token: tok})
 	addr, err := h.Listen()
 	require.NoError(t, err)
 	ctx, cancel := context.WithCancel(context.Background())
@@ -258,12 +257,12 @@ func TestTargetChangesReachOnlyTheirProber(t *testing.T) {
 func TestARemovedTargetLeavesNoSeries(t *testing.T) {
 	h, _ := startHub(t, 3, true, nil)
 	for i := range 3 {
-		h.Engine.Handle(context.Background(), "p", &probev1.ProbeResult{Id: fmt.Sprintf("ns/p%03d", i), Uid: fmt.Sprintf("uid-%d", i), Success: true})
+		h.engine.Handle(context.Background(), "p", &probev1.ProbeResult{Id: fmt.Sprintf("ns/p%03d", i), Uid: fmt.Sprintf("uid-%d", i), Success: true})
 	}
 	before := lastCheckSeries(t)
 	h.remove("ns/p001", "uid-1")
 	assert.Equal(t, before-1, lastCheckSeries(t))
-	h.Engine.Handle(context.Background(), "p", &probev1.ProbeResult{Id: "ns/p001", Uid: "uid-1", Success: true})
+	h.engine.Handle(context.Background(), "p", &probev1.ProbeResult{Id: "ns/p001", Uid: "uid-1", Success: true})
 	assert.Equal(t, before-1, lastCheckSeries(t), "a late result about it adds none back")
 }
 
@@ -296,7 +295,7 @@ func TestFollowerRefusesAndTokenIsRequired(t *testing.T) {
 func TestFiftyThousandTargetsReachARealProber(t *testing.T) {
 	proc.RequireProcesses(t)
 	const n = 50000
-	d := health.DefaultDefaults
+	d := DefaultDefaults
 	d.URL = "https://127.0.0.1:1/" + strings.Repeat("x", 2000)
 	d.Interval = time.Hour
 	d.FailureThreshold = 100 // no verdict, so no write: this hub has no API server
@@ -453,7 +452,7 @@ func TestTheStreamRunsOverTLS(t *testing.T) {
 	defer cancel()
 	served, err := certs.NewReloading(ctx, slog.Default(), files.Cert, files.Key)
 	require.NoError(t, err)
-	h := &Hub{Engine: &health.Engine{Log: slog.Default()}, Defaults: health.DefaultDefaults, Elected: closed(), Addr: "127.0.0.1:0", TLS: served.ServerConfig(), Log: slog.Default()}
+	h := NewHub(NewEngine(nil, nil, nil, slog.Default(), EngineOptions{}), closed(), slog.Default(), HubOptions{Defaults: DefaultDefaults, Addr: "127.0.0.1:0", TLS: served.ServerConfig()})
 	addr, err := h.Listen()
 	require.NoError(t, err)
 	done := make(chan struct{})

@@ -57,10 +57,11 @@ func get(t *testing.T, px *v1.Proxy) *v1.Proxy {
 // test ends.
 func startEngine(t *testing.T, rec ...*events.FakeRecorder) *Engine {
 	t.Helper()
-	e := &Engine{Client: env.Client, Log: slog.Default()}
+	var recorder events.EventRecorder
 	if len(rec) > 0 {
-		e.Recorder = rec[0]
+		recorder = rec[0]
 	}
+	e := NewEngine(env.Client, recorder, nil, slog.Default(), EngineOptions{})
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { e.Run(ctx); close(done) }()
@@ -78,7 +79,7 @@ func handle(t *testing.T, e *Engine, rs ...*probev1.ProbeResult) {
 }
 
 func track(e *Engine, px *v1.Proxy, addr string, r Settings) {
-	e.Track(client.ObjectKeyFromObject(px), px.UID, addr, r, nil, "")
+	e.Track(px, addr, r)
 }
 
 // writes counts the engine's status writes so far, in every test.
@@ -199,7 +200,7 @@ func TestNoResultsMakeHealthStaleOnceAndAResultRestoresIt(t *testing.T) {
 	px := readyProxy(t, "silent", "127.0.0.9")
 	rec := events.NewFakeRecorder(16)
 	elected := make(chan struct{})
-	e := &Engine{Client: env.Client, Log: slog.Default(), Recorder: rec, Elected: elected}
+	e := NewEngine(env.Client, rec, elected, slog.Default(), EngineOptions{})
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { e.Run(ctx); close(done) }()
@@ -207,7 +208,7 @@ func TestNoResultsMakeHealthStaleOnceAndAResultRestoresIt(t *testing.T) {
 	const interval = 300 * time.Millisecond
 	s := DefaultDefaults.Resolve(&v1.HealthCheck{SuccessThreshold: 1})
 	s.Interval = interval
-	e.Track(client.ObjectKeyFromObject(px), px.UID, "127.0.0.9:3128", s, nil, "")
+	e.Track(px, "127.0.0.9:3128", s)
 	w0 := writes()
 
 	e.Handle(ctx, "p1", result(px, true))
@@ -238,7 +239,7 @@ func TestNoResultsMakeHealthStaleOnceAndAResultRestoresIt(t *testing.T) {
 	// One result, even below the success threshold, decides it again.
 	strict := s
 	strict.SuccessThreshold = 3
-	e.Track(client.ObjectKeyFromObject(px), px.UID, "127.0.0.9:3128", strict, c, "")
+	e.Track(got, "127.0.0.9:3128", strict)
 	handle(t, e, result(px, true))
 	back := get(t, px)
 	assert.True(t, back.Status.Healthy)
@@ -302,4 +303,44 @@ func TestAQuarantinedProxysNextSuccessIsWritten(t *testing.T) {
 	e.Confirm(map[string]time.Time{})
 	handle(t, e, at(result(px, true), since.Add(9*time.Second)))
 	assert.Equal(t, w0+1, writes(), "nothing for a proxy nobody quarantined")
+}
+
+// The engine alone owns the health fields, so it starts them over when the
+// lifecycle says a new instance exists (the generation moved), and stamps
+// health written before the stamp existed instead of discarding it.
+func TestANewInstanceGenerationStartsHealthOver(t *testing.T) {
+	testenv.Require(t)
+	e := startEngine(t)
+	s := DefaultDefaults.Resolve(&v1.HealthCheck{SuccessThreshold: 1})
+	for _, tc := range []struct {
+		name        string
+		healthGen   int64
+		wantHealthy bool
+		wantReason  string
+		wantEgress  string
+	}{
+		{"health of the previous instance is reset", 1, false, v1.ReasonNotProbed, ""},
+		{"health from before the stamp is this instance's", 0, true, v1.ReasonProbeSucceeded, "198.51.100.9"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			px := readyProxy(t, "gen", "127.0.0.9")
+			px.Status.InstanceGeneration, px.Status.HealthInstanceGeneration, px.Status.EgressIP, px.Status.Healthy = 2, tc.healthGen, "198.51.100.9", true
+			meta.SetStatusCondition(&px.Status.Conditions, metav1.Condition{Type: v1.ConditionHealthy, Status: metav1.ConditionTrue, Reason: v1.ReasonProbeSucceeded, Message: "an earlier probe"})
+			require.NoError(t, env.Client.Status().Update(context.Background(), px))
+			require.Equal(t, tc.healthGen == 2, px.Status.IsHealthy())
+
+			e.Track(px, "127.0.0.9:3128", s)
+			require.Eventually(t, func() bool { return get(t, px).Status.HealthInstanceGeneration == 2 }, 10*time.Second, 5*time.Millisecond)
+			got := get(t, px)
+			assert.Equal(t, tc.wantHealthy, got.Status.IsHealthy())
+			assert.Equal(t, tc.wantReason, healthCond(got).Reason)
+			assert.Equal(t, tc.wantEgress, got.Status.EgressIP)
+			if !tc.wantHealthy {
+				assert.Nil(t, got.Status.LastHealthCheckTime)
+				assert.Equal(t, "instance 2 not probed yet", healthCond(got).Message)
+				handle(t, e, result(got, true))
+				assert.True(t, get(t, px).Status.IsHealthy(), "the new instance's own success decides it")
+			}
+		})
+	}
 }

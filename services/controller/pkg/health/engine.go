@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/events"
@@ -69,32 +70,28 @@ const DefaultWriteWorkers = 16
 // this a stopped probe fleet would leave every proxy Healthy for good,
 // because writes happen on transitions only.
 type Engine struct {
-	// Client reads Proxies (the manager's cache) and patches their status.
-	Client client.Client
-	Log    *slog.Logger
-	// Workers is how many writes run at once; 0 means DefaultWriteWorkers.
-	Workers int
-	// StaleIntervals: intervals without a result before health is stale;
-	// 0 means DefaultStaleIntervals.
-	StaleIntervals int
-	// Recorder, when set, gets an Event when a proxy's health goes stale
-	// and when a result ends the staleness.
-	Recorder events.EventRecorder
-	// Elected is closed once this replica leads. Only the leader writes,
+	// client reads Proxies (the manager's cache) and patches their status.
+	client   client.Client
+	recorder events.EventRecorder
+	// elected is closed once this replica leads. Only the leader writes,
 	// and staleness counts from its election: a new leader has had no
 	// result from anyone yet. nil means leading from the start.
-	Elected <-chan struct{}
+	elected <-chan struct{}
+	log     *slog.Logger
+	opts    EngineOptions
 
 	mu    sync.Mutex
 	state map[types.UID]*counter
 	queue workqueue.TypedRateLimitingInterface[types.UID]
-	once  sync.Once
 }
 
 // counter is the running state of one proxy instance.
 type counter struct {
-	key           types.NamespacedName
-	addr          string // results for another address are stale
+	key  types.NamespacedName
+	addr string // results for another address are stale
+	// gen is the instance generation the counter is about: health
+	// written for another one describes an instance that is gone.
+	gen           int64
 	succ, fail    int
 	failureThresh int
 	successThresh int
@@ -150,75 +147,126 @@ func setVerdict(c *counter, v *verdict) {
 	c.verdict = v
 }
 
-func (e *Engine) init() {
-	e.once.Do(func() {
-		e.state = map[types.UID]*counter{}
-		e.queue = workqueue.NewTypedRateLimitingQueueWithConfig(
+// EngineOptions tune the engine; zero values take the defaults.
+type EngineOptions struct {
+	// Workers is how many status writes run at once; 0 means
+	// DefaultWriteWorkers.
+	Workers int
+	// StaleIntervals: intervals without a result before health is stale;
+	// 0 means DefaultStaleIntervals.
+	StaleIntervals int
+}
+
+// NewEngine returns an engine that reads and writes Proxies through c,
+// records health transitions as Events on recorder (nil: none), and
+// writes once elected is closed (nil: at once).
+func NewEngine(c client.Client, recorder events.EventRecorder, elected <-chan struct{}, log *slog.Logger, o EngineOptions) *Engine {
+	if o.Workers <= 0 {
+		o.Workers = DefaultWriteWorkers
+	}
+	if o.StaleIntervals <= 0 {
+		o.StaleIntervals = DefaultStaleIntervals
+	}
+	return &Engine{
+		client: c, recorder: recorder, elected: elected, log: log, opts: o,
+		state: map[types.UID]*counter{},
+		queue: workqueue.NewTypedRateLimitingQueueWithConfig(
 			workqueue.NewTypedItemExponentialFailureRateLimiter[types.UID](10*time.Millisecond, 30*time.Second),
 			// Named, so controller-runtime's workqueue_* metrics show its
 			// depth and latency (name="proxy_health_status").
-			workqueue.TypedRateLimitingQueueConfig[types.UID]{Name: "proxy_health_status"})
-	})
+			workqueue.TypedRateLimitingQueueConfig[types.UID]{Name: "proxy_health_status"}),
+	}
 }
 
-// Track (re)arms the counter for a target; a new address (a replacement,
-// an External proxy moved) starts from what status says (cur, the Healthy
-// condition), which for a new address is NotProbed.
-func (e *Engine) Track(key types.NamespacedName, uid types.UID, addr string, r Settings, cur *metav1.Condition, egress string) {
-	e.init()
+// Track (re)arms the counter for a target at addr. A new instance (a
+// replacement, an External proxy moved) starts afresh: status says what
+// is known of it, or, when status is about an earlier instance, nothing,
+// and the engine owes the write that resets it.
+func (e *Engine) Track(px *v1.Proxy, addr string, r Settings) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	c, fresh := e.counterFor(key, uid, addr)
+	c, fresh := e.counterFor(px, addr)
 	switch {
 	case fresh:
-		c.egressIP = egress
-		setVerdict(c, fromCondition(cur))
+		if st := &px.Status; st.HealthInstanceGeneration == c.gen || st.HealthInstanceGeneration == 0 {
+			// Health of this instance, or written before the engine
+			// stamped the instance it is about: the lifecycle of those
+			// days reset health with every new instance, so it is this
+			// one's, and the write owed below stamps it.
+			c.egressIP = st.EgressIP
+			setVerdict(c, fromCondition(meta.FindStatusCondition(st.Conditions, v1.ConditionHealthy)))
+		}
+		if owesReset(px) {
+			e.owe(px.UID, c)
+		}
 	case c.verdict != nil && c.verdict.reason == v1.ReasonProbeDenied:
 		// No longer denied (the deny list or the URL changed): probed
 		// from scratch, and status must stop saying it is refused.
 		setVerdict(c, &verdict{status: metav1.ConditionUnknown, reason: v1.ReasonNotProbed, msg: "no longer in --probe-deny-cidrs; not probed yet", at: metav1.Now()})
 		c.last = time.Now()
-		e.owe(uid, c)
+		e.owe(px.UID, c)
 	}
 	c.failureThresh, c.successThresh, c.interval = r.FailureThreshold, r.SuccessThreshold, r.Interval
 }
 
-// counterFor returns uid's counter, a fresh one when there is none or it
-// is about another address (whatever was known of that address does not
-// carry over); mu held.
-func (e *Engine) counterFor(key types.NamespacedName, uid types.UID, addr string) (*counter, bool) {
-	old, ok := e.state[uid]
-	if ok && old.addr == addr {
+// counterFor returns px's counter, a fresh one when there is none or it
+// is about another instance or address (whatever was known of those does
+// not carry over); mu held.
+func (e *Engine) counterFor(px *v1.Proxy, addr string) (*counter, bool) {
+	old, ok := e.state[px.UID]
+	if ok && old.addr == addr && old.gen == px.Status.InstanceGeneration {
 		return old, false
 	}
 	if ok {
 		setVerdict(old, nil)
 	}
-	c := &counter{key: key, addr: addr, last: time.Now()}
-	e.state[uid] = c
+	c := &counter{key: types.NamespacedName{Namespace: px.Namespace, Name: px.Name}, addr: addr, gen: px.Status.InstanceGeneration, last: time.Now()}
+	e.state[px.UID] = c
 	return c, true
+}
+
+// owesReset reports whether px's health fields are not stamped with its
+// current instance while saying something: about an earlier instance
+// (reset them) or written before the stamp existed (stamp them).
+func owesReset(px *v1.Proxy) bool {
+	st := &px.Status
+	return st.HealthInstanceGeneration != st.InstanceGeneration &&
+		(st.Healthy || st.EgressIP != "" || st.LastHealthCheckTime != nil || meta.FindStatusCondition(st.Conditions, v1.ConditionHealthy) != nil)
+}
+
+// Reset makes the engine write that px, not probe-able now (its instance
+// is on its way, or it has none), is not known to be healthy, when its
+// health is about an earlier instance; otherwise the engine forgets it.
+func (e *Engine) Reset(px *v1.Proxy) {
+	if !owesReset(px) || px.Status.HealthInstanceGeneration == 0 {
+		e.Forget(px.UID)
+		return
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	c, _ := e.counterFor(px, "")
+	c.interval = 0
+	e.owe(px.UID, c)
 }
 
 // Refuse records that the proxy is never probed, and why (its address or
 // its health-check URL is in the probe deny list): Healthy=False with
 // reason ProbeDenied, so it is never leased, and never stale.
-func (e *Engine) Refuse(key types.NamespacedName, uid types.UID, addr, why string) {
-	e.init()
+func (e *Engine) Refuse(px *v1.Proxy, addr, why string) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	c, _ := e.counterFor(key, uid, addr)
+	c, _ := e.counterFor(px, addr)
 	c.interval = 0
 	if v := c.verdict; v != nil && v.reason == v1.ReasonProbeDenied && v.msg == why {
 		return
 	}
 	setVerdict(c, &verdict{status: metav1.ConditionFalse, reason: v1.ReasonProbeDenied, msg: why, at: metav1.Now()})
-	e.owe(uid, c)
+	e.owe(px.UID, c)
 }
 
 // Forget drops a target, and its probe-recency series with it: a fleet
 // that churns must not leave a series behind for every proxy it ever had.
 func (e *Engine) Forget(uid types.UID) {
-	e.init()
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if c, ok := e.state[uid]; ok {
@@ -232,7 +280,6 @@ func (e *Engine) Forget(uid types.UID) {
 // changes the verdict (or the echoed egress IP), the proxy goes on the
 // write queue; most results change nothing.
 func (e *Engine) Handle(_ context.Context, proberID string, r *probev1.ProbeResult) {
-	e.init()
 	result := "success"
 	if !r.GetSuccess() {
 		result = "failure"
@@ -292,7 +339,6 @@ func (e *Engine) Handle(_ context.Context, proberID string, r *probev1.ProbeResu
 // next success is written to status.lastHealthCheckTime. The lease-view
 // poller calls it on every answer.
 func (e *Engine) Confirm(quarantined map[string]time.Time) {
-	e.init()
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	for _, c := range e.state {
@@ -316,6 +362,7 @@ func (e *Engine) owe(uid types.UID, c *counter) {
 type wanted struct {
 	key       types.NamespacedName
 	addr      string
+	gen       int64
 	verdict   verdict
 	decided   bool
 	egressIP  string
@@ -330,7 +377,7 @@ func (e *Engine) wanted(uid types.UID) (wanted, bool) {
 	if !ok {
 		return wanted{}, false
 	}
-	w := wanted{key: c.key, addr: c.addr, egressIP: c.egressIP, confirmed: c.confirmed, queued: c.queued}
+	w := wanted{key: c.key, addr: c.addr, gen: c.gen, egressIP: c.egressIP, confirmed: c.confirmed, queued: c.queued}
 	if c.verdict != nil {
 		w.verdict, w.decided = *c.verdict, true
 	}
@@ -351,7 +398,6 @@ func (e *Engine) settle(uid types.UID, q uint64) {
 // engine decided is in status, or about a proxy that is gone. Writes
 // waiting out a retry backoff are owed.
 func (e *Engine) Idle() bool {
-	e.init()
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	for _, c := range e.state {
@@ -360,14 +406,6 @@ func (e *Engine) Idle() bool {
 		}
 	}
 	return true
-}
-
-// staleIntervals is how many intervals a proxy may go without a result.
-func (e *Engine) staleIntervals() int {
-	if e.StaleIntervals > 0 {
-		return e.StaleIntervals
-	}
-	return DefaultStaleIntervals
 }
 
 // restart starts every proxy's wait for a result afresh: a replica just
@@ -387,7 +425,7 @@ func (e *Engine) restart(now time.Time) {
 func (e *Engine) sweep(now time.Time) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	n := e.staleIntervals()
+	n := e.opts.StaleIntervals
 	for uid, c := range e.state {
 		if c.interval <= 0 || c.verdict.stale() || now.Sub(c.last) < time.Duration(n)*c.interval {
 			continue
