@@ -9,8 +9,8 @@ import (
 	"github.com/egress-proxies/egress-proxies/pkg/kube"
 	"github.com/egress-proxies/egress-proxies/pkg/netpolicy"
 	"github.com/egress-proxies/egress-proxies/pkg/proxyauth"
-	"github.com/egress-proxies/egress-proxies/services/controller/pkg/health"
 	"github.com/egress-proxies/egress-proxies/services/controller/pkg/controllers/proxy/lifecycle"
+	"github.com/egress-proxies/egress-proxies/services/controller/pkg/health"
 	"github.com/egress-proxies/egress-proxies/services/controller/pkg/providers"
 )
 
