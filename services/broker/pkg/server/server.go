@@ -94,8 +94,10 @@ func chain(ics ...grpc.UnaryServerInterceptor) grpc.UnaryServerInterceptor {
 	}
 }
 
-// inProcess is LeaseService for the gateway: each call goes through the
-// interceptor chain, then to the service.
+// inProcess is LeaseService for the REST gateway and the proxy gateway:
+// each call goes through the interceptor chain, then to the service. The
+// embedded Unimplemented server would answer a method left out here, so
+// TestEveryMethodGoesThroughTheChain holds it to the service descriptor.
 type inProcess struct {
 	leasev1.UnimplementedLeaseServiceServer
 	svc leasev1.LeaseServiceServer
@@ -135,6 +137,10 @@ func (p inProcess) ReportLease(ctx context.Context, r *leasev1.ReportLeaseReques
 
 func (p inProcess) ReportSession(ctx context.Context, r *leasev1.ReportSessionRequest) (*leasev1.ReportSessionResponse, error) {
 	return invoke(ctx, p, leasev1.LeaseService_ReportSession_FullMethodName, r, p.svc.ReportSession)
+}
+
+func (p inProcess) ListRefusals(ctx context.Context, r *leasev1.ListRefusalsRequest) (*leasev1.ListRefusalsResponse, error) {
+	return invoke(ctx, p, leasev1.LeaseService_ListRefusals_FullMethodName, r, p.svc.ListRefusals)
 }
 
 // Servers are the running listeners.

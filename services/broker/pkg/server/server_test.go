@@ -74,3 +74,21 @@ func TestAttributeQueryParameters(t *testing.T) {
 	require.NoError(t, attributeQueryParser{}.Parse(create, url.Values{"geo": {"eu"}}, utilities.NewDoubleArray(nil)))
 	assert.Empty(t, create.GetSelector())
 }
+
+// Every method of the service reaches the interceptor chain through
+// inProcess: one left out would be answered UNIMPLEMENTED by the embedded
+// server, as GET /v1/refusals once was.
+func TestEveryMethodGoesThroughTheChain(t *testing.T) {
+	for _, m := range leasev1.LeaseService_ServiceDesc.Methods {
+		t.Run(m.MethodName, func(t *testing.T) {
+			var seen string
+			ic := func(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
+				seen = info.FullMethod
+				return h(ctx, req)
+			}
+			p := inProcess{svc: leasev1.UnimplementedLeaseServiceServer{}, ic: ic}
+			_, _ = m.Handler(p, context.Background(), func(any) error { return nil }, nil)
+			assert.Equal(t, "/"+leasev1.LeaseService_ServiceDesc.ServiceName+"/"+m.MethodName, seen)
+		})
+	}
+}

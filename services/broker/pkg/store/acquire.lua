@@ -23,7 +23,7 @@ local caller, ccap = ARGV[12], tonumber(ARGV[13])
 local now = now_ms()
 
 local function granted(lid, l)
-  local s = tonumber(redis.call('HGET', P .. 'score', l[1]) or '0')
+  local s = tonumber(redis.call('HGET', K.Score, l[1]) or '0')
   return {'ok', l[1], tonumber(l[2]), math.floor(s / SHIFT), lid, 0}
 end
 local l = live_lease(id, now)
@@ -31,7 +31,7 @@ if l then
   return granted(id, l)
 end
 if req ~= '' then
-  local v = redis.call('GET', P .. 'req:' .. req)
+  local v = redis.call('GET', K.Request .. req)
   if v then
     local lid, f = split(v)
     if f ~= fp then
@@ -46,18 +46,18 @@ end
 
 local more = drain(now, DRAIN)
 if caller ~= '' and ccap > 0 then
-  local n = tonumber(redis.call('HGET', P .. 'tok', caller) or '0')
+  local n = tonumber(redis.call('HGET', K.Tokens, caller) or '0')
   if n >= ccap then
     return {'ccap', n}
   end
 end
-local ix, cx = P .. 'ix:' .. h, P .. 'cx:' .. h .. ':' .. target
+local ix, cx = K.Index .. h, K.CoolingIndex .. h .. ':' .. target
 local counted = per_target and target ~= ''
 -- GCRA: a lease is due every 1000/rate ms, with up to a second's worth
 -- early (a burst of rate leases after a quiet second).
 local tat
 if counted then
-  local t = redis.call('HMGET', P .. 't:' .. target, 'n', 'rate', 'tat', 'until')
+  local t = redis.call('HMGET', K.Target .. target, 'n', 'rate', 'tat', 'until')
   if tcap > 0 and tonumber(t[1] or '0') >= tcap then
     return {'tcap', tonumber(t[1])}
   end
@@ -132,7 +132,7 @@ end
 local function pick()
   local at = redis.call('ZRANGE', ix, 0, 0, 'WITHSCORES')
   if #at == 0 then
-    if redis.call('HEXISTS', P .. 'ixs', h) == 0 then
+    if redis.call('HEXISTS', K.Indexes, h) == 0 then
       return nil, {'noindex'}
     end
     return nil, {'none', 0, 0, 0}
@@ -172,14 +172,14 @@ local function pick()
 end
 
 local function cooling(uid)
-  return target ~= '' and tonumber(redis.call('HGET', P .. 'cool:' .. uid, target) or '0') > now
+  return target ~= '' and tonumber(redis.call('HGET', K.Cooling .. uid, target) or '0') > now
 end
 
 -- The session's proxy, while it is in the index, below the cap and not
 -- cooling down for the target.
 local uid, refused, moved = nil, nil, 0
 if per_target and sess ~= '' then
-  local was = redis.call('HGET', P .. 'sess:' .. sess, 'proxy')
+  local was = redis.call('HGET', K.Session .. sess, 'proxy')
   if was then
     local sc = redis.call('ZSCORE', ix, was)
     if sc and (cap == 0 or math.floor(tonumber(sc) / SHIFT) < cap) and not cooling(was) then
@@ -205,21 +205,21 @@ if not uid then
 end
 local expires = now + ttl
 local f = {'proxy', uid, 'target', target, 'expires', expires, 'req', req,
-  'addr', redis.call('HGET', P .. 'addr', uid) or '', 'ix', h, 'at', now}
+  'addr', redis.call('HGET', K.Address, uid) or '', 'ix', h, 'at', now}
 if counted then
   f[#f + 1], f[#f + 2] = 'ct', target
-  redis.call('HINCRBY', P .. 't:' .. target, 'n', 1)
+  redis.call('HINCRBY', K.Target .. target, 'n', 1)
   if tat then
-    redis.call('HSET', P .. 't:' .. target, 'tat', tat)
+    redis.call('HSET', K.Target .. target, 'tat', tat)
   end
 end
 if caller ~= '' then
   f[#f + 1], f[#f + 2] = 'tok', caller
-  redis.call('HINCRBY', P .. 'tok', caller, 1)
+  redis.call('HINCRBY', K.Tokens, caller, 1)
 end
 if per_target and sess ~= '' then
   f[#f + 1], f[#f + 2] = 'sess', sess
-  local sk = P .. 'sess:' .. sess
+  local sk = K.Session .. sess
   redis.call('HSET', sk, 'proxy', uid)
   redis.call('HINCRBY', sk, 'n', 1)
   redis.call('PERSIST', sk)
@@ -231,10 +231,10 @@ if per_target and sess ~= '' then
     redis.call('HSET', sk, tk, uid .. '|' .. h .. '|' .. now)
   end
 end
-redis.call('HSET', P .. 'lease:' .. id, unpack(f))
-redis.call('SADD', P .. 'pl:' .. uid, id)
+redis.call('HSET', K.Lease .. id, unpack(f))
+redis.call('SADD', K.ProxyLeases .. uid, id)
 redis.call('ZADD', DUE, expires, 'l|' .. id .. '|' .. uid)
 if req ~= '' then
-  redis.call('SET', P .. 'req:' .. req, id .. '|' .. fp, 'PXAT', expires)
+  redis.call('SET', K.Request .. req, id .. '|' .. fp, 'PXAT', expires)
 end
 return {'ok', uid, expires, add_load(uid, 1), id, moved}

@@ -47,11 +47,11 @@ func (s *Store) Fleet(ctx context.Context) (Fleet, error) {
 	var scores, namespaces, paced *redis.MapStringStringCmd
 	var due, quarantines *redis.IntCmd
 	if _, err := s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
-		scores = p.HGetAll(ctx, s.prefix+"score")
-		namespaces = p.HGetAll(ctx, s.prefix+"ns")
-		due = p.ZCard(ctx, s.prefix+"due")
-		quarantines = p.HLen(ctx, s.prefix+"quar")
-		paced = p.HGetAll(ctx, s.prefix+"paced")
+		scores = p.HGetAll(ctx, s.key(KeyScore))
+		namespaces = p.HGetAll(ctx, s.key(KeyNamespace))
+		due = p.ZCard(ctx, s.key(KeyDue))
+		quarantines = p.HLen(ctx, s.key(KeyQuarantine))
+		paced = p.HGetAll(ctx, s.key(KeyPaced))
 		return nil
 	}); err != nil {
 		return Fleet{}, wrap(err)
@@ -119,7 +119,7 @@ func (s *Store) livePaces(ctx context.Context, rates map[string]string, out map[
 	if _, err := s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
 		now = p.Time(ctx)
 		for t := range rates {
-			until[t] = p.HGet(ctx, s.prefix+"t:"+t, "until")
+			until[t] = p.HGet(ctx, s.key(KeyTarget, t), "until")
 		}
 		return nil
 	}); err != nil && !errors.Is(err, redis.Nil) {

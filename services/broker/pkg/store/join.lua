@@ -12,16 +12,16 @@ local N = 5
 -- Files uid under cooldown key ck (its exit IP, or the proxy itself):
 -- a proxy that lands on a key inherits the key's live cooldowns.
 local function set_key(uid, ck, now)
-  local was = redis.call('HGET', P .. 'key', uid)
+  local was = redis.call('HGET', K.CooldownKey, uid)
   if was == ck then
     return
   end
   if was then
-    redis.call('SREM', P .. 'via:' .. was, uid)
+    redis.call('SREM', K.Filed .. was, uid)
   end
-  redis.call('HSET', P .. 'key', uid, ck)
-  redis.call('SADD', P .. 'via:' .. ck, uid)
-  local cd = redis.call('HGETALL', P .. 'cd:' .. ck)
+  redis.call('HSET', K.CooldownKey, uid, ck)
+  redis.call('SADD', K.Filed .. ck, uid)
+  local cd = redis.call('HGETALL', K.Cooldown .. ck)
   for j = 1, #cd, 2 do
     local ends = tonumber((split(cd[j + 1])))
     if ends > now then
@@ -33,7 +33,7 @@ end
 -- Whether uid stays out of the indexes: quarantined, and not healthy
 -- since the quarantine began.
 local function parked(uid, healthy_since, now)
-  local q = redis.call('HGET', P .. 'quar', uid)
+  local q = redis.call('HGET', K.Quarantine, uid)
   if not q then
     return false
   end
@@ -50,30 +50,30 @@ local now = now_ms()
 local hs = {}
 for i = 3 + N * k, #ARGV do
   if def ~= '' then
-    redis.call('HSETNX', P .. 'ixs', ARGV[i], def)
-    redis.call('ZADD', P .. 'ixused', 'NX', now, ARGV[i])
+    redis.call('HSETNX', K.Indexes, ARGV[i], def)
+    redis.call('ZADD', K.IndexUse, 'NX', now, ARGV[i])
   end
-  if redis.call('HEXISTS', P .. 'ixs', ARGV[i]) == 1 then
+  if redis.call('HEXISTS', K.Indexes, ARGV[i]) == 1 then
     hs[#hs + 1] = ARGV[i]
   end
 end
 for i = 0, k - 1 do
   local o = 3 + N * i
   local uid = ARGV[o]
-  local s = redis.call('HGET', P .. 'score', uid)
+  local s = redis.call('HGET', K.Score, uid)
   if not s then
-    s = redis.call('INCR', P .. 'seq') % SHIFT
-    redis.call('HSET', P .. 'score', uid, s)
+    s = redis.call('INCR', K.Seq) % SHIFT
+    redis.call('HSET', K.Score, uid, s)
   end
-  redis.call('HSET', P .. 'ns', uid, ARGV[o + 1])
-  redis.call('HSET', P .. 'addr', uid, ARGV[o + 2])
+  redis.call('HSET', K.Namespace, uid, ARGV[o + 1])
+  redis.call('HSET', K.Address, uid, ARGV[o + 2])
   set_key(uid, ARGV[o + 3], now)
   if parked(uid, tonumber(ARGV[o + 4]), now) then
     for _, h in ipairs(hs) do
-      redis.call('SADD', P .. 'qix:' .. uid, h)
+      redis.call('SADD', K.Rejoin .. uid, h)
     end
   else
-    local cooling = redis.call('HGETALL', P .. 'cool:' .. uid)
+    local cooling = redis.call('HGETALL', K.Cooling .. uid)
     for _, h in ipairs(hs) do
       join(uid, h, s, cooling, now)
     end

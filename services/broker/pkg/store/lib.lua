@@ -1,6 +1,8 @@
--- Shared by every script: store.go prepends it to each one. Every key
--- lives under the one hash tag in P, so each script runs in one Cluster
--- slot; KEYS[1] (the due set) is passed only to route the call.
+-- Shared by every script: store.go prepends it to each one, after the
+-- key names of schema.go (K: each key's stem under the prefix P, S: the
+-- stem alone). Every key lives under the one hash tag in P, so each
+-- script runs in one Cluster slot; KEYS[1] (the due set) is passed only to
+-- route the call.
 --
 -- A selector index ix:<h> holds the leasable proxies matching one selector,
 -- each scored load * SHIFT + slot: ordered by live lease count, and unique,
@@ -14,7 +16,6 @@
 --
 -- Hot paths count redis.call()s: each costs about as much as the work it
 -- does, so a lease makes a dozen of them.
-local P = KEYS[1]:sub(1, -4) -- the prefix: KEYS[1] is P .. 'due'
 local DUE = KEYS[1]
 local SHIFT = 4294967296
 
@@ -37,18 +38,18 @@ end
 -- every index and cooling index holding it (in:<uid> lists their keys).
 -- Returns the new count.
 local function add_load(uid, delta)
-  local s = redis.call('HINCRBY', P .. 'score', uid, delta * SHIFT)
+  local s = redis.call('HINCRBY', K.Score, uid, delta * SHIFT)
   local slot = s % SHIFT
   if slot == 0 then
-    redis.call('HDEL', P .. 'score', uid) -- forgotten: the Proxy is gone
+    redis.call('HDEL', K.Score, uid) -- forgotten: the Proxy is gone
     return 0
   end
   if s < 0 then
     s = slot
-    redis.call('HSET', P .. 'score', uid, s)
+    redis.call('HSET', K.Score, uid, s)
   end
   local score = num(s)
-  for _, k in ipairs(redis.call('SMEMBERS', P .. 'in:' .. uid)) do
+  for _, k in ipairs(redis.call('SMEMBERS', K.Holders .. uid)) do
     redis.call('ZADD', P .. k, 'XX', score, uid)
   end
   return math.floor(s / SHIFT)
@@ -57,63 +58,63 @@ end
 -- Puts uid in index h at its score, with its live cooldowns (cooling,
 -- HGETALL of cool:<uid>).
 local function join(uid, h, score, cooling, now)
-  redis.call('ZADD', P .. 'ix:' .. h, score, uid)
-  redis.call('SADD', P .. 'in:' .. uid, 'ix:' .. h)
+  redis.call('ZADD', K.Index .. h, score, uid)
+  redis.call('SADD', K.Holders .. uid, S.Index .. h)
   for j = 1, #cooling, 2 do
     if tonumber(cooling[j + 1]) > now then
-      local cx = 'cx:' .. h .. ':' .. cooling[j]
+      local cx = S.CoolingIndex .. h .. ':' .. cooling[j]
       redis.call('ZADD', P .. cx, score, uid)
-      redis.call('SADD', P .. 'in:' .. uid, cx)
-      redis.call('SADD', P .. 'cxs:' .. h, cooling[j])
+      redis.call('SADD', K.Holders .. uid, cx)
+      redis.call('SADD', K.CoolingTargets .. h, cooling[j])
     end
   end
 end
 
 -- Takes uid out of index h and its cooling indexes for targets.
 local function leave(uid, h, targets)
-  redis.call('ZREM', P .. 'ix:' .. h, uid)
-  redis.call('SREM', P .. 'in:' .. uid, 'ix:' .. h)
+  redis.call('ZREM', K.Index .. h, uid)
+  redis.call('SREM', K.Holders .. uid, S.Index .. h)
   for _, t in ipairs(targets) do
-    local cx = 'cx:' .. h .. ':' .. t
+    local cx = S.CoolingIndex .. h .. ':' .. t
     redis.call('ZREM', P .. cx, uid)
-    redis.call('SREM', P .. 'in:' .. uid, cx)
+    redis.call('SREM', K.Holders .. uid, cx)
   end
 end
 
 -- Keeps uid away from target until ends (or later, if it already cools
 -- down longer): into the cooling index of every index holding it.
 local function cool(uid, target, ends, now)
-  local prev = tonumber(redis.call('HGET', P .. 'cool:' .. uid, target) or '0')
+  local prev = tonumber(redis.call('HGET', K.Cooling .. uid, target) or '0')
   if prev >= ends then
     return
   end
-  redis.call('HSET', P .. 'cool:' .. uid, target, ends)
+  redis.call('HSET', K.Cooling .. uid, target, ends)
   redis.call('ZADD', DUE, ends, 'c|' .. uid .. '|' .. target)
   if prev > now then
     return -- already in the cooling indexes
   end
-  for _, k in ipairs(redis.call('SMEMBERS', P .. 'in:' .. uid)) do
-    if k:sub(1, 3) == 'ix:' then
-      local h = k:sub(4)
-      local cx = 'cx:' .. h .. ':' .. target
+  for _, k in ipairs(redis.call('SMEMBERS', K.Holders .. uid)) do
+    if k:sub(1, #S.Index) == S.Index then
+      local h = k:sub(#S.Index + 1)
+      local cx = S.CoolingIndex .. h .. ':' .. target
       redis.call('ZADD', P .. cx, redis.call('ZSCORE', P .. k, uid), uid)
-      redis.call('SADD', P .. 'in:' .. uid, cx)
-      redis.call('SADD', P .. 'cxs:' .. h, target)
+      redis.call('SADD', K.Holders .. uid, cx)
+      redis.call('SADD', K.CoolingTargets .. h, target)
     end
   end
 end
 
 -- Stops uid cooling down for target: out of every cooling index.
 local function end_cooldown(uid, target)
-  redis.call('HDEL', P .. 'cool:' .. uid, target)
-  for _, k in ipairs(redis.call('SMEMBERS', P .. 'in:' .. uid)) do
-    if k:sub(1, 3) == 'ix:' then
-      local h = k:sub(4)
-      local cx = 'cx:' .. h .. ':' .. target
+  redis.call('HDEL', K.Cooling .. uid, target)
+  for _, k in ipairs(redis.call('SMEMBERS', K.Holders .. uid)) do
+    if k:sub(1, #S.Index) == S.Index then
+      local h = k:sub(#S.Index + 1)
+      local cx = S.CoolingIndex .. h .. ':' .. target
       redis.call('ZREM', P .. cx, uid)
-      redis.call('SREM', P .. 'in:' .. uid, cx)
+      redis.call('SREM', K.Holders .. uid, cx)
       if redis.call('EXISTS', P .. cx) == 0 then
-        redis.call('SREM', P .. 'cxs:' .. h, target)
+        redis.call('SREM', K.CoolingTargets .. h, target)
       end
     end
   end
@@ -124,30 +125,30 @@ end
 -- unquarantine puts it back where it belongs (and report.lua can count
 -- the members of an index that are out in quarantine).
 local function quarantine(uid, now, ends)
-  redis.call('HSET', P .. 'quar', uid, now .. '|' .. ends)
+  redis.call('HSET', K.Quarantine, uid, now .. '|' .. ends)
   redis.call('ZADD', DUE, ends, 'q|' .. uid .. '|')
-  local targets = redis.call('HKEYS', P .. 'cool:' .. uid)
-  for _, k in ipairs(redis.call('SMEMBERS', P .. 'in:' .. uid)) do
-    if k:sub(1, 3) == 'ix:' then
-      leave(uid, k:sub(4), targets)
-      redis.call('SADD', P .. 'qix:' .. uid, k:sub(4))
+  local targets = redis.call('HKEYS', K.Cooling .. uid)
+  for _, k in ipairs(redis.call('SMEMBERS', K.Holders .. uid)) do
+    if k:sub(1, #S.Index) == S.Index then
+      leave(uid, k:sub(#S.Index + 1), targets)
+      redis.call('SADD', K.Rejoin .. uid, k:sub(#S.Index + 1))
     end
   end
 end
 
 local function unquarantine(uid, now)
-  redis.call('HDEL', P .. 'quar', uid)
+  redis.call('HDEL', K.Quarantine, uid)
   redis.call('ZREM', DUE, 'q|' .. uid .. '|')
-  local s = redis.call('HGET', P .. 'score', uid)
+  local s = redis.call('HGET', K.Score, uid)
   if s then
-    local cooling = redis.call('HGETALL', P .. 'cool:' .. uid)
-    for _, h in ipairs(redis.call('SMEMBERS', P .. 'qix:' .. uid)) do
-      if redis.call('HEXISTS', P .. 'ixs', h) == 1 then
+    local cooling = redis.call('HGETALL', K.Cooling .. uid)
+    for _, h in ipairs(redis.call('SMEMBERS', K.Rejoin .. uid)) do
+      if redis.call('HEXISTS', K.Indexes, h) == 1 then
         join(uid, h, s, cooling, now)
       end
     end
   end
-  redis.call('DEL', P .. 'qix:' .. uid)
+  redis.call('DEL', K.Rejoin .. uid)
 end
 
 -- How long a session remembers its proxy, and the targets it leased for,
@@ -159,17 +160,17 @@ local SESSION_TARGETS = 64
 -- (field ct, set when counted), session (field sess) and caller (field
 -- tok, the name of the token it was taken with).
 local function end_lease(id, uid, ct, sess, tok)
-  redis.call('DEL', P .. 'lease:' .. id)
-  redis.call('SREM', P .. 'pl:' .. uid, id)
+  redis.call('DEL', K.Lease .. id)
+  redis.call('SREM', K.ProxyLeases .. uid, id)
   add_load(uid, -1)
   if tok and tok ~= '' then
-    if redis.call('HINCRBY', P .. 'tok', tok, -1) <= 0 then
-      redis.call('HDEL', P .. 'tok', tok)
+    if redis.call('HINCRBY', K.Tokens, tok, -1) <= 0 then
+      redis.call('HDEL', K.Tokens, tok)
     end
   end
   if ct then
-    if redis.call('HINCRBY', P .. 't:' .. ct, 'n', -1) <= 0 then
-      redis.call('HDEL', P .. 't:' .. ct, 'n')
+    if redis.call('HINCRBY', K.Target .. ct, 'n', -1) <= 0 then
+      redis.call('HDEL', K.Target .. ct, 'n')
     end
   end
   if sess then
@@ -177,7 +178,7 @@ local function end_lease(id, uid, ct, sess, tok)
     -- that opens one connection per request (the gateway's curl) keeps
     -- its proxy, and a block seen after the tunnel closed can be
     -- reported against it.
-    local sk = P .. 'sess:' .. sess
+    local sk = K.Session .. sess
     if redis.call('HINCRBY', sk, 'n', -1) <= 0 then
       redis.call('HDEL', sk, 'n')
       redis.call('PEXPIRE', sk, SESSION_LINGER)
@@ -190,7 +191,7 @@ end
 local function close_lease(id, uid, req, ct, sess, tok)
   redis.call('ZREM', DUE, 'l|' .. id .. '|' .. uid)
   if req and req ~= '' then
-    redis.call('DEL', P .. 'req:' .. req)
+    redis.call('DEL', K.Request .. req)
   end
   end_lease(id, uid, ct, sess, tok)
 end
@@ -204,7 +205,7 @@ local function drain(now, limit)
     redis.call('ZREM', DUE, m)
     local kind, a, b = m:sub(1, 1), split(m:sub(3))
     if kind == 'l' then
-      local f = redis.call('HMGET', P .. 'lease:' .. a, 'ct', 'sess', 'tok')
+      local f = redis.call('HMGET', K.Lease .. a, 'ct', 'sess', 'tok')
       end_lease(a, b, f[1], f[2], f[3])
     elseif kind == 'c' then
       end_cooldown(a, b)
@@ -220,7 +221,7 @@ local DRAIN = 256
 -- A live lease's fields {proxy, expires, target, req, addr, ix, at, ct,
 -- sess, tok}, or nil.
 local function live_lease(id, now)
-  local l = redis.call('HMGET', P .. 'lease:' .. id, 'proxy', 'expires', 'target', 'req', 'addr', 'ix', 'at', 'ct', 'sess', 'tok')
+  local l = redis.call('HMGET', K.Lease .. id, 'proxy', 'expires', 'target', 'req', 'addr', 'ix', 'at', 'ct', 'sess', 'tok')
   if l[1] and tonumber(l[2]) > now then
     return l
   end
@@ -241,8 +242,8 @@ end
 -- burst that caused it) and until (pacing lapses after a memory window
 -- with no report); the paced hash mirrors the rate, for metrics.
 local function pace_end(target)
-  redis.call('HDEL', P .. 't:' .. target, 'rate', 'tat', 'cut', 'until')
-  redis.call('HDEL', P .. 'paced', target)
+  redis.call('HDEL', K.Target .. target, 'rate', 'tat', 'cut', 'until')
+  redis.call('HDEL', K.Paced, target)
 end
 
 -- The target's rate from fields already read (rate, and until as lapse),
@@ -259,12 +260,12 @@ local function pace_live(target, rate, lapse, now)
 end
 
 local function pace_set(target, rate, now, window, cut)
-  local tk = P .. 't:' .. target
+  local tk = K.Target .. target
   redis.call('HSET', tk, 'rate', rate, 'until', now + window)
   if cut then
     redis.call('HSET', tk, 'cut', now)
     redis.call('HSETNX', tk, 'tat', now)
   end
-  redis.call('HSET', P .. 'paced', target, rate)
+  redis.call('HSET', K.Paced, target, rate)
 end
 

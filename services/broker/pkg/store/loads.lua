@@ -8,15 +8,15 @@ local target = ARGV[1]
 local uids = {unpack(ARGV, 2)}
 local out = {}
 if #uids > 0 then
-  local q = redis.call('HMGET', P .. 'quar', unpack(uids))
-  for i, s in ipairs(redis.call('HMGET', P .. 'score', unpack(uids))) do
+  local q = redis.call('HMGET', K.Quarantine, unpack(uids))
+  for i, s in ipairs(redis.call('HMGET', K.Score, unpack(uids))) do
     local from, ends = 0, 0
     if q[i] then
       from, ends = split(q[i])
     end
     local cool = 0
     if target ~= '' then
-      cool = tonumber(redis.call('HGET', P .. 'cool:' .. uids[i], target) or '0')
+      cool = tonumber(redis.call('HGET', K.Cooling .. uids[i], target) or '0')
       if cool <= now then
         cool = 0
       end

@@ -16,9 +16,9 @@ if cap > 0 then
   end
   expires = math.min(expires, cap)
 end
-redis.call('HSET', P .. 'lease:' .. id, 'expires', expires)
+redis.call('HSET', K.Lease .. id, 'expires', expires)
 redis.call('ZADD', DUE, expires, 'l|' .. id .. '|' .. uid)
 if l[4] ~= '' then
-  redis.call('PEXPIREAT', P .. 'req:' .. l[4], expires)
+  redis.call('PEXPIREAT', K.Request .. l[4], expires)
 end
 return expires

@@ -27,7 +27,7 @@ else
   -- ended within the session's linger.
   now = now_ms()
   drain(now, DRAIN)
-  local r = redis.call('HGET', P .. 'sess:' .. sess, 't:' .. target)
+  local r = redis.call('HGET', K.Session .. sess, 't:' .. target)
   if r then
     local u, ix, at = string.match(r, '^(.*)|(.*)|(%d+)$')
     l = {u, nil, target, nil, nil, ix, at}
@@ -38,7 +38,7 @@ if not l then
 end
 if result ~= '' and id ~= '' then
   if l[3] == '' then
-    redis.call('HSET', P .. 'lease:' .. id, 'target', target)
+    redis.call('HSET', K.Lease .. id, 'target', target)
   elseif l[3] ~= target then
     return redis.error_reply('EPTARGET ' .. l[3])
   end
@@ -49,8 +49,8 @@ local function did(action)
   out[#out + 1] = action
 end
 
-local ck = redis.call('HGET', P .. 'key', uid) or ('p:' .. uid)
-local cdk = P .. 'cd:' .. ck
+local ck = redis.call('HGET', K.CooldownKey, uid) or ('p:' .. uid)
+local cdk = K.Cooldown .. ck
 -- The key's record for the target: the last cooldown's end, level and
 -- start ("<end>|<level>|<start>").
 local function record()
@@ -65,7 +65,7 @@ end
 -- The proxies filed under ck; a proxy no join has filed yet (its Proxy
 -- unchanged since the broker's upgrade) stands alone.
 local function sharing()
-  local us = redis.call('SMEMBERS', P .. 'via:' .. ck)
+  local us = redis.call('SMEMBERS', K.Filed .. ck)
   if #us == 0 then
     us = {uid}
   end
@@ -74,7 +74,7 @@ end
 
 local rate, cut = nil, nil
 if target ~= '' then
-  local t = redis.call('HMGET', P .. 't:' .. target, 'rate', 'cut', 'until')
+  local t = redis.call('HMGET', K.Target .. target, 'rate', 'cut', 'until')
   rate, cut = pace_live(target, t[1], t[3], now), tonumber(t[2])
 end
 
@@ -96,7 +96,7 @@ local function guard_holds()
   if fraction >= 1 or not h then
     return false
   end
-  local ix, cx = P .. 'ix:' .. h, P .. 'cx:' .. h .. ':' .. target
+  local ix, cx = K.Index .. h, K.CoolingIndex .. h .. ':' .. target
   local n = redis.call('ZCARD', ix)
   if n == 0 then
     return false
@@ -148,10 +148,10 @@ local function quarantine_held()
     return false
   end
   local out_now = 0
-  for _, u in ipairs(redis.call('HKEYS', P .. 'quar')) do
-    out_now = out_now + redis.call('SISMEMBER', P .. 'qix:' .. u, h)
+  for _, u in ipairs(redis.call('HKEYS', K.Quarantine)) do
+    out_now = out_now + redis.call('SISMEMBER', K.Rejoin .. u, h)
   end
-  local total = redis.call('ZCARD', P .. 'ix:' .. h) + out_now
+  local total = redis.call('ZCARD', K.Index .. h) + out_now
   return out_now + 1 > math.max(1, math.floor(qfraction * total))
 end
 
@@ -194,11 +194,11 @@ elseif result == 'rate_limited' or result == 'blocked' then
     cool_down(e, lv)
   end
 elseif result == 'error' then
-  local ek = P .. 'errs:' .. uid
+  local ek = K.Errors .. uid
   redis.call('ZADD', ek, now, target)
   redis.call('ZREMRANGEBYSCORE', ek, '-inf', now - ewindow)
   redis.call('PEXPIRE', ek, ewindow)
-  local q = redis.call('HGET', P .. 'quar', uid)
+  local q = redis.call('HGET', K.Quarantine, uid)
   if q then
     local _, qe = split(q)
     out[5] = tonumber(qe)

@@ -2,37 +2,8 @@
 // index in Redis, so any broker replica, or a restarted one, sees the same
 // state, and every decision is one atomic script on Redis's clock.
 //
-// Keys (one hash tag, so every script runs in one Cluster slot). A proxy is
-// named by its Proxy's UID, so a Proxy re-created under the same name
-// starts clean:
-//
-//	{ep}:lease:<leaseID>   hash {proxy, target, expires, req, addr, ix (its index), at (granted),
-//	                       ct (the target, when counted), sess (its session key)}
-//	{ep}:pl:<uid>          set of the proxy's live lease ids (its leases end when it is forgotten)
-//	{ep}:due               sorted set by time: "l|<leaseID>|<uid>" at lease expiry,
-//	                       "c|<uid>|<target>" at cooldown end, "q|<uid>|" at quarantine end;
-//	                       the scripts apply what is due
-//	{ep}:req:<requestID>   "<leaseID>|<fingerprint>" while that lease lives (CreateLease idempotency)
-//	{ep}:score             hash uid -> live lease count * 2^32 + a number unique to the proxy
-//	{ep}:ns, {ep}:addr     hash uid -> namespace, ip:port
-//	{ep}:cool:<uid>        hash target -> cooldown end (the proxy's, from its key's)
-//	{ep}:key               hash uid -> cooldown key: "ip:<egress IP>", else "p:<uid>"
-//	{ep}:via:<key>         set of the uids filed under a cooldown key
-//	{ep}:cd:<key>          hash target -> "<end>|<level>" of the key's last cooldown, kept
-//	                       a memory window past its end (escalation, inheritance)
-//	{ep}:t:<target>        hash {n: live leases for the target; rate, tat, cut, until: its pace}
-//	{ep}:paced             hash target -> pace rate, for metrics
-//	{ep}:sess:<key>        hash {proxy, n: live leases, t:<target>: "<uid>|<index>|<granted>" of its
-//	                       last lease for the target (up to 64)} of a sticky session; it expires
-//	                       10 minutes after its last lease ends
-//	{ep}:errs:<uid>        sorted set target -> time of the proxy's error reports in the window
-//	{ep}:quar              hash uid -> "<start>|<end>" of quarantined proxies
-//	{ep}:qix:<uid>         set of the indexes a quarantined proxy rejoins at its end
-//	{ep}:ixs, {ep}:ixused  hash index -> definition; sorted set index -> last use
-//	{ep}:ix:<index>        sorted set uid -> score: the leasable proxies a selector matches
-//	{ep}:cx:<index>:<t>    the members of ix:<index> cooling down for target t, same scores
-//	{ep}:cxs:<index>       set of targets with a cx key
-//	{ep}:in:<uid>          set of the ix and cx keys holding uid, to move it when its load changes
+// The keys, their types, TTLs and writers are declared in schema.go,
+// which the scripts take their key names from.
 //
 // lib.lua explains how an index answers "least loaded, not cooling, below
 // the cap, random among ties" in time independent of the fleet's size.
@@ -104,7 +75,7 @@ const (
 )
 
 func script(flags, body string) *redis.Script {
-	return redis.NewScript(flags + "\n" + libSrc + "\n" + body)
+	return redis.NewScript(flags + "\n" + luaKeys + libSrc + "\n" + body)
 }
 
 // ErrLeaseNotFound: unknown or expired lease.
@@ -375,7 +346,7 @@ func (s *Store) checkAcked(ctx context.Context, c *call, acked *redis.Cmd) {
 // New returns a Store on rdb with every key under prefix, which must hold
 // a hash tag ("{...}") so each script's keys share one Cluster slot.
 func New(rdb redis.UniversalClient, prefix string) *Store {
-	return &Store{rdb: rdb, prefix: prefix, route: []string{prefix + "due"}, tracer: otel.Tracer("egress-proxies/broker/store")}
+	return &Store{rdb: rdb, prefix: prefix, route: []string{prefix + KeyDue.Pattern}, tracer: otel.Tracer("egress-proxies/broker/store")}
 }
 
 // Ping checks Redis, for readiness.
@@ -697,11 +668,11 @@ type Index struct {
 
 // Indexes returns every registered index.
 func (s *Store) Indexes(ctx context.Context) (map[string]Index, error) {
-	defs, err := s.rdb.HGetAll(ctx, s.prefix+"ixs").Result()
+	defs, err := s.rdb.HGetAll(ctx, s.key(KeyIndexes)).Result()
 	if err != nil {
 		return nil, wrap(err)
 	}
-	used, err := s.rdb.ZRangeWithScores(ctx, s.prefix+"ixused", 0, -1).Result()
+	used, err := s.rdb.ZRangeWithScores(ctx, s.key(KeyIndexUse), 0, -1).Result()
 	if err != nil {
 		return nil, wrap(err)
 	}
@@ -727,28 +698,24 @@ func (s *Store) Touch(ctx context.Context, used map[string]time.Time) error {
 	for h, t := range used {
 		zs = append(zs, redis.Z{Score: float64(t.UnixMilli()), Member: h})
 	}
-	return wrap(s.rdb.ZAddXX(ctx, s.prefix+"ixused", zs...).Err())
+	return wrap(s.rdb.ZAddXX(ctx, s.key(KeyIndexUse), zs...).Err())
 }
 
 // Members returns the proxies an index holds.
 func (s *Store) Members(ctx context.Context, index string) ([]string, error) {
-	m, err := s.rdb.ZRange(ctx, s.prefix+"ix:"+index, 0, -1).Result()
+	m, err := s.rdb.ZRange(ctx, s.key(KeyIndex, index), 0, -1).Result()
 	return m, wrap(err)
 }
 
 // Known returns every proxy the store keeps state for, with its namespace.
 func (s *Store) Known(ctx context.Context) (map[string]string, error) {
-	m, err := s.rdb.HGetAll(ctx, s.prefix+"ns").Result()
+	m, err := s.rdb.HGetAll(ctx, s.key(KeyNamespace)).Result()
 	return m, wrap(err)
 }
 
-// Refusals are counted per selector index in one hash per minute, kept
-// refusalKeep: every broker adds to the same counts, so the controller
-// sees the fleet's unmet demand, not one replica's.
-const refusalKeep = 11 * time.Minute
-
+// Refusals are counted per selector index in one hash per minute.
 func (s *Store) refusalKey(minute int64) string {
-	return s.prefix + "refused:" + strconv.FormatInt(minute, 10)
+	return s.key(KeyRefused, strconv.FormatInt(minute, 10))
 }
 
 // Refused counts one lease refused on index at now.
@@ -792,7 +759,7 @@ func (s *Store) Refusals(ctx context.Context, window time.Duration, now time.Tim
 	for ix := range counts {
 		ixs = append(ixs, ix)
 	}
-	defs, err := s.rdb.HMGet(ctx, s.prefix+"ixs", ixs...).Result()
+	defs, err := s.rdb.HMGet(ctx, s.key(KeyIndexes), ixs...).Result()
 	if err != nil {
 		return nil, wrap(err)
 	}
