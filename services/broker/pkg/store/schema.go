@@ -12,7 +12,8 @@ import (
 // every key name from it: script() prepends a Lua table K (each key's
 // stem under the prefix, K.Lease == P .. 'lease:') and S (the stem alone,
 // for the keys in:<uid> lists), so a key's name is spelled once, here.
-// TestEveryKeyIsDeclared (package leases) runs every API call and holds
+// TestEveryKeyIsDeclared (services/broker/cmd/broker) runs every API call
+// on a real broker and holds
 // each key Redis then has to its declaration: pattern, type, and a TTL
 // unless it is declared permanent.
 type Key struct {

@@ -2,7 +2,7 @@
 // many each Proxy holds, polled from the broker's own ListProxies. The
 // broker keeps lease state in Redis behind its API; reading it through
 // that API keeps the Redis layout the broker's private business and needs
-// no second Redis client (decision 64 in docs/architecture.md).
+// no second Redis client (decision 64, docs/decisions/controller-pools.md).
 package leaseview
 
 import (
