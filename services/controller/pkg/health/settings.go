@@ -1,8 +1,3 @@
-// Package health turns probe results into the Healthy condition: it
-// applies the thresholds, notices when results stop coming (ProbeStale),
-// and writes the condition on transitions only. The probe stream itself is
-// the probehub package's. The controller stays the one
-// writer of Proxy status; probers hold no Kubernetes credentials.
 package health
 
 import (
