@@ -3,6 +3,7 @@ package v1alpha1
 import (
 	"time"
 
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 )
@@ -377,5 +378,21 @@ func (p *Proxy) DrainDeadline() (deadline time.Time, ok bool) {
 // reader that leases or counts healthy members asks this, not
 // status.healthy alone.
 func (s *ProxyStatus) IsHealthy() bool {
-	return s.Healthy && s.HealthInstanceGeneration == s.InstanceGeneration
+	return s.Healthy && s.HealthIsCurrent()
+}
+
+// HealthIsCurrent reports whether the health fields describe the current
+// instance. Health stamped with an instance generation describes that
+// one. Health written before the stamp existed (HealthInstanceGeneration
+// 0) was kept current by the lifecycle of that time, which reset it with
+// every new instance; it describes this one unless the instance became
+// Ready after the verdict, which only a new instance since (or a Ready
+// that came and went) explains.
+func (s *ProxyStatus) HealthIsCurrent() bool {
+	if s.HealthInstanceGeneration != 0 {
+		return s.HealthInstanceGeneration == s.InstanceGeneration
+	}
+	h := meta.FindStatusCondition(s.Conditions, ConditionHealthy)
+	r := meta.FindStatusCondition(s.Conditions, ConditionReady)
+	return h == nil || r == nil || !h.LastTransitionTime.Before(&r.LastTransitionTime)
 }

@@ -188,11 +188,10 @@ func (e *Engine) Track(px *v1.Proxy, addr string, r Settings) {
 	c, fresh := e.counterFor(px, addr)
 	switch {
 	case fresh:
-		if st := &px.Status; st.HealthInstanceGeneration == c.gen || st.HealthInstanceGeneration == 0 {
-			// Health of this instance, or written before the engine
-			// stamped the instance it is about: the lifecycle of those
-			// days reset health with every new instance, so it is this
-			// one's, and the write owed below stamps it.
+		if st := &px.Status; st.HealthIsCurrent() {
+			// Health of this instance; when written before the engine
+			// stamped instances (see HealthIsCurrent), the write owed
+			// below stamps it.
 			c.egressIP = st.EgressIP
 			setVerdict(c, fromCondition(meta.FindStatusCondition(st.Conditions, v1.ConditionHealthy)))
 		}
@@ -238,8 +237,8 @@ func owesReset(px *v1.Proxy) bool {
 // is on its way, or it has none), is not known to be healthy, when its
 // health is about an earlier instance; otherwise the engine forgets it.
 func (e *Engine) Reset(px *v1.Proxy) {
-	if !owesReset(px) || px.Status.HealthInstanceGeneration == 0 {
-		e.Forget(px.UID)
+	if !owesReset(px) || px.Status.HealthIsCurrent() {
+		e.Forget(px.UID) // stamped when it is probe-able again
 		return
 	}
 	e.mu.Lock()

@@ -321,13 +321,20 @@ func TestANewInstanceGenerationStartsHealthOver(t *testing.T) {
 	}{
 		{"health of the previous instance is reset", 1, false, v1.ReasonNotProbed, ""},
 		{"health from before the stamp is this instance's", 0, true, v1.ReasonProbeSucceeded, "198.51.100.9"},
+		{"health from before the stamp, older than Ready, is an earlier instance's", -1, false, v1.ReasonNotProbed, ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			px := readyProxy(t, "gen", "127.0.0.9")
+			// -1: written before the stamp, an hour before the instance's
+			// Ready.
+			verdictAt := metav1.Now()
+			if tc.healthGen < 0 {
+				tc.healthGen, verdictAt = 0, metav1.NewTime(time.Now().Add(-time.Hour))
+			}
 			px.Status.InstanceGeneration, px.Status.HealthInstanceGeneration, px.Status.EgressIP, px.Status.Healthy = 2, tc.healthGen, "198.51.100.9", true
-			meta.SetStatusCondition(&px.Status.Conditions, metav1.Condition{Type: v1.ConditionHealthy, Status: metav1.ConditionTrue, Reason: v1.ReasonProbeSucceeded, Message: "an earlier probe"})
+			meta.SetStatusCondition(&px.Status.Conditions, metav1.Condition{Type: v1.ConditionHealthy, Status: metav1.ConditionTrue, Reason: v1.ReasonProbeSucceeded, Message: "an earlier probe", LastTransitionTime: verdictAt})
 			require.NoError(t, env.Client.Status().Update(context.Background(), px))
-			require.Equal(t, tc.healthGen == 2, px.Status.IsHealthy())
+			require.Equal(t, tc.wantHealthy, px.Status.IsHealthy(), "what the brokers read before the engine writes")
 
 			e.Track(px, "127.0.0.9:3128", s)
 			require.Eventually(t, func() bool { return get(t, px).Status.HealthInstanceGeneration == 2 }, 10*time.Second, 5*time.Millisecond)

@@ -101,7 +101,7 @@ func (e *Engine) write(ctx context.Context, uid types.UID) (uint64, error) {
 	}
 	base := px.DeepCopy()
 	if st := &px.Status; st.HealthInstanceGeneration != w.gen {
-		if st.HealthInstanceGeneration != 0 {
+		if !st.HealthIsCurrent() {
 			// About an earlier instance: nothing of it carries over.
 			st.Healthy, st.EgressIP, st.LastHealthCheckTime = false, "", nil
 			meta.SetStatusCondition(&st.Conditions, metav1.Condition{
