@@ -394,5 +394,7 @@ func (s *ProxyStatus) HealthIsCurrent() bool {
 	}
 	h := meta.FindStatusCondition(s.Conditions, ConditionHealthy)
 	r := meta.FindStatusCondition(s.Conditions, ConditionReady)
-	return h == nil || r == nil || !h.LastTransitionTime.Before(&r.LastTransitionTime)
+	// Condition times have whole seconds on the wire; a Ready that is
+	// not True makes the proxy unleasable on its own.
+	return h == nil || r == nil || r.Status != metav1.ConditionTrue || h.LastTransitionTime.Unix() >= r.LastTransitionTime.Unix()
 }
