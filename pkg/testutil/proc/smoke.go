@@ -19,6 +19,9 @@ func Lifecycle(t *testing.T, name, bin string, env []string, args []string, heal
 	t.Helper()
 	p := StartEnv(t, name, env, bin, args...)
 	WaitHTTP(t, p, healthURL, 60*time.Second)
+	// Each listener comes up on its own: health answering says nothing of
+	// metrics (controller-runtime starts them side by side).
+	WaitHTTP(t, p, metricsURL, 60*time.Second)
 
 	resp, err := http.Get(metricsURL)
 	require.NoError(t, err)

@@ -189,10 +189,13 @@ func (r *Reconciler) reconcileNormal(ctx context.Context, pool *v1.ProxyPool) (c
 		}
 	}
 	gauge(pool, draining, cmd.paused != "")
+	if len(cmd.drain)+len(cmd.delete)+len(cmd.creates) > 0 {
+		r.log.DebugContext(ctx, "executing", "pool", keyOf(pool), "drain", cmd.drain, "delete", cmd.delete, "create", len(cmd.creates))
+	}
 	if err := r.execute(ctx, pool, hash, l, o, cmd, now); err != nil {
 		return ctrl.Result{}, err
 	}
-	r.wakeups.follow(r.wakeups.draining, types.NamespacedName{Namespace: pool.Namespace, Name: pool.Name}, draining > 0)
+	r.wakeups.follow(r.wakeups.draining, keyOf(pool), draining > 0)
 	next := r.nextDrainCheck(l, o, cmd, now)
 	if cmd.wake > 0 && (next == 0 || cmd.wake < next) {
 		next = cmd.wake
@@ -228,4 +231,9 @@ func (r *Reconciler) nextDrainCheck(l limits, o *observed, cmd Command, now time
 		consider(min(m.deadline.Sub(now), maxDrainPoll))
 	}
 	return next
+}
+
+// keyOf is the pool's key.
+func keyOf(pool *v1.ProxyPool) types.NamespacedName {
+	return types.NamespacedName{Namespace: pool.Namespace, Name: pool.Name}
 }
