@@ -57,7 +57,7 @@ def test_a_refusal_reschedules_the_request_after_retry_after(env, tmp_path):
         threading.Thread(target=give_back, daemon=True).start()
         stats, log = crawl(env, "site", tmp_path / "pages.jsonl")
     pages = (tmp_path / "pages.jsonl").read_text().splitlines()
-    assert len(pages) == env["pages"] + 1, "nothing was dropped"
+    assert len(pages) == env["pages"] + 1, "nothing was dropped; the crawl's log ends:\n" + log[-4000:]
     assert stats.get("egress_proxies/refused/ALL_AT_CAP", 0) >= 1, log[-3000:]
     assert stats.get("egress_proxies/rescheduled", 0) >= 1
     assert "egress_proxies/gave_up" not in stats
@@ -67,7 +67,7 @@ def test_a_session_keeps_one_proxy_and_one_lease(env, tmp_path):
     before = len(site_requests(env))
     stats, log = crawl(env, "session", tmp_path / "pages.jsonl", "EGRESS_PROXIES_SESSION_IDLE=1")
     pages = [json.loads(line) for line in (tmp_path / "pages.jsonl").read_text().splitlines()]
-    assert len(pages) == env["pages"] + 1
+    assert len(pages) == env["pages"] + 1, "the crawl's log ends:\n" + log[-4000:]
     served = {r["from"] for r in site_requests(env)[before:] if r["status"] == 200}
     assert len(served) == 1, f"one session, one exit IP: {served}"
     # One lease per proxy the session held: the one it kept, and one more
