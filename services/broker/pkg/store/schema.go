@@ -143,14 +143,19 @@ var Schema = []Key{
 }
 
 // luaKeys is the prelude of every script: P, the prefix (KEYS[1] is
-// P .. 'due'), and the K and S tables.
+// P .. 'due'), S, every stem in one table constructor, and K, which
+// prefixes a stem the first time a script names it. Every lease runs the
+// prelude, so it builds only the key names the script uses.
 var luaKeys = func() string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "local P = KEYS[1]:sub(1, -%d)\n", len(KeyDue.Pattern)+1)
-	b.WriteString("local K, S = {}, {}\n")
-	for _, k := range Schema {
-		fmt.Fprintf(&b, "S.%s = '%s'\nK.%s = P .. S.%s\n", k.Name, k.Stem(), k.Name, k.Name)
+	fmt.Fprintf(&b, "local P = KEYS[1]:sub(1, -%d)\nlocal S = {", len(KeyDue.Pattern)+1)
+	for i, k := range Schema {
+		if i > 0 {
+			b.WriteString(", ")
+		}
+		fmt.Fprintf(&b, "%s = '%s'", k.Name, k.Stem())
 	}
+	b.WriteString("}\nlocal K = setmetatable({}, {__index = function(t, name) local v = P .. S[name]; rawset(t, name, v); return v end})\n")
 	return b.String()
 }()
 

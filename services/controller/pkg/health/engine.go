@@ -195,7 +195,7 @@ func (e *Engine) Track(px *v1.Proxy, addr string, r Settings) {
 			c.egressIP = st.EgressIP
 			setVerdict(c, fromCondition(meta.FindStatusCondition(st.Conditions, v1.ConditionHealthy)))
 		}
-		if owesReset(px) {
+		if owesStamp(px) {
 			e.owe(px.UID, c)
 		}
 	case c.verdict != nil && c.verdict.reason == v1.ReasonProbeDenied:
@@ -224,10 +224,11 @@ func (e *Engine) counterFor(px *v1.Proxy, addr string) (*counter, bool) {
 	return c, true
 }
 
-// owesReset reports whether px's health fields are not stamped with its
-// current instance while saying something: about an earlier instance
-// (reset them) or written before the stamp existed (stamp them).
-func owesReset(px *v1.Proxy) bool {
+// owesStamp reports whether px's health fields say something without
+// being stamped with its current instance: a write is owed, which resets
+// them (about an earlier instance) or stamps them (written before the
+// stamp existed, HealthIsCurrent).
+func owesStamp(px *v1.Proxy) bool {
 	st := &px.Status
 	return st.HealthInstanceGeneration != st.InstanceGeneration &&
 		(st.Healthy || st.EgressIP != "" || st.LastHealthCheckTime != nil || meta.FindStatusCondition(st.Conditions, v1.ConditionHealthy) != nil)
@@ -237,7 +238,7 @@ func owesReset(px *v1.Proxy) bool {
 // is on its way, or it has none), is not known to be healthy, when its
 // health is about an earlier instance; otherwise the engine forgets it.
 func (e *Engine) Reset(px *v1.Proxy) {
-	if !owesReset(px) || px.Status.HealthIsCurrent() {
+	if !owesStamp(px) || px.Status.HealthIsCurrent() {
 		e.Forget(px.UID) // stamped when it is probe-able again
 		return
 	}

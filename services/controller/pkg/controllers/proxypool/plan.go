@@ -222,7 +222,6 @@ func decide(l limits, ms []*member, leasesAt time.Time, now time.Time) Command {
 	target := l.replicas - stuck
 	budget := l.budget - draining
 	floor := l.replicas - l.unavailable
-	active = slices.Clone(active)
 	slices.SortFunc(active, func(a, b *member) int { return drainOrder(cause, a, b) })
 	kept := 0
 	var replaceable []*member
