@@ -20,8 +20,9 @@ GIT_COMMIT ?= $(shell git rev-parse --short=12 HEAD 2>/dev/null || echo unknown)
 LDFLAGS := -s -w -X github.com/egress-proxies/egress-proxies/pkg/version.Commit=$(GIT_COMMIT)
 # Debian packages the tests run for real: Redis, Squid, and for the kvm
 # providers' hosts libvirtd with its qemu driver, qemu, sshd, and bsdtar to
-# read the seed ISOs back.
-APT_PACKAGES := redis-server squid openssh-server libvirt-daemon libvirt-daemon-driver-qemu qemu-system-x86 qemu-utils libarchive-tools iproute2 \
+# read the seed ISOs back. Recursive (=): the client and cluster lists are
+# defined below it.
+APT_PACKAGES = redis-server squid openssh-server libvirt-daemon libvirt-daemon-driver-qemu qemu-system-x86 qemu-utils libarchive-tools iproute2 \
   $(CLIENT_APT_PACKAGES) $(CLUSTER_APT_PACKAGES)
 # The Python client's suite runs on Debian's Python and its packages (no
 # Python registry is needed), and the clients' code is generated with
