@@ -26,10 +26,11 @@ APT_PACKAGES = redis-server squid openssh-server libvirt-daemon libvirt-daemon-d
   $(CLIENT_APT_PACKAGES) $(CLUSTER_APT_PACKAGES)
 # The Python client's suite runs on Debian's Python and its packages (no
 # Python registry is needed), and the clients' code is generated with
-# Debian's protoc and gRPC Python plugin. Node.js and npm are the machine's.
+# Debian's protoc and gRPC Python plugin (libprotobuf-dev holds the
+# well-known types the protos import). Node.js and npm are the machine's.
 # curl and requests are the gateway suite's clients.
 CLIENT_APT_PACKAGES := python3-grpcio python3-protobuf python3-scrapy python3-pytest python3-setuptools python3-wheel \
-  protobuf-compiler protobuf-compiler-grpc python3-requests curl
+  protobuf-compiler protobuf-compiler-grpc libprotobuf-dev python3-requests curl
 PYTHON ?= /usr/bin/python3
 # The real cluster: iptables for kube-proxy, the kubelet and the pods'
 # isolation; libseccomp and pkg-config to build runc; and what the images
