@@ -26,7 +26,6 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/config"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 	"sigs.k8s.io/controller-runtime/pkg/manager"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
@@ -223,11 +222,13 @@ func (e *Env) ReadyProxyE(namespace, name, ip string, port int32, attrs map[stri
 // start one per test.
 func (e *Env) Manager(t testing.TB, namespace string, byObject map[client.Object]cache.ByObject) manager.Manager {
 	t.Helper()
+	controllers := kube.Controllers()
+	controllers.SkipNameValidation = ptr.To(true)
 	mgr, err := ctrl.NewManager(e.Config, ctrl.Options{
 		Scheme:                 e.Scheme,
 		Metrics:                metricsserver.Options{BindAddress: "0"},
 		HealthProbeBindAddress: "0",
-		Controller:             config.Controller{SkipNameValidation: ptr.To(true)},
+		Controller:             controllers,
 		Cache:                  cache.Options{ByObject: byObject, DefaultNamespaces: map[string]cache.Config{namespace: {}}},
 	})
 	if err != nil {

@@ -287,7 +287,7 @@ func (c Config) leftovers(rec hostRecord) []string {
 	var left []string
 	if c.Bins != "" {
 		for _, p := range c.components() {
-			if pids := processesOf(filepath.Join(c.Bins, p.args[0])); len(pids) > 0 {
+			if pids := processesOf(filepath.Join(c.Bins, p.args[0]), p.args[1:]...); len(pids) > 0 {
 				left = append(left, fmt.Sprintf("%s running (pid %v)", p.name, pids))
 			}
 		}

@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -157,8 +158,10 @@ func (c Config) SaveLogs(dir string) error {
 	return nil
 }
 
-// processesOf lists the processes whose executable is path.
-func processesOf(path string) []int {
+// processesOf lists the processes whose executable is path and, when
+// args are given, whose arguments are exactly args: envtest runs the same
+// etcd binary, and its processes are not the node's.
+func processesOf(path string, args ...string) []int {
 	real, err := filepath.EvalSymlinks(path)
 	if err != nil {
 		return nil
@@ -171,9 +174,17 @@ func processesOf(path string) []int {
 			continue
 		}
 		exe, err := os.Readlink(filepath.Join("/proc", e.Name(), "exe"))
-		if err == nil && strings.TrimSuffix(exe, " (deleted)") == real {
-			pids = append(pids, pid)
+		if err != nil || strings.TrimSuffix(exe, " (deleted)") != real {
+			continue
 		}
+		if args != nil {
+			cmdline, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
+			argv := strings.Split(strings.TrimSuffix(string(cmdline), "\x00"), "\x00")
+			if err != nil || !slices.Equal(argv[1:], args) {
+				continue
+			}
+		}
+		pids = append(pids, pid)
 	}
 	return pids
 }

@@ -130,6 +130,7 @@ func newManager(o Options, namespace string) (ctrl.Manager, error) {
 		LeaderElectionID:        o.LeaderElectionID,
 		LeaderElectionNamespace: cmp.Or(o.LeaderElectionNS, namespace),
 		Cache:                   cache.Options{ByObject: lifecycle.CacheByObject(o.secretNamespaces)},
+		Controller:              kube.Controllers(),
 		LeaseDuration:           &o.LeaseDuration,
 		// client-go's ratios (15s/10s/2s), derived so one flag is enough.
 		RenewDeadline: ptr.To(o.LeaseDuration * 2 / 3),
