@@ -43,8 +43,13 @@ type half struct {
 
 // run splices until both directions end, and returns the bytes sent
 // (client to proxy) and received, and whether it ended cleanly: the
-// client's side ended first, or the proxy's at EOF, or the gateway cut
-// it (idle, deadline, shutdown); not the proxy's side failing first.
+// client's side ended first, or the proxy's at EOF or with a reset, or
+// the gateway cut it (idle, deadline, shutdown); not the proxy's side
+// failing first in another way (a timeout, an unreachable host). A reset
+// counts as an end: Squid resets a finished tunnel whenever the client's
+// last bytes (its TLS close_notify) reached it unread, so the ok of
+// every few tunnels would be lost to it, and a reset says no more of a
+// proxy than the FIN it stands for.
 func (t *tunnel) run() (sent, received int64, clean bool) {
 	_ = t.client.SetWriteDeadline(t.deadline)
 	_ = t.up.SetWriteDeadline(t.deadline)
@@ -61,7 +66,7 @@ func (t *tunnel) run() (sent, received int64, clean bool) {
 	// Whatever the client's side ended with (it closed, or reset) is the
 	// client's doing; the proxy's side failing first is not clean.
 	first := t.first.Load()
-	return out.n, in.n, t.cut.Load() || first == out || in.err == nil
+	return out.n, in.n, t.cut.Load() || first == out || in.err == nil || errors.Is(in.err, syscall.ECONNRESET)
 }
 
 // close closes both ends, once.
@@ -126,6 +131,9 @@ func (t *tunnel) timedOut(h *half, err error) bool {
 		t.shut()
 	default:
 		h.err = err
+		// First before the close: the close ends the other half too, and
+		// its return must not race this one's to be first.
+		t.first.CompareAndSwap(nil, h)
 		t.close()
 	}
 	return false
