@@ -115,9 +115,6 @@ type verdict struct {
 	action Action
 	cause  Cause
 	why    string
-	// failed: the cause is the member's own failure, which counts towards
-	// its slot's retries.
-	failed bool
 }
 
 // creation is one member to create.
@@ -269,7 +266,8 @@ func decide(l limits, ms []*member, leasesAt time.Time, now time.Time) Command {
 			m := replaceable[i]
 			v := cause[m.name]
 			cr := creation{cause: CauseReplacement, why: fmt.Sprintf("replaces %s: %s", m.name, v.why), replaces: m.name}
-			if v.failed {
+			if v.cause == CauseFailed {
+				// The member's own failure counts towards its slot's retries.
 				cr.retries = m.retries + 1
 			}
 			c.creates = append(c.creates, cr)
@@ -349,7 +347,7 @@ func causes(l limits, active []*member, now time.Time, c *Command) map[string]ve
 		case now.Before(f.detected.Add(l.backoff(f.m.retries))):
 			due(f.detected.Add(l.backoff(f.m.retries)))
 		default:
-			out[f.m.name] = verdict{cause: CauseFailed, why: f.why, failed: true}
+			out[f.m.name] = verdict{cause: CauseFailed, why: f.why}
 		}
 	}
 	for _, m := range active {
