@@ -179,8 +179,10 @@ func processesOf(path string, args ...string) []int {
 		}
 		if args != nil {
 			cmdline, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
-			argv := strings.Split(strings.TrimSuffix(string(cmdline), "\x00"), "\x00")
-			if err != nil || !slices.Equal(argv[1:], args) {
+			if err != nil {
+				continue
+			}
+			if argv := strings.Split(strings.TrimSuffix(string(cmdline), "\x00"), "\x00"); !slices.Equal(argv[1:], args) {
 				continue
 			}
 		}

@@ -169,7 +169,7 @@ func (a *Autoscaler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 // scale sets spec.replicas (through /scale) from demand; when a
 // scale-down waits for its window, wait says how long.
 func (a *Autoscaler) scale(ctx context.Context, pool *v1.ProxyPool, l limits, o *observed, snap leaseview.Snapshot, now time.Time) (wait time.Duration, err error) {
-	key := types.NamespacedName{Namespace: pool.Namespace, Name: pool.Name}
+	key := client.ObjectKeyFromObject(pool)
 	as := pool.Spec.Autoscaling
 	b := bounds{min: int(as.MinReplicas), max: int(as.MaxReplicas), target: int(as.TargetLeasesPerProxy)}
 	if b.target == 0 {

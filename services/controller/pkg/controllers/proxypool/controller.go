@@ -25,7 +25,6 @@ import (
 
 	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/events"
 	"k8s.io/client-go/util/workqueue"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -190,12 +189,12 @@ func (r *Reconciler) reconcileNormal(ctx context.Context, pool *v1.ProxyPool) (c
 	}
 	gauge(pool, draining, cmd.paused != "")
 	if len(cmd.drain)+len(cmd.delete)+len(cmd.creates) > 0 {
-		r.log.DebugContext(ctx, "executing", "pool", keyOf(pool), "drain", cmd.drain, "delete", cmd.delete, "create", len(cmd.creates))
+		r.log.DebugContext(ctx, "executing", "pool", client.ObjectKeyFromObject(pool), "drain", cmd.drain, "delete", cmd.delete, "create", len(cmd.creates))
 	}
 	if err := r.execute(ctx, pool, hash, l, o, cmd, now); err != nil {
 		return ctrl.Result{}, err
 	}
-	r.wakeups.follow(r.wakeups.draining, keyOf(pool), draining > 0)
+	r.wakeups.follow(r.wakeups.draining, client.ObjectKeyFromObject(pool), draining > 0)
 	next := r.nextDrainCheck(l, o, cmd, now)
 	if cmd.wake > 0 && (next == 0 || cmd.wake < next) {
 		next = cmd.wake
@@ -231,9 +230,4 @@ func (r *Reconciler) nextDrainCheck(l limits, o *observed, cmd Command, now time
 		consider(min(m.deadline.Sub(now), maxDrainPoll))
 	}
 	return next
-}
-
-// keyOf is the pool's key.
-func keyOf(pool *v1.ProxyPool) types.NamespacedName {
-	return types.NamespacedName{Namespace: pool.Namespace, Name: pool.Name}
 }
