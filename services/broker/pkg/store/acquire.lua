@@ -2,12 +2,13 @@
 -- target and is below cap, a uniformly random one among ties; with a
 -- session key, the proxy the key last had while it still qualifies (the
 -- key lingers SESSION_LINGER past its last lease).
--- ARGV: h, target, cap (0: none), ttl_ms, lease_id, random, request_id,
+-- Batched (see store.go's batched): ARGV holds any number of requests,
+-- each h, target, cap (0: none), ttl_ms, lease_id, random, request_id,
 -- fingerprint, target_cap (0: none), session, per_target ('1': count the
 -- target's live leases, honour its cap and pacing, keep sessions), caller
 -- (the token's name; '' for none), caller_cap (its most live leases, 0:
--- none).
--- Returns {'ok', proxy, expires_ms, load, lease_id, moved}: the lease (a
+-- none); each is decided in turn, as if alone, and answered with one of:
+-- {'ok', proxy, expires_ms, load, lease_id, moved}: the lease (a
 --   retry of a committed call, by lease id or request id, returns the same
 --   one); moved is 1 when the session's proxy no longer qualified;
 -- {'none', candidates, cooling, at_cap}; {'noindex'}; {'reused', lease_id}
@@ -16,11 +17,10 @@
 -- {'tcap', live} when the target has its cap of live leases;
 -- {'paced', retry_ms, rate} when the target's pace allows no lease now;
 -- {'ccap', live} when the caller holds its cap of live leases.
-local h, target, cap, ttl = ARGV[1], ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])
-local id, rnd, req, fp = ARGV[5], tonumber(ARGV[6]), ARGV[7], ARGV[8]
-local tcap, sess, per_target = tonumber(ARGV[9]), ARGV[10], ARGV[11] == '1'
-local caller, ccap = ARGV[12], tonumber(ARGV[13])
-local now = now_ms()
+local function one(h, target, cap, ttl, id, rnd, req, fp, tcap, sess, per_target, caller, ccap)
+cap, ttl, rnd, tcap, ccap = tonumber(cap), tonumber(ttl), tonumber(rnd), tonumber(tcap), tonumber(ccap)
+per_target = per_target == '1'
+local now = NOW
 
 local function granted(lid, l)
   local s = tonumber(redis.call('HGET', K.Score, l[1]) or '0')
@@ -44,7 +44,6 @@ if req ~= '' then
   end
 end
 
-local more = drain(now, DRAIN)
 if caller ~= '' and ccap > 0 then
   local n = tonumber(redis.call('HGET', K.Tokens, caller) or '0')
   if n >= ccap then
@@ -191,9 +190,10 @@ if per_target and sess ~= '' then
 end
 if not uid then
   uid, refused = pick()
-  if refused and refused[1] == 'none' and more then
+  if refused and refused[1] == 'none' and MORE then
     -- Expiries still due may be what holds proxies at the cap: apply them all.
     while drain(now, DRAIN) do end
+    MORE = false
     uid, refused = pick()
   end
   if refused then
@@ -238,3 +238,4 @@ if req ~= '' then
   redis.call('SET', K.Request .. req, id .. '|' .. fp, 'PXAT', expires)
 end
 return {'ok', uid, expires, add_load(uid, 1), id, moved}
+end

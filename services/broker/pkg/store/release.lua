@@ -1,8 +1,10 @@
--- Ends a lease. ARGV: lease_id. Returns 1 when a live lease was released.
-local id = ARGV[1]
-local _, l = open_lease(id)
-if not l then
-  return 0
+-- Ends leases. Batched (see store.go's batched): ARGV holds any number of
+-- lease_ids; each is answered 1 when a live lease was released, else 0.
+local function one(id)
+  local l = live_lease(id, NOW)
+  if not l then
+    return 0
+  end
+  close_lease(id, l[1], l[4], l[8], l[9], l[10])
+  return 1
 end
-close_lease(id, l[1], l[4], l[8], l[9], l[10])
-return 1

@@ -52,9 +52,9 @@ var (
 	//go:embed loads.lua
 	loadsSrc string
 
-	acquireScript = script(grows, acquireSrc)
+	acquireScript = batched(grows, 13, acquireSrc)
 	renewScript   = script(shrinks, renewSrc)
-	releaseScript = script(shrinks, releaseSrc)
+	releaseScript = batched(shrinks, 1, releaseSrc)
 	getScript     = script(reads, getSrc)
 	reportScript  = script(grows, reportSrc)
 	joinScript    = script(grows, joinSrc)
@@ -76,6 +76,28 @@ const (
 
 func script(flags, body string) *redis.Script {
 	return redis.NewScript(flags + "\n" + luaKeys + libSrc + "\n" + body)
+}
+
+// arity is how many arguments one call of each batched script takes.
+var arity = map[*redis.Script]int{}
+
+// batched builds a script from a body that defines one(...), the work of
+// one call, so that concurrent calls go to Redis as one: the script takes
+// the arguments of any number of calls, n each, decides each in turn as
+// if alone, and answers the list of their replies. A script call costs
+// Redis about as much again as an acquire's own work (the prelude, the
+// clock, the drain of what is due, the call itself); the calls of a batch
+// share one. Its body reads the clock as NOW, and MORE says whether more
+// was due than one drain applies.
+func batched(flags string, n int, body string) *redis.Script {
+	sc := script(flags, "local NOW = now_ms()\nlocal MORE = drain(NOW, DRAIN)\n"+body+fmt.Sprintf(`
+local out = {}
+for i = 1, #ARGV, %d do
+  out[#out + 1] = one(unpack(ARGV, i, i + %d))
+end
+return out`, n, n-1))
+	arity[sc] = n
+	return sc
 }
 
 // ErrLeaseNotFound: unknown or expired lease.
@@ -215,7 +237,6 @@ type Store struct {
 
 // call is one script call waiting for a pipeline.
 type call struct {
-	ctx  context.Context
 	sc   *redis.Script
 	args []any
 	cmd  *redis.Cmd
@@ -293,9 +314,10 @@ func (s *Store) exec(ctx context.Context, batch []*call) {
 	pending := batch
 	for try := 0; try < 2 && len(pending) > 0; try++ {
 		var acked *redis.Cmd
+		sends := merge(pending)
 		_, err := node.Pipelined(ctx, func(p redis.Pipeliner) error {
-			for _, c := range pending {
-				c.cmd = c.sc.EvalSha(c.ctx, p, s.route, c.args...)
+			for _, m := range sends {
+				m.cmd = m.sc.EvalSha(ctx, p, s.route, m.args...)
 			}
 			if wait {
 				acked = p.Do(ctx, "WAIT", s.Wait.Replicas, s.Wait.Timeout.Milliseconds())
@@ -307,6 +329,9 @@ func (s *Store) exec(ctx context.Context, batch []*call) {
 			// own reaction to a dead node or a moved slot: have it relearn
 			// the slots, so the next call finds the new owner.
 			cluster.ReloadState(ctx)
+		}
+		for _, m := range sends {
+			m.split(ctx)
 		}
 		var missing []*call
 		for _, c := range pending {
@@ -326,6 +351,57 @@ func (s *Store) exec(ctx context.Context, batch []*call) {
 				continue
 			}
 			pending = append(pending, c)
+		}
+	}
+}
+
+// sent is one script call on the wire: a call alone, or the calls of a
+// batched script merged into one.
+type sent struct {
+	sc    *redis.Script
+	args  []any
+	calls []*call
+	cmd   *redis.Cmd
+}
+
+// merge turns a batch's calls into script calls, one per batched script.
+func merge(calls []*call) []*sent {
+	out := make([]*sent, 0, len(calls))
+	merged := map[*redis.Script]*sent{}
+	for _, c := range calls {
+		if _, ok := arity[c.sc]; !ok {
+			out = append(out, &sent{sc: c.sc, args: c.args, calls: []*call{c}})
+			continue
+		}
+		if m := merged[c.sc]; m != nil {
+			m.args = append(m.args, c.args...)
+			m.calls = append(m.calls, c)
+			continue
+		}
+		m := &sent{sc: c.sc, args: append([]any(nil), c.args...), calls: []*call{c}}
+		merged[c.sc] = m
+		out = append(out, m)
+	}
+	return out
+}
+
+// split gives each call its reply: a merged call's list is one reply
+// per call, and its error (NOSCRIPT among them) is every call's.
+func (m *sent) split(ctx context.Context) {
+	if _, ok := arity[m.sc]; !ok {
+		m.calls[0].cmd = m.cmd
+		return
+	}
+	replies, err := m.cmd.Slice()
+	if err == nil && len(replies) != len(m.calls) {
+		err = fmt.Errorf("a batched script answered %d replies to %d calls", len(replies), len(m.calls))
+	}
+	for i, c := range m.calls {
+		c.cmd = redis.NewCmd(ctx)
+		if err != nil {
+			c.cmd.SetErr(err)
+		} else {
+			c.cmd.SetVal(replies[i])
 		}
 	}
 }
@@ -400,7 +476,7 @@ func wrap(err error) error {
 }
 
 func (s *Store) run(ctx context.Context, sc *redis.Script, args ...any) *redis.Cmd {
-	c := &call{ctx: ctx, sc: sc, args: args, done: make(chan struct{})}
+	c := &call{sc: sc, args: args, done: make(chan struct{})}
 	if s.calls == nil {
 		s.exec(ctx, []*call{c})
 		return c.cmd
