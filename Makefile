@@ -231,7 +231,7 @@ bench-gateway: deps envtest ## The proxy gateway against straight Squid, same ru
 	KUBEBUILDER_ASSETS=$$(bash hack/envtest-bins.sh) go test ./services/broker/cmd/broker -run '^$$' -bench BenchmarkGateway -benchtime 1x -timeout 10m
 
 .PHONY: bench-prober
-bench-prober: deps ## Probes/s and CPU per probe of one prober against Squid-fronted HTTPS targets, and memory for 10,000 assigned proxies.
+bench-prober: deps ## Probes/s and CPU per probe of one prober against Squid-fronted HTTPS targets, against a minimal CONNECT loop in the same run, and memory for 10,000 assigned proxies.
 	go test ./services/prober/pkg/agent -run '^$$' -bench BenchmarkProber -benchtime 1x -timeout 5m
 
 N ?= 1000

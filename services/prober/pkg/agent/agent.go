@@ -257,17 +257,18 @@ func (q *queue) Pop() any {
 }
 
 // scheduler runs every task at its interval from one goroutine; probes
-// run in goroutines bounded by a semaphore.
+// run on a fixed set of concurrency workers, which keep the stacks a TLS
+// handshake grows (a goroutine per probe grew a fresh one every time).
 type scheduler struct {
-	mu    sync.Mutex
-	tasks map[string]*task
-	q     queue
-	wake  chan struct{}
-	sem   chan struct{}
+	mu          sync.Mutex
+	tasks       map[string]*task
+	q           queue
+	wake        chan struct{}
+	concurrency int
 }
 
 func newScheduler(concurrency int) *scheduler {
-	return &scheduler{tasks: map[string]*task{}, wake: make(chan struct{}, 1), sem: make(chan struct{}, concurrency)}
+	return &scheduler{tasks: map[string]*task{}, wake: make(chan struct{}, 1), concurrency: concurrency}
 }
 
 func (s *scheduler) size() int { s.mu.Lock(); defer s.mu.Unlock(); return len(s.tasks) }
@@ -332,19 +333,40 @@ func (s *scheduler) removeLocked(id string) {
 	}
 }
 
+// start is one probe handed to a worker. The target is taken when the
+// probe falls due: apply may change the task's meanwhile.
+type start struct {
+	task   *task
+	target *probev1.ProbeTarget
+}
+
 func (s *scheduler) run(ctx context.Context, p *probe.Prober, out chan<- *probev1.ProbeResult) {
+	work := make(chan start)
 	var wg sync.WaitGroup
 	defer wg.Wait()
+	defer close(work)
+	for range s.concurrency {
+		wg.Go(func() {
+			for d := range work {
+				inflight.Inc()
+				r := runOne(ctx, p, d.target)
+				inflight.Dec()
+				s.mu.Lock()
+				d.task.running = false
+				s.mu.Unlock()
+				select {
+				case out <- r:
+				default:
+					dropped.Inc()
+				}
+			}
+		})
+	}
 	timer := time.NewTimer(time.Hour)
 	defer timer.Stop()
 	for {
 		s.mu.Lock()
 		var next time.Duration = time.Hour
-		// The target is taken now: apply may change the task's meanwhile.
-		type start struct {
-			task   *task
-			target *probev1.ProbeTarget
-		}
 		var due []start
 		now := time.Now()
 		for s.q.Len() > 0 && !s.q[0].due.After(now) {
@@ -374,28 +396,10 @@ func (s *scheduler) run(ctx context.Context, p *probe.Prober, out chan<- *probev
 
 		for _, d := range due {
 			select {
-			case s.sem <- struct{}{}:
+			case work <- d:
 			case <-ctx.Done():
 				return
 			}
-			wg.Add(1)
-			inflight.Inc()
-			go func() {
-				defer func() {
-					s.mu.Lock()
-					d.task.running = false
-					s.mu.Unlock()
-					<-s.sem
-					inflight.Dec()
-					wg.Done()
-				}()
-				r := runOne(ctx, p, d.target)
-				select {
-				case out <- r:
-				default:
-					dropped.Inc()
-				}
-			}()
 		}
 		timer.Reset(next)
 		select {
