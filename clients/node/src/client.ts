@@ -193,16 +193,28 @@ export class Client {
     }
   }
 
-  /** The proxies the broker knows, filtered; naming a target fills cooldownUntil for it. */
-  async listProxies(f: { selector?: Record<string, string>; healthy?: boolean; namespace?: string; target?: string } = {}): Promise<Proxy[]> {
+  /**
+   * The proxies the broker knows, filtered, in id order; naming a target
+   * fills cooldownUntil for it. Fetched pageSize at a time (0: the
+   * broker's, 500), every page.
+   */
+  async listProxies(
+    f: { selector?: Record<string, string>; healthy?: boolean; namespace?: string; target?: string; pageSize?: number } = {},
+  ): Promise<Proxy[]> {
     const req = create(ListProxiesRequestSchema, {
       selector: f.selector ?? {},
       healthy: f.healthy,
       namespace: f.namespace ?? "",
       target: f.target ?? "",
+      pageSize: f.pageSize ?? 0,
     });
-    const resp = await this.call((o) => this.rpc.listProxies(req, o));
-    return resp.proxies.map(toProxy);
+    const out: Proxy[] = [];
+    for (;;) {
+      const resp = await this.call((o) => this.rpc.listProxies(req, o));
+      out.push(...resp.proxies.map(toProxy));
+      if (!resp.nextPageToken) return out;
+      req.pageToken = resp.nextPageToken;
+    }
   }
 
   /** @internal */

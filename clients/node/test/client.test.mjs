@@ -109,3 +109,11 @@ test("plaintext, request ids and sessions", async () => {
   await Promise.all([s1.release(), s2.release()]);
   assert.equal(await live(c), 0);
 });
+
+test("listProxies walks every page", async () => {
+  const c = tlsClient();
+  const whole = (await c.listProxies({ selector: e.selector })).map((p) => p.id);
+  assert.ok(whole.length >= 2, "the environment's fleet spans pages of one");
+  assert.deepEqual([...whole].sort(), whole);
+  assert.deepEqual((await c.listProxies({ selector: e.selector, pageSize: 1 })).map((p) => p.id), whole);
+});

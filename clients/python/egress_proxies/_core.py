@@ -66,8 +66,9 @@ def create_request(selector: Optional[Mapping[str, str]], target: str, session_k
 
 
 def list_request(selector: Optional[Mapping[str, str]], healthy: Optional[bool], namespace: str,
-                 target: str) -> lease_pb2.ListProxiesRequest:
-    req = lease_pb2.ListProxiesRequest(selector=dict(selector or {}), namespace=namespace or "", target=target or "")
+                 target: str, page_size: int) -> lease_pb2.ListProxiesRequest:
+    req = lease_pb2.ListProxiesRequest(selector=dict(selector or {}), namespace=namespace or "", target=target or "",
+                                       page_size=page_size)
     if healthy is not None:
         req.healthy = healthy
     return req

@@ -70,9 +70,16 @@ class AsyncClient:
         return AsyncLease(self, await self._call("CreateLease", req, creating=True), target, ttl)
 
     async def list_proxies(self, selector: Optional[Mapping[str, str]] = None, *, healthy: Optional[bool] = None,
-                           namespace: str = "", target: str = "") -> List[Proxy]:
-        req = _core.list_request(selector, healthy, namespace, target)
-        return [Proxy.from_pb(p) for p in (await self._call("ListProxies", req)).proxies]
+                           namespace: str = "", target: str = "", page_size: int = 0) -> List[Proxy]:
+        """As Client.list_proxies: every page."""
+        req = _core.list_request(selector, healthy, namespace, target, page_size)
+        out: List[Proxy] = []
+        while True:
+            resp = await self._call("ListProxies", req)
+            out.extend(Proxy.from_pb(p) for p in resp.proxies)
+            if not resp.next_page_token:
+                return out
+            req.page_token = resp.next_page_token
 
 
 class _Pending:

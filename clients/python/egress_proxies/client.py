@@ -74,11 +74,18 @@ class Client:
         return Lease(self, self._call("CreateLease", req, creating=True), target, ttl)
 
     def list_proxies(self, selector: Optional[Mapping[str, str]] = None, *, healthy: Optional[bool] = None,
-                     namespace: str = "", target: str = "") -> List[Proxy]:
-        """The proxies the broker knows, filtered; naming a ``target`` fills each
-        one's ``cooldown_until`` for it."""
-        req = _core.list_request(selector, healthy, namespace, target)
-        return [Proxy.from_pb(p) for p in self._call("ListProxies", req).proxies]
+                     namespace: str = "", target: str = "", page_size: int = 0) -> List[Proxy]:
+        """The proxies the broker knows, filtered, in id order; naming a
+        ``target`` fills each one's ``cooldown_until`` for it. Fetched a page
+        of ``page_size`` at a time (0: the broker's, 500), every page."""
+        req = _core.list_request(selector, healthy, namespace, target, page_size)
+        out: List[Proxy] = []
+        while True:
+            resp = self._call("ListProxies", req)
+            out.extend(Proxy.from_pb(p) for p in resp.proxies)
+            if not resp.next_page_token:
+                return out
+            req.page_token = resp.next_page_token
 
 
 class Lease(Granted):

@@ -49,3 +49,12 @@ def test_async_typed_refusal_and_await_form(env):
             return refused.value
 
     assert run(main()).reason == "NO_MATCHING_PROXY"
+
+
+def test_async_list_proxies_walks_every_page(env):
+    async def main():
+        async with AsyncClient("grpcs://" + env["grpcTLS"], token=env["token"], ca_file=env["caFile"]) as c:
+            whole = [p.id for p in await c.list_proxies(env["selector"])]
+            assert len(whole) >= 2
+            assert [p.id for p in await c.list_proxies(env["selector"], page_size=1)] == whole
+    run(main())

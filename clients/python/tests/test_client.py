@@ -166,3 +166,10 @@ def pipe(a, z):
         pass
     finally:
         z.close()
+
+
+def test_list_proxies_walks_every_page(client, env):
+    whole = [p.id for p in client.list_proxies(env["selector"])]
+    assert len(whole) >= 2, "the environment's fleet spans pages of one"
+    assert whole == sorted(whole)
+    assert [p.id for p in client.list_proxies(env["selector"], page_size=1)] == whole

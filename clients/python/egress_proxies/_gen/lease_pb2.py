@@ -14,7 +14,7 @@ _sym_db = _symbol_database.Default()
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\"egressproxies/lease/v1/lease.proto\x12\x16\x65gressproxies.lease.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\xc7\x03\n\x05Proxy\x12\n\n\x02id\x18\x01 \x01(\t\x12\n\n\x02ip\x18\x02 \x01(\t\x12\x0c\n\x04port\x18\x03 \x01(\x05\x12\x41\n\nattributes\x18\x04 \x03(\x0b\x32-.egressproxies.lease.v1.Proxy.AttributesEntry\x12\x0f\n\x07healthy\x18\x05 \x01(\x08\x12\x1f\n\x0blease_count\x18\x06 \x01(\x05R\nleaseCount\x12\x1b\n\tegress_ip\x18\x07 \x01(\tR\x08\x65gressIP\x12G\n\x11quarantined_until\x18\x08 \x01(\x0b\x32\x1a.google.protobuf.TimestampR\x10quarantinedUntil\x12G\n\x11quarantined_since\x18\t \x01(\x0b\x32\x1a.google.protobuf.TimestampR\x10quarantinedSince\x12\x41\n\x0e\x63ooldown_until\x18\n \x01(\x0b\x32\x1a.google.protobuf.TimestampR\rcooldownUntil\x1a\x31\n\x0f\x41ttributesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\xd6\x01\n\x12ListProxiesRequest\x12\x14\n\x07healthy\x18\x01 \x01(\x08H\x00\x88\x01\x01\x12\x11\n\tnamespace\x18\x02 \x01(\t\x12J\n\x08selector\x18\x03 \x03(\x0b\x32\x38.egressproxies.lease.v1.ListProxiesRequest.SelectorEntry\x12\x0e\n\x06target\x18\x04 \x01(\t\x1a/\n\rSelectorEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x42\n\n\x08_healthy\"E\n\x13ListProxiesResponse\x12.\n\x07proxies\x18\x01 \x03(\x0b\x32\x1d.egressproxies.lease.v1.Proxy\"\x95\x02\n\x12\x43reateLeaseRequest\x12J\n\x08selector\x18\x01 \x03(\x0b\x32\x38.egressproxies.lease.v1.CreateLeaseRequest.SelectorEntry\x12\x1f\n\x0bttl_seconds\x18\x02 \x01(\x05R\nttlSeconds\x12\x0e\n\x06target\x18\x03 \x01(\t\x12\x11\n\tnamespace\x18\x04 \x01(\t\x12\x1d\n\nrequest_id\x18\x05 \x01(\tR\trequestId\x12\x1f\n\x0bsession_key\x18\x06 \x01(\tR\nsessionKey\x1a/\n\rSelectorEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\xfd\x01\n\x13\x43reateLeaseResponse\x12\x19\n\x08lease_id\x18\x01 \x01(\tR\x07leaseID\x12,\n\x05proxy\x18\x02 \x01(\x0b\x32\x1d.egressproxies.lease.v1.Proxy\x12\x39\n\nexpires_at\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.TimestampR\texpiresAt\x12=\n\x0b\x63redentials\x18\x04 \x01(\x0b\x32(.egressproxies.lease.v1.ProxyCredentials\x12#\n\rsession_moved\x18\x05 \x01(\x08R\x0csessionMoved\"6\n\x10ProxyCredentials\x12\x10\n\x08username\x18\x01 \x01(\t\x12\x10\n\x08password\x18\x02 \x01(\t\"O\n\x11RenewLeaseRequest\x12\x19\n\x08lease_id\x18\x01 \x01(\tR\x07leaseID\x12\x1f\n\x0bttl_seconds\x18\x02 \x01(\x05R\nttlSeconds\"j\n\x12RenewLeaseResponse\x12\x19\n\x08lease_id\x18\x01 \x01(\tR\x07leaseID\x12\x39\n\nexpires_at\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.TimestampR\texpiresAt\"0\n\x13ReleaseLeaseRequest\x12\x19\n\x08lease_id\x18\x01 \x01(\tR\x07leaseID\"\x16\n\x14ReleaseLeaseResponse\"\x8f\x01\n\x12ReportLeaseRequest\x12\x19\n\x08lease_id\x18\x01 \x01(\tR\x07leaseID\x12\x0e\n\x06result\x18\x02 \x01(\t\x12\x0e\n\x06target\x18\x03 \x01(\t\x12\x1f\n\x0bstatus_code\x18\x04 \x01(\x05R\nstatusCode\x12\x1d\n\nlatency_ms\x18\x05 \x01(\x05R\tlatencyMs\"\x97\x01\n\x14ReportSessionRequest\x12\x1f\n\x0bsession_key\x18\x01 \x01(\tR\nsessionKey\x12\x0e\n\x06result\x18\x02 \x01(\t\x12\x0e\n\x06target\x18\x03 \x01(\t\x12\x1f\n\x0bstatus_code\x18\x04 \x01(\x05R\nstatusCode\x12\x1d\n\nlatency_ms\x18\x05 \x01(\x05R\tlatencyMs\"\xfd\x02\n\x13ReportLeaseResponse\x12\x41\n\x0e\x63ooldown_until\x18\x01 \x01(\x0b\x32\x1a.google.protobuf.TimestampR\rcooldownUntil\x12\x41\n\x0e\x63ooldown_start\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.TimestampR\rcooldownStart\x12%\n\x0e\x63ooldown_level\x18\x03 \x01(\x05R\rcooldownLevel\x12\'\n\x0f\x63ooldown_shared\x18\x04 \x01(\x05R\x0e\x63ooldownShared\x12G\n\x11quarantined_until\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.TimestampR\x10quarantinedUntil\x12&\n\x0fpace_per_second\x18\x06 \x01(\x01R\rpacePerSecond\x12\x0f\n\x07\x61\x63tions\x18\x07 \x03(\t\x12\x0e\n\x06policy\x18\x08 \x01(\t\"\xff\x02\n\x15ReportSessionResponse\x12\x41\n\x0e\x63ooldown_until\x18\x01 \x01(\x0b\x32\x1a.google.protobuf.TimestampR\rcooldownUntil\x12\x41\n\x0e\x63ooldown_start\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.TimestampR\rcooldownStart\x12%\n\x0e\x63ooldown_level\x18\x03 \x01(\x05R\rcooldownLevel\x12\'\n\x0f\x63ooldown_shared\x18\x04 \x01(\x05R\x0e\x63ooldownShared\x12G\n\x11quarantined_until\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.TimestampR\x10quarantinedUntil\x12&\n\x0fpace_per_second\x18\x06 \x01(\x01R\rpacePerSecond\x12\x0f\n\x07\x61\x63tions\x18\x07 \x03(\t\x12\x0e\n\x06policy\x18\x08 \x01(\t\"<\n\x13ListRefusalsRequest\x12%\n\x0ewindow_seconds\x18\x01 \x01(\x05R\rwindowSeconds\"\xb1\x01\n\x10SelectorRefusals\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12H\n\x08selector\x18\x02 \x03(\x0b\x32\x36.egressproxies.lease.v1.SelectorRefusals.SelectorEntry\x12\x0f\n\x07refused\x18\x03 \x01(\x03\x1a/\n\rSelectorEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"S\n\x14ListRefusalsResponse\x12;\n\tselectors\x18\x01 \x03(\x0b\x32(.egressproxies.lease.v1.SelectorRefusals2\xef\x05\n\x0cLeaseService\x12\x66\n\x0bListProxies\x12*.egressproxies.lease.v1.ListProxiesRequest\x1a+.egressproxies.lease.v1.ListProxiesResponse\x12\x66\n\x0b\x43reateLease\x12*.egressproxies.lease.v1.CreateLeaseRequest\x1a+.egressproxies.lease.v1.CreateLeaseResponse\x12\x63\n\nRenewLease\x12).egressproxies.lease.v1.RenewLeaseRequest\x1a*.egressproxies.lease.v1.RenewLeaseResponse\x12i\n\x0cReleaseLease\x12+.egressproxies.lease.v1.ReleaseLeaseRequest\x1a,.egressproxies.lease.v1.ReleaseLeaseResponse\x12\x66\n\x0bReportLease\x12*.egressproxies.lease.v1.ReportLeaseRequest\x1a+.egressproxies.lease.v1.ReportLeaseResponse\x12l\n\rReportSession\x12,.egressproxies.lease.v1.ReportSessionRequest\x1a-.egressproxies.lease.v1.ReportSessionResponse\x12i\n\x0cListRefusals\x12+.egressproxies.lease.v1.ListRefusalsRequest\x1a,.egressproxies.lease.v1.ListRefusalsResponseBQZOgithub.com/egress-proxies/egress-proxies/pkg/gen/egressproxies/lease/v1;leasev1b\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\"egressproxies/lease/v1/lease.proto\x12\x16\x65gressproxies.lease.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\xc7\x03\n\x05Proxy\x12\n\n\x02id\x18\x01 \x01(\t\x12\n\n\x02ip\x18\x02 \x01(\t\x12\x0c\n\x04port\x18\x03 \x01(\x05\x12\x41\n\nattributes\x18\x04 \x03(\x0b\x32-.egressproxies.lease.v1.Proxy.AttributesEntry\x12\x0f\n\x07healthy\x18\x05 \x01(\x08\x12\x1f\n\x0blease_count\x18\x06 \x01(\x05R\nleaseCount\x12\x1b\n\tegress_ip\x18\x07 \x01(\tR\x08\x65gressIP\x12G\n\x11quarantined_until\x18\x08 \x01(\x0b\x32\x1a.google.protobuf.TimestampR\x10quarantinedUntil\x12G\n\x11quarantined_since\x18\t \x01(\x0b\x32\x1a.google.protobuf.TimestampR\x10quarantinedSince\x12\x41\n\x0e\x63ooldown_until\x18\n \x01(\x0b\x32\x1a.google.protobuf.TimestampR\rcooldownUntil\x1a\x31\n\x0f\x41ttributesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\xfd\x01\n\x12ListProxiesRequest\x12\x14\n\x07healthy\x18\x01 \x01(\x08H\x00\x88\x01\x01\x12\x11\n\tnamespace\x18\x02 \x01(\t\x12J\n\x08selector\x18\x03 \x03(\x0b\x32\x38.egressproxies.lease.v1.ListProxiesRequest.SelectorEntry\x12\x0e\n\x06target\x18\x04 \x01(\t\x12\x11\n\tpage_size\x18\x05 \x01(\x05\x12\x12\n\npage_token\x18\x06 \x01(\t\x1a/\n\rSelectorEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x42\n\n\x08_healthy\"^\n\x13ListProxiesResponse\x12.\n\x07proxies\x18\x01 \x03(\x0b\x32\x1d.egressproxies.lease.v1.Proxy\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"\x95\x02\n\x12\x43reateLeaseRequest\x12J\n\x08selector\x18\x01 \x03(\x0b\x32\x38.egressproxies.lease.v1.CreateLeaseRequest.SelectorEntry\x12\x1f\n\x0bttl_seconds\x18\x02 \x01(\x05R\nttlSeconds\x12\x0e\n\x06target\x18\x03 \x01(\t\x12\x11\n\tnamespace\x18\x04 \x01(\t\x12\x1d\n\nrequest_id\x18\x05 \x01(\tR\trequestId\x12\x1f\n\x0bsession_key\x18\x06 \x01(\tR\nsessionKey\x1a/\n\rSelectorEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\xfd\x01\n\x13\x43reateLeaseResponse\x12\x19\n\x08lease_id\x18\x01 \x01(\tR\x07leaseID\x12,\n\x05proxy\x18\x02 \x01(\x0b\x32\x1d.egressproxies.lease.v1.Proxy\x12\x39\n\nexpires_at\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.TimestampR\texpiresAt\x12=\n\x0b\x63redentials\x18\x04 \x01(\x0b\x32(.egressproxies.lease.v1.ProxyCredentials\x12#\n\rsession_moved\x18\x05 \x01(\x08R\x0csessionMoved\"6\n\x10ProxyCredentials\x12\x10\n\x08username\x18\x01 \x01(\t\x12\x10\n\x08password\x18\x02 \x01(\t\"O\n\x11RenewLeaseRequest\x12\x19\n\x08lease_id\x18\x01 \x01(\tR\x07leaseID\x12\x1f\n\x0bttl_seconds\x18\x02 \x01(\x05R\nttlSeconds\"j\n\x12RenewLeaseResponse\x12\x19\n\x08lease_id\x18\x01 \x01(\tR\x07leaseID\x12\x39\n\nexpires_at\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.TimestampR\texpiresAt\"0\n\x13ReleaseLeaseRequest\x12\x19\n\x08lease_id\x18\x01 \x01(\tR\x07leaseID\"\x16\n\x14ReleaseLeaseResponse\"\x8f\x01\n\x12ReportLeaseRequest\x12\x19\n\x08lease_id\x18\x01 \x01(\tR\x07leaseID\x12\x0e\n\x06result\x18\x02 \x01(\t\x12\x0e\n\x06target\x18\x03 \x01(\t\x12\x1f\n\x0bstatus_code\x18\x04 \x01(\x05R\nstatusCode\x12\x1d\n\nlatency_ms\x18\x05 \x01(\x05R\tlatencyMs\"\x97\x01\n\x14ReportSessionRequest\x12\x1f\n\x0bsession_key\x18\x01 \x01(\tR\nsessionKey\x12\x0e\n\x06result\x18\x02 \x01(\t\x12\x0e\n\x06target\x18\x03 \x01(\t\x12\x1f\n\x0bstatus_code\x18\x04 \x01(\x05R\nstatusCode\x12\x1d\n\nlatency_ms\x18\x05 \x01(\x05R\tlatencyMs\"\xfd\x02\n\x13ReportLeaseResponse\x12\x41\n\x0e\x63ooldown_until\x18\x01 \x01(\x0b\x32\x1a.google.protobuf.TimestampR\rcooldownUntil\x12\x41\n\x0e\x63ooldown_start\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.TimestampR\rcooldownStart\x12%\n\x0e\x63ooldown_level\x18\x03 \x01(\x05R\rcooldownLevel\x12\'\n\x0f\x63ooldown_shared\x18\x04 \x01(\x05R\x0e\x63ooldownShared\x12G\n\x11quarantined_until\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.TimestampR\x10quarantinedUntil\x12&\n\x0fpace_per_second\x18\x06 \x01(\x01R\rpacePerSecond\x12\x0f\n\x07\x61\x63tions\x18\x07 \x03(\t\x12\x0e\n\x06policy\x18\x08 \x01(\t\"\xff\x02\n\x15ReportSessionResponse\x12\x41\n\x0e\x63ooldown_until\x18\x01 \x01(\x0b\x32\x1a.google.protobuf.TimestampR\rcooldownUntil\x12\x41\n\x0e\x63ooldown_start\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.TimestampR\rcooldownStart\x12%\n\x0e\x63ooldown_level\x18\x03 \x01(\x05R\rcooldownLevel\x12\'\n\x0f\x63ooldown_shared\x18\x04 \x01(\x05R\x0e\x63ooldownShared\x12G\n\x11quarantined_until\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.TimestampR\x10quarantinedUntil\x12&\n\x0fpace_per_second\x18\x06 \x01(\x01R\rpacePerSecond\x12\x0f\n\x07\x61\x63tions\x18\x07 \x03(\t\x12\x0e\n\x06policy\x18\x08 \x01(\t\"<\n\x13ListRefusalsRequest\x12%\n\x0ewindow_seconds\x18\x01 \x01(\x05R\rwindowSeconds\"\xb1\x01\n\x10SelectorRefusals\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12H\n\x08selector\x18\x02 \x03(\x0b\x32\x36.egressproxies.lease.v1.SelectorRefusals.SelectorEntry\x12\x0f\n\x07refused\x18\x03 \x01(\x03\x1a/\n\rSelectorEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"S\n\x14ListRefusalsResponse\x12;\n\tselectors\x18\x01 \x03(\x0b\x32(.egressproxies.lease.v1.SelectorRefusals2\xef\x05\n\x0cLeaseService\x12\x66\n\x0bListProxies\x12*.egressproxies.lease.v1.ListProxiesRequest\x1a+.egressproxies.lease.v1.ListProxiesResponse\x12\x66\n\x0b\x43reateLease\x12*.egressproxies.lease.v1.CreateLeaseRequest\x1a+.egressproxies.lease.v1.CreateLeaseResponse\x12\x63\n\nRenewLease\x12).egressproxies.lease.v1.RenewLeaseRequest\x1a*.egressproxies.lease.v1.RenewLeaseResponse\x12i\n\x0cReleaseLease\x12+.egressproxies.lease.v1.ReleaseLeaseRequest\x1a,.egressproxies.lease.v1.ReleaseLeaseResponse\x12\x66\n\x0bReportLease\x12*.egressproxies.lease.v1.ReportLeaseRequest\x1a+.egressproxies.lease.v1.ReportLeaseResponse\x12l\n\rReportSession\x12,.egressproxies.lease.v1.ReportSessionRequest\x1a-.egressproxies.lease.v1.ReportSessionResponse\x12i\n\x0cListRefusals\x12+.egressproxies.lease.v1.ListRefusalsRequest\x1a,.egressproxies.lease.v1.ListRefusalsResponseBQZOgithub.com/egress-proxies/egress-proxies/pkg/gen/egressproxies/lease/v1;leasev1b\x06proto3')
 
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, globals())
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'egressproxies.lease.v1.lease_pb2', globals())
@@ -35,43 +35,43 @@ if _descriptor._USE_C_DESCRIPTORS == False:
   _PROXY_ATTRIBUTESENTRY._serialized_start=502
   _PROXY_ATTRIBUTESENTRY._serialized_end=551
   _LISTPROXIESREQUEST._serialized_start=554
-  _LISTPROXIESREQUEST._serialized_end=768
-  _LISTPROXIESREQUEST_SELECTORENTRY._serialized_start=709
-  _LISTPROXIESREQUEST_SELECTORENTRY._serialized_end=756
-  _LISTPROXIESRESPONSE._serialized_start=770
-  _LISTPROXIESRESPONSE._serialized_end=839
-  _CREATELEASEREQUEST._serialized_start=842
-  _CREATELEASEREQUEST._serialized_end=1119
-  _CREATELEASEREQUEST_SELECTORENTRY._serialized_start=709
-  _CREATELEASEREQUEST_SELECTORENTRY._serialized_end=756
-  _CREATELEASERESPONSE._serialized_start=1122
-  _CREATELEASERESPONSE._serialized_end=1375
-  _PROXYCREDENTIALS._serialized_start=1377
-  _PROXYCREDENTIALS._serialized_end=1431
-  _RENEWLEASEREQUEST._serialized_start=1433
-  _RENEWLEASEREQUEST._serialized_end=1512
-  _RENEWLEASERESPONSE._serialized_start=1514
-  _RENEWLEASERESPONSE._serialized_end=1620
-  _RELEASELEASEREQUEST._serialized_start=1622
-  _RELEASELEASEREQUEST._serialized_end=1670
-  _RELEASELEASERESPONSE._serialized_start=1672
-  _RELEASELEASERESPONSE._serialized_end=1694
-  _REPORTLEASEREQUEST._serialized_start=1697
-  _REPORTLEASEREQUEST._serialized_end=1840
-  _REPORTSESSIONREQUEST._serialized_start=1843
-  _REPORTSESSIONREQUEST._serialized_end=1994
-  _REPORTLEASERESPONSE._serialized_start=1997
-  _REPORTLEASERESPONSE._serialized_end=2378
-  _REPORTSESSIONRESPONSE._serialized_start=2381
-  _REPORTSESSIONRESPONSE._serialized_end=2764
-  _LISTREFUSALSREQUEST._serialized_start=2766
-  _LISTREFUSALSREQUEST._serialized_end=2826
-  _SELECTORREFUSALS._serialized_start=2829
-  _SELECTORREFUSALS._serialized_end=3006
-  _SELECTORREFUSALS_SELECTORENTRY._serialized_start=709
-  _SELECTORREFUSALS_SELECTORENTRY._serialized_end=756
-  _LISTREFUSALSRESPONSE._serialized_start=3008
-  _LISTREFUSALSRESPONSE._serialized_end=3091
-  _LEASESERVICE._serialized_start=3094
-  _LEASESERVICE._serialized_end=3845
+  _LISTPROXIESREQUEST._serialized_end=807
+  _LISTPROXIESREQUEST_SELECTORENTRY._serialized_start=748
+  _LISTPROXIESREQUEST_SELECTORENTRY._serialized_end=795
+  _LISTPROXIESRESPONSE._serialized_start=809
+  _LISTPROXIESRESPONSE._serialized_end=903
+  _CREATELEASEREQUEST._serialized_start=906
+  _CREATELEASEREQUEST._serialized_end=1183
+  _CREATELEASEREQUEST_SELECTORENTRY._serialized_start=748
+  _CREATELEASEREQUEST_SELECTORENTRY._serialized_end=795
+  _CREATELEASERESPONSE._serialized_start=1186
+  _CREATELEASERESPONSE._serialized_end=1439
+  _PROXYCREDENTIALS._serialized_start=1441
+  _PROXYCREDENTIALS._serialized_end=1495
+  _RENEWLEASEREQUEST._serialized_start=1497
+  _RENEWLEASEREQUEST._serialized_end=1576
+  _RENEWLEASERESPONSE._serialized_start=1578
+  _RENEWLEASERESPONSE._serialized_end=1684
+  _RELEASELEASEREQUEST._serialized_start=1686
+  _RELEASELEASEREQUEST._serialized_end=1734
+  _RELEASELEASERESPONSE._serialized_start=1736
+  _RELEASELEASERESPONSE._serialized_end=1758
+  _REPORTLEASEREQUEST._serialized_start=1761
+  _REPORTLEASEREQUEST._serialized_end=1904
+  _REPORTSESSIONREQUEST._serialized_start=1907
+  _REPORTSESSIONREQUEST._serialized_end=2058
+  _REPORTLEASERESPONSE._serialized_start=2061
+  _REPORTLEASERESPONSE._serialized_end=2442
+  _REPORTSESSIONRESPONSE._serialized_start=2445
+  _REPORTSESSIONRESPONSE._serialized_end=2828
+  _LISTREFUSALSREQUEST._serialized_start=2830
+  _LISTREFUSALSREQUEST._serialized_end=2890
+  _SELECTORREFUSALS._serialized_start=2893
+  _SELECTORREFUSALS._serialized_end=3070
+  _SELECTORREFUSALS_SELECTORENTRY._serialized_start=748
+  _SELECTORREFUSALS_SELECTORENTRY._serialized_end=795
+  _LISTREFUSALSRESPONSE._serialized_start=3072
+  _LISTREFUSALSRESPONSE._serialized_end=3155
+  _LEASESERVICE._serialized_start=3158
+  _LEASESERVICE._serialized_end=3909
 # @@protoc_insertion_point(module_scope)

@@ -27,6 +27,7 @@ import (
 
 	v1 "github.com/egress-proxies/egress-proxies/pkg/api/v1alpha1"
 	leasev1 "github.com/egress-proxies/egress-proxies/pkg/gen/egressproxies/lease/v1"
+	"github.com/egress-proxies/egress-proxies/pkg/leaseclient"
 	"github.com/egress-proxies/egress-proxies/pkg/testenv"
 	"github.com/egress-proxies/egress-proxies/pkg/testutil/proc"
 	"github.com/egress-proxies/egress-proxies/services/broker/pkg/store"
@@ -198,8 +199,14 @@ func startBenchBroker(b *testing.B, r *proc.Redis, leaseCap int, prefix string, 
 		total += f.n
 	}
 	require.Eventually(b, func() bool {
-		resp, err := bb.api.ListProxies(context.Background(), &leasev1.ListProxiesRequest{})
-		return err == nil && len(resp.GetProxies()) >= total
+		listed := 0
+		for _, err := range leaseclient.AllProxies(context.Background(), bb.api, &leasev1.ListProxiesRequest{}) {
+			if err != nil {
+				return false
+			}
+			listed++
+		}
+		return listed >= total
 	}, 120*time.Second, 500*time.Millisecond, "the broker never listed the %d proxies", total)
 	return bb
 }

@@ -317,6 +317,8 @@ func TestBadInputIsRejectedAndChangesNothing(t *testing.T) {
 		{"renew unknown", "POST", "/v1/leases/" + strings.Repeat("f", 32) + "/renew", `{}`, 404, "lease not found"},
 		{"no candidate", "POST", "/v1/leases", `{"selector":{"geo":"mars"}}`, 429, "NO_MATCHING_PROXY"},
 		{"list repeated attribute", "GET", "/v1/proxies?geo=eu&geo=us", "", 400, "give one value"},
+		{"negative page size", "GET", "/v1/proxies?pageSize=-1", "", 400, "page_size must not be negative"},
+		{"page token not given by the API", "GET", "/v1/proxies?pageToken=bm90LWEtdG9rZW4", "", 400, "page_token"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -343,6 +345,21 @@ func TestBadInputIsRejectedAndChangesNothing(t *testing.T) {
 	assert.Len(t, eu.JSON["proxies"], 1)
 	us := b.do("GET", "/v1/proxies?geo=us", "")
 	assert.Len(t, us.JSON["proxies"], 0)
+	// Pages over REST: pageSize and pageToken are the request's, not
+	// attribute filters.
+	f.add("v1", "127.0.0.71", map[string]string{"geo": "eu"})
+	b.waitListed(2)
+	first := b.do("GET", "/v1/proxies?geo=eu&pageSize=1", "")
+	require.Equal(t, 200, first.Status, string(first.Body))
+	require.Len(t, first.JSON["proxies"], 1)
+	token, _ := first.JSON["nextPageToken"].(string)
+	require.NotEmpty(t, token, "%s", first.Body)
+	second := b.do("GET", "/v1/proxies?geo=eu&pageSize=1&pageToken="+token, "")
+	require.Equal(t, 200, second.Status, string(second.Body))
+	require.Len(t, second.JSON["proxies"], 1)
+	assert.NotEqual(t, first.JSON["proxies"], second.JSON["proxies"])
+	assert.Empty(t, second.JSON["nextPageToken"], "the last page")
+	assert.Equal(t, 400, b.do("GET", "/v1/proxies?geo=us&pageSize=1&pageToken="+token, "").Status, "the token answers only the filters it was given for")
 }
 
 func TestAuthOnRESTAndGRPC(t *testing.T) {

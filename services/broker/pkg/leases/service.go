@@ -298,7 +298,10 @@ func (s *Service) ListProxies(ctx context.Context, req *leasev1.ListProxiesReque
 		h := req.GetHealthy()
 		healthy = &h
 	}
-	ps := s.inv.Select(req.GetNamespace(), req.GetSelector(), healthy, false)
+	ps, next, err := page(req, s.inv.Select(req.GetNamespace(), req.GetSelector(), healthy, false))
+	if err != nil {
+		return nil, err
+	}
 	uids := make([]string, len(ps))
 	for i, p := range ps {
 		uids[i] = p.UID
@@ -307,7 +310,7 @@ func (s *Service) ListProxies(ctx context.Context, req *leasev1.ListProxiesReque
 	if err != nil {
 		return nil, storeError(err)
 	}
-	resp := &leasev1.ListProxiesResponse{Proxies: make([]*leasev1.Proxy, 0, len(ps))}
+	resp := &leasev1.ListProxiesResponse{Proxies: make([]*leasev1.Proxy, 0, len(ps)), NextPageToken: next}
 	for _, p := range ps {
 		resp.Proxies = append(resp.Proxies, toProto(p, states[p.UID]))
 	}

@@ -356,7 +356,8 @@ func (w *noContentWriter) Write(b []byte) (int, error) {
 // requests parse as the gateway's default parser does.
 type attributeQueryParser struct{}
 
-var known = map[string]bool{"healthy": true, "namespace": true, "target": true}
+var known = map[string]bool{"healthy": true, "namespace": true, "target": true,
+	"page_size": true, "pageSize": true, "page_token": true, "pageToken": true}
 
 func (attributeQueryParser) Parse(msg proto.Message, values url.Values, filter *utilities.DoubleArray) error {
 	list, isList := msg.(*leasev1.ListProxiesRequest)

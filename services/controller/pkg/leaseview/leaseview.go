@@ -17,6 +17,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/metrics"
 
 	leasev1 "github.com/egress-proxies/egress-proxies/pkg/gen/egressproxies/lease/v1"
+	"github.com/egress-proxies/egress-proxies/pkg/leaseclient"
 )
 
 // Snapshot is the live-lease count of every Proxy at one moment.
@@ -147,17 +148,18 @@ func (p *Poller) Start(ctx context.Context) error {
 func (p *Poller) poll(ctx context.Context) {
 	ctx, cancel := context.WithTimeout(ctx, p.opts.Interval)
 	defer cancel()
-	resp, err := p.api.ListProxies(ctx, &leasev1.ListProxiesRequest{Namespace: p.opts.Namespace})
-	if err != nil {
-		pollErrors.Inc()
-		if ctx.Err() == nil {
-			p.log.WarnContext(ctx, "reading live leases from the broker", "err", err)
-		}
-		return
-	}
-	next := Snapshot{At: time.Now(), Leases: make(map[string]int32, len(resp.GetProxies()))}
+	next := Snapshot{At: time.Now(), Leases: map[string]int32{}}
 	quarantined := map[string]time.Time{}
-	for _, px := range resp.GetProxies() {
+	// Page by page: one list of a large fleet would pass gRPC's message
+	// limit.
+	for px, err := range leaseclient.AllProxies(ctx, p.api, &leasev1.ListProxiesRequest{Namespace: p.opts.Namespace}) {
+		if err != nil {
+			pollErrors.Inc()
+			if ctx.Err() == nil {
+				p.log.WarnContext(ctx, "reading live leases from the broker", "err", err)
+			}
+			return
+		}
 		if n := px.GetLeaseCount(); n > 0 {
 			next.Leases[px.GetId()] = n
 		}

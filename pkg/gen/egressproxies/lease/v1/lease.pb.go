@@ -154,9 +154,10 @@ func (x *Proxy) GetCooldownUntil() *timestamppb.Timestamp {
 	return nil
 }
 
-// ListProxiesRequest filters the proxy list. Over REST every query
-// parameter other than healthy, namespace and target is an attribute
-// filter: GET /v1/proxies?healthy=true&geo=eu.
+// ListProxiesRequest filters the proxy list and asks for one page of it.
+// Over REST every query parameter other than healthy, namespace, target,
+// pageSize and pageToken is an attribute filter:
+// GET /v1/proxies?healthy=true&geo=eu.
 type ListProxiesRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// healthy, when set, keeps only proxies whose health equals it.
@@ -167,7 +168,16 @@ type ListProxiesRequest struct {
 	Selector map[string]string `protobuf:"bytes,3,rep,name=selector,proto3" json:"selector,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
 	// target, when set, fills each proxy's cooldown_until for that target
 	// (a host name, as in CreateLease). It filters nothing.
-	Target        string `protobuf:"bytes,4,opt,name=target,proto3" json:"target,omitempty"`
+	Target string `protobuf:"bytes,4,opt,name=target,proto3" json:"target,omitempty"`
+	// page_size is the most proxies one response holds (AIP-158): 0 means
+	// 500, and more than 500 is taken as 500, so a page of proxies with
+	// the most attributes allowed stays well under gRPC's 4 MiB message
+	// limit. Negative is refused.
+	PageSize int32 `protobuf:"varint,5,opt,name=page_size,json=pageSize,proto3" json:"page_size,omitempty"`
+	// page_token, when set, is a previous response's next_page_token, and
+	// asks for the page after that one. The other fields must be as they
+	// were for the first page; a token given with others is refused.
+	PageToken     string `protobuf:"bytes,6,opt,name=page_token,json=pageToken,proto3" json:"page_token,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -230,11 +240,31 @@ func (x *ListProxiesRequest) GetTarget() string {
 	return ""
 }
 
-// ListProxiesResponse is the filtered list, sorted by id.
+func (x *ListProxiesRequest) GetPageSize() int32 {
+	if x != nil {
+		return x.PageSize
+	}
+	return 0
+}
+
+func (x *ListProxiesRequest) GetPageToken() string {
+	if x != nil {
+		return x.PageToken
+	}
+	return ""
+}
+
+// ListProxiesResponse is one page of the filtered list, sorted by id.
 type ListProxiesResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// proxies that matched.
-	Proxies       []*Proxy `protobuf:"bytes,1,rep,name=proxies,proto3" json:"proxies,omitempty"`
+	Proxies []*Proxy `protobuf:"bytes,1,rep,name=proxies,proto3" json:"proxies,omitempty"`
+	// next_page_token, when not empty, is the page_token of the page after
+	// this one; empty on the last page. Pages follow id order and a token
+	// names the last id given, so a proxy that exists throughout the walk
+	// is listed exactly once however the fleet changes meanwhile; one
+	// created or deleted meanwhile may or may not be.
+	NextPageToken string `protobuf:"bytes,2,opt,name=next_page_token,json=nextPageToken,proto3" json:"next_page_token,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -274,6 +304,13 @@ func (x *ListProxiesResponse) GetProxies() []*Proxy {
 		return x.Proxies
 	}
 	return nil
+}
+
+func (x *ListProxiesResponse) GetNextPageToken() string {
+	if x != nil {
+		return x.NextPageToken
+	}
+	return ""
 }
 
 // CreateLeaseRequest asks for a proxy.
@@ -1289,19 +1326,23 @@ const file_egressproxies_lease_v1_lease_proto_rawDesc = "" +
 	" \x01(\v2\x1a.google.protobuf.TimestampR\rcooldownUntil\x1a=\n" +
 	"\x0fAttributesEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x88\x02\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xc4\x02\n" +
 	"\x12ListProxiesRequest\x12\x1d\n" +
 	"\ahealthy\x18\x01 \x01(\bH\x00R\ahealthy\x88\x01\x01\x12\x1c\n" +
 	"\tnamespace\x18\x02 \x01(\tR\tnamespace\x12T\n" +
 	"\bselector\x18\x03 \x03(\v28.egressproxies.lease.v1.ListProxiesRequest.SelectorEntryR\bselector\x12\x16\n" +
-	"\x06target\x18\x04 \x01(\tR\x06target\x1a;\n" +
+	"\x06target\x18\x04 \x01(\tR\x06target\x12\x1b\n" +
+	"\tpage_size\x18\x05 \x01(\x05R\bpageSize\x12\x1d\n" +
+	"\n" +
+	"page_token\x18\x06 \x01(\tR\tpageToken\x1a;\n" +
 	"\rSelectorEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01B\n" +
 	"\n" +
-	"\b_healthy\"N\n" +
+	"\b_healthy\"v\n" +
 	"\x13ListProxiesResponse\x127\n" +
-	"\aproxies\x18\x01 \x03(\v2\x1d.egressproxies.lease.v1.ProxyR\aproxies\"\xbe\x02\n" +
+	"\aproxies\x18\x01 \x03(\v2\x1d.egressproxies.lease.v1.ProxyR\aproxies\x12&\n" +
+	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"\xbe\x02\n" +
 	"\x12CreateLeaseRequest\x12T\n" +
 	"\bselector\x18\x01 \x03(\v28.egressproxies.lease.v1.CreateLeaseRequest.SelectorEntryR\bselector\x12\x1f\n" +
 	"\vttl_seconds\x18\x02 \x01(\x05R\n" +
