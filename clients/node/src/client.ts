@@ -16,7 +16,9 @@ import {
   CreateLeaseRequestSchema,
   LeaseService,
   ListProxiesRequestSchema,
+  ProxyEvent_Type,
   ReportLeaseRequestSchema,
+  WatchProxiesRequestSchema,
   type CreateLeaseResponse,
   type Proxy as ProxyMessage,
   type ReportLeaseResponse,
@@ -84,6 +86,22 @@ function checkResult(result: Result): void {
 }
 
 const date = (t?: Timestamp) => (t ? timestampDate(t) : undefined);
+
+/** One change to a watched set (Client.watchProxies). */
+export interface ProxyEvent {
+  /**
+   * "upsert": proxy is in the set (the first set, newly matching, or changed);
+   * "delete": proxy.id left the set; "synced": the first set has been sent.
+   */
+  kind: "upsert" | "delete" | "synced";
+  proxy?: Proxy;
+}
+
+const EVENT_KINDS: Partial<Record<ProxyEvent_Type, ProxyEvent["kind"]>> = {
+  [ProxyEvent_Type.UPSERT]: "upsert",
+  [ProxyEvent_Type.DELETE]: "delete",
+  [ProxyEvent_Type.SYNCED]: "synced",
+};
 
 function toProxy(p?: ProxyMessage): Proxy {
   return {
@@ -214,6 +232,36 @@ export class Client {
       out.push(...resp.proxies.map(toProxy));
       if (!resp.nextPageToken) return out;
       req.pageToken = resp.nextPageToken;
+    }
+  }
+
+  /**
+   * The proxies listProxies lists for the same filters, then their changes:
+   * an "upsert" event for each, one "synced", then "upsert" and "delete"
+   * events as the set changes, until the watch ends (the broker stops, or
+   * the watcher fell behind: the loop throws; watch again and let the new
+   * first set replace what you kept). Leaving the loop, or aborting
+   * signal, ends the watch.
+   */
+  async *watchProxies(
+    f: { selector?: Record<string, string>; healthy?: boolean; namespace?: string; signal?: AbortSignal } = {},
+  ): AsyncGenerator<ProxyEvent> {
+    const req = create(WatchProxiesRequestSchema, { selector: f.selector ?? {}, healthy: f.healthy, namespace: f.namespace ?? "" });
+    const abort = new AbortController();
+    const stop = () => abort.abort();
+    f.signal?.addEventListener("abort", stop);
+    try {
+      for await (const resp of this.rpc.watchProxies(req, { signal: abort.signal })) {
+        for (const e of resp.events) {
+          const kind = EVENT_KINDS[e.type];
+          if (kind) yield { kind, proxy: e.proxy ? toProxy(e.proxy) : undefined };
+        }
+      }
+    } catch (err) {
+      if (!abort.signal.aborted) throw fromCallError(err, {});
+    } finally {
+      f.signal?.removeEventListener("abort", stop);
+      abort.abort();
     }
   }
 

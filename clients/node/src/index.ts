@@ -1,7 +1,7 @@
 // @egress-proxies/client: lease healthy proxies from an egress-proxies
 // broker over gRPC. The crawlee integration is @egress-proxies/client/crawlee.
 export { Client, Lease, baseUrl } from "./client.js";
-export type { ClientOptions, LeaseRequest, Proxy, Report, ReportOptions } from "./client.js";
+export type { ClientOptions, LeaseRequest, Proxy, ProxyEvent, Report, ReportOptions } from "./client.js";
 export { EgressProxiesError, InvalidRequest, LeaseGone, NoProxyAvailable, TargetPaced, Unauthenticated } from "./errors.js";
 export { BLOCK_MARKERS, RESULTS, classify } from "./policy.js";
 export type { Result } from "./policy.js";

@@ -117,3 +117,24 @@ test("listProxies walks every page", async () => {
   assert.deepEqual([...whole].sort(), whole);
   assert.deepEqual((await c.listProxies({ selector: e.selector, pageSize: 1 })).map((p) => p.id), whole);
 });
+
+test("watchProxies sends the set, then synced; leaving the loop ends the watch", async () => {
+  const c = tlsClient();
+  const listed = (await c.listProxies({ selector: e.selector })).map((p) => p.id);
+  const first = [];
+  for await (const ev of c.watchProxies({ selector: e.selector })) {
+    if (ev.kind === "synced") {
+      assert.equal(ev.proxy, undefined);
+      break;
+    }
+    assert.equal(ev.kind, "upsert");
+    first.push(ev.proxy.id);
+  }
+  assert.deepEqual(first, listed, "the first set is what listProxies lists, in id order");
+  let open = await metric(e, "proxy_operator_broker_watches");
+  for (let i = 0; open !== 0 && i < 200; i++) {
+    await sleep(50);
+    open = await metric(e, "proxy_operator_broker_watches");
+  }
+  assert.equal(open, 0, "leaving the loop ends the watch on the broker");
+});

@@ -5,13 +5,14 @@ release it; plus a Scrapy downloader middleware
 
 Blocking: ``egress_proxies.Client``; asyncio: ``egress_proxies.aio.AsyncClient``.
 """
-from ._core import BLOCKED, ERROR, OK, RATE_LIMITED, Proxy, Report
+from ._core import BLOCKED, DELETE, ERROR, OK, RATE_LIMITED, SYNCED, UPSERT, Proxy, ProxyEvent, Report
 from ._version import API_VERSION, __version__
 from .client import Client, Lease
 from .errors import EgressProxiesError, InvalidRequest, LeaseGone, NoProxyAvailable, TargetPaced, Unauthenticated
 from .policy import BanPolicy
 
 __all__ = [
-    "API_VERSION", "BLOCKED", "BanPolicy", "Client", "ERROR", "EgressProxiesError", "InvalidRequest", "Lease", "LeaseGone",
-    "NoProxyAvailable", "OK", "Proxy", "RATE_LIMITED", "Report", "TargetPaced", "Unauthenticated", "__version__",
+    "API_VERSION", "BLOCKED", "BanPolicy", "Client", "DELETE", "ERROR", "EgressProxiesError", "InvalidRequest", "Lease", "LeaseGone",
+    "NoProxyAvailable", "OK", "Proxy", "ProxyEvent", "RATE_LIMITED", "Report", "SYNCED", "TargetPaced", "UPSERT", "Unauthenticated",
+    "__version__",
 ]

@@ -106,6 +106,34 @@ def _time(msg, field: str) -> Optional[datetime.datetime]:
     return getattr(msg, field).ToDatetime().replace(tzinfo=datetime.timezone.utc)
 
 
+#: ProxyEvent kinds: the proxy is in the watched set (first set, newly
+#: matching or changed); it left the set; the first set has been sent.
+UPSERT, DELETE, SYNCED = "upsert", "delete", "synced"
+_EVENT_KINDS = {lease_pb2.ProxyEvent.TYPE_UPSERT: UPSERT, lease_pb2.ProxyEvent.TYPE_DELETE: DELETE,
+                lease_pb2.ProxyEvent.TYPE_SYNCED: SYNCED}
+
+
+@dataclasses.dataclass(frozen=True)
+class ProxyEvent:
+    """One change to a watched set: ``kind`` is UPSERT (``proxy`` as the
+    broker lists it), DELETE (``proxy.id`` is the one that left) or SYNCED
+    (``proxy`` is None)."""
+
+    kind: str
+    proxy: Optional[Proxy]
+
+    @staticmethod
+    def from_pb(e: lease_pb2.ProxyEvent) -> "ProxyEvent":
+        return ProxyEvent(kind=_EVENT_KINDS[e.type], proxy=Proxy.from_pb(e.proxy) if e.HasField("proxy") else None)
+
+
+def watch_request(selector: Optional[Mapping[str, str]], healthy: Optional[bool], namespace: str) -> lease_pb2.WatchProxiesRequest:
+    req = lease_pb2.WatchProxiesRequest(selector=dict(selector or {}), namespace=namespace or "")
+    if healthy is not None:
+        req.healthy = healthy
+    return req
+
+
 @dataclasses.dataclass(frozen=True)
 class Report:
     """What the broker did about a report (docs/api.md, Ban-aware leasing)."""

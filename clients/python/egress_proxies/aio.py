@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import List, Mapping, Optional
+from typing import AsyncIterator, List, Mapping, Optional
 
 import grpc
 import grpc.aio
 
 from . import _core
-from ._core import Granted, Proxy, Report
+from ._core import Granted, Proxy, ProxyEvent, Report
 from ._gen import lease_pb2, lease_pb2_grpc
 from .errors import EgressProxiesError, LeaseGone, from_rpc_error
 
@@ -80,6 +80,20 @@ class AsyncClient:
             if not resp.next_page_token:
                 return out
             req.page_token = resp.next_page_token
+
+    async def watch_proxies(self, selector: Optional[Mapping[str, str]] = None, *, healthy: Optional[bool] = None,
+                            namespace: str = "") -> AsyncIterator[ProxyEvent]:
+        """As Client.watch_proxies: ``async for event in client.watch_proxies(...)``."""
+        call = self._stub.WatchProxies(_core.watch_request(selector, healthy, namespace), metadata=self._metadata)
+        try:
+            async for resp in call:
+                for e in resp.events:
+                    yield ProxyEvent.from_pb(e)
+        except grpc.RpcError as err:
+            if err.code() != grpc.StatusCode.CANCELLED:
+                raise from_rpc_error(err) from None
+        finally:
+            call.cancel()
 
 
 class _Pending:

@@ -14,12 +14,12 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import List, Mapping, Optional
+from typing import Iterator, List, Mapping, Optional
 
 import grpc
 
 from . import _core
-from ._core import Granted, Proxy, Report
+from ._core import Granted, Proxy, ProxyEvent, Report
 from ._gen import lease_pb2, lease_pb2_grpc
 from .errors import EgressProxiesError, LeaseGone, from_rpc_error
 
@@ -86,6 +86,25 @@ class Client:
             if not resp.next_page_token:
                 return out
             req.page_token = resp.next_page_token
+
+    def watch_proxies(self, selector: Optional[Mapping[str, str]] = None, *, healthy: Optional[bool] = None,
+                      namespace: str = "") -> Iterator[ProxyEvent]:
+        """The proxies ``list_proxies`` lists for the same filters, then their
+        changes: an UPSERT event for each, one SYNCED, then UPSERT and DELETE
+        events as the set changes, until the watch ends (the broker stops,
+        or the watcher fell behind: an EgressProxiesError is raised; watch
+        again and let the new first set replace what you kept). Closing the
+        iterator (``break``) ends the watch."""
+        call = self._stub.WatchProxies(_core.watch_request(selector, healthy, namespace), metadata=self._metadata)
+        try:
+            for resp in call:
+                for e in resp.events:
+                    yield ProxyEvent.from_pb(e)
+        except grpc.RpcError as err:
+            if err.code() != grpc.StatusCode.CANCELLED:
+                raise from_rpc_error(err) from None
+        finally:
+            call.cancel()
 
 
 class Lease(Granted):

@@ -58,3 +58,18 @@ def test_async_list_proxies_walks_every_page(env):
             assert len(whole) >= 2
             assert [p.id for p in await c.list_proxies(env["selector"], page_size=1)] == whole
     run(main())
+
+
+def test_async_watch_proxies_sends_the_set_then_synced(env):
+    async def main():
+        async with AsyncClient("grpcs://" + env["grpcTLS"], token=env["token"], ca_file=env["caFile"]) as c:
+            listed = [p.id for p in await c.list_proxies(env["selector"])]
+            events = c.watch_proxies(env["selector"])
+            first = []
+            async for e in events:
+                if e.kind == ep.SYNCED:
+                    break
+                first.append(e.proxy.id)
+            await events.aclose()
+            assert first == listed
+    run(main())

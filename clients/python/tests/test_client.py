@@ -173,3 +173,26 @@ def test_list_proxies_walks_every_page(client, env):
     assert len(whole) >= 2, "the environment's fleet spans pages of one"
     assert whole == sorted(whole)
     assert [p.id for p in client.list_proxies(env["selector"], page_size=1)] == whole
+
+
+def wait_metric(env, name: str, want: float) -> float:
+    deadline = time.monotonic() + 10
+    while (got := metric(env, name)) != want and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return got
+
+
+def test_watch_proxies_sends_the_set_then_synced_and_ends_when_closed(client, env):
+    listed = [p.id for p in client.list_proxies(env["selector"])]
+    events = client.watch_proxies(env["selector"])
+    first = []
+    for e in events:
+        if e.kind == ep.SYNCED:
+            assert e.proxy is None
+            break
+        assert e.kind == ep.UPSERT
+        first.append(e.proxy.id)
+    assert first == listed, "the first set is what list_proxies lists, in id order"
+    assert wait_metric(env, "proxy_operator_broker_watches", 1) == 1
+    events.close()
+    assert wait_metric(env, "proxy_operator_broker_watches", 0) == 0, "closing the iterator ends the watch on the broker"

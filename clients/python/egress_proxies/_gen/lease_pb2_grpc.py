@@ -53,6 +53,11 @@ class LeaseServiceStub(object):
                 request_serializer=egressproxies_dot_lease_dot_v1_dot_lease__pb2.ListRefusalsRequest.SerializeToString,
                 response_deserializer=egressproxies_dot_lease_dot_v1_dot_lease__pb2.ListRefusalsResponse.FromString,
                 )
+        self.WatchProxies = channel.unary_stream(
+                '/egressproxies.lease.v1.LeaseService/WatchProxies',
+                request_serializer=egressproxies_dot_lease_dot_v1_dot_lease__pb2.WatchProxiesRequest.SerializeToString,
+                response_deserializer=egressproxies_dot_lease_dot_v1_dot_lease__pb2.WatchProxiesResponse.FromString,
+                )
 
 
 class LeaseServiceServicer(object):
@@ -126,6 +131,18 @@ class LeaseServiceServicer(object):
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def WatchProxies(self, request, context):
+        """WatchProxies streams the proxies ListProxies lists for the same
+        filters: first the whole matching set, then a SYNCED event, then
+        every change to the set as this broker sees it, so a client's cache
+        or a dashboard needs no polling. A watch that falls behind, or whose
+        broker stops, ends; watch again, and let the new first set replace
+        the cache.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_LeaseServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -163,6 +180,11 @@ def add_LeaseServiceServicer_to_server(servicer, server):
                     servicer.ListRefusals,
                     request_deserializer=egressproxies_dot_lease_dot_v1_dot_lease__pb2.ListRefusalsRequest.FromString,
                     response_serializer=egressproxies_dot_lease_dot_v1_dot_lease__pb2.ListRefusalsResponse.SerializeToString,
+            ),
+            'WatchProxies': grpc.unary_stream_rpc_method_handler(
+                    servicer.WatchProxies,
+                    request_deserializer=egressproxies_dot_lease_dot_v1_dot_lease__pb2.WatchProxiesRequest.FromString,
+                    response_serializer=egressproxies_dot_lease_dot_v1_dot_lease__pb2.WatchProxiesResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -294,5 +316,22 @@ class LeaseService(object):
         return grpc.experimental.unary_unary(request, target, '/egressproxies.lease.v1.LeaseService/ListRefusals',
             egressproxies_dot_lease_dot_v1_dot_lease__pb2.ListRefusalsRequest.SerializeToString,
             egressproxies_dot_lease_dot_v1_dot_lease__pb2.ListRefusalsResponse.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def WatchProxies(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(request, target, '/egressproxies.lease.v1.LeaseService/WatchProxies',
+            egressproxies_dot_lease_dot_v1_dot_lease__pb2.WatchProxiesRequest.SerializeToString,
+            egressproxies_dot_lease_dot_v1_dot_lease__pb2.WatchProxiesResponse.FromString,
             options, channel_credentials,
             insecure, call_credentials, compression, wait_for_ready, timeout, metadata)

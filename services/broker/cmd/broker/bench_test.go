@@ -389,7 +389,9 @@ func BenchmarkLeases(b *testing.B) {
 		}
 		return row
 	}
-	phase := func(bb *benchBroker, call func() error, fresh bool) benchRow { return phaseOn(bb, r, benchClients, call, fresh) }
+	phase := func(bb *benchBroker, call func() error, fresh bool) benchRow {
+		return phaseOn(bb, r, benchClients, call, fresh)
+	}
 	restLease := func(body string) func() error {
 		httpc := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: benchClients}}
 		return func() error {

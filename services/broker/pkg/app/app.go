@@ -70,8 +70,10 @@ func Run(ctx context.Context, env service.Env, o Options) error {
 	if err != nil {
 		return err
 	}
+	svc := leases.New(inv, st, idx, pol, o.Leases)
+	go svc.RunWatches(ctx)
 	srv, err := server.New(ctx, log, server.Options{GRPCAddr: o.GRPCAddr, HTTPAddr: o.HTTPAddr, MaxBodyBytes: o.MaxBody, MaxRecvBytes: 1 << 20, Tracing: env.Tracing, TLS: serverTLS, Limits: o.Limits},
-		leases.New(inv, st, idx, pol, o.Leases), tok)
+		svc, tok)
 	if err != nil {
 		return service.UsageError{Err: err}
 	}

@@ -132,7 +132,7 @@ type Inventory struct {
 	mu          sync.RWMutex
 	proxies     map[string]Proxy
 	synced      atomic.Bool
-	changed     func(uid string)
+	changed     []func(uid string)
 	cache       cache.Cache
 }
 
@@ -144,10 +144,29 @@ func (i *Inventory) Cache() cache.Cache { return i.cache }
 // (may be nil) is called after every change with the proxy's UID, to keep
 // what is derived from the inventory (the selector indexes) in step.
 func New(changed func(uid string)) *Inventory {
-	if changed == nil {
-		changed = func(string) {}
+	i := &Inventory{proxies: map[string]Proxy{}}
+	if changed != nil {
+		i.OnChange(changed)
 	}
-	return &Inventory{proxies: map[string]Proxy{}, changed: changed}
+	return i
+}
+
+// OnChange adds f to what is called after every change, with the proxy's
+// UID, from the change on: a listener added late reads the inventory once
+// after adding itself.
+func (i *Inventory) OnChange(f func(uid string)) {
+	i.mu.Lock()
+	defer i.mu.Unlock()
+	i.changed = append(i.changed, f)
+}
+
+func (i *Inventory) notify(uid string) {
+	i.mu.RLock()
+	fs := i.changed
+	i.mu.RUnlock()
+	for _, f := range fs {
+		f(uid)
+	}
 }
 
 // Run watches Proxies (in namespace, or all when empty), and their
@@ -194,7 +213,7 @@ func (i *Inventory) Set(p Proxy) {
 	i.mu.Lock()
 	i.proxies[p.UID] = p
 	i.mu.Unlock()
-	i.changed(p.UID)
+	i.notify(p.UID)
 }
 
 // Delete removes a proxy.
@@ -202,7 +221,7 @@ func (i *Inventory) Delete(uid string) {
 	i.mu.Lock()
 	delete(i.proxies, uid)
 	i.mu.Unlock()
-	i.changed(uid)
+	i.notify(uid)
 }
 
 // Synced reports whether the first full list has arrived.

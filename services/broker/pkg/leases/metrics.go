@@ -27,7 +27,8 @@ var (
 
 // Collectors are the service's metrics, for the binary's registry.
 func Collectors() []prometheus.Collector {
-	return []prometheus.Collector{leasesCreated, leasesRenewed, leasesReleased, reports, reportActions, reportLatency, noCandidate, renewRefused, refusalsUncounted, tokenLimited, storeFull}
+	return []prometheus.Collector{leasesCreated, leasesRenewed, leasesReleased, reports, reportActions, reportLatency, noCandidate, renewRefused, refusalsUncounted, tokenLimited, storeFull,
+		watchers, watchesEnded}
 }
 
 func observeReport(o store.Outcome, statusCode, latencyMs int32, actions []string) {
@@ -43,3 +44,10 @@ func observeReport(o store.Outcome, statusCode, latencyMs int32, actions []strin
 		reportActions.WithLabelValues(a).Inc()
 	}
 }
+
+var (
+	watchers = prometheus.NewGauge(prometheus.GaugeOpts{Name: "proxy_operator_broker_watches",
+		Help: "WatchProxies streams open."})
+	watchesEnded = prometheus.NewCounter(prometheus.CounterOpts{Name: "proxy_operator_broker_watches_fell_behind_total",
+		Help: "WatchProxies streams ended because they had WatchBacklog batches of changes unsent."})
+)

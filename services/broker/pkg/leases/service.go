@@ -77,11 +77,14 @@ type Service struct {
 	cfg   Config
 	// reporters holds each token's report limiter (name -> *rate.Limiter).
 	reporters sync.Map
+	hub       *hub
 }
 
 // New returns a Service.
 func New(inv *inventory.Inventory, st *store.Store, idx *index.Maintainer, pol *policy.Policies, cfg Config) *Service {
-	return &Service{inv: inv, store: st, idx: idx, pol: pol, cfg: cfg}
+	s := &Service{inv: inv, store: st, idx: idx, pol: pol, cfg: cfg}
+	s.hub = newHub(inv, s.views)
+	return s
 }
 
 type observedKey struct{}

@@ -94,6 +94,18 @@ func chain(ics ...grpc.UnaryServerInterceptor) grpc.UnaryServerInterceptor {
 	}
 }
 
+// chainStream is chain for streams.
+func chainStream(ics ...grpc.StreamServerInterceptor) grpc.StreamServerInterceptor {
+	return func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, h grpc.StreamHandler) error {
+		next := h
+		for i := len(ics) - 1; i >= 0; i-- {
+			ic, inner := ics[i], next
+			next = func(srv any, ss grpc.ServerStream) error { return ic(srv, ss, info, inner) }
+		}
+		return next(srv, ss)
+	}
+}
+
 // inProcess is LeaseService for the REST gateway and the proxy gateway:
 // each call goes through the interceptor chain, then to the service. The
 // embedded Unimplemented server would answer a method left out here, so
@@ -102,6 +114,7 @@ type inProcess struct {
 	leasev1.UnimplementedLeaseServiceServer
 	svc leasev1.LeaseServiceServer
 	ic  grpc.UnaryServerInterceptor
+	sic grpc.StreamServerInterceptor
 }
 
 func invoke[Req, Resp any](ctx context.Context, p inProcess, method string, req Req, h func(context.Context, Req) (Resp, error)) (Resp, error) {
@@ -143,6 +156,13 @@ func (p inProcess) ListRefusals(ctx context.Context, r *leasev1.ListRefusalsRequ
 	return invoke(ctx, p, leasev1.LeaseService_ListRefusals_FullMethodName, r, p.svc.ListRefusals)
 }
 
+func (p inProcess) WatchProxies(r *leasev1.WatchProxiesRequest, stream grpc.ServerStreamingServer[leasev1.WatchProxiesResponse]) error {
+	info := &grpc.StreamServerInfo{FullMethod: leasev1.LeaseService_WatchProxies_FullMethodName, IsServerStream: true}
+	return p.sic(p.svc, stream, info, func(_ any, ss grpc.ServerStream) error {
+		return p.svc.WatchProxies(r, &grpc.GenericServerStream[leasev1.WatchProxiesRequest, leasev1.WatchProxiesResponse]{ServerStream: ss})
+	})
+}
+
 // Servers are the running listeners.
 type Servers struct {
 	GRPC     *grpc.Server
@@ -170,6 +190,7 @@ func New(ctx context.Context, log *slog.Logger, o Options, svc leasev1.LeaseServ
 		return nil, fmt.Errorf("--http-addr %s: %w", o.HTTPAddr, err)
 	}
 	ic := chain(grpcMetrics.UnaryServerInterceptor(), tok.UnaryInterceptor(), countByCaller)
+	sic := chainStream(grpcMetrics.StreamServerInterceptor(), tok.StreamInterceptor())
 	opts := []grpc.ServerOption{
 		// Calls run on reused goroutines whose stacks have already grown,
 		// rather than a new goroutine per call growing its stack through the
@@ -177,6 +198,7 @@ func New(ctx context.Context, log *slog.Logger, o Options, svc leasev1.LeaseServ
 		// Past that many concurrent calls, gRPC starts goroutines as usual.
 		grpc.NumStreamWorkers(uint32(16 * goruntime.GOMAXPROCS(0))),
 		grpc.UnaryInterceptor(ic),
+		grpc.StreamInterceptor(sic),
 		grpc.MaxRecvMsgSize(o.MaxRecvBytes),
 	}
 	opts = append(opts, o.Limits.GRPCOptions()...)
@@ -204,7 +226,7 @@ func New(ctx context.Context, log *slog.Logger, o Options, svc leasev1.LeaseServ
 		runtime.SetQueryParameterParser(attributeQueryParser{}),
 		runtime.WithErrorHandler(retryAfterHeader),
 	)
-	in := inProcess{svc: svc, ic: ic}
+	in := inProcess{svc: svc, ic: ic, sic: sic}
 	if err := leasev1.RegisterLeaseServiceHandlerServer(ctx, mux, in); err != nil {
 		return nil, err
 	}
@@ -213,6 +235,9 @@ func New(ctx context.Context, log *slog.Logger, o Options, svc leasev1.LeaseServ
 		w.Header().Set("Content-Type", "application/json")
 		_, _ = w.Write(openapi.LeaseJSON)
 	})
+	// grpc-gateway's in-process handlers do not stream: the watch has its
+	// own, through the same chain.
+	root.Handle("GET /v1/proxies:watch", watchREST(mux, in, o.Limits.WriteTimeout))
 	root.Handle("/", limitBody(o.MaxBodyBytes, noContentOnDelete(mux)))
 	var rest http.Handler = root
 	if o.Tracing {
@@ -360,10 +385,16 @@ var known = map[string]bool{"healthy": true, "namespace": true, "target": true,
 	"page_size": true, "pageSize": true, "page_token": true, "pageToken": true}
 
 func (attributeQueryParser) Parse(msg proto.Message, values url.Values, filter *utilities.DoubleArray) error {
-	list, isList := msg.(*leasev1.ListProxiesRequest)
+	var selector *map[string]string
+	switch m := msg.(type) {
+	case *leasev1.ListProxiesRequest:
+		selector = &m.Selector
+	case *leasev1.WatchProxiesRequest:
+		selector = &m.Selector
+	}
 	fields, extra := url.Values{}, url.Values{}
 	for k, v := range values {
-		if known[k] || strings.HasPrefix(k, "selector") || !isList {
+		if known[k] || strings.HasPrefix(k, "selector") || selector == nil {
 			fields[k] = v
 		} else {
 			extra[k] = v
@@ -372,14 +403,14 @@ func (attributeQueryParser) Parse(msg proto.Message, values url.Values, filter *
 	if err := (&runtime.DefaultQueryParser{}).Parse(msg, fields, filter); err != nil {
 		return err
 	}
-	if len(extra) > 0 && list.Selector == nil {
-		list.Selector = map[string]string{}
+	if len(extra) > 0 && *selector == nil {
+		*selector = map[string]string{}
 	}
 	for k, v := range extra {
 		if len(v) != 1 {
 			return fmt.Errorf("query parameter %q: give one value (attributes are matched exactly)", k)
 		}
-		list.Selector[k] = v[0]
+		(*selector)[k] = v[0]
 	}
 	return nil
 }

@@ -22,6 +22,67 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
+// Type says what happened.
+type ProxyEvent_Type int32
+
+const (
+	// TYPE_UNSPECIFIED is never sent.
+	ProxyEvent_TYPE_UNSPECIFIED ProxyEvent_Type = 0
+	// TYPE_UPSERT: the proxy is in the set, as proxy shows it: in the
+	// first set, newly matching, or changed (address, attributes,
+	// health, egress IP). lease_count and quarantine are as of the event;
+	// their changes alone send none.
+	ProxyEvent_TYPE_UPSERT ProxyEvent_Type = 1
+	// TYPE_DELETE: the proxy left the set (deleted, or no longer
+	// matching); proxy carries its id only.
+	ProxyEvent_TYPE_DELETE ProxyEvent_Type = 2
+	// TYPE_SYNCED: the first set has been sent in full; changes follow.
+	ProxyEvent_TYPE_SYNCED ProxyEvent_Type = 3
+)
+
+// Enum value maps for ProxyEvent_Type.
+var (
+	ProxyEvent_Type_name = map[int32]string{
+		0: "TYPE_UNSPECIFIED",
+		1: "TYPE_UPSERT",
+		2: "TYPE_DELETE",
+		3: "TYPE_SYNCED",
+	}
+	ProxyEvent_Type_value = map[string]int32{
+		"TYPE_UNSPECIFIED": 0,
+		"TYPE_UPSERT":      1,
+		"TYPE_DELETE":      2,
+		"TYPE_SYNCED":      3,
+	}
+)
+
+func (x ProxyEvent_Type) Enum() *ProxyEvent_Type {
+	p := new(ProxyEvent_Type)
+	*p = x
+	return p
+}
+
+func (x ProxyEvent_Type) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (ProxyEvent_Type) Descriptor() protoreflect.EnumDescriptor {
+	return file_egressproxies_lease_v1_lease_proto_enumTypes[0].Descriptor()
+}
+
+func (ProxyEvent_Type) Type() protoreflect.EnumType {
+	return &file_egressproxies_lease_v1_lease_proto_enumTypes[0]
+}
+
+func (x ProxyEvent_Type) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use ProxyEvent_Type.Descriptor instead.
+func (ProxyEvent_Type) EnumDescriptor() ([]byte, []int) {
+	return file_egressproxies_lease_v1_lease_proto_rawDescGZIP(), []int{19, 0}
+}
+
 // Proxy is one leasable proxy as clients see it.
 type Proxy struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -1304,6 +1365,173 @@ func (x *ListRefusalsResponse) GetSelectors() []*SelectorRefusals {
 	return nil
 }
 
+// WatchProxiesRequest filters the watched set as ListProxiesRequest
+// filters a list. Over REST (GET /v1/proxies:watch) every query parameter
+// other than healthy and namespace is an attribute filter.
+type WatchProxiesRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// healthy, when set, keeps only proxies whose health equals it.
+	Healthy *bool `protobuf:"varint,1,opt,name=healthy,proto3,oneof" json:"healthy,omitempty"`
+	// namespace, when set, keeps only proxies in that namespace.
+	Namespace string `protobuf:"bytes,2,opt,name=namespace,proto3" json:"namespace,omitempty"`
+	// selector keeps only proxies whose attributes contain every pair.
+	Selector      map[string]string `protobuf:"bytes,3,rep,name=selector,proto3" json:"selector,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WatchProxiesRequest) Reset() {
+	*x = WatchProxiesRequest{}
+	mi := &file_egressproxies_lease_v1_lease_proto_msgTypes[17]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WatchProxiesRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WatchProxiesRequest) ProtoMessage() {}
+
+func (x *WatchProxiesRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_egressproxies_lease_v1_lease_proto_msgTypes[17]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WatchProxiesRequest.ProtoReflect.Descriptor instead.
+func (*WatchProxiesRequest) Descriptor() ([]byte, []int) {
+	return file_egressproxies_lease_v1_lease_proto_rawDescGZIP(), []int{17}
+}
+
+func (x *WatchProxiesRequest) GetHealthy() bool {
+	if x != nil && x.Healthy != nil {
+		return *x.Healthy
+	}
+	return false
+}
+
+func (x *WatchProxiesRequest) GetNamespace() string {
+	if x != nil {
+		return x.Namespace
+	}
+	return ""
+}
+
+func (x *WatchProxiesRequest) GetSelector() map[string]string {
+	if x != nil {
+		return x.Selector
+	}
+	return nil
+}
+
+// WatchProxiesResponse carries events in the order they happened.
+type WatchProxiesResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// events, each about one proxy, or SYNCED.
+	Events        []*ProxyEvent `protobuf:"bytes,1,rep,name=events,proto3" json:"events,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WatchProxiesResponse) Reset() {
+	*x = WatchProxiesResponse{}
+	mi := &file_egressproxies_lease_v1_lease_proto_msgTypes[18]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WatchProxiesResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WatchProxiesResponse) ProtoMessage() {}
+
+func (x *WatchProxiesResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_egressproxies_lease_v1_lease_proto_msgTypes[18]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WatchProxiesResponse.ProtoReflect.Descriptor instead.
+func (*WatchProxiesResponse) Descriptor() ([]byte, []int) {
+	return file_egressproxies_lease_v1_lease_proto_rawDescGZIP(), []int{18}
+}
+
+func (x *WatchProxiesResponse) GetEvents() []*ProxyEvent {
+	if x != nil {
+		return x.Events
+	}
+	return nil
+}
+
+// ProxyEvent is one change to the watched set.
+type ProxyEvent struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// type of the event.
+	Type ProxyEvent_Type `protobuf:"varint,1,opt,name=type,proto3,enum=egressproxies.lease.v1.ProxyEvent_Type" json:"type,omitempty"`
+	// proxy the event is about; unset for SYNCED.
+	Proxy         *Proxy `protobuf:"bytes,2,opt,name=proxy,proto3" json:"proxy,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ProxyEvent) Reset() {
+	*x = ProxyEvent{}
+	mi := &file_egressproxies_lease_v1_lease_proto_msgTypes[19]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ProxyEvent) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ProxyEvent) ProtoMessage() {}
+
+func (x *ProxyEvent) ProtoReflect() protoreflect.Message {
+	mi := &file_egressproxies_lease_v1_lease_proto_msgTypes[19]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ProxyEvent.ProtoReflect.Descriptor instead.
+func (*ProxyEvent) Descriptor() ([]byte, []int) {
+	return file_egressproxies_lease_v1_lease_proto_rawDescGZIP(), []int{19}
+}
+
+func (x *ProxyEvent) GetType() ProxyEvent_Type {
+	if x != nil {
+		return x.Type
+	}
+	return ProxyEvent_TYPE_UNSPECIFIED
+}
+
+func (x *ProxyEvent) GetProxy() *Proxy {
+	if x != nil {
+		return x.Proxy
+	}
+	return nil
+}
+
 var File_egressproxies_lease_v1_lease_proto protoreflect.FileDescriptor
 
 const file_egressproxies_lease_v1_lease_proto_rawDesc = "" +
@@ -1422,7 +1650,27 @@ const file_egressproxies_lease_v1_lease_proto_rawDesc = "" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"^\n" +
 	"\x14ListRefusalsResponse\x12F\n" +
-	"\tselectors\x18\x01 \x03(\v2(.egressproxies.lease.v1.SelectorRefusalsR\tselectors2\xef\x05\n" +
+	"\tselectors\x18\x01 \x03(\v2(.egressproxies.lease.v1.SelectorRefusalsR\tselectors\"\xf2\x01\n" +
+	"\x13WatchProxiesRequest\x12\x1d\n" +
+	"\ahealthy\x18\x01 \x01(\bH\x00R\ahealthy\x88\x01\x01\x12\x1c\n" +
+	"\tnamespace\x18\x02 \x01(\tR\tnamespace\x12U\n" +
+	"\bselector\x18\x03 \x03(\v29.egressproxies.lease.v1.WatchProxiesRequest.SelectorEntryR\bselector\x1a;\n" +
+	"\rSelectorEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01B\n" +
+	"\n" +
+	"\b_healthy\"R\n" +
+	"\x14WatchProxiesResponse\x12:\n" +
+	"\x06events\x18\x01 \x03(\v2\".egressproxies.lease.v1.ProxyEventR\x06events\"\xcf\x01\n" +
+	"\n" +
+	"ProxyEvent\x12;\n" +
+	"\x04type\x18\x01 \x01(\x0e2'.egressproxies.lease.v1.ProxyEvent.TypeR\x04type\x123\n" +
+	"\x05proxy\x18\x02 \x01(\v2\x1d.egressproxies.lease.v1.ProxyR\x05proxy\"O\n" +
+	"\x04Type\x12\x14\n" +
+	"\x10TYPE_UNSPECIFIED\x10\x00\x12\x0f\n" +
+	"\vTYPE_UPSERT\x10\x01\x12\x0f\n" +
+	"\vTYPE_DELETE\x10\x02\x12\x0f\n" +
+	"\vTYPE_SYNCED\x10\x032\xdc\x06\n" +
 	"\fLeaseService\x12f\n" +
 	"\vListProxies\x12*.egressproxies.lease.v1.ListProxiesRequest\x1a+.egressproxies.lease.v1.ListProxiesResponse\x12f\n" +
 	"\vCreateLease\x12*.egressproxies.lease.v1.CreateLeaseRequest\x1a+.egressproxies.lease.v1.CreateLeaseResponse\x12c\n" +
@@ -1431,7 +1679,8 @@ const file_egressproxies_lease_v1_lease_proto_rawDesc = "" +
 	"\fReleaseLease\x12+.egressproxies.lease.v1.ReleaseLeaseRequest\x1a,.egressproxies.lease.v1.ReleaseLeaseResponse\x12f\n" +
 	"\vReportLease\x12*.egressproxies.lease.v1.ReportLeaseRequest\x1a+.egressproxies.lease.v1.ReportLeaseResponse\x12l\n" +
 	"\rReportSession\x12,.egressproxies.lease.v1.ReportSessionRequest\x1a-.egressproxies.lease.v1.ReportSessionResponse\x12i\n" +
-	"\fListRefusals\x12+.egressproxies.lease.v1.ListRefusalsRequest\x1a,.egressproxies.lease.v1.ListRefusalsResponseBQZOgithub.com/egress-proxies/egress-proxies/pkg/gen/egressproxies/lease/v1;leasev1b\x06proto3"
+	"\fListRefusals\x12+.egressproxies.lease.v1.ListRefusalsRequest\x1a,.egressproxies.lease.v1.ListRefusalsResponse\x12k\n" +
+	"\fWatchProxies\x12+.egressproxies.lease.v1.WatchProxiesRequest\x1a,.egressproxies.lease.v1.WatchProxiesResponse0\x01BQZOgithub.com/egress-proxies/egress-proxies/pkg/gen/egressproxies/lease/v1;leasev1b\x06proto3"
 
 var (
 	file_egressproxies_lease_v1_lease_proto_rawDescOnce sync.Once
@@ -1445,70 +1694,82 @@ func file_egressproxies_lease_v1_lease_proto_rawDescGZIP() []byte {
 	return file_egressproxies_lease_v1_lease_proto_rawDescData
 }
 
-var file_egressproxies_lease_v1_lease_proto_msgTypes = make([]protoimpl.MessageInfo, 21)
+var file_egressproxies_lease_v1_lease_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
+var file_egressproxies_lease_v1_lease_proto_msgTypes = make([]protoimpl.MessageInfo, 25)
 var file_egressproxies_lease_v1_lease_proto_goTypes = []any{
-	(*Proxy)(nil),                 // 0: egressproxies.lease.v1.Proxy
-	(*ListProxiesRequest)(nil),    // 1: egressproxies.lease.v1.ListProxiesRequest
-	(*ListProxiesResponse)(nil),   // 2: egressproxies.lease.v1.ListProxiesResponse
-	(*CreateLeaseRequest)(nil),    // 3: egressproxies.lease.v1.CreateLeaseRequest
-	(*CreateLeaseResponse)(nil),   // 4: egressproxies.lease.v1.CreateLeaseResponse
-	(*ProxyCredentials)(nil),      // 5: egressproxies.lease.v1.ProxyCredentials
-	(*RenewLeaseRequest)(nil),     // 6: egressproxies.lease.v1.RenewLeaseRequest
-	(*RenewLeaseResponse)(nil),    // 7: egressproxies.lease.v1.RenewLeaseResponse
-	(*ReleaseLeaseRequest)(nil),   // 8: egressproxies.lease.v1.ReleaseLeaseRequest
-	(*ReleaseLeaseResponse)(nil),  // 9: egressproxies.lease.v1.ReleaseLeaseResponse
-	(*ReportLeaseRequest)(nil),    // 10: egressproxies.lease.v1.ReportLeaseRequest
-	(*ReportSessionRequest)(nil),  // 11: egressproxies.lease.v1.ReportSessionRequest
-	(*ReportLeaseResponse)(nil),   // 12: egressproxies.lease.v1.ReportLeaseResponse
-	(*ReportSessionResponse)(nil), // 13: egressproxies.lease.v1.ReportSessionResponse
-	(*ListRefusalsRequest)(nil),   // 14: egressproxies.lease.v1.ListRefusalsRequest
-	(*SelectorRefusals)(nil),      // 15: egressproxies.lease.v1.SelectorRefusals
-	(*ListRefusalsResponse)(nil),  // 16: egressproxies.lease.v1.ListRefusalsResponse
-	nil,                           // 17: egressproxies.lease.v1.Proxy.AttributesEntry
-	nil,                           // 18: egressproxies.lease.v1.ListProxiesRequest.SelectorEntry
-	nil,                           // 19: egressproxies.lease.v1.CreateLeaseRequest.SelectorEntry
-	nil,                           // 20: egressproxies.lease.v1.SelectorRefusals.SelectorEntry
-	(*timestamppb.Timestamp)(nil), // 21: google.protobuf.Timestamp
+	(ProxyEvent_Type)(0),          // 0: egressproxies.lease.v1.ProxyEvent.Type
+	(*Proxy)(nil),                 // 1: egressproxies.lease.v1.Proxy
+	(*ListProxiesRequest)(nil),    // 2: egressproxies.lease.v1.ListProxiesRequest
+	(*ListProxiesResponse)(nil),   // 3: egressproxies.lease.v1.ListProxiesResponse
+	(*CreateLeaseRequest)(nil),    // 4: egressproxies.lease.v1.CreateLeaseRequest
+	(*CreateLeaseResponse)(nil),   // 5: egressproxies.lease.v1.CreateLeaseResponse
+	(*ProxyCredentials)(nil),      // 6: egressproxies.lease.v1.ProxyCredentials
+	(*RenewLeaseRequest)(nil),     // 7: egressproxies.lease.v1.RenewLeaseRequest
+	(*RenewLeaseResponse)(nil),    // 8: egressproxies.lease.v1.RenewLeaseResponse
+	(*ReleaseLeaseRequest)(nil),   // 9: egressproxies.lease.v1.ReleaseLeaseRequest
+	(*ReleaseLeaseResponse)(nil),  // 10: egressproxies.lease.v1.ReleaseLeaseResponse
+	(*ReportLeaseRequest)(nil),    // 11: egressproxies.lease.v1.ReportLeaseRequest
+	(*ReportSessionRequest)(nil),  // 12: egressproxies.lease.v1.ReportSessionRequest
+	(*ReportLeaseResponse)(nil),   // 13: egressproxies.lease.v1.ReportLeaseResponse
+	(*ReportSessionResponse)(nil), // 14: egressproxies.lease.v1.ReportSessionResponse
+	(*ListRefusalsRequest)(nil),   // 15: egressproxies.lease.v1.ListRefusalsRequest
+	(*SelectorRefusals)(nil),      // 16: egressproxies.lease.v1.SelectorRefusals
+	(*ListRefusalsResponse)(nil),  // 17: egressproxies.lease.v1.ListRefusalsResponse
+	(*WatchProxiesRequest)(nil),   // 18: egressproxies.lease.v1.WatchProxiesRequest
+	(*WatchProxiesResponse)(nil),  // 19: egressproxies.lease.v1.WatchProxiesResponse
+	(*ProxyEvent)(nil),            // 20: egressproxies.lease.v1.ProxyEvent
+	nil,                           // 21: egressproxies.lease.v1.Proxy.AttributesEntry
+	nil,                           // 22: egressproxies.lease.v1.ListProxiesRequest.SelectorEntry
+	nil,                           // 23: egressproxies.lease.v1.CreateLeaseRequest.SelectorEntry
+	nil,                           // 24: egressproxies.lease.v1.SelectorRefusals.SelectorEntry
+	nil,                           // 25: egressproxies.lease.v1.WatchProxiesRequest.SelectorEntry
+	(*timestamppb.Timestamp)(nil), // 26: google.protobuf.Timestamp
 }
 var file_egressproxies_lease_v1_lease_proto_depIdxs = []int32{
-	17, // 0: egressproxies.lease.v1.Proxy.attributes:type_name -> egressproxies.lease.v1.Proxy.AttributesEntry
-	21, // 1: egressproxies.lease.v1.Proxy.quarantined_until:type_name -> google.protobuf.Timestamp
-	21, // 2: egressproxies.lease.v1.Proxy.quarantined_since:type_name -> google.protobuf.Timestamp
-	21, // 3: egressproxies.lease.v1.Proxy.cooldown_until:type_name -> google.protobuf.Timestamp
-	18, // 4: egressproxies.lease.v1.ListProxiesRequest.selector:type_name -> egressproxies.lease.v1.ListProxiesRequest.SelectorEntry
-	0,  // 5: egressproxies.lease.v1.ListProxiesResponse.proxies:type_name -> egressproxies.lease.v1.Proxy
-	19, // 6: egressproxies.lease.v1.CreateLeaseRequest.selector:type_name -> egressproxies.lease.v1.CreateLeaseRequest.SelectorEntry
-	0,  // 7: egressproxies.lease.v1.CreateLeaseResponse.proxy:type_name -> egressproxies.lease.v1.Proxy
-	21, // 8: egressproxies.lease.v1.CreateLeaseResponse.expires_at:type_name -> google.protobuf.Timestamp
-	5,  // 9: egressproxies.lease.v1.CreateLeaseResponse.credentials:type_name -> egressproxies.lease.v1.ProxyCredentials
-	21, // 10: egressproxies.lease.v1.RenewLeaseResponse.expires_at:type_name -> google.protobuf.Timestamp
-	21, // 11: egressproxies.lease.v1.ReportLeaseResponse.cooldown_until:type_name -> google.protobuf.Timestamp
-	21, // 12: egressproxies.lease.v1.ReportLeaseResponse.cooldown_start:type_name -> google.protobuf.Timestamp
-	21, // 13: egressproxies.lease.v1.ReportLeaseResponse.quarantined_until:type_name -> google.protobuf.Timestamp
-	21, // 14: egressproxies.lease.v1.ReportSessionResponse.cooldown_until:type_name -> google.protobuf.Timestamp
-	21, // 15: egressproxies.lease.v1.ReportSessionResponse.cooldown_start:type_name -> google.protobuf.Timestamp
-	21, // 16: egressproxies.lease.v1.ReportSessionResponse.quarantined_until:type_name -> google.protobuf.Timestamp
-	20, // 17: egressproxies.lease.v1.SelectorRefusals.selector:type_name -> egressproxies.lease.v1.SelectorRefusals.SelectorEntry
-	15, // 18: egressproxies.lease.v1.ListRefusalsResponse.selectors:type_name -> egressproxies.lease.v1.SelectorRefusals
-	1,  // 19: egressproxies.lease.v1.LeaseService.ListProxies:input_type -> egressproxies.lease.v1.ListProxiesRequest
-	3,  // 20: egressproxies.lease.v1.LeaseService.CreateLease:input_type -> egressproxies.lease.v1.CreateLeaseRequest
-	6,  // 21: egressproxies.lease.v1.LeaseService.RenewLease:input_type -> egressproxies.lease.v1.RenewLeaseRequest
-	8,  // 22: egressproxies.lease.v1.LeaseService.ReleaseLease:input_type -> egressproxies.lease.v1.ReleaseLeaseRequest
-	10, // 23: egressproxies.lease.v1.LeaseService.ReportLease:input_type -> egressproxies.lease.v1.ReportLeaseRequest
-	11, // 24: egressproxies.lease.v1.LeaseService.ReportSession:input_type -> egressproxies.lease.v1.ReportSessionRequest
-	14, // 25: egressproxies.lease.v1.LeaseService.ListRefusals:input_type -> egressproxies.lease.v1.ListRefusalsRequest
-	2,  // 26: egressproxies.lease.v1.LeaseService.ListProxies:output_type -> egressproxies.lease.v1.ListProxiesResponse
-	4,  // 27: egressproxies.lease.v1.LeaseService.CreateLease:output_type -> egressproxies.lease.v1.CreateLeaseResponse
-	7,  // 28: egressproxies.lease.v1.LeaseService.RenewLease:output_type -> egressproxies.lease.v1.RenewLeaseResponse
-	9,  // 29: egressproxies.lease.v1.LeaseService.ReleaseLease:output_type -> egressproxies.lease.v1.ReleaseLeaseResponse
-	12, // 30: egressproxies.lease.v1.LeaseService.ReportLease:output_type -> egressproxies.lease.v1.ReportLeaseResponse
-	13, // 31: egressproxies.lease.v1.LeaseService.ReportSession:output_type -> egressproxies.lease.v1.ReportSessionResponse
-	16, // 32: egressproxies.lease.v1.LeaseService.ListRefusals:output_type -> egressproxies.lease.v1.ListRefusalsResponse
-	26, // [26:33] is the sub-list for method output_type
-	19, // [19:26] is the sub-list for method input_type
-	19, // [19:19] is the sub-list for extension type_name
-	19, // [19:19] is the sub-list for extension extendee
-	0,  // [0:19] is the sub-list for field type_name
+	21, // 0: egressproxies.lease.v1.Proxy.attributes:type_name -> egressproxies.lease.v1.Proxy.AttributesEntry
+	26, // 1: egressproxies.lease.v1.Proxy.quarantined_until:type_name -> google.protobuf.Timestamp
+	26, // 2: egressproxies.lease.v1.Proxy.quarantined_since:type_name -> google.protobuf.Timestamp
+	26, // 3: egressproxies.lease.v1.Proxy.cooldown_until:type_name -> google.protobuf.Timestamp
+	22, // 4: egressproxies.lease.v1.ListProxiesRequest.selector:type_name -> egressproxies.lease.v1.ListProxiesRequest.SelectorEntry
+	1,  // 5: egressproxies.lease.v1.ListProxiesResponse.proxies:type_name -> egressproxies.lease.v1.Proxy
+	23, // 6: egressproxies.lease.v1.CreateLeaseRequest.selector:type_name -> egressproxies.lease.v1.CreateLeaseRequest.SelectorEntry
+	1,  // 7: egressproxies.lease.v1.CreateLeaseResponse.proxy:type_name -> egressproxies.lease.v1.Proxy
+	26, // 8: egressproxies.lease.v1.CreateLeaseResponse.expires_at:type_name -> google.protobuf.Timestamp
+	6,  // 9: egressproxies.lease.v1.CreateLeaseResponse.credentials:type_name -> egressproxies.lease.v1.ProxyCredentials
+	26, // 10: egressproxies.lease.v1.RenewLeaseResponse.expires_at:type_name -> google.protobuf.Timestamp
+	26, // 11: egressproxies.lease.v1.ReportLeaseResponse.cooldown_until:type_name -> google.protobuf.Timestamp
+	26, // 12: egressproxies.lease.v1.ReportLeaseResponse.cooldown_start:type_name -> google.protobuf.Timestamp
+	26, // 13: egressproxies.lease.v1.ReportLeaseResponse.quarantined_until:type_name -> google.protobuf.Timestamp
+	26, // 14: egressproxies.lease.v1.ReportSessionResponse.cooldown_until:type_name -> google.protobuf.Timestamp
+	26, // 15: egressproxies.lease.v1.ReportSessionResponse.cooldown_start:type_name -> google.protobuf.Timestamp
+	26, // 16: egressproxies.lease.v1.ReportSessionResponse.quarantined_until:type_name -> google.protobuf.Timestamp
+	24, // 17: egressproxies.lease.v1.SelectorRefusals.selector:type_name -> egressproxies.lease.v1.SelectorRefusals.SelectorEntry
+	16, // 18: egressproxies.lease.v1.ListRefusalsResponse.selectors:type_name -> egressproxies.lease.v1.SelectorRefusals
+	25, // 19: egressproxies.lease.v1.WatchProxiesRequest.selector:type_name -> egressproxies.lease.v1.WatchProxiesRequest.SelectorEntry
+	20, // 20: egressproxies.lease.v1.WatchProxiesResponse.events:type_name -> egressproxies.lease.v1.ProxyEvent
+	0,  // 21: egressproxies.lease.v1.ProxyEvent.type:type_name -> egressproxies.lease.v1.ProxyEvent.Type
+	1,  // 22: egressproxies.lease.v1.ProxyEvent.proxy:type_name -> egressproxies.lease.v1.Proxy
+	2,  // 23: egressproxies.lease.v1.LeaseService.ListProxies:input_type -> egressproxies.lease.v1.ListProxiesRequest
+	4,  // 24: egressproxies.lease.v1.LeaseService.CreateLease:input_type -> egressproxies.lease.v1.CreateLeaseRequest
+	7,  // 25: egressproxies.lease.v1.LeaseService.RenewLease:input_type -> egressproxies.lease.v1.RenewLeaseRequest
+	9,  // 26: egressproxies.lease.v1.LeaseService.ReleaseLease:input_type -> egressproxies.lease.v1.ReleaseLeaseRequest
+	11, // 27: egressproxies.lease.v1.LeaseService.ReportLease:input_type -> egressproxies.lease.v1.ReportLeaseRequest
+	12, // 28: egressproxies.lease.v1.LeaseService.ReportSession:input_type -> egressproxies.lease.v1.ReportSessionRequest
+	15, // 29: egressproxies.lease.v1.LeaseService.ListRefusals:input_type -> egressproxies.lease.v1.ListRefusalsRequest
+	18, // 30: egressproxies.lease.v1.LeaseService.WatchProxies:input_type -> egressproxies.lease.v1.WatchProxiesRequest
+	3,  // 31: egressproxies.lease.v1.LeaseService.ListProxies:output_type -> egressproxies.lease.v1.ListProxiesResponse
+	5,  // 32: egressproxies.lease.v1.LeaseService.CreateLease:output_type -> egressproxies.lease.v1.CreateLeaseResponse
+	8,  // 33: egressproxies.lease.v1.LeaseService.RenewLease:output_type -> egressproxies.lease.v1.RenewLeaseResponse
+	10, // 34: egressproxies.lease.v1.LeaseService.ReleaseLease:output_type -> egressproxies.lease.v1.ReleaseLeaseResponse
+	13, // 35: egressproxies.lease.v1.LeaseService.ReportLease:output_type -> egressproxies.lease.v1.ReportLeaseResponse
+	14, // 36: egressproxies.lease.v1.LeaseService.ReportSession:output_type -> egressproxies.lease.v1.ReportSessionResponse
+	17, // 37: egressproxies.lease.v1.LeaseService.ListRefusals:output_type -> egressproxies.lease.v1.ListRefusalsResponse
+	19, // 38: egressproxies.lease.v1.LeaseService.WatchProxies:output_type -> egressproxies.lease.v1.WatchProxiesResponse
+	31, // [31:39] is the sub-list for method output_type
+	23, // [23:31] is the sub-list for method input_type
+	23, // [23:23] is the sub-list for extension type_name
+	23, // [23:23] is the sub-list for extension extendee
+	0,  // [0:23] is the sub-list for field type_name
 }
 
 func init() { file_egressproxies_lease_v1_lease_proto_init() }
@@ -1517,18 +1778,20 @@ func file_egressproxies_lease_v1_lease_proto_init() {
 		return
 	}
 	file_egressproxies_lease_v1_lease_proto_msgTypes[1].OneofWrappers = []any{}
+	file_egressproxies_lease_v1_lease_proto_msgTypes[17].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_egressproxies_lease_v1_lease_proto_rawDesc), len(file_egressproxies_lease_v1_lease_proto_rawDesc)),
-			NumEnums:      0,
-			NumMessages:   21,
+			NumEnums:      1,
+			NumMessages:   25,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
 		GoTypes:           file_egressproxies_lease_v1_lease_proto_goTypes,
 		DependencyIndexes: file_egressproxies_lease_v1_lease_proto_depIdxs,
+		EnumInfos:         file_egressproxies_lease_v1_lease_proto_enumTypes,
 		MessageInfos:      file_egressproxies_lease_v1_lease_proto_msgTypes,
 	}.Build()
 	File_egressproxies_lease_v1_lease_proto = out.File

@@ -356,6 +356,34 @@ func local_request_LeaseService_ListRefusals_0(ctx context.Context, marshaler ru
 	return msg, metadata, err
 }
 
+var filter_LeaseService_WatchProxies_0 = &utilities.DoubleArray{Encoding: map[string]int{}, Base: []int(nil), Check: []int(nil)}
+
+func request_LeaseService_WatchProxies_0(ctx context.Context, marshaler runtime.Marshaler, client LeaseServiceClient, req *http.Request, pathParams map[string]string) (LeaseService_WatchProxiesClient, runtime.ServerMetadata, error) {
+	var (
+		protoReq WatchProxiesRequest
+		metadata runtime.ServerMetadata
+	)
+	if err := req.ParseForm(); err != nil {
+		return nil, metadata, status.Errorf(codes.InvalidArgument, "%v", err)
+	}
+	if err := runtime.PopulateQueryParameters(&protoReq, req.Form, filter_LeaseService_WatchProxies_0); err != nil {
+		return nil, metadata, status.Errorf(codes.InvalidArgument, "%v", err)
+	}
+	if req.Body != nil {
+		_, _ = io.Copy(io.Discard, req.Body)
+	}
+	stream, err := client.WatchProxies(ctx, &protoReq)
+	if err != nil {
+		return nil, metadata, err
+	}
+	header, err := stream.Header()
+	if err != nil {
+		return nil, metadata, err
+	}
+	metadata.HeaderMD = header
+	return stream, metadata, nil
+}
+
 // RegisterLeaseServiceHandlerServer registers the http handlers for service LeaseService to "mux".
 // UnaryRPC     :call LeaseServiceServer directly.
 // StreamingRPC :currently unsupported pending https://github.com/grpc/grpc-go/issues/906.
@@ -501,6 +529,13 @@ func RegisterLeaseServiceHandlerServer(ctx context.Context, mux *runtime.ServeMu
 			return
 		}
 		forward_LeaseService_ListRefusals_0(annotatedContext, mux, outboundMarshaler, w, req, resp, mux.GetForwardResponseOptions()...)
+	})
+
+	mux.Handle(http.MethodGet, pattern_LeaseService_WatchProxies_0, func(w http.ResponseWriter, req *http.Request, pathParams map[string]string) {
+		err := status.Error(codes.Unimplemented, "streaming calls are not yet supported in the in-process transport")
+		_, outboundMarshaler := runtime.MarshalerForRequest(mux, req)
+		runtime.HTTPError(ctx, mux, outboundMarshaler, w, req, err)
+		return
 	})
 
 	return nil
@@ -661,6 +696,23 @@ func RegisterLeaseServiceHandlerClient(ctx context.Context, mux *runtime.ServeMu
 		}
 		forward_LeaseService_ListRefusals_0(annotatedContext, mux, outboundMarshaler, w, req, resp, mux.GetForwardResponseOptions()...)
 	})
+	mux.Handle(http.MethodGet, pattern_LeaseService_WatchProxies_0, func(w http.ResponseWriter, req *http.Request, pathParams map[string]string) {
+		ctx, cancel := context.WithCancel(req.Context())
+		defer cancel()
+		inboundMarshaler, outboundMarshaler := runtime.MarshalerForRequest(mux, req)
+		annotatedContext, err := runtime.AnnotateContext(ctx, mux, req, "/egressproxies.lease.v1.LeaseService/WatchProxies", runtime.WithHTTPPathPattern("/v1/proxies:watch"))
+		if err != nil {
+			runtime.HTTPError(ctx, mux, outboundMarshaler, w, req, err)
+			return
+		}
+		resp, md, err := request_LeaseService_WatchProxies_0(annotatedContext, inboundMarshaler, client, req, pathParams)
+		annotatedContext = runtime.NewServerMetadataContext(annotatedContext, md)
+		if err != nil {
+			runtime.HTTPError(annotatedContext, mux, outboundMarshaler, w, req, err)
+			return
+		}
+		forward_LeaseService_WatchProxies_0(annotatedContext, mux, outboundMarshaler, w, req, func() (proto.Message, error) { return resp.Recv() }, mux.GetForwardResponseOptions()...)
+	})
 	return nil
 }
 
@@ -672,6 +724,7 @@ var (
 	pattern_LeaseService_ReportLease_0   = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1, 1, 0, 4, 1, 5, 2, 2, 3}, []string{"v1", "leases", "lease_id", "report"}, ""))
 	pattern_LeaseService_ReportSession_0 = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1, 1, 0, 4, 1, 5, 2, 2, 3}, []string{"v1", "sessions", "session_key", "report"}, ""))
 	pattern_LeaseService_ListRefusals_0  = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1}, []string{"v1", "refusals"}, ""))
+	pattern_LeaseService_WatchProxies_0  = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1}, []string{"v1", "proxies"}, "watch"))
 )
 
 var (
@@ -682,4 +735,5 @@ var (
 	forward_LeaseService_ReportLease_0   = runtime.ForwardResponseMessage
 	forward_LeaseService_ReportSession_0 = runtime.ForwardResponseMessage
 	forward_LeaseService_ListRefusals_0  = runtime.ForwardResponseMessage
+	forward_LeaseService_WatchProxies_0  = runtime.ForwardResponseStream
 )

@@ -26,6 +26,7 @@ const (
 	LeaseService_ReportLease_FullMethodName   = "/egressproxies.lease.v1.LeaseService/ReportLease"
 	LeaseService_ReportSession_FullMethodName = "/egressproxies.lease.v1.LeaseService/ReportSession"
 	LeaseService_ListRefusals_FullMethodName  = "/egressproxies.lease.v1.LeaseService/ListRefusals"
+	LeaseService_WatchProxies_FullMethodName  = "/egressproxies.lease.v1.LeaseService/WatchProxies"
 )
 
 // LeaseServiceClient is the client API for LeaseService service.
@@ -66,6 +67,13 @@ type LeaseServiceClient interface {
 	// cooling down for the target: demand the fleet did not meet. The
 	// controller reads it to grow ProxyPools with autoscaling.
 	ListRefusals(ctx context.Context, in *ListRefusalsRequest, opts ...grpc.CallOption) (*ListRefusalsResponse, error)
+	// WatchProxies streams the proxies ListProxies lists for the same
+	// filters: first the whole matching set, then a SYNCED event, then
+	// every change to the set as this broker sees it, so a client's cache
+	// or a dashboard needs no polling. A watch that falls behind, or whose
+	// broker stops, ends; watch again, and let the new first set replace
+	// the cache.
+	WatchProxies(ctx context.Context, in *WatchProxiesRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[WatchProxiesResponse], error)
 }
 
 type leaseServiceClient struct {
@@ -146,6 +154,25 @@ func (c *leaseServiceClient) ListRefusals(ctx context.Context, in *ListRefusalsR
 	return out, nil
 }
 
+func (c *leaseServiceClient) WatchProxies(ctx context.Context, in *WatchProxiesRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[WatchProxiesResponse], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &LeaseService_ServiceDesc.Streams[0], LeaseService_WatchProxies_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[WatchProxiesRequest, WatchProxiesResponse]{ClientStream: stream}
+	if err := x.ClientStream.SendMsg(in); err != nil {
+		return nil, err
+	}
+	if err := x.ClientStream.CloseSend(); err != nil {
+		return nil, err
+	}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type LeaseService_WatchProxiesClient = grpc.ServerStreamingClient[WatchProxiesResponse]
+
 // LeaseServiceServer is the server API for LeaseService service.
 // All implementations must embed UnimplementedLeaseServiceServer
 // for forward compatibility.
@@ -184,6 +211,13 @@ type LeaseServiceServer interface {
 	// cooling down for the target: demand the fleet did not meet. The
 	// controller reads it to grow ProxyPools with autoscaling.
 	ListRefusals(context.Context, *ListRefusalsRequest) (*ListRefusalsResponse, error)
+	// WatchProxies streams the proxies ListProxies lists for the same
+	// filters: first the whole matching set, then a SYNCED event, then
+	// every change to the set as this broker sees it, so a client's cache
+	// or a dashboard needs no polling. A watch that falls behind, or whose
+	// broker stops, ends; watch again, and let the new first set replace
+	// the cache.
+	WatchProxies(*WatchProxiesRequest, grpc.ServerStreamingServer[WatchProxiesResponse]) error
 	mustEmbedUnimplementedLeaseServiceServer()
 }
 
@@ -214,6 +248,9 @@ func (UnimplementedLeaseServiceServer) ReportSession(context.Context, *ReportSes
 }
 func (UnimplementedLeaseServiceServer) ListRefusals(context.Context, *ListRefusalsRequest) (*ListRefusalsResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method ListRefusals not implemented")
+}
+func (UnimplementedLeaseServiceServer) WatchProxies(*WatchProxiesRequest, grpc.ServerStreamingServer[WatchProxiesResponse]) error {
+	return status.Error(codes.Unimplemented, "method WatchProxies not implemented")
 }
 func (UnimplementedLeaseServiceServer) mustEmbedUnimplementedLeaseServiceServer() {}
 func (UnimplementedLeaseServiceServer) testEmbeddedByValue()                      {}
@@ -362,6 +399,17 @@ func _LeaseService_ListRefusals_Handler(srv interface{}, ctx context.Context, de
 	return interceptor(ctx, in, info, handler)
 }
 
+func _LeaseService_WatchProxies_Handler(srv interface{}, stream grpc.ServerStream) error {
+	m := new(WatchProxiesRequest)
+	if err := stream.RecvMsg(m); err != nil {
+		return err
+	}
+	return srv.(LeaseServiceServer).WatchProxies(m, &grpc.GenericServerStream[WatchProxiesRequest, WatchProxiesResponse]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type LeaseService_WatchProxiesServer = grpc.ServerStreamingServer[WatchProxiesResponse]
+
 // LeaseService_ServiceDesc is the grpc.ServiceDesc for LeaseService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -398,6 +446,12 @@ var LeaseService_ServiceDesc = grpc.ServiceDesc{
 			Handler:    _LeaseService_ListRefusals_Handler,
 		},
 	},
-	Streams:  []grpc.StreamDesc{},
+	Streams: []grpc.StreamDesc{
+		{
+			StreamName:    "WatchProxies",
+			Handler:       _LeaseService_WatchProxies_Handler,
+			ServerStreams: true,
+		},
+	},
 	Metadata: "egressproxies/lease/v1/lease.proto",
 }

@@ -2,8 +2,8 @@
 // @generated from file egressproxies/lease/v1/lease.proto (package egressproxies.lease.v1, syntax proto3)
 /* eslint-disable */
 
-import type { GenFile, GenMessage, GenService } from "@bufbuild/protobuf/codegenv2";
-import { fileDesc, messageDesc, serviceDesc } from "@bufbuild/protobuf/codegenv2";
+import type { GenEnum, GenFile, GenMessage, GenService } from "@bufbuild/protobuf/codegenv2";
+import { enumDesc, fileDesc, messageDesc, serviceDesc } from "@bufbuild/protobuf/codegenv2";
 import type { Timestamp } from "@bufbuild/protobuf/wkt";
 import { file_google_protobuf_timestamp } from "@bufbuild/protobuf/wkt";
 import type { Message } from "@bufbuild/protobuf";
@@ -12,7 +12,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file egressproxies/lease/v1/lease.proto.
  */
 export const file_egressproxies_lease_v1_lease: GenFile = /*@__PURE__*/
-  fileDesc("CiJlZ3Jlc3Nwcm94aWVzL2xlYXNlL3YxL2xlYXNlLnByb3RvEhZlZ3Jlc3Nwcm94aWVzLmxlYXNlLnYxIogDCgVQcm94eRIKCgJpZBgBIAEoCRIKCgJpcBgCIAEoCRIMCgRwb3J0GAMgASgFEkEKCmF0dHJpYnV0ZXMYBCADKAsyLS5lZ3Jlc3Nwcm94aWVzLmxlYXNlLnYxLlByb3h5LkF0dHJpYnV0ZXNFbnRyeRIPCgdoZWFsdGh5GAUgASgIEhMKC2xlYXNlX2NvdW50GAYgASgFEhsKCWVncmVzc19pcBgHIAEoCVIIZWdyZXNzSVASNQoRcXVhcmFudGluZWRfdW50aWwYCCABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEjUKEXF1YXJhbnRpbmVkX3NpbmNlGAkgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIyCg5jb29sZG93bl91bnRpbBgKIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXAaMQoPQXR0cmlidXRlc0VudHJ5EgsKA2tleRgBIAEoCRINCgV2YWx1ZRgCIAEoCToCOAEi/QEKEkxpc3RQcm94aWVzUmVxdWVzdBIUCgdoZWFsdGh5GAEgASgISACIAQESEQoJbmFtZXNwYWNlGAIgASgJEkoKCHNlbGVjdG9yGAMgAygLMjguZWdyZXNzcHJveGllcy5sZWFzZS52MS5MaXN0UHJveGllc1JlcXVlc3QuU2VsZWN0b3JFbnRyeRIOCgZ0YXJnZXQYBCABKAkSEQoJcGFnZV9zaXplGAUgASgFEhIKCnBhZ2VfdG9rZW4YBiABKAkaLwoNU2VsZWN0b3JFbnRyeRILCgNrZXkYASABKAkSDQoFdmFsdWUYAiABKAk6AjgBQgoKCF9oZWFsdGh5Il4KE0xpc3RQcm94aWVzUmVzcG9uc2USLgoHcHJveGllcxgBIAMoCzIdLmVncmVzc3Byb3hpZXMubGVhc2UudjEuUHJveHkSFwoPbmV4dF9wYWdlX3Rva2VuGAIgASgJIvIBChJDcmVhdGVMZWFzZVJlcXVlc3QSSgoIc2VsZWN0b3IYASADKAsyOC5lZ3Jlc3Nwcm94aWVzLmxlYXNlLnYxLkNyZWF0ZUxlYXNlUmVxdWVzdC5TZWxlY3RvckVudHJ5EhMKC3R0bF9zZWNvbmRzGAIgASgFEg4KBnRhcmdldBgDIAEoCRIRCgluYW1lc3BhY2UYBCABKAkSEgoKcmVxdWVzdF9pZBgFIAEoCRITCgtzZXNzaW9uX2tleRgGIAEoCRovCg1TZWxlY3RvckVudHJ5EgsKA2tleRgBIAEoCRINCgV2YWx1ZRgCIAEoCToCOAEi5AEKE0NyZWF0ZUxlYXNlUmVzcG9uc2USGQoIbGVhc2VfaWQYASABKAlSB2xlYXNlSUQSLAoFcHJveHkYAiABKAsyHS5lZ3Jlc3Nwcm94aWVzLmxlYXNlLnYxLlByb3h5Ei4KCmV4cGlyZXNfYXQYAyABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEj0KC2NyZWRlbnRpYWxzGAQgASgLMiguZWdyZXNzcHJveGllcy5sZWFzZS52MS5Qcm94eUNyZWRlbnRpYWxzEhUKDXNlc3Npb25fbW92ZWQYBSABKAgiNgoQUHJveHlDcmVkZW50aWFscxIQCgh1c2VybmFtZRgBIAEoCRIQCghwYXNzd29yZBgCIAEoCSJDChFSZW5ld0xlYXNlUmVxdWVzdBIZCghsZWFzZV9pZBgBIAEoCVIHbGVhc2VJRBITCgt0dGxfc2Vjb25kcxgCIAEoBSJfChJSZW5ld0xlYXNlUmVzcG9uc2USGQoIbGVhc2VfaWQYASABKAlSB2xlYXNlSUQSLgoKZXhwaXJlc19hdBgCIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXAiMAoTUmVsZWFzZUxlYXNlUmVxdWVzdBIZCghsZWFzZV9pZBgBIAEoCVIHbGVhc2VJRCIWChRSZWxlYXNlTGVhc2VSZXNwb25zZSJ4ChJSZXBvcnRMZWFzZVJlcXVlc3QSGQoIbGVhc2VfaWQYASABKAlSB2xlYXNlSUQSDgoGcmVzdWx0GAIgASgJEg4KBnRhcmdldBgDIAEoCRITCgtzdGF0dXNfY29kZRgEIAEoBRISCgpsYXRlbmN5X21zGAUgASgFInQKFFJlcG9ydFNlc3Npb25SZXF1ZXN0EhMKC3Nlc3Npb25fa2V5GAEgASgJEg4KBnJlc3VsdBgCIAEoCRIOCgZ0YXJnZXQYAyABKAkSEwoLc3RhdHVzX2NvZGUYBCABKAUSEgoKbGF0ZW5jeV9tcxgFIAEoBSKfAgoTUmVwb3J0TGVhc2VSZXNwb25zZRIyCg5jb29sZG93bl91bnRpbBgBIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASMgoOY29vbGRvd25fc3RhcnQYAiABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEhYKDmNvb2xkb3duX2xldmVsGAMgASgFEhcKD2Nvb2xkb3duX3NoYXJlZBgEIAEoBRI1ChFxdWFyYW50aW5lZF91bnRpbBgFIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASFwoPcGFjZV9wZXJfc2Vjb25kGAYgASgBEg8KB2FjdGlvbnMYByADKAkSDgoGcG9saWN5GAggASgJIqECChVSZXBvcnRTZXNzaW9uUmVzcG9uc2USMgoOY29vbGRvd25fdW50aWwYASABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEjIKDmNvb2xkb3duX3N0YXJ0GAIgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIWCg5jb29sZG93bl9sZXZlbBgDIAEoBRIXCg9jb29sZG93bl9zaGFyZWQYBCABKAUSNQoRcXVhcmFudGluZWRfdW50aWwYBSABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEhcKD3BhY2VfcGVyX3NlY29uZBgGIAEoARIPCgdhY3Rpb25zGAcgAygJEg4KBnBvbGljeRgIIAEoCSItChNMaXN0UmVmdXNhbHNSZXF1ZXN0EhYKDndpbmRvd19zZWNvbmRzGAEgASgFIrEBChBTZWxlY3RvclJlZnVzYWxzEhEKCW5hbWVzcGFjZRgBIAEoCRJICghzZWxlY3RvchgCIAMoCzI2LmVncmVzc3Byb3hpZXMubGVhc2UudjEuU2VsZWN0b3JSZWZ1c2Fscy5TZWxlY3RvckVudHJ5Eg8KB3JlZnVzZWQYAyABKAMaLwoNU2VsZWN0b3JFbnRyeRILCgNrZXkYASABKAkSDQoFdmFsdWUYAiABKAk6AjgBIlMKFExpc3RSZWZ1c2Fsc1Jlc3BvbnNlEjsKCXNlbGVjdG9ycxgBIAMoCzIoLmVncmVzc3Byb3hpZXMubGVhc2UudjEuU2VsZWN0b3JSZWZ1c2FsczLvBQoMTGVhc2VTZXJ2aWNlEmYKC0xpc3RQcm94aWVzEiouZWdyZXNzcHJveGllcy5sZWFzZS52MS5MaXN0UHJveGllc1JlcXVlc3QaKy5lZ3Jlc3Nwcm94aWVzLmxlYXNlLnYxLkxpc3RQcm94aWVzUmVzcG9uc2USZgoLQ3JlYXRlTGVhc2USKi5lZ3Jlc3Nwcm94aWVzLmxlYXNlLnYxLkNyZWF0ZUxlYXNlUmVxdWVzdBorLmVncmVzc3Byb3hpZXMubGVhc2UudjEuQ3JlYXRlTGVhc2VSZXNwb25zZRJjCgpSZW5ld0xlYXNlEikuZWdyZXNzcHJveGllcy5sZWFzZS52MS5SZW5ld0xlYXNlUmVxdWVzdBoqLmVncmVzc3Byb3hpZXMubGVhc2UudjEuUmVuZXdMZWFzZVJlc3BvbnNlEmkKDFJlbGVhc2VMZWFzZRIrLmVncmVzc3Byb3hpZXMubGVhc2UudjEuUmVsZWFzZUxlYXNlUmVxdWVzdBosLmVncmVzc3Byb3hpZXMubGVhc2UudjEuUmVsZWFzZUxlYXNlUmVzcG9uc2USZgoLUmVwb3J0TGVhc2USKi5lZ3Jlc3Nwcm94aWVzLmxlYXNlLnYxLlJlcG9ydExlYXNlUmVxdWVzdBorLmVncmVzc3Byb3hpZXMubGVhc2UudjEuUmVwb3J0TGVhc2VSZXNwb25zZRJsCg1SZXBvcnRTZXNzaW9uEiwuZWdyZXNzcHJveGllcy5sZWFzZS52MS5SZXBvcnRTZXNzaW9uUmVxdWVzdBotLmVncmVzc3Byb3hpZXMubGVhc2UudjEuUmVwb3J0U2Vzc2lvblJlc3BvbnNlEmkKDExpc3RSZWZ1c2FscxIrLmVncmVzc3Byb3hpZXMubGVhc2UudjEuTGlzdFJlZnVzYWxzUmVxdWVzdBosLmVncmVzc3Byb3hpZXMubGVhc2UudjEuTGlzdFJlZnVzYWxzUmVzcG9uc2VCUVpPZ2l0aHViLmNvbS9lZ3Jlc3MtcHJveGllcy9lZ3Jlc3MtcHJveGllcy9wa2cvZ2VuL2VncmVzc3Byb3hpZXMvbGVhc2UvdjE7bGVhc2V2MWIGcHJvdG8z", [file_google_protobuf_timestamp]);
+  fileDesc("CiJlZ3Jlc3Nwcm94aWVzL2xlYXNlL3YxL2xlYXNlLnByb3RvEhZlZ3Jlc3Nwcm94aWVzLmxlYXNlLnYxIogDCgVQcm94eRIKCgJpZBgBIAEoCRIKCgJpcBgCIAEoCRIMCgRwb3J0GAMgASgFEkEKCmF0dHJpYnV0ZXMYBCADKAsyLS5lZ3Jlc3Nwcm94aWVzLmxlYXNlLnYxLlByb3h5LkF0dHJpYnV0ZXNFbnRyeRIPCgdoZWFsdGh5GAUgASgIEhMKC2xlYXNlX2NvdW50GAYgASgFEhsKCWVncmVzc19pcBgHIAEoCVIIZWdyZXNzSVASNQoRcXVhcmFudGluZWRfdW50aWwYCCABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEjUKEXF1YXJhbnRpbmVkX3NpbmNlGAkgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIyCg5jb29sZG93bl91bnRpbBgKIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXAaMQoPQXR0cmlidXRlc0VudHJ5EgsKA2tleRgBIAEoCRINCgV2YWx1ZRgCIAEoCToCOAEi/QEKEkxpc3RQcm94aWVzUmVxdWVzdBIUCgdoZWFsdGh5GAEgASgISACIAQESEQoJbmFtZXNwYWNlGAIgASgJEkoKCHNlbGVjdG9yGAMgAygLMjguZWdyZXNzcHJveGllcy5sZWFzZS52MS5MaXN0UHJveGllc1JlcXVlc3QuU2VsZWN0b3JFbnRyeRIOCgZ0YXJnZXQYBCABKAkSEQoJcGFnZV9zaXplGAUgASgFEhIKCnBhZ2VfdG9rZW4YBiABKAkaLwoNU2VsZWN0b3JFbnRyeRILCgNrZXkYASABKAkSDQoFdmFsdWUYAiABKAk6AjgBQgoKCF9oZWFsdGh5Il4KE0xpc3RQcm94aWVzUmVzcG9uc2USLgoHcHJveGllcxgBIAMoCzIdLmVncmVzc3Byb3hpZXMubGVhc2UudjEuUHJveHkSFwoPbmV4dF9wYWdlX3Rva2VuGAIgASgJIvIBChJDcmVhdGVMZWFzZVJlcXVlc3QSSgoIc2VsZWN0b3IYASADKAsyOC5lZ3Jlc3Nwcm94aWVzLmxlYXNlLnYxLkNyZWF0ZUxlYXNlUmVxdWVzdC5TZWxlY3RvckVudHJ5EhMKC3R0bF9zZWNvbmRzGAIgASgFEg4KBnRhcmdldBgDIAEoCRIRCgluYW1lc3BhY2UYBCABKAkSEgoKcmVxdWVzdF9pZBgFIAEoCRITCgtzZXNzaW9uX2tleRgGIAEoCRovCg1TZWxlY3RvckVudHJ5EgsKA2tleRgBIAEoCRINCgV2YWx1ZRgCIAEoCToCOAEi5AEKE0NyZWF0ZUxlYXNlUmVzcG9uc2USGQoIbGVhc2VfaWQYASABKAlSB2xlYXNlSUQSLAoFcHJveHkYAiABKAsyHS5lZ3Jlc3Nwcm94aWVzLmxlYXNlLnYxLlByb3h5Ei4KCmV4cGlyZXNfYXQYAyABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEj0KC2NyZWRlbnRpYWxzGAQgASgLMiguZWdyZXNzcHJveGllcy5sZWFzZS52MS5Qcm94eUNyZWRlbnRpYWxzEhUKDXNlc3Npb25fbW92ZWQYBSABKAgiNgoQUHJveHlDcmVkZW50aWFscxIQCgh1c2VybmFtZRgBIAEoCRIQCghwYXNzd29yZBgCIAEoCSJDChFSZW5ld0xlYXNlUmVxdWVzdBIZCghsZWFzZV9pZBgBIAEoCVIHbGVhc2VJRBITCgt0dGxfc2Vjb25kcxgCIAEoBSJfChJSZW5ld0xlYXNlUmVzcG9uc2USGQoIbGVhc2VfaWQYASABKAlSB2xlYXNlSUQSLgoKZXhwaXJlc19hdBgCIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXAiMAoTUmVsZWFzZUxlYXNlUmVxdWVzdBIZCghsZWFzZV9pZBgBIAEoCVIHbGVhc2VJRCIWChRSZWxlYXNlTGVhc2VSZXNwb25zZSJ4ChJSZXBvcnRMZWFzZVJlcXVlc3QSGQoIbGVhc2VfaWQYASABKAlSB2xlYXNlSUQSDgoGcmVzdWx0GAIgASgJEg4KBnRhcmdldBgDIAEoCRITCgtzdGF0dXNfY29kZRgEIAEoBRISCgpsYXRlbmN5X21zGAUgASgFInQKFFJlcG9ydFNlc3Npb25SZXF1ZXN0EhMKC3Nlc3Npb25fa2V5GAEgASgJEg4KBnJlc3VsdBgCIAEoCRIOCgZ0YXJnZXQYAyABKAkSEwoLc3RhdHVzX2NvZGUYBCABKAUSEgoKbGF0ZW5jeV9tcxgFIAEoBSKfAgoTUmVwb3J0TGVhc2VSZXNwb25zZRIyCg5jb29sZG93bl91bnRpbBgBIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASMgoOY29vbGRvd25fc3RhcnQYAiABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEhYKDmNvb2xkb3duX2xldmVsGAMgASgFEhcKD2Nvb2xkb3duX3NoYXJlZBgEIAEoBRI1ChFxdWFyYW50aW5lZF91bnRpbBgFIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASFwoPcGFjZV9wZXJfc2Vjb25kGAYgASgBEg8KB2FjdGlvbnMYByADKAkSDgoGcG9saWN5GAggASgJIqECChVSZXBvcnRTZXNzaW9uUmVzcG9uc2USMgoOY29vbGRvd25fdW50aWwYASABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEjIKDmNvb2xkb3duX3N0YXJ0GAIgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIWCg5jb29sZG93bl9sZXZlbBgDIAEoBRIXCg9jb29sZG93bl9zaGFyZWQYBCABKAUSNQoRcXVhcmFudGluZWRfdW50aWwYBSABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEhcKD3BhY2VfcGVyX3NlY29uZBgGIAEoARIPCgdhY3Rpb25zGAcgAygJEg4KBnBvbGljeRgIIAEoCSItChNMaXN0UmVmdXNhbHNSZXF1ZXN0EhYKDndpbmRvd19zZWNvbmRzGAEgASgFIrEBChBTZWxlY3RvclJlZnVzYWxzEhEKCW5hbWVzcGFjZRgBIAEoCRJICghzZWxlY3RvchgCIAMoCzI2LmVncmVzc3Byb3hpZXMubGVhc2UudjEuU2VsZWN0b3JSZWZ1c2Fscy5TZWxlY3RvckVudHJ5Eg8KB3JlZnVzZWQYAyABKAMaLwoNU2VsZWN0b3JFbnRyeRILCgNrZXkYASABKAkSDQoFdmFsdWUYAiABKAk6AjgBIlMKFExpc3RSZWZ1c2Fsc1Jlc3BvbnNlEjsKCXNlbGVjdG9ycxgBIAMoCzIoLmVncmVzc3Byb3hpZXMubGVhc2UudjEuU2VsZWN0b3JSZWZ1c2FscyLIAQoTV2F0Y2hQcm94aWVzUmVxdWVzdBIUCgdoZWFsdGh5GAEgASgISACIAQESEQoJbmFtZXNwYWNlGAIgASgJEksKCHNlbGVjdG9yGAMgAygLMjkuZWdyZXNzcHJveGllcy5sZWFzZS52MS5XYXRjaFByb3hpZXNSZXF1ZXN0LlNlbGVjdG9yRW50cnkaLwoNU2VsZWN0b3JFbnRyeRILCgNrZXkYASABKAkSDQoFdmFsdWUYAiABKAk6AjgBQgoKCF9oZWFsdGh5IkoKFFdhdGNoUHJveGllc1Jlc3BvbnNlEjIKBmV2ZW50cxgBIAMoCzIiLmVncmVzc3Byb3hpZXMubGVhc2UudjEuUHJveHlFdmVudCLCAQoKUHJveHlFdmVudBI1CgR0eXBlGAEgASgOMicuZWdyZXNzcHJveGllcy5sZWFzZS52MS5Qcm94eUV2ZW50LlR5cGUSLAoFcHJveHkYAiABKAsyHS5lZ3Jlc3Nwcm94aWVzLmxlYXNlLnYxLlByb3h5Ik8KBFR5cGUSFAoQVFlQRV9VTlNQRUNJRklFRBAAEg8KC1RZUEVfVVBTRVJUEAESDwoLVFlQRV9ERUxFVEUQAhIPCgtUWVBFX1NZTkNFRBADMtwGCgxMZWFzZVNlcnZpY2USZgoLTGlzdFByb3hpZXMSKi5lZ3Jlc3Nwcm94aWVzLmxlYXNlLnYxLkxpc3RQcm94aWVzUmVxdWVzdBorLmVncmVzc3Byb3hpZXMubGVhc2UudjEuTGlzdFByb3hpZXNSZXNwb25zZRJmCgtDcmVhdGVMZWFzZRIqLmVncmVzc3Byb3hpZXMubGVhc2UudjEuQ3JlYXRlTGVhc2VSZXF1ZXN0GisuZWdyZXNzcHJveGllcy5sZWFzZS52MS5DcmVhdGVMZWFzZVJlc3BvbnNlEmMKClJlbmV3TGVhc2USKS5lZ3Jlc3Nwcm94aWVzLmxlYXNlLnYxLlJlbmV3TGVhc2VSZXF1ZXN0GiouZWdyZXNzcHJveGllcy5sZWFzZS52MS5SZW5ld0xlYXNlUmVzcG9uc2USaQoMUmVsZWFzZUxlYXNlEisuZWdyZXNzcHJveGllcy5sZWFzZS52MS5SZWxlYXNlTGVhc2VSZXF1ZXN0GiwuZWdyZXNzcHJveGllcy5sZWFzZS52MS5SZWxlYXNlTGVhc2VSZXNwb25zZRJmCgtSZXBvcnRMZWFzZRIqLmVncmVzc3Byb3hpZXMubGVhc2UudjEuUmVwb3J0TGVhc2VSZXF1ZXN0GisuZWdyZXNzcHJveGllcy5sZWFzZS52MS5SZXBvcnRMZWFzZVJlc3BvbnNlEmwKDVJlcG9ydFNlc3Npb24SLC5lZ3Jlc3Nwcm94aWVzLmxlYXNlLnYxLlJlcG9ydFNlc3Npb25SZXF1ZXN0Gi0uZWdyZXNzcHJveGllcy5sZWFzZS52MS5SZXBvcnRTZXNzaW9uUmVzcG9uc2USaQoMTGlzdFJlZnVzYWxzEisuZWdyZXNzcHJveGllcy5sZWFzZS52MS5MaXN0UmVmdXNhbHNSZXF1ZXN0GiwuZWdyZXNzcHJveGllcy5sZWFzZS52MS5MaXN0UmVmdXNhbHNSZXNwb25zZRJrCgxXYXRjaFByb3hpZXMSKy5lZ3Jlc3Nwcm94aWVzLmxlYXNlLnYxLldhdGNoUHJveGllc1JlcXVlc3QaLC5lZ3Jlc3Nwcm94aWVzLmxlYXNlLnYxLldhdGNoUHJveGllc1Jlc3BvbnNlMAFCUVpPZ2l0aHViLmNvbS9lZ3Jlc3MtcHJveGllcy9lZ3Jlc3MtcHJveGllcy9wa2cvZ2VuL2VncmVzc3Byb3hpZXMvbGVhc2UvdjE7bGVhc2V2MWIGcHJvdG8z", [file_google_protobuf_timestamp]);
 
 /**
  * Proxy is one leasable proxy as clients see it.
@@ -773,6 +773,137 @@ export const ListRefusalsResponseSchema: GenMessage<ListRefusalsResponse> = /*@_
   messageDesc(file_egressproxies_lease_v1_lease, 16);
 
 /**
+ * WatchProxiesRequest filters the watched set as ListProxiesRequest
+ * filters a list. Over REST (GET /v1/proxies:watch) every query parameter
+ * other than healthy and namespace is an attribute filter.
+ *
+ * @generated from message egressproxies.lease.v1.WatchProxiesRequest
+ */
+export type WatchProxiesRequest = Message<"egressproxies.lease.v1.WatchProxiesRequest"> & {
+  /**
+   * healthy, when set, keeps only proxies whose health equals it.
+   *
+   * @generated from field: optional bool healthy = 1;
+   */
+  healthy?: boolean | undefined;
+
+  /**
+   * namespace, when set, keeps only proxies in that namespace.
+   *
+   * @generated from field: string namespace = 2;
+   */
+  namespace: string;
+
+  /**
+   * selector keeps only proxies whose attributes contain every pair.
+   *
+   * @generated from field: map<string, string> selector = 3;
+   */
+  selector: { [key: string]: string };
+};
+
+/**
+ * Describes the message egressproxies.lease.v1.WatchProxiesRequest.
+ * Use `create(WatchProxiesRequestSchema)` to create a new message.
+ */
+export const WatchProxiesRequestSchema: GenMessage<WatchProxiesRequest> = /*@__PURE__*/
+  messageDesc(file_egressproxies_lease_v1_lease, 17);
+
+/**
+ * WatchProxiesResponse carries events in the order they happened.
+ *
+ * @generated from message egressproxies.lease.v1.WatchProxiesResponse
+ */
+export type WatchProxiesResponse = Message<"egressproxies.lease.v1.WatchProxiesResponse"> & {
+  /**
+   * events, each about one proxy, or SYNCED.
+   *
+   * @generated from field: repeated egressproxies.lease.v1.ProxyEvent events = 1;
+   */
+  events: ProxyEvent[];
+};
+
+/**
+ * Describes the message egressproxies.lease.v1.WatchProxiesResponse.
+ * Use `create(WatchProxiesResponseSchema)` to create a new message.
+ */
+export const WatchProxiesResponseSchema: GenMessage<WatchProxiesResponse> = /*@__PURE__*/
+  messageDesc(file_egressproxies_lease_v1_lease, 18);
+
+/**
+ * ProxyEvent is one change to the watched set.
+ *
+ * @generated from message egressproxies.lease.v1.ProxyEvent
+ */
+export type ProxyEvent = Message<"egressproxies.lease.v1.ProxyEvent"> & {
+  /**
+   * type of the event.
+   *
+   * @generated from field: egressproxies.lease.v1.ProxyEvent.Type type = 1;
+   */
+  type: ProxyEvent_Type;
+
+  /**
+   * proxy the event is about; unset for SYNCED.
+   *
+   * @generated from field: egressproxies.lease.v1.Proxy proxy = 2;
+   */
+  proxy?: Proxy | undefined;
+};
+
+/**
+ * Describes the message egressproxies.lease.v1.ProxyEvent.
+ * Use `create(ProxyEventSchema)` to create a new message.
+ */
+export const ProxyEventSchema: GenMessage<ProxyEvent> = /*@__PURE__*/
+  messageDesc(file_egressproxies_lease_v1_lease, 19);
+
+/**
+ * Type says what happened.
+ *
+ * @generated from enum egressproxies.lease.v1.ProxyEvent.Type
+ */
+export enum ProxyEvent_Type {
+  /**
+   * TYPE_UNSPECIFIED is never sent.
+   *
+   * @generated from enum value: TYPE_UNSPECIFIED = 0;
+   */
+  UNSPECIFIED = 0,
+
+  /**
+   * TYPE_UPSERT: the proxy is in the set, as proxy shows it: in the
+   * first set, newly matching, or changed (address, attributes,
+   * health, egress IP). lease_count and quarantine are as of the event;
+   * their changes alone send none.
+   *
+   * @generated from enum value: TYPE_UPSERT = 1;
+   */
+  UPSERT = 1,
+
+  /**
+   * TYPE_DELETE: the proxy left the set (deleted, or no longer
+   * matching); proxy carries its id only.
+   *
+   * @generated from enum value: TYPE_DELETE = 2;
+   */
+  DELETE = 2,
+
+  /**
+   * TYPE_SYNCED: the first set has been sent in full; changes follow.
+   *
+   * @generated from enum value: TYPE_SYNCED = 3;
+   */
+  SYNCED = 3,
+}
+
+/**
+ * Describes the enum egressproxies.lease.v1.ProxyEvent.Type.
+ */
+export const ProxyEvent_TypeSchema: GenEnum<ProxyEvent_Type> = /*@__PURE__*/
+  enumDesc(file_egressproxies_lease_v1_lease, 19, 0);
+
+/**
  * LeaseService hands healthy proxies to crawlers as time-bounded leases and
  * takes their reports about how a target site treated a proxy. The broker
  * serves it over gRPC and, through grpc-gateway, as the REST API the
@@ -865,6 +996,21 @@ export const LeaseService: GenService<{
     methodKind: "unary";
     input: typeof ListRefusalsRequestSchema;
     output: typeof ListRefusalsResponseSchema;
+  },
+  /**
+   * WatchProxies streams the proxies ListProxies lists for the same
+   * filters: first the whole matching set, then a SYNCED event, then
+   * every change to the set as this broker sees it, so a client's cache
+   * or a dashboard needs no polling. A watch that falls behind, or whose
+   * broker stops, ends; watch again, and let the new first set replace
+   * the cache.
+   *
+   * @generated from rpc egressproxies.lease.v1.LeaseService.WatchProxies
+   */
+  watchProxies: {
+    methodKind: "server_streaming";
+    input: typeof WatchProxiesRequestSchema;
+    output: typeof WatchProxiesResponseSchema;
   },
 }> = /*@__PURE__*/
   serviceDesc(file_egressproxies_lease_v1_lease, 0);
