@@ -494,6 +494,18 @@ func BenchmarkLeases(b *testing.B) {
 	rows = append(rows, durability(b, byFleet[1000], func(bb *benchBroker, rr *proc.Redis) benchRow {
 		return phaseOn(bb, rr, benchClients, grpcLease(bb.api, &leasev1.CreateLeaseRequest{Namespace: "bench-1k", TtlSeconds: 600}), true)
 	})...)
+	// A page of 100 of the 10,000, as a dashboard or a client cache reads
+	// it, against the unary baseline; then the watch's fan-out.
+	page := phase(open, func() error {
+		resp, err := open.api.ListProxies(ctx, &leasev1.ListProxiesRequest{Namespace: "bench-10k", PageSize: 100})
+		if err == nil && len(resp.GetProxies()) != 100 {
+			err = fmt.Errorf("a page of %d proxies, want 100", len(resp.GetProxies()))
+		}
+		return err
+	}, false)
+	page.name, page.vs, page.ratio = "gRPC ListProxies, a page of 100 of 10,000 (calls/s)", "baseline", page.rate/baseRow.rate
+	rows = append(rows, page)
+	rows = append(rows, watchFanOut(b, open)...)
 	// A thousand clients that take and never give, open through the
 	// figure: slowloris heads on REST, silent and stream-hoarding gRPC
 	// connections (the broker's default limits cut them).

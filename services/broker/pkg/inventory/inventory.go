@@ -7,6 +7,7 @@ import (
 	"context"
 	"fmt"
 	"net"
+	"slices"
 	"sort"
 	"strconv"
 	"sync"
@@ -131,6 +132,9 @@ type Inventory struct {
 	Credentials kube.ProxyCredentials
 	mu          sync.RWMutex
 	proxies     map[string]Proxy
+	// byID is every proxy's ID, sorted: a page of the list starts where
+	// the last one ended without sorting the fleet.
+	byID        []idUID
 	synced      atomic.Bool
 	changed     []func(uid string)
 	cache       cache.Cache
@@ -208,9 +212,23 @@ func (i *Inventory) Run(ctx context.Context, cfg *rest.Config, namespace string,
 	return nil
 }
 
+type idUID struct{ id, uid string }
+
+// at is where id sits in byID, or would.
+func (i *Inventory) at(id, uid string) int {
+	return sort.Search(len(i.byID), func(k int) bool {
+		e := i.byID[k]
+		return e.id > id || (e.id == id && e.uid >= uid)
+	})
+}
+
 // Set adds or replaces a proxy.
 func (i *Inventory) Set(p Proxy) {
 	i.mu.Lock()
+	if _, ok := i.proxies[p.UID]; !ok {
+		k := i.at(p.ID, p.UID)
+		i.byID = slices.Insert(i.byID, k, idUID{p.ID, p.UID})
+	}
 	i.proxies[p.UID] = p
 	i.mu.Unlock()
 	i.notify(p.UID)
@@ -219,9 +237,36 @@ func (i *Inventory) Set(p Proxy) {
 // Delete removes a proxy.
 func (i *Inventory) Delete(uid string) {
 	i.mu.Lock()
-	delete(i.proxies, uid)
+	if p, ok := i.proxies[uid]; ok {
+		if k := i.at(p.ID, uid); k < len(i.byID) && i.byID[k].uid == uid {
+			i.byID = slices.Delete(i.byID, k, k+1)
+		}
+		delete(i.proxies, uid)
+	}
 	i.mu.Unlock()
 	i.notify(uid)
+}
+
+// Page returns up to limit proxies matching namespace and selector (and
+// health, when healthy is set) whose IDs sort after after, in ID order,
+// and whether more match beyond them. It reads only as far as the page
+// reaches.
+func (i *Inventory) Page(namespace string, selector map[string]string, healthy *bool, after string, limit int) ([]Proxy, bool) {
+	i.mu.RLock()
+	defer i.mu.RUnlock()
+	k := sort.Search(len(i.byID), func(k int) bool { return i.byID[k].id > after })
+	out := make([]Proxy, 0, min(limit, len(i.byID)-k))
+	for ; k < len(i.byID); k++ {
+		p := i.proxies[i.byID[k].uid]
+		if !p.Matches(namespace, selector) || (healthy != nil && p.Healthy != *healthy) {
+			continue
+		}
+		if len(out) == limit {
+			return out, true
+		}
+		out = append(out, p)
+	}
+	return out, false
 }
 
 // Synced reports whether the first full list has arrived.

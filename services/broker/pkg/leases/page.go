@@ -50,34 +50,43 @@ func pageToken(filter, after string) string {
 	return base64.RawURLEncoding.EncodeToString([]byte(tokenVersion + ":" + filter + ":" + after))
 }
 
-// page checks the request's page fields and returns its page of the
-// sorted matches, and the token of the page after it ("" on the last).
-func page(req *leasev1.ListProxiesRequest, matches []inventory.Proxy) ([]inventory.Proxy, string, error) {
-	size := int(req.GetPageSize())
+// cursor is where a page starts, how many it holds, and the filters a
+// token for the next one is bound to.
+type cursor struct {
+	after, filter string
+	size          int
+}
+
+// readCursor checks the request's page fields.
+func readCursor(req *leasev1.ListProxiesRequest) (cursor, error) {
+	c := cursor{size: int(req.GetPageSize()), filter: filterOf(req)}
 	switch {
-	case size < 0:
-		return nil, "", status.Errorf(codes.InvalidArgument, "page_size must not be negative, got %d", size)
-	case size == 0 || size > MaxPageSize:
-		size = MaxPageSize
+	case c.size < 0:
+		return c, status.Errorf(codes.InvalidArgument, "page_size must not be negative, got %d", c.size)
+	case c.size == 0 || c.size > MaxPageSize:
+		c.size = MaxPageSize
 	}
-	filter := filterOf(req)
-	start := 0
-	if tok := req.GetPageToken(); tok != "" {
-		raw, err := base64.RawURLEncoding.DecodeString(tok)
-		parts := strings.SplitN(string(raw), ":", 3)
-		switch {
-		case err != nil || len(parts) != 3 || parts[0] != tokenVersion:
-			return nil, "", status.Errorf(codes.InvalidArgument, "page_token %q is not a token this API gave", tok)
-		case parts[1] != filter:
-			return nil, "", status.Error(codes.InvalidArgument, "page_token was given for other filters: namespace, selector, healthy and target must be those of the first page")
-		}
-		after := parts[2]
-		start = sort.Search(len(matches), func(i int) bool { return matches[i].ID > after })
+	tok := req.GetPageToken()
+	if tok == "" {
+		return c, nil
 	}
-	end := min(start+size, len(matches))
-	next := ""
-	if end < len(matches) {
-		next = pageToken(filter, matches[end-1].ID)
+	raw, err := base64.RawURLEncoding.DecodeString(tok)
+	parts := strings.SplitN(string(raw), ":", 3)
+	switch {
+	case err != nil || len(parts) != 3 || parts[0] != tokenVersion:
+		return c, status.Errorf(codes.InvalidArgument, "page_token %q is not a token this API gave", tok)
+	case parts[1] != c.filter:
+		return c, status.Error(codes.InvalidArgument, "page_token was given for other filters: namespace, selector, healthy and target must be those of the first page")
 	}
-	return matches[start:end], next, nil
+	c.after = parts[2]
+	return c, nil
+}
+
+// next is the token of the page after page ("" when none matches beyond
+// it).
+func (c cursor) next(page []inventory.Proxy, more bool) string {
+	if !more || len(page) == 0 {
+		return ""
+	}
+	return pageToken(c.filter, page[len(page)-1].ID)
 }

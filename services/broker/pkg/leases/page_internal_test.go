@@ -14,9 +14,14 @@ import (
 // A page holds MaxPageSize proxies when the request names no size or a
 // larger one, and the given size otherwise; the last page has no token.
 func TestPageSizes(t *testing.T) {
+	inv := inventory.New(nil)
 	matches := make([]inventory.Proxy, 1200)
 	for i := range matches {
-		matches[i].ID = fmt.Sprintf("ns/p%04d", i)
+		matches[i] = inventory.Proxy{UID: fmt.Sprint("u", i), ID: fmt.Sprintf("ns/p%04d", i)}
+	}
+	// Added out of order: the inventory keeps them sorted.
+	for i := range matches {
+		inv.Set(matches[(i*7)%len(matches)])
 	}
 	for _, tc := range []struct {
 		size  int32
@@ -33,8 +38,10 @@ func TestPageSizes(t *testing.T) {
 			var sizes []int
 			seen := 0
 			for {
-				ps, next, err := page(req, matches)
+				c, err := readCursor(req)
 				require.NoError(t, err)
+				ps, more := inv.Page("", nil, nil, c.after, c.size)
+				next := c.next(ps, more)
 				require.Equal(t, matches[seen].ID, ps[0].ID, "pages follow one another")
 				seen += len(ps)
 				sizes = append(sizes, len(ps))

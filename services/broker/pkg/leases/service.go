@@ -301,10 +301,12 @@ func (s *Service) ListProxies(ctx context.Context, req *leasev1.ListProxiesReque
 		h := req.GetHealthy()
 		healthy = &h
 	}
-	ps, next, err := page(req, s.inv.Select(req.GetNamespace(), req.GetSelector(), healthy, false))
+	c, err := readCursor(req)
 	if err != nil {
 		return nil, err
 	}
+	ps, more := s.inv.Page(req.GetNamespace(), req.GetSelector(), healthy, c.after, c.size)
+	next := c.next(ps, more)
 	uids := make([]string, len(ps))
 	for i, p := range ps {
 		uids[i] = p.UID
