@@ -134,10 +134,10 @@ type Inventory struct {
 	proxies     map[string]Proxy
 	// byID is every proxy's ID, sorted: a page of the list starts where
 	// the last one ended without sorting the fleet.
-	byID        []idUID
-	synced      atomic.Bool
-	changed     []func(uid string)
-	cache       cache.Cache
+	byID    []idUID
+	synced  atomic.Bool
+	changed []func(uid string)
+	cache   cache.Cache
 }
 
 // Cache is the informer cache Run started, for other read-only kinds the
