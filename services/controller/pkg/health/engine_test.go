@@ -105,7 +105,7 @@ func TestThresholdsAreExactAndWritesTransitionOnly(t *testing.T) {
 	assert.True(t, got.Status.Healthy)
 	require.NotNil(t, got.Status.LastHealthCheckTime)
 	assert.Equal(t, w0+1, writes())
-	assert.Contains(t, <-rec.Events, "Normal ProbeSucceeded")
+	assert.Empty(t, rec.Events, "a new proxy passing its first probes is no news: its condition says so")
 
 	for range 50 {
 		handle(t, e, result(px, true))
@@ -133,6 +133,10 @@ func TestThresholdsAreExactAndWritesTransitionOnly(t *testing.T) {
 	}
 	assert.Equal(t, w0+2, writes(), "a steadily dead proxy writes nothing more")
 	assert.Empty(t, rec.Events, "an Event per transition, not per probe")
+	handle(t, e, result(px, true))
+	handle(t, e, result(px, true))
+	assert.True(t, get(t, px).Status.Healthy, "two successes bring it back")
+	assert.Contains(t, <-rec.Events, "Normal ProbeSucceeded", "a recovery is news")
 }
 
 func TestStaleResultsAreDroppedAndEgressIPRecorded(t *testing.T) {
@@ -229,8 +233,7 @@ func TestNoResultsMakeHealthStaleOnceAndAResultRestoresIt(t *testing.T) {
 	assert.Contains(t, c.Message, "no probe result for")
 	assert.Contains(t, c.Message, "3 intervals of 300ms")
 	assert.Equal(t, 1.0, testutil.ToFloat64(staleProxies))
-	assert.Contains(t, <-rec.Events, "Normal ProbeSucceeded", "the pre-election verdict")
-	assert.Contains(t, <-rec.Events, "Warning ProbeStale no probe result for")
+	assert.Contains(t, <-rec.Events, "Warning ProbeStale no probe result for", "the pre-election verdict, a first success, was no Event")
 	require.Eventually(t, e.Idle, 5*time.Second, 5*time.Millisecond)
 	time.Sleep(5 * interval)
 	assert.Equal(t, w0+2, writes(), "the pre-election verdict, then staleness as one transition, not a write per sweep")

@@ -170,10 +170,15 @@ func (e *Engine) write(ctx context.Context, uid types.UID) (uint64, error) {
 // announce makes an Event of each health transition, so `kubectl describe`
 // tells a proxy's story: health gone stale (probing stopped) and its end,
 // and every change between healthy, unhealthy and denied. Like the
-// status write, it happens on transitions only, never per probe.
+// status write, it happens on transitions only, never per probe. A new
+// proxy passing its first probes is the expected course, not news (its
+// condition says it, as a Pod's Ready does): an Event for each was a
+// quarter of a fleet's bring-up writes (decision 119). Failing its first
+// probes is news.
 func (e *Engine) announce(px *v1.Proxy, was string, v verdict) {
 	switch {
 	case e.recorder == nil:
+	case v.reason == v1.ReasonProbeSucceeded && (was == "" || was == v1.ReasonNotProbed):
 	case v.stale():
 		e.recorder.Eventf(px, nil, v1.EventType(v1.ReasonProbeStale), v1.ReasonProbeStale, "Probe", "%s", v.msg)
 	case was == v1.ReasonProbeStale:
