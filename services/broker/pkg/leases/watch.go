@@ -52,9 +52,11 @@ type watch struct {
 // change sends each watch what changed in its set, with the changed
 // proxies' lease state read from Redis once for all watches.
 type hub struct {
-	inv    *inventory.Inventory
-	states func(ctx context.Context, uids []string) (map[string]*leasev1.Proxy, error)
-	log    *slog.Logger
+	inv *inventory.Inventory
+	// views is the proxies as a list shows them, with their lease state,
+	// by UID.
+	views func(context.Context, []inventory.Proxy) (map[string]*leasev1.Proxy, error)
+	log   *slog.Logger
 
 	mu sync.Mutex
 	// ready: told holds the inventory (taken once it synced); stopped:
@@ -66,8 +68,8 @@ type hub struct {
 	wake           chan struct{}
 }
 
-func newHub(inv *inventory.Inventory, states func(context.Context, []string) (map[string]*leasev1.Proxy, error)) *hub {
-	h := &hub{inv: inv, states: states, log: slog.Default(), told: map[string]inventory.Proxy{}, watches: map[*watch]struct{}{},
+func newHub(inv *inventory.Inventory, views func(context.Context, []inventory.Proxy) (map[string]*leasev1.Proxy, error)) *hub {
+	h := &hub{inv: inv, views: views, log: slog.Default(), told: map[string]inventory.Proxy{}, watches: map[*watch]struct{}{},
 		dirty: map[string]struct{}{}, wake: make(chan struct{}, 1)}
 	inv.OnChange(h.changed)
 	return h
@@ -129,15 +131,16 @@ func (h *hub) send(ctx context.Context) error {
 		return nil
 	}
 	now := map[string]inventory.Proxy{}
-	var present []string
+	var present []inventory.Proxy
 	for _, uid := range dirty {
 		if p, ok := h.inv.Get(uid); ok {
 			now[uid] = p
-			present = append(present, uid)
+			present = append(present, p)
 		}
 	}
 	// Read outside the lock: a slow Redis delays watches, not changes.
-	views, err := h.states(ctx, present)
+	// The views are of the same snapshot the filters judge.
+	views, err := h.views(ctx, present)
 	if err != nil {
 		h.mu.Lock()
 		for _, uid := range dirty {
@@ -232,18 +235,20 @@ func (h *hub) close(err error) {
 // is refused as unavailable.
 func (s *Service) RunWatches(ctx context.Context) { s.hub.run(ctx) }
 
-// views is the proxies' ListProxies form, with their lease state, for
-// uids the inventory holds.
-func (s *Service) views(ctx context.Context, uids []string) (map[string]*leasev1.Proxy, error) {
+// views is the proxies' ListProxies form, with their lease state, by
+// UID.
+func (s *Service) views(ctx context.Context, ps []inventory.Proxy) (map[string]*leasev1.Proxy, error) {
+	uids := make([]string, len(ps))
+	for i, p := range ps {
+		uids[i] = p.UID
+	}
 	states, err := s.store.States(ctx, "", uids)
 	if err != nil {
 		return nil, err
 	}
-	out := make(map[string]*leasev1.Proxy, len(uids))
-	for _, uid := range uids {
-		if p, ok := s.inv.Get(uid); ok {
-			out[uid] = toProto(p, states[uid])
-		}
+	out := make(map[string]*leasev1.Proxy, len(ps))
+	for _, p := range ps {
+		out[p.UID] = toProto(p, states[p.UID])
 	}
 	return out, nil
 }
@@ -268,17 +273,13 @@ func (s *Service) WatchProxies(req *leasev1.WatchProxiesRequest, stream grpc.Ser
 	defer s.hub.unsubscribe(w)
 	ctx := stream.Context()
 	for page := range slices.Chunk(first, MaxPageSize) {
-		uids := make([]string, len(page))
-		for i, p := range page {
-			uids[i] = p.UID
-		}
-		states, err := s.store.States(ctx, "", uids)
+		views, err := s.views(ctx, page)
 		if err != nil {
 			return storeError(err)
 		}
 		evs := make([]*leasev1.ProxyEvent, len(page))
 		for i, p := range page {
-			evs[i] = &leasev1.ProxyEvent{Type: leasev1.ProxyEvent_TYPE_UPSERT, Proxy: toProto(p, states[p.UID])}
+			evs[i] = &leasev1.ProxyEvent{Type: leasev1.ProxyEvent_TYPE_UPSERT, Proxy: views[p.UID]}
 		}
 		if err := stream.Send(&leasev1.WatchProxiesResponse{Events: evs}); err != nil {
 			return err

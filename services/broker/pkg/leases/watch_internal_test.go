@@ -18,11 +18,10 @@ import (
 // unsent, with a reason, and the others go on.
 func TestAWatchThatFallsBehindIsEndedAndTheOthersGoOn(t *testing.T) {
 	inv := inventory.New(nil)
-	h := newHub(inv, func(_ context.Context, uids []string) (map[string]*leasev1.Proxy, error) {
+	h := newHub(inv, func(_ context.Context, ps []inventory.Proxy) (map[string]*leasev1.Proxy, error) {
 		out := map[string]*leasev1.Proxy{}
-		for _, uid := range uids {
-			p, _ := inv.Get(uid)
-			out[uid] = &leasev1.Proxy{Id: p.ID, Healthy: p.Healthy}
+		for _, p := range ps {
+			out[p.UID] = &leasev1.Proxy{Id: p.ID, Healthy: p.Healthy}
 		}
 		return out, nil
 	})
