@@ -390,7 +390,7 @@ func TestGatewayLimits(t *testing.T) {
 
 	// Another target is not capped; the token's third tunnel is.
 	second := f.raw(t, fmt.Sprintf("CONNECT localhost:%d HTTP/1.1\r\n%s\r\n\r\n", f.echo.Listener.Addr().(*net.TCPAddr).Port, auth))
-	require.Equal(t, 200, second.StatusCode)
+	require.Equal(t, 200, second.StatusCode, "%s %s", second.Header.Get("X-Egress-Proxies-Reason"), second.Header.Get("Retry-After"))
 	sink, err := net.Listen("tcp", "127.0.0.3:0")
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = sink.Close() })

@@ -285,7 +285,17 @@ func (g *Gateway) handle(c net.Conn, br *bufio.Reader, req *http.Request) bool {
 			msg: fmt.Sprintf("token %q holds its %d tunnels on this gateway (--gateway-token-max-tunnels); close one or wait", r.caller, g.o.TokenMaxTunnels)})
 		return false
 	}
-	defer g.freeSlot(r.caller)
+	// A refusal frees the slot before it is answered: a client that
+	// retries on the answer must find the slot free, not still held by
+	// the request it was refused.
+	held := true
+	free := func() {
+		if held {
+			held = false
+			g.freeSlot(r.caller)
+		}
+	}
+	defer free()
 
 	ctx, cancel := context.WithTimeout(context.Background(), g.o.TunnelTimeout)
 	defer cancel()
@@ -293,6 +303,7 @@ func (g *Gateway) handle(c net.Conn, br *bufio.Reader, req *http.Request) bool {
 	// token's name, as it does every gRPC and REST call.
 	r.ctx = leases.Observed(metadata.NewIncomingContext(ctx, metadata.Pairs("authorization", "Bearer "+pass)))
 	if a, ok := g.check(r); !ok {
+		free()
 		g.answer(c, r.kind, a)
 		return false
 	}
@@ -303,6 +314,7 @@ func (g *Gateway) handle(c net.Conn, br *bufio.Reader, req *http.Request) bool {
 		if a.code >= 500 && a.reason == "INTERNAL" {
 			g.log.Warn("gateway could not lease", "token", r.caller, "target", r.host, "err", err)
 		}
+		free()
 		g.answer(c, r.kind, a)
 		return false
 	}
