@@ -81,6 +81,13 @@ func (p *Proxy) NotLeasable() (reason, why string) {
 	}
 }
 
+// Selected reports whether p is in namespace (any, when empty), its
+// attributes contain every selector pair, and its health is healthy (any,
+// when nil): what a list, a page and a watch select.
+func (p *Proxy) Selected(namespace string, selector map[string]string, healthy *bool) bool {
+	return p.Matches(namespace, selector) && (healthy == nil || p.Healthy == *healthy)
+}
+
 // Matches reports whether p's attributes contain every selector pair.
 func (p *Proxy) Matches(namespace string, selector map[string]string) bool {
 	if namespace != "" && p.Namespace != namespace {
@@ -258,7 +265,7 @@ func (i *Inventory) Page(namespace string, selector map[string]string, healthy *
 	out := make([]Proxy, 0, min(limit, len(i.byID)-k))
 	for ; k < len(i.byID); k++ {
 		p := i.proxies[i.byID[k].uid]
-		if !p.Matches(namespace, selector) || (healthy != nil && p.Healthy != *healthy) {
+		if !p.Selected(namespace, selector, healthy) {
 			continue
 		}
 		if len(out) == limit {
@@ -278,7 +285,7 @@ func (i *Inventory) Select(namespace string, selector map[string]string, healthy
 	i.mu.RLock()
 	out := make([]Proxy, 0, len(i.proxies))
 	for _, p := range i.proxies {
-		if !p.Matches(namespace, selector) || (healthy != nil && p.Healthy != *healthy) || (leasableOnly && !p.Leasable) {
+		if !p.Selected(namespace, selector, healthy) || (leasableOnly && !p.Leasable) {
 			continue
 		}
 		out = append(out, p)

@@ -296,16 +296,11 @@ func (s *Service) ListProxies(ctx context.Context, req *leasev1.ListProxiesReque
 	if err := s.checkSynced(); err != nil {
 		return nil, err
 	}
-	var healthy *bool
-	if req.Healthy != nil {
-		h := req.GetHealthy()
-		healthy = &h
-	}
 	c, err := readCursor(req)
 	if err != nil {
 		return nil, err
 	}
-	ps, more := s.inv.Page(req.GetNamespace(), req.GetSelector(), healthy, c.after, c.size)
+	ps, more := s.inv.Page(req.GetNamespace(), req.GetSelector(), req.Healthy, c.after, c.size)
 	next := c.next(ps, more)
 	uids := make([]string, len(ps))
 	for i, p := range ps {

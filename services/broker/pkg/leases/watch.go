@@ -30,7 +30,7 @@ type filter struct {
 }
 
 func (f filter) matches(p inventory.Proxy) bool {
-	return p.Matches(f.namespace, f.selector) && (f.healthy == nil || p.Healthy == *f.healthy)
+	return p.Selected(f.namespace, f.selector, f.healthy)
 }
 
 // sameView says whether a watcher sees a and b alike.
@@ -261,12 +261,7 @@ func (s *Service) WatchProxies(req *leasev1.WatchProxiesRequest, stream grpc.Ser
 	if err := s.checkSynced(); err != nil {
 		return err
 	}
-	f := filter{namespace: req.GetNamespace(), selector: req.GetSelector()}
-	if req.Healthy != nil {
-		h := req.GetHealthy()
-		f.healthy = &h
-	}
-	w, first, err := s.hub.subscribe(f)
+	w, first, err := s.hub.subscribe(filter{namespace: req.GetNamespace(), selector: req.GetSelector(), healthy: req.Healthy})
 	if err != nil {
 		return err
 	}
