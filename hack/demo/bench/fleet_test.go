@@ -13,7 +13,6 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
-	"regexp"
 	"runtime"
 	"strconv"
 	"strings"
@@ -92,6 +91,7 @@ type watcher struct {
 	good     map[string]bool
 	goodN    int
 	ready    map[string]bool
+	steps    *steps
 	allGood  chan struct{}
 	once     sync.Once
 	start    time.Time
@@ -118,6 +118,13 @@ func (w *watcher) see(o any) {
 	}
 	count := w.goodN
 	w.mu.Unlock()
+	now := time.Now()
+	if px.Status.Phase == v1.PhaseReady {
+		w.steps.mark(w.steps.ready, px.Name, now)
+	}
+	if good {
+		w.steps.mark(w.steps.healthy, px.Name, now)
+	}
 	if count == w.n {
 		w.once.Do(func() { close(w.allGood) })
 	}
@@ -183,7 +190,7 @@ func BenchmarkFleet(b *testing.B) {
 		b.Fatal(err)
 	}
 
-	w := &watcher{n: n, good: map[string]bool{}, ready: map[string]bool{}, allGood: make(chan struct{})}
+	w := &watcher{n: n, good: map[string]bool{}, ready: map[string]bool{}, steps: newSteps(), allGood: make(chan struct{})}
 	c, err := cache.New(env.Config, cache.Options{Scheme: env.Scheme, DefaultNamespaces: map[string]cache.Config{ns: {}}})
 	if err != nil {
 		b.Fatal(err)
@@ -218,21 +225,23 @@ func BenchmarkFleet(b *testing.B) {
 	usage0 := usageOf()
 
 	if dir := os.Getenv("FLEET_PROFILE"); dir != "" {
-		// A CPU profile of the controller over the bring-up, for whoever
-		// makes it faster next.
-		go func() {
-			path := dir + "/controller-bringup.cpu.pprof"
-			resp, err := http.Get(fmt.Sprintf("http://%s/debug/pprof/profile?seconds=%d", s.Controllers[0].Pprof, int((bound + 20*time.Second).Seconds())))
-			if err != nil {
-				say("profile: %v", err)
-				return
-			}
-			defer func() { _ = resp.Body.Close() }()
-			body, _ := io.ReadAll(resp.Body)
-			if err := os.WriteFile(path, body, 0o644); err == nil {
-				say("controller CPU profile: %s", path)
-			}
-		}()
+		// CPU profiles of the controller and a broker over the bring-up,
+		// for whoever makes it faster next.
+		for name, addr := range map[string]string{"controller": s.Controllers[0].Pprof, "broker-0": s.Brokers[0].Pprof} {
+			go func() {
+				path := dir + "/" + name + "-bringup.cpu.pprof"
+				resp, err := http.Get(fmt.Sprintf("http://%s/debug/pprof/profile?seconds=%d", addr, int((bound + 20*time.Second).Seconds())))
+				if err != nil {
+					say("profile: %v", err)
+					return
+				}
+				defer func() { _ = resp.Body.Close() }()
+				body, _ := io.ReadAll(resp.Body)
+				if err := os.WriteFile(path, body, 0o644); err == nil {
+					say("%s CPU profile: %s", name, path)
+				}
+			}()
+		}
 	}
 	say("applying %d External Proxies (32 writers) fronting %d Squids", n, len(squids))
 	b.ResetTimer()
@@ -240,10 +249,16 @@ func BenchmarkFleet(b *testing.B) {
 	w.mu.Lock()
 	w.start = start
 	w.mu.Unlock()
+	pctx, stopProbes := context.WithCancel(ctx)
+	defer stopProbes()
+	go w.steps.watchProbes(pctx, "http://"+s.Controllers[0].Metrics+"/metrics", interval/4)
 	createErr := parallel(32, n, func(i int) error {
 		sq := squids[i%len(squids)]
-		return env.Client.Create(ctx, &v1.Proxy{ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("px-%05d", i), Namespace: ns},
+		name := fmt.Sprintf("px-%05d", i)
+		err := env.Client.Create(ctx, &v1.Proxy{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns},
 			Spec: v1.ProxySpec{Mode: v1.ModeExternal, Address: sq.Host, Port: int32(sq.Port), Attributes: map[string]string{"geo": "local"}}})
+		w.steps.mark(w.steps.created, name, time.Now())
+		return err
 	})
 	applied := time.Since(start)
 	if createErr != nil {
@@ -270,6 +285,7 @@ wait:
 	tick.Stop()
 	bringUp := time.Since(start)
 	b.StopTimer()
+	stopProbes()
 	usage1 := usageOf()
 	ctrlMetrics, err := promtext.Scrape(nil, "http://"+s.Controllers[0].Metrics+"/metrics")
 	if err != nil {
@@ -345,7 +361,6 @@ wait:
 		}
 	}
 	metricsURL := "http://" + s.Controllers[0].Metrics + "/metrics"
-	lastRe := regexp.MustCompile(`^proxy_operator_healthcheck_last_timestamp_seconds\{name="([^"]+)",namespace="` + ns + `"\}$`)
 	say("SIGKILL %s, which held %d proxies", killed, len(share))
 	s.Probers[1].Kill()
 	killedAt := time.Now()
@@ -357,7 +372,7 @@ wait:
 		}
 		reprobe = reprobe[:0]
 		for k, v := range m {
-			if g := lastRe.FindStringSubmatch(k); g != nil && share[g[1]] {
+			if g := lastProbeRe.FindStringSubmatch(k); g != nil && share[g[1]] {
 				if at := time.UnixMilli(int64(v * 1000)); at.After(killedAt) {
 					reprobe = append(reprobe, at.Sub(killedAt))
 				}
@@ -458,7 +473,17 @@ wait:
 		br.Proc.Kill()
 	}
 	say("baseline: the API server alone taking the bring-up's %d writes (32 writers, the services stopped)", 3*n)
-	floor, err := apiFloor(ctx, env.Client, n)
+	parts := func() map[string]proc.Usage {
+		m := map[string]proc.Usage{}
+		for _, r := range rows {
+			if strings.HasPrefix(r.name, "(part) kube-apiserver") || strings.HasPrefix(r.name, "(part) etcd") {
+				m[r.name], _ = proc.ProcUsage(r.pid)
+			}
+		}
+		return m
+	}
+	floorUsage0, floorUsage1 := parts(), map[string]proc.Usage{}
+	floor, err := apiFloor(ctx, env.Client, n, func() { floorUsage1 = parts() })
 	if err != nil {
 		b.Fatalf("API floor: %v", err)
 	}
@@ -475,6 +500,31 @@ wait:
 		bringUp.Round(time.Millisecond), bound, bringUp.Seconds()/bound.Seconds(), map[bool]time.Duration{true: 10 * time.Second, false: time.Minute}[n <= 1000])
 	_, _ = fmt.Fprintf(out, "  the same, against the API server's own floor for its writes\t%s\tAPI floor %s\t%.2f\n",
 		bringUp.Round(time.Millisecond), floor.Round(time.Millisecond), bringUp.Seconds()/floor.Seconds())
+	w.steps.report(out, start, interval)
+	// Where the bring-up's time went on this machine: every process here
+	// shares its CPUs, and probing (the probers, the Squids) runs at its
+	// configured rate through the whole bring-up.
+	var busy, probing time.Duration
+	for _, r := range rows {
+		d := usage1[r.name].CPU - usage0[r.name].CPU
+		busy += d
+		if r.ops != "" || strings.HasPrefix(r.name, "(part) squid") {
+			probing += d
+		}
+	}
+	avail := time.Duration(runtime.NumCPU()) * bringUp
+	_, _ = fmt.Fprintf(out, "CPU of every process in bring-up / the machine's (wall × %d CPUs); of it, probing (probers, Squids)\t%.1fs / %.1fs; %.1fs\t\t%.2f; %.2f\n",
+		runtime.NumCPU(), busy.Seconds(), avail.Seconds(), probing.Seconds(), busy.Seconds()/avail.Seconds(), probing.Seconds()/busy.Seconds())
+	// The same writes cost the API server more beside the services'
+	// watches and reads than alone: the difference is theirs.
+	for _, name := range []string{"(part) kube-apiserver", "(part) etcd"} {
+		if _, ok := floorUsage1[name]; !ok {
+			continue
+		}
+		up, alone := usage1[name].CPU-usage0[name].CPU, floorUsage1[name].CPU-floorUsage0[name].CPU
+		_, _ = fmt.Fprintf(out, "  %s CPU for the bring-up's writes, with the services / alone (the floor)\t%.1fs\t%.1fs\t%.2f\n",
+			strings.TrimPrefix(name, "(part) "), up.Seconds(), alone.Seconds(), up.Seconds()/max(alone.Seconds(), 0.001))
+	}
 	probed := 0.0
 	for _, v := range probes0 {
 		probed += v

@@ -101,9 +101,9 @@ func timeCalls(n int, call func() error) ([]time.Duration, error) {
 // writes the fleet's bring-up needs (a create, the lifecycle's status, the
 // first verdict, per proxy) from 32 writers, with nothing else running and
 // nothing to wait for between them. No controller can bring a fleet up
-// faster than its API server takes these writes. The proxies are deleted
-// again before it returns.
-func apiFloor(ctx context.Context, c client.Client, n int) (time.Duration, error) {
+// faster than its API server takes these writes. written runs when the
+// writes are done; the proxies are deleted after it, before it returns.
+func apiFloor(ctx context.Context, c client.Client, n int, written func()) (time.Duration, error) {
 	const floorNS = "api-floor"
 	if err := c.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: floorNS}}); err != nil {
 		return 0, err
@@ -137,6 +137,7 @@ func apiFloor(ctx context.Context, c client.Client, n int) (time.Duration, error
 	if err != nil {
 		return 0, err
 	}
+	written()
 	if err := c.DeleteAllOf(ctx, &v1.Proxy{}, client.InNamespace(floorNS)); err != nil {
 		return 0, err
 	}

@@ -114,6 +114,8 @@ type Broker struct {
 	REST string // http://host:port
 	GRPC string
 	Ops  string
+	// Pprof serves the broker's /debug/pprof.
+	Pprof string
 	// Gateway is the proxy gateway's host:port (Options.Gateway); it stays
 	// across restarts, as GRPC does.
 	Gateway string
@@ -213,7 +215,8 @@ func Start(t proc.T, env *testenv.Env, o Options) *System {
 	}
 	for i := range o.Brokers {
 		grpcs[i] = proc.Addr(proc.FreePort(t))
-		b := &Broker{GRPC: grpcs[i], args: append([]string{"--kubeconfig", s.Kubeconfig, "--redis-addrs", s.Redis.Addr}, brokerAuth...)}
+		b := &Broker{GRPC: grpcs[i], Pprof: proc.Addr(proc.FreePort(t))}
+		b.args = append([]string{"--kubeconfig", s.Kubeconfig, "--redis-addrs", s.Redis.Addr, "--pprof-bind-address", b.Pprof}, brokerAuth...)
 		if o.Gateway {
 			b.Gateway = proc.Addr(proc.FreePort(t))
 			b.args = append(b.args, "--gateway-addr", b.Gateway, "--egress-allowance-cidrs", proc.SuiteAllowance)
