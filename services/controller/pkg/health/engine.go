@@ -51,8 +51,12 @@ const DefaultStaleIntervals = 3
 const sweepEvery = 500 * time.Millisecond
 
 // DefaultWriteWorkers is how many health status writes run at once by
-// default: enough to keep a fleet-wide flip within the client's QPS.
-const DefaultWriteWorkers = 16
+// default, as many as the lifecycle's reconcilers: a fleet's first
+// verdicts (or a fleet-wide flip) come out as fast as the API server's
+// latency allows, still well within the client's QPS. Sixteen made the
+// verdict's write the longest step of a 10,000-proxy bring-up (decision
+// 120).
+const DefaultWriteWorkers = 32
 
 // Engine turns probe results into health verdicts and writes the verdicts
 // to Proxy status. The two halves are apart on purpose: Handle runs in the
