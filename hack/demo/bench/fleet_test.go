@@ -14,6 +14,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -473,10 +474,11 @@ wait:
 		br.Proc.Kill()
 	}
 	say("baseline: the API server alone taking the bring-up's %d writes (32 writers, the services stopped)", 3*n)
+	apiParts := []string{"(part) kube-apiserver", "(part) etcd"}
 	parts := func() map[string]proc.Usage {
 		m := map[string]proc.Usage{}
 		for _, r := range rows {
-			if strings.HasPrefix(r.name, "(part) kube-apiserver") || strings.HasPrefix(r.name, "(part) etcd") {
+			if slices.Contains(apiParts, r.name) {
 				m[r.name], _ = proc.ProcUsage(r.pid)
 			}
 		}
@@ -513,11 +515,11 @@ wait:
 		}
 	}
 	avail := time.Duration(runtime.NumCPU()) * bringUp
-	_, _ = fmt.Fprintf(out, "CPU of every process in bring-up / the machine's (wall × %d CPUs); of it, probing (probers, Squids)\t%.1fs / %.1fs; %.1fs\t\t%.2f; %.2f\n",
+	_, _ = fmt.Fprintf(out, "CPU of the processes below in bring-up / the machine's (wall × %d CPUs); of it, probing (probers, Squids)\t%.1fs / %.1fs; %.1fs\t\t%.2f; %.2f\n",
 		runtime.NumCPU(), busy.Seconds(), avail.Seconds(), probing.Seconds(), busy.Seconds()/avail.Seconds(), probing.Seconds()/busy.Seconds())
 	// The same writes cost the API server more beside the services'
 	// watches and reads than alone: the difference is theirs.
-	for _, name := range []string{"(part) kube-apiserver", "(part) etcd"} {
+	for _, name := range apiParts {
 		if _, ok := floorUsage1[name]; !ok {
 			continue
 		}
