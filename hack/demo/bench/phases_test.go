@@ -64,33 +64,47 @@ func (s *steps) watchProbes(ctx context.Context, metricsURL string, period time.
 	}
 }
 
+// lastAt is when the last proxy reached step, from start.
+func (s *steps) lastAt(step map[string]time.Time, start time.Time) time.Duration {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.lastLocked(step).Sub(start)
+}
+
+func (s *steps) lastLocked(step map[string]time.Time) time.Time {
+	var last time.Time
+	for _, t := range step {
+		if t.After(last) {
+			last = t
+		}
+	}
+	return last
+}
+
 // report prints one row per step: per proxy, the time from the step
 // before (p50 / p99), and when the last proxy reached it, from the
 // apply's start.
 func (s *steps) report(out io.Writer, start time.Time, interval time.Duration) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	// from nil: from the apply's start.
 	row := func(name string, from, to map[string]time.Time, less time.Duration) {
 		var ds []time.Duration
-		var last time.Time
 		for px, t := range to {
-			if t.After(last) {
-				last = t
+			f, ok := from[px]
+			if from == nil {
+				f, ok = start, true
 			}
-			if f, ok := from[px]; ok {
+			if ok {
 				ds = append(ds, t.Sub(f)-less)
 			}
 		}
 		p50, p99 := percentiles(ds)
 		_, _ = fmt.Fprintf(out, "  %s\t%s / %s\tlast at %s (%d proxies)\t\n", name, p50.Round(time.Millisecond), p99.Round(time.Millisecond),
-			last.Sub(start).Round(time.Millisecond), len(to))
-	}
-	starts := map[string]time.Time{}
-	for px := range s.created {
-		starts[px] = start
+			s.lastLocked(to).Sub(start).Round(time.Millisecond), len(to))
 	}
 	_, _ = fmt.Fprintf(out, "bring-up by step, per proxy: from the step before, p50 / p99\t\t\t\n")
-	row("create (from the apply's start: the 32 writers' queue and the call)", starts, s.created, 0)
+	row("create (from the apply's start: the 32 writers' queue and the call)", nil, s.created, 0)
 	row("Ready, seen by a watch (the lifecycle's status write; External: no finalizer)", s.created, s.ready, 0)
 	row("first probe result in the controller (assignment, the prober's schedule)", s.ready, s.probed, 0)
 	row(fmt.Sprintf("Healthy, seen by a watch, less one interval (%s) for the second probe (the verdict's write)", interval), s.probed, s.healthy, interval)
