@@ -23,7 +23,6 @@ import (
 	"net"
 	"net/http"
 	"net/netip"
-	neturl "net/url"
 	"strconv"
 	"strings"
 	"sync"
@@ -33,11 +32,11 @@ import (
 	"google.golang.org/grpc/metadata"
 
 	"github.com/egress-proxies/egress-proxies/pkg/auth"
+	"github.com/egress-proxies/egress-proxies/pkg/faults"
 	leasev1 "github.com/egress-proxies/egress-proxies/pkg/gen/egressproxies/lease/v1"
 	"github.com/egress-proxies/egress-proxies/pkg/netpolicy"
 	"github.com/egress-proxies/egress-proxies/pkg/proxyauth"
 	"github.com/egress-proxies/egress-proxies/services/broker/pkg/leases"
-	"github.com/egress-proxies/egress-proxies/services/broker/pkg/store"
 )
 
 // Leaser is the part of the lease API the gateway calls, in process;
@@ -222,14 +221,14 @@ func (g *Gateway) serve(c net.Conn) {
 // badRequest answers a request that could not be read, if there was one.
 func (g *Gateway) badRequest(c net.Conn, err error) {
 	var ne net.Error
-	a := answer{code: http.StatusBadRequest, reason: "BAD_REQUEST", msg: "malformed request line or header"}
+	a := deny("BAD_REQUEST", "malformed request line or header")
 	switch {
 	case errors.Is(err, io.EOF):
 		return // the client left
 	case errors.Is(err, errHeadTooLarge):
-		a = answer{code: http.StatusRequestHeaderFieldsTooLarge, reason: "HEAD_TOO_LARGE", msg: fmt.Sprintf("the request's head is over %d bytes", g.o.MaxHeaderBytes)}
+		a = deny("HEAD_TOO_LARGE", fmt.Sprintf("the request's head is over %d bytes", g.o.MaxHeaderBytes))
 	case errors.As(err, &ne) && ne.Timeout():
-		a = answer{code: http.StatusRequestTimeout, reason: "HEAD_TIMEOUT", msg: fmt.Sprintf("the request's head did not arrive within %s", g.o.HeaderTimeout)}
+		a = deny("HEAD_TIMEOUT", fmt.Sprintf("the request's head did not arrive within %s", g.o.HeaderTimeout))
 	case errors.Is(err, io.ErrUnexpectedEOF), errors.Is(err, net.ErrClosed):
 		return
 	}
@@ -273,16 +272,16 @@ func (g *Gateway) handle(c net.Conn, br *bufio.Reader, req *http.Request) bool {
 		return false
 	}
 	if r.opts, err = parseUser(user); err != nil {
-		g.answer(c, r.kind, answer{code: http.StatusBadRequest, reason: "BAD_OPTIONS", msg: err.Error()})
+		g.answer(c, r.kind, deny("BAD_OPTIONS", err.Error()))
 		return false
 	}
 	if err := r.destination(req); err != nil {
-		g.answer(c, r.kind, answer{code: http.StatusBadRequest, reason: "BAD_DESTINATION", msg: err.Error()})
+		g.answer(c, r.kind, deny("BAD_DESTINATION", err.Error()))
 		return false
 	}
 	if !g.takeSlot(r.caller) {
-		g.answer(c, r.kind, answer{code: http.StatusTooManyRequests, reason: "TOKEN_TUNNEL_CAP", retryAfter: time.Second,
-			msg: fmt.Sprintf("token %q holds its %d tunnels on this gateway (--gateway-token-max-tunnels); close one or wait", r.caller, g.o.TokenMaxTunnels)})
+		g.answer(c, r.kind, withRetryAfter(deny("TOKEN_TUNNEL_CAP",
+			fmt.Sprintf("token %q holds its %d tunnels on this gateway (--gateway-token-max-tunnels); close one or wait", r.caller, g.o.TokenMaxTunnels)), time.Second))
 		return false
 	}
 	// A refusal frees the slot before it is answered: a client that
@@ -307,26 +306,22 @@ func (g *Gateway) handle(c net.Conn, br *bufio.Reader, req *http.Request) bool {
 		g.answer(c, r.kind, a)
 		return false
 	}
-	lease, err := g.leaser.CreateLease(r.ctx, &leasev1.CreateLeaseRequest{Namespace: r.opts.namespace, Selector: r.opts.selector,
-		Target: r.host, SessionKey: r.opts.session, TtlSeconds: int32(g.o.LeaseTTL.Seconds())})
-	if err != nil {
-		a := refusal(err)
-		if a.code >= 500 && a.reason == "INTERNAL" {
-			g.log.Warn("gateway could not lease", "token", r.caller, "target", r.host, "err", err)
-		}
+	h, t, a := g.through(r, req)
+	if a != nil {
 		free()
-		g.answer(c, r.kind, a)
+		g.answer(c, r.kind, *a)
 		return false
 	}
-	defer g.release(r, lease.GetLeaseId())
+	id := t.lease.GetLeaseId()
+	defer g.release(r, id)
 	md, _ := metadata.FromIncomingContext(r.ctx)
-	g.renewer.hold(lease.GetLeaseId(), md, func() { _ = c.Close() })
-	defer g.renewer.drop(lease.GetLeaseId())
+	g.renewer.hold(id, md, func() { _ = c.Close() })
+	defer g.renewer.drop(id)
 	if r.kind == "connect" {
-		g.connect(c, br, r, lease)
+		g.splice(c, br, r, t, h)
 		return false
 	}
-	return g.forward(c, br, req, r, lease)
+	return g.relay(c, req, r, t, h)
 }
 
 // proxyBasicAuth reads Proxy-Authorization: Basic.
@@ -380,7 +375,7 @@ func (g *Gateway) check(r *request) (answer, bool) {
 		ctx, cancel := context.WithTimeout(r.ctx, g.o.DialTimeout)
 		defer cancel()
 		if addrs, err = g.o.Resolver.LookupNetIP(ctx, "ip", r.host); err != nil || len(addrs) == 0 {
-			return answer{code: http.StatusBadGateway, reason: "UNRESOLVED", msg: fmt.Sprintf("%s does not resolve", r.host)}, false
+			return deny("UNRESOLVED", fmt.Sprintf("%s does not resolve; no proxy was leased", r.host)), false
 		}
 	}
 	for _, ip := range addrs {
@@ -392,7 +387,7 @@ func (g *Gateway) check(r *request) (answer, bool) {
 			}
 			egressDenied.Inc()
 			// The address is not quoted: it may be inside.
-			return answer{code: http.StatusForbidden, reason: "EGRESS_DENIED", msg: fmt.Sprintf("%s:%d is outside the egress policy: %s", r.host, r.port, why)}, false
+			return deny("EGRESS_DENIED", fmt.Sprintf("%s:%d is outside the egress policy: %s", r.host, r.port, why)), false
 		}
 	}
 	r.addr = addrs[0].Unmap()
@@ -419,8 +414,9 @@ func (g *Gateway) release(r *request, id string) {
 	}
 }
 
-// report tells the broker how the target treated the leased proxy.
-func (g *Gateway) report(r *request, id string, o store.Outcome, statusCode int) {
+// report tells the broker how the target treated the leased proxy, or
+// (faults.Error) that the proxy itself failed.
+func (g *Gateway) report(r *request, id string, o faults.Result, statusCode int) {
 	outcomes.WithLabelValues(r.kind, string(o)).Inc()
 	ctx, cancel := r.afterwards()
 	defer cancel()
@@ -443,45 +439,13 @@ func credentials(lease *leasev1.CreateLeaseResponse) proxyauth.Credentials {
 	return proxyauth.Credentials{Username: c.GetUsername(), Password: c.GetPassword()}
 }
 
-// connect opens a tunnel through the leased proxy to the checked address
-// and splices the client into it.
-func (g *Gateway) connect(c net.Conn, br *bufio.Reader, r *request, lease *leasev1.CreateLeaseResponse) {
-	up, err := g.dial(r, lease)
-	if err != nil {
-		g.report(r, lease.GetLeaseId(), store.Failed, 0)
-		g.answer(c, r.kind, answer{code: http.StatusBadGateway, reason: "PROXY_UNREACHABLE", msg: "the leased proxy did not answer; retry (it is reported)"})
-		return
-	}
-	target := net.JoinHostPort(r.addr.String(), strconv.Itoa(int(r.port)))
-	creq := &http.Request{Method: http.MethodConnect, URL: &neturl.URL{Opaque: target}, Host: target, Header: http.Header{}}
-	credentials(lease).Authorize(creq.Header)
-	_ = up.SetDeadline(time.Now().Add(g.o.DialTimeout))
-	head := &headLimit{r: up, n: g.o.MaxHeaderBytes}
-	ubr := bufio.NewReaderSize(head, 1024)
-	var resp *http.Response
-	if err = creq.Write(up); err == nil {
-		resp, err = http.ReadResponse(ubr, creq)
-	}
-	switch {
-	case err != nil:
-		_ = up.Close()
-		g.report(r, lease.GetLeaseId(), store.Failed, 0)
-		g.answer(c, r.kind, answer{code: http.StatusBadGateway, reason: "PROXY_FAILED", msg: "the leased proxy did not open the tunnel; retry (it is reported)"})
-		return
-	case resp.StatusCode == http.StatusForbidden:
-		_ = up.Close()
-		g.answer(c, r.kind, proxyDenied(r))
-		return
-	case resp.StatusCode/100 != 2:
-		_ = up.Close()
-		g.report(r, lease.GetLeaseId(), store.Failed, resp.StatusCode)
-		g.answer(c, r.kind, answer{code: http.StatusBadGateway, reason: "PROXY_FAILED", msg: fmt.Sprintf("the leased proxy refused the tunnel (%d); retry (it is reported)", resp.StatusCode)})
-		return
-	}
-	head.n = -1
-	_ = up.SetDeadline(time.Time{})
+// splice answers the client's CONNECT, naming the lease, and splices
+// the client into the tunnel the leased proxy opened.
+func (g *Gateway) splice(c net.Conn, br *bufio.Reader, r *request, t *try, h hop) {
+	up := h.up
 	requests.WithLabelValues(r.kind, "200").Inc()
-	if _, err := io.WriteString(c, "HTTP/1.1 200 Connection established\r\n\r\n"); err != nil {
+	head := append([]byte("HTTP/1.1 200 Connection established\r\n"), t.headerLines()...)
+	if _, err := c.Write(append(head, "\r\n"...)); err != nil {
 		_ = up.Close()
 		return
 	}
@@ -492,22 +456,22 @@ func (g *Gateway) connect(c net.Conn, br *bufio.Reader, r *request, lease *lease
 		_ = up.Close()
 		return
 	}
-	if err := flush(c, ubr); err != nil {
+	if err := flush(c, h.ubr); err != nil {
 		_ = up.Close()
 		return
 	}
-	t := &tunnel{client: c, up: up, idle: g.o.IdleTimeout, deadline: r.started.Add(g.o.TunnelTimeout)}
-	if !g.spliced(c, t) {
-		t.shut()
+	tn := &tunnel{client: c, up: up, idle: g.o.IdleTimeout, deadline: r.started.Add(g.o.TunnelTimeout)}
+	if !g.spliced(c, tn) {
+		tn.shut()
 		return
 	}
 	tunnelsOpen.Inc()
-	sent, received, clean := t.run()
+	sent, received, clean := tn.run()
 	tunnelsOpen.Dec()
 	tunnelBytes.WithLabelValues("sent").Add(float64(sent))
 	tunnelBytes.WithLabelValues("received").Add(float64(received))
 	if received > 0 && clean {
-		g.report(r, lease.GetLeaseId(), store.OK, 0)
+		g.report(r, t.lease.GetLeaseId(), faults.OK, 0)
 	}
 }
 
@@ -515,7 +479,7 @@ func (g *Gateway) connect(c net.Conn, br *bufio.Reader, r *request, lease *lease
 // refused the destination: not the proxy's fault, so nothing is
 // reported against it.
 func proxyDenied(r *request) answer {
-	return answer{code: http.StatusForbidden, reason: "PROXY_DENIED", msg: fmt.Sprintf("the leased proxy refused %s:%d (its egress policy)", r.host, r.port)}
+	return deny("PROXY_DENIED", fmt.Sprintf("the leased proxy refused %s:%d (its egress policy); it is not blamed", r.host, r.port))
 }
 
 // spliced records c's tunnel, so a shutdown cuts it; false when the
@@ -540,65 +504,38 @@ func flush(w io.Writer, br *bufio.Reader) error {
 	return nil
 }
 
-// forward sends one plain-HTTP request through the leased proxy and the
-// answer back, classified as the clients' default policy does. It says
-// whether the client connection may carry another request.
-func (g *Gateway) forward(c net.Conn, br *bufio.Reader, req *http.Request, r *request, lease *leasev1.CreateLeaseResponse) bool {
-	up, err := g.dial(r, lease)
-	if err != nil {
-		g.report(r, lease.GetLeaseId(), store.Failed, 0)
-		g.answer(c, r.kind, answer{code: http.StatusBadGateway, reason: "PROXY_UNREACHABLE", msg: "the leased proxy did not answer; retry (it is reported)"})
-		return false
-	}
-	defer func() { _ = up.Close() }()
-	deadline := r.started.Add(g.o.TunnelTimeout)
-	_ = up.SetDeadline(deadline)
-	_ = c.SetDeadline(deadline)
+// relay passes the site's answer to a plain-HTTP request back, naming
+// the lease, and reports it as the fault table judges it. It says whether
+// the client connection may carry another request.
+func (g *Gateway) relay(c net.Conn, req *http.Request, r *request, t *try, h hop) bool {
+	resp := h.resp
+	defer func() { _ = h.up.Close(); _ = resp.Body.Close() }()
+	_ = c.SetDeadline(r.started.Add(g.o.TunnelTimeout))
 	defer func() { _ = c.SetDeadline(time.Time{}) }()
-
+	if resp.Header.Get("X-Squid-Error") != "" && resp.StatusCode >= 400 {
+		// An error page, Squid's or a site's dressed as it: judged as any
+		// answer (its code is not trusted here), and replaced by the
+		// gateway's, since Squid's own names the proxy's host.
+		head, _ := io.ReadAll(io.LimitReader(resp.Body, int64(faults.MarkerWindow())))
+		res := faults.Response(resp.StatusCode, resp.Header, head)
+		g.report(r, t.lease.GetLeaseId(), res, resp.StatusCode)
+		a := errorPage(r, resp.StatusCode, res)
+		t.tag(&a)
+		g.answer(c, r.kind, a)
+		return false
+	}
 	keepAlive := !req.Close
-	out := req.Clone(r.ctx)
-	removeHopByHop(out.Header)
-	out.Close = true // one request per upstream connection: the lease ends with it
-	credentials(lease).Authorize(out.Header)
-	if err := out.WriteProxy(up); err != nil {
-		g.report(r, lease.GetLeaseId(), store.Failed, 0)
-		g.answer(c, r.kind, answer{code: http.StatusBadGateway, reason: "PROXY_FAILED", msg: "the request could not be sent through the leased proxy; retry (it is reported)"})
-		return false
-	}
-	// The answer's head is bounded (it comes from the site, through the
-	// proxy); its body is not.
-	head := &headLimit{r: up, n: 4 * g.o.MaxHeaderBytes}
-	resp, err := http.ReadResponse(bufio.NewReader(head), req)
-	head.n = -1
-	if err != nil {
-		g.report(r, lease.GetLeaseId(), store.Failed, 0)
-		g.answer(c, r.kind, answer{code: http.StatusBadGateway, reason: "PROXY_FAILED", msg: "the leased proxy gave no answer; retry (it is reported)"})
-		return false
-	}
-	defer func() { _ = resp.Body.Close() }()
-	squidErr := resp.Header.Get("X-Squid-Error")
-	if strings.HasPrefix(squidErr, "ERR_ACCESS_DENIED") {
-		g.answer(c, r.kind, proxyDenied(r))
-		return false
-	}
-	if squidErr != "" {
-		// The proxy's own error page names the proxy's host: the client
-		// gets the gateway's instead.
-		g.report(r, lease.GetLeaseId(), store.Failed, resp.StatusCode)
-		g.answer(c, r.kind, answer{code: http.StatusBadGateway, reason: "PROXY_FAILED", msg: fmt.Sprintf("the leased proxy could not fetch it (%s); retry (it is reported)", clip(squidErr))})
-		return false
-	}
 	removeHopByHop(resp.Header)
-	for _, h := range []string{"Via", "X-Cache", "X-Cache-Lookup"} {
-		resp.Header.Del(h) // they name the proxy's host
+	for _, name := range []string{"Via", "X-Cache", "X-Cache-Lookup"} {
+		resp.Header.Del(name) // they name the proxy's host
 	}
+	t.setHeaders(resp.Header)
 	body := &sniffer{body: resp.Body}
 	resp.Body = body
 	resp.Close = !keepAlive
-	err = resp.Write(c)
+	err := resp.Write(c)
 	requests.WithLabelValues(r.kind, strconv.Itoa(resp.StatusCode)).Inc()
-	g.report(r, lease.GetLeaseId(), classify(resp.StatusCode, resp.Header, body.head), resp.StatusCode)
+	g.report(r, t.lease.GetLeaseId(), faults.Response(resp.StatusCode, resp.Header, body.head), resp.StatusCode)
 	return err == nil && keepAlive && !resp.Close
 }
 

@@ -3,7 +3,6 @@ package gateway
 import (
 	"errors"
 	"io"
-	"net/http"
 	"strings"
 	"testing"
 	"time"
@@ -15,7 +14,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
 
-	"github.com/egress-proxies/egress-proxies/services/broker/pkg/store"
+	"github.com/egress-proxies/egress-proxies/pkg/faults"
 )
 
 func TestParseUser(t *testing.T) {
@@ -47,37 +46,16 @@ func TestParseUser(t *testing.T) {
 	}
 }
 
-// The table of docs/api.md, "Outcomes", as the clients' suites hold them
-// to it.
-func TestClassify(t *testing.T) {
-	cases := []struct {
-		name   string
-		status int
-		header http.Header
-		body   string
-		want   store.Outcome
-	}{
-		{"squid error page", 503, http.Header{"X-Squid-Error": {"ERR_CONNECT_FAIL 111"}}, "", store.Failed},
-		{"429", 429, nil, "", store.RateLimited},
-		{"503 with Retry-After", 503, http.Header{"Retry-After": {"30"}}, "", store.RateLimited},
-		{"503 without", 503, nil, "", store.OK},
-		{"403", 403, nil, "", store.Blocked},
-		{"captcha page", 200, nil, "<div class=\"g-recaptcha\">", store.Blocked},
-		{"marker in capitals", 200, nil, "Access Denied", store.Blocked},
-		{"marker past the window", 200, nil, strings.Repeat("x", markerWindow) + "captcha", store.OK},
-		{"404", 404, nil, "not found", store.OK},
-		{"200", 200, nil, "hello", store.OK},
-	}
-	for _, tc := range cases {
-		t.Run(tc.name, func(t *testing.T) {
-			h := tc.header
-			if h == nil {
-				h = http.Header{}
-			}
-			s := &sniffer{body: io.NopCloser(strings.NewReader(tc.body))}
-			_, _ = readAll(s)
-			assert.Equal(t, tc.want, classify(tc.status, h, s.head))
-		})
+// The sniffer passes a body through unchanged and keeps what the fault
+// table searches for markers, no more.
+func TestSnifferKeepsTheMarkerWindow(t *testing.T) {
+	for _, size := range []int{0, 10, faults.MarkerWindow(), 3 * faults.MarkerWindow()} {
+		body := strings.Repeat("y", size)
+		s := &sniffer{body: io.NopCloser(strings.NewReader(body))}
+		n, err := readAll(s)
+		assert.ErrorIs(t, err, io.EOF)
+		assert.Equal(t, size, n)
+		assert.Len(t, s.head, min(size, faults.MarkerWindow()))
 	}
 }
 
@@ -99,24 +77,28 @@ func TestRefusal(t *testing.T) {
 		return st.Err()
 	}
 	cases := []struct {
-		name  string
-		err   error
-		code  int
-		retry time.Duration
+		name      string
+		err       error
+		code      int
+		retry     time.Duration
+		fault     faults.Class
+		retryable bool
 	}{
-		{"no proxy qualifies", refused(codes.ResourceExhausted, "ALL_COOLING_DOWN", 90*time.Second), 503, 90 * time.Second},
-		{"paced", refused(codes.ResourceExhausted, "TARGET_PACED", 1500*time.Millisecond), 429, 1500 * time.Millisecond},
-		{"token cap", refused(codes.ResourceExhausted, "TOKEN_LEASE_CAP", time.Second), 429, time.Second},
-		{"bad selector", status.Error(codes.InvalidArgument, "selector.pool: must be at most 63 characters"), 400, 0},
-		{"unauthenticated", status.Error(codes.Unauthenticated, "invalid bearer token"), 407, 0},
-		{"store down", status.Error(codes.Unavailable, "lease store unavailable"), 503, time.Second},
-		{"anything else", errors.New("boom at 10.0.0.7:6379"), 502, time.Second},
+		{"no proxy qualifies", refused(codes.ResourceExhausted, "ALL_COOLING_DOWN", 90*time.Second), 503, 90 * time.Second, faults.Capacity, true},
+		{"paced", refused(codes.ResourceExhausted, "TARGET_PACED", 1500*time.Millisecond), 429, 1500 * time.Millisecond, faults.Capacity, true},
+		{"token cap", refused(codes.ResourceExhausted, "TOKEN_LEASE_CAP", time.Second), 429, time.Second, faults.Capacity, true},
+		{"bad selector", status.Error(codes.InvalidArgument, "selector.pool: must be at most 63 characters"), 400, 0, faults.Caller, false},
+		{"unauthenticated", status.Error(codes.Unauthenticated, "invalid bearer token"), 407, 0, faults.Caller, false},
+		{"store down", status.Error(codes.Unavailable, "lease store unavailable"), 503, time.Second, faults.Capacity, true},
+		{"anything else", errors.New("boom at 10.0.0.7:6379"), 502, time.Second, faults.Capacity, true},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			a := refusal(tc.err)
 			assert.Equal(t, tc.code, a.code)
 			assert.Equal(t, tc.retry, a.retryAfter)
+			assert.Equal(t, tc.fault, a.fault)
+			assert.Equal(t, tc.retryable, a.retry)
 			assert.NotContains(t, a.msg, "10.0.0.7", "an internal error's text stays inside")
 		})
 	}

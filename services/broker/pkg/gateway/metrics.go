@@ -19,11 +19,13 @@ var (
 		Help: "Leases the gateway could not release (they expire at their TTL, --gateway-tunnel-timeout)."})
 	renewals = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "proxy_operator_broker_gateway_renewals_total",
 		Help: "Renewals of tunnels' leases: renewed, ended (the lease was gone or its proxy no longer leasable: the tunnel was closed) or failed (retried)."}, []string{"result"})
+	retries = prometheus.NewCounter(prometheus.CounterOpts{Name: "proxy_operator_broker_gateway_retries_total",
+		Help: "Requests the gateway sent through another proxy because the leased one failed on its own hop before any byte reached the client (--gateway-retries)."})
 	reportFailed = prometheus.NewCounter(prometheus.CounterOpts{Name: "proxy_operator_broker_gateway_report_failures_total",
 		Help: "Outcome reports the gateway could not make."})
 )
 
 // Collectors are the gateway's metrics.
 func Collectors() []prometheus.Collector {
-	return []prometheus.Collector{requests, tunnelsOpen, tunnelBytes, outcomes, egressDenied, tokenCapped, releaseFailed, reportFailed, renewals}
+	return []prometheus.Collector{requests, tunnelsOpen, tunnelBytes, outcomes, egressDenied, tokenCapped, releaseFailed, reportFailed, renewals, retries}
 }

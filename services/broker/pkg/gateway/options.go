@@ -37,6 +37,9 @@ type Options struct {
 	DialTimeout time.Duration
 	// MaxHeaderBytes bounds a request's head: past it the client gets 431.
 	MaxHeaderBytes int
+	// Retries is how many more proxies a request tries when the leased one
+	// fails on its own hop before any byte reached the client.
+	Retries int
 	// TokenMaxTunnels is the most tunnels and requests in flight the
 	// callers of one token may hold on this gateway (0: no limit).
 	TokenMaxTunnels int
@@ -51,7 +54,7 @@ type Resolver interface {
 
 // DefaultOptions are what the broker's flags default to.
 var DefaultOptions = Options{HeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute, TunnelTimeout: time.Hour, LeaseTTL: time.Minute,
-	DialTimeout: 10 * time.Second, MaxHeaderBytes: 16 << 10, TokenMaxTunnels: 1000}
+	DialTimeout: 10 * time.Second, MaxHeaderBytes: 16 << 10, TokenMaxTunnels: 1000, Retries: 2}
 
 // Validate names the first bad option, as its flag (--gateway-*).
 func (o Options) Validate() error {
@@ -64,11 +67,18 @@ func (o Options) Validate() error {
 		return fmt.Errorf("--gateway-lease-ttl %s must be whole seconds, at least 3s", o.LeaseTTL)
 	case o.MaxHeaderBytes < 1024:
 		return fmt.Errorf("--gateway-max-header-bytes %d must be at least 1024", o.MaxHeaderBytes)
+	case o.Retries < 0 || o.Retries > maxRetries:
+		return fmt.Errorf("--gateway-retries %d must be between 0 and %d", o.Retries, maxRetries)
 	case o.TokenMaxTunnels < 0:
 		return errors.New("--gateway-token-max-tunnels must not be negative")
 	}
 	return nil
 }
+
+// maxRetries bounds --gateway-retries: each costs a dial timeout at
+// worst, and a fleet where four proxies in a row fail has a problem no
+// retry hides.
+const maxRetries = 4
 
 // Options a client puts in its proxy user name.
 type userOptions struct {

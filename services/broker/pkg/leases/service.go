@@ -596,11 +596,10 @@ func (s *Service) needsTarget(o store.Outcome) bool {
 }
 
 func checkOutcome(o store.Outcome) error {
-	switch o {
-	case store.OK, store.RateLimited, store.Blocked, store.Failed:
+	if o.Valid() {
 		return nil
 	}
-	return invalid("result", "must be one of ok, rate_limited, blocked, error (got %q)", string(o))
+	return invalid("result", "must be one of ok, rate_limited, blocked, error, target_error (got %q)", string(o))
 }
 
 // checkRange accepts 0 (not given) or a value in [lo, hi].

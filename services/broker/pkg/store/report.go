@@ -9,6 +9,8 @@ import (
 
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/trace"
+
+	"github.com/egress-proxies/egress-proxies/pkg/faults"
 )
 
 // Refusal is a lease refused for want of capacity, not for a bad request:
@@ -73,15 +75,20 @@ func (e *PacedError) Details() map[string]string {
 	return map[string]string{"target": e.Target, "ratePerSecond": strconv.FormatFloat(e.Rate, 'g', 4, 64)}
 }
 
-// Outcome is how a target treated a leased proxy.
-type Outcome string
+// Outcome is how a target treated a leased proxy: the fault table's
+// result (pkg/faults).
+type Outcome = faults.Result
 
 // Outcomes a report may give.
 const (
-	OK          Outcome = "ok"
-	RateLimited Outcome = "rate_limited"
-	Blocked     Outcome = "blocked"
-	Failed      Outcome = "error"
+	OK          = faults.OK
+	RateLimited = faults.RateLimited
+	Blocked     = faults.Blocked
+	// Failed is the proxy's own failure: it counts toward quarantine.
+	Failed = faults.Error
+	// TargetError is the site's failure through a working proxy: it
+	// counts against no proxy.
+	TargetError = faults.TargetError
 )
 
 // Policy is how reports on one target are acted on.

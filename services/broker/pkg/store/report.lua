@@ -1,7 +1,8 @@
 -- Applies an outcome report on a live lease: every decision about the
 -- proxy, its exit IP and the target in one script, so reports racing from
 -- any number of brokers never double a cooldown or cut a pace twice.
--- ARGV: lease_id, result (ok, rate_limited, blocked, error), target,
+-- ARGV: lease_id, result (ok, rate_limited, blocked, error,
+-- target_error: the site's failure, which changes nothing), target,
 -- cooldown base_ms, max_ms, window_ms, max_cooling_fraction, pacing
 -- initial, min, max (leases/s), error window_ms,
 -- error targets (0: never quarantine), quarantine_ms, random in [0, 1),
@@ -198,6 +199,14 @@ elseif result == 'error' then
   redis.call('ZADD', ek, now, target)
   redis.call('ZREMRANGEBYSCORE', ek, '-inf', now - ewindow)
   redis.call('PEXPIRE', ek, ewindow)
+  -- A session does not stay on a proxy that failed it: its next lease
+  -- picks another (the gateway's retry relies on it).
+  if id ~= '' then
+    local s = redis.call('HGET', K.Lease .. id, 'sess')
+    if s and redis.call('HGET', K.Session .. s, 'proxy') == uid then
+      redis.call('HDEL', K.Session .. s, 'proxy')
+    end
+  end
   local q = redis.call('HGET', K.Quarantine, uid)
   if q then
     local _, qe = split(q)

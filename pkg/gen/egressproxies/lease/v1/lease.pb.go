@@ -814,9 +814,13 @@ type ReportLeaseRequest struct {
 	LeaseId string `protobuf:"bytes,1,opt,name=lease_id,json=leaseID,proto3" json:"lease_id,omitempty"`
 	// result at the target, as v1 REST clients write it: "ok" (served),
 	// "rate_limited" (a 429 or the site's slow-down page), "blocked" (a
-	// block page, a captcha, a 403 that means "go away") or "error" (the
-	// request failed inside the proxy: connect refused, timeout, reset). A
-	// string rather than an enum so REST clients send exactly these words.
+	// block page, a captcha, a 403 that means "go away"), "error" (the
+	// proxy itself failed: it did not answer, refused the credentials,
+	// failed its own hop; counts toward its quarantine) or "target_error"
+	// (the site failed through a working proxy: refused, reset, timed out,
+	// did not resolve, failed TLS, a 5xx; counts against no proxy). The
+	// table is docs/api.md's "Whose fault". A string rather than an enum so
+	// REST clients send exactly these words.
 	Result string `protobuf:"bytes,2,opt,name=result,proto3" json:"result,omitempty"`
 	// target the result is about; the lease's target when empty. Required
 	// (here or on the lease) for every result but ok.
@@ -900,8 +904,8 @@ type ReportSessionRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// session_key the leases were taken with (the gateway's session option).
 	SessionKey string `protobuf:"bytes,1,opt,name=session_key,json=sessionKey,proto3" json:"session_key,omitempty"`
-	// result at the target: ok, rate_limited, blocked or error, as in
-	// ReportLeaseRequest.
+	// result at the target: ok, rate_limited, blocked, error or
+	// target_error, as in ReportLeaseRequest.
 	Result string `protobuf:"bytes,2,opt,name=result,proto3" json:"result,omitempty"`
 	// target the result is about: a host the session leased for. Required.
 	Target string `protobuf:"bytes,3,opt,name=target,proto3" json:"target,omitempty"`

@@ -453,9 +453,13 @@ export type ReportLeaseRequest = Message<"egressproxies.lease.v1.ReportLeaseRequ
   /**
    * result at the target, as v1 REST clients write it: "ok" (served),
    * "rate_limited" (a 429 or the site's slow-down page), "blocked" (a
-   * block page, a captcha, a 403 that means "go away") or "error" (the
-   * request failed inside the proxy: connect refused, timeout, reset). A
-   * string rather than an enum so REST clients send exactly these words.
+   * block page, a captcha, a 403 that means "go away"), "error" (the
+   * proxy itself failed: it did not answer, refused the credentials,
+   * failed its own hop; counts toward its quarantine) or "target_error"
+   * (the site failed through a working proxy: refused, reset, timed out,
+   * did not resolve, failed TLS, a 5xx; counts against no proxy). The
+   * table is docs/api.md's "Whose fault". A string rather than an enum so
+   * REST clients send exactly these words.
    *
    * @generated from field: string result = 2;
    */
@@ -506,8 +510,8 @@ export type ReportSessionRequest = Message<"egressproxies.lease.v1.ReportSession
   sessionKey: string;
 
   /**
-   * result at the target: ok, rate_limited, blocked or error, as in
-   * ReportLeaseRequest.
+   * result at the target: ok, rate_limited, blocked, error or
+   * target_error, as in ReportLeaseRequest.
    *
    * @generated from field: string result = 2;
    */
