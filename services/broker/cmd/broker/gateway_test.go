@@ -280,11 +280,13 @@ func TestGatewayClassifiesPlainHTTP(t *testing.T) {
 	code, body, _ := get(t, c, f.site.URL+"/big")
 	assert.Equal(t, 200, code)
 	assert.Len(t, body, 300<<10)
-	// The proxy's own policy refusing a destination (Squid's cache
-	// manager) is the proxy doing its job: 403, nothing reported.
+	// A 403 error page on plain HTTP (here Squid's own, refusing its cache
+	// manager) is judged as any answer: a site can dress its block as a
+	// proxy's denial, so it counts as a block, never as the proxy's error.
 	code, body, h := get(t, c, "http://"+f.squids[1].Addr+"/squid-internal-mgr/info")
 	assert.Equal(t, 403, code, body)
-	assert.Equal(t, "PROXY_DENIED", h.Get("X-Egress-Proxies-Reason"))
+	assert.Equal(t, "SITE_BLOCKED", h.Get("X-Egress-Proxies-Reason"))
+	assert.NotContains(t, body, "squid", "the proxy's own page is replaced by the gateway's")
 	c.CloseIdleConnections()
 	f.waitNoLeases()
 	assert.Zero(t, f.b.metrics()[`proxy_operator_broker_gateway_reports_total{kind="http",result="error"}`])

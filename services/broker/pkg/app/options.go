@@ -80,6 +80,7 @@ func (o *Options) Register(fs *flag.FlagSet) {
 	fs.DurationVar(&o.Gateway.LeaseTTL, "gateway-lease-ttl", g.LeaseTTL, "TTL of a gateway tunnel's lease, renewed every third of it while the tunnel lives (between --min-ttl and --max-ttl): a broker that dies leaves leases that end within it")
 	fs.DurationVar(&o.Gateway.DialTimeout, "gateway-dial-timeout", g.DialTimeout, "longest the gateway takes to resolve a destination, and to reach a leased proxy and have its tunnel opened")
 	fs.IntVar(&o.Gateway.MaxHeaderBytes, "gateway-max-header-bytes", g.MaxHeaderBytes, "largest request head a gateway client may send (431 past it)")
+	fs.StringVar(&o.Gateway.DNS, "gateway-dns", "", "host:port of the DNS server the gateway resolves destinations with; empty means the system's resolver")
 	fs.IntVar(&o.Gateway.Retries, "gateway-retries", g.Retries, "how many more proxies a gateway request tries when the leased one fails on its own hop (no answer, credentials refused, its own error) before any byte reached the client, 0-4")
 	fs.IntVar(&o.Gateway.TokenMaxTunnels, "gateway-token-max-tunnels", g.TokenMaxTunnels, "most tunnels and requests the callers of one token may have open on each broker's gateway (0: no limit)")
 	o.EgressFlags.Register(fs)

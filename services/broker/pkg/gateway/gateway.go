@@ -79,9 +79,7 @@ func New(log *slog.Logger, o Options, l Leaser, tok *auth.Token) (*Gateway, erro
 	if err := o.Validate(); err != nil {
 		return nil, err
 	}
-	if o.Resolver == nil {
-		o.Resolver = net.DefaultResolver
-	}
+	o.Resolver = o.resolver()
 	ln, err := net.Listen("tcp", o.Addr)
 	if err != nil {
 		return nil, fmt.Errorf("--gateway-addr %s: %w", o.Addr, err)

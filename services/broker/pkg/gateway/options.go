@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"net/netip"
 	"strings"
 	"time"
@@ -43,7 +44,11 @@ type Options struct {
 	// TokenMaxTunnels is the most tunnels and requests in flight the
 	// callers of one token may hold on this gateway (0: no limit).
 	TokenMaxTunnels int
-	// Resolver resolves destinations; nil means the system's.
+	// DNS, when set, is the host:port of the DNS server destinations are
+	// resolved with (over UDP, TCP for long answers) instead of the
+	// system's resolver: a cluster's resolver of its own, or a test's.
+	DNS string
+	// Resolver resolves destinations; nil means DNS's, or the system's.
 	Resolver Resolver
 }
 
@@ -67,6 +72,8 @@ func (o Options) Validate() error {
 		return fmt.Errorf("--gateway-lease-ttl %s must be whole seconds, at least 3s", o.LeaseTTL)
 	case o.MaxHeaderBytes < 1024:
 		return fmt.Errorf("--gateway-max-header-bytes %d must be at least 1024", o.MaxHeaderBytes)
+	case o.DNS != "" && !isHostPort(o.DNS):
+		return fmt.Errorf("--gateway-dns %q must be host:port", o.DNS)
 	case o.Retries < 0 || o.Retries > maxRetries:
 		return fmt.Errorf("--gateway-retries %d must be between 0 and %d", o.Retries, maxRetries)
 	case o.TokenMaxTunnels < 0:
@@ -134,4 +141,23 @@ func clip(s string) string {
 		return s[:64] + "..."
 	}
 	return s
+}
+
+func isHostPort(s string) bool {
+	host, port, err := net.SplitHostPort(s)
+	return err == nil && host != "" && port != ""
+}
+
+// resolver is the Resolver o names.
+func (o Options) resolver() Resolver {
+	switch {
+	case o.Resolver != nil:
+		return o.Resolver
+	case o.DNS != "":
+		return &net.Resolver{PreferGo: true, Dial: func(ctx context.Context, network, _ string) (net.Conn, error) {
+			var d net.Dialer
+			return d.DialContext(ctx, network, o.DNS)
+		}}
+	}
+	return net.DefaultResolver
 }

@@ -87,7 +87,10 @@ func (g *Gateway) through(r *request, req *http.Request) (hop, *try, *answer) {
 	}()
 	tried := map[string]bool{}
 	var last *answer
-	for n := 1; n <= 1+g.o.Retries; n++ {
+	// Each proxy tried costs an attempt; a pick that comes back to one
+	// that failed costs only a lease (held, it weighs on the next pick),
+	// within a budget of two per attempt.
+	for n, leased := 1, 0; n <= 1+g.o.Retries && leased < 2*(1+g.o.Retries); leased++ {
 		lease, err := g.leaser.CreateLease(r.ctx, &leasev1.CreateLeaseRequest{Namespace: r.opts.namespace, Selector: r.opts.selector,
 			Target: r.host, SessionKey: r.opts.session, TtlSeconds: int32(g.o.LeaseTTL.Seconds())})
 		if err != nil {
@@ -129,6 +132,7 @@ func (g *Gateway) through(r *request, req *http.Request) (hop, *try, *answer) {
 		if n <= g.o.Retries {
 			retries.Inc()
 		}
+		n++
 	}
 	return hop{}, nil, last
 }
