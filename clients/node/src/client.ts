@@ -1,7 +1,9 @@
 // The Node client of the lease API, over gRPC (Connect's gRPC transport on
 // node:http2), with the Python client's semantics: a lease that renews
-// while held, reports ok / error / the outcome you set, releases at the
-// end, and typed errors.
+// while held, reports at the end what the ban policy makes of how it ended
+// (ok, the proxy's error, the site's target_error, nothing for the
+// caller's own errors) or the outcome you set, releases, never throws a
+// failed report or release over the caller's own outcome, and typed errors.
 import { randomUUID } from "node:crypto";
 import { readFileSync } from "node:fs";
 import { setTimeout as sleep } from "node:timers/promises";
@@ -23,7 +25,7 @@ import {
   type Proxy as ProxyMessage,
   type ReportLeaseResponse,
 } from "./gen/egressproxies/lease/v1/lease_pb.js";
-import { RESULTS, type Result } from "./policy.js";
+import { RESULTS, classifyError, type Result } from "./policy.js";
 
 /** Tries of a call the broker answered UNAVAILABLE; a CreateLease keeps its request id across them. */
 const ATTEMPTS = 3;
@@ -36,6 +38,10 @@ export interface ClientOptions {
   caFile?: string;
   /** Deadline of each call, ms (default 10 s). */
   timeoutMs?: number;
+  /** How a withLease function's error becomes its report (default: the fault table's classifyError). */
+  classifyError?: (err: unknown) => Result | undefined;
+  /** Hears a report or release that failed at the end of withLease (default: console.warn); it is counted in exitFailures and never thrown. */
+  onExitFailure?: (what: "report" | "release", leaseId: string, err: unknown) => void;
 }
 
 export interface LeaseRequest {
@@ -157,15 +163,34 @@ export class Client {
     });
     this.rpc = createClient(LeaseService, transport);
     this.timeoutMs = opts.timeoutMs ?? 10_000;
+    this.classifyError = opts.classifyError ?? classifyError;
+    this.onExitFailure =
+      opts.onExitFailure ??
+      ((what, id, err) => console.warn(`egress-proxies: ${what} of lease ${id} at the end of withLease failed: ${String(err)}`));
   }
 
+  /** How a withLease function's error becomes its report. */
+  readonly classifyError: (err: unknown) => Result | undefined;
+  /** Reports and releases that failed at the end of withLease: counted, never thrown. */
+  readonly exitFailures = { report: 0, release: 0 };
   /** @internal */
-  async call<T>(fn: (o: { timeoutMs: number }) => Promise<T>, ctx: { leaseId?: string; creating?: boolean } = {}): Promise<T> {
+  readonly onExitFailure: (what: "report" | "release", leaseId: string, err: unknown) => void;
+
+  /** @internal */
+  async call<T>(
+    fn: (o: { timeoutMs: number }) => Promise<T>,
+    ctx: { leaseId?: string; creating?: boolean; idempotent?: boolean } = {},
+  ): Promise<T> {
     for (let attempt = 0; ; attempt++) {
       try {
         return await fn({ timeoutMs: this.timeoutMs });
       } catch (err) {
-        if (ConnectError.from(err).code !== Code.Unavailable || attempt === ATTEMPTS - 1) {
+        // A CreateLease keeps its request id and a release is idempotent:
+        // both are tried again when cut off by their deadline too (a try
+        // the broker applied answers with the same lease). A report never.
+        const code = ConnectError.from(err).code;
+        const again = code === Code.Unavailable || (code === Code.DeadlineExceeded && (ctx.creating || ctx.idempotent));
+        if (!again || attempt === ATTEMPTS - 1) {
           throw fromCallError(err, ctx);
         }
       }
@@ -192,22 +217,26 @@ export class Client {
   }
 
   /**
-   * Lease, run fn with the lease while renewing it, then report (ok when fn
-   * resolves, error when it throws, or what lease.setOutcome said) and
-   * release: Python's `with client.lease(...)`.
+   * Lease, run fn with the lease while renewing it, then report and
+   * release: Python's `with client.lease(...)`. The report is what
+   * lease.setOutcome said, else ok when fn resolves, else what
+   * classifyError makes of its error: `error` only when the proxy failed,
+   * `target_error` when the site did, nothing for an abort or the
+   * caller's own error, which is rethrown unchanged. A report or release
+   * that fails here is counted in exitFailures, never thrown.
    */
   async withLease<T>(r: LeaseRequest, fn: (lease: Lease) => Promise<T>): Promise<T> {
     const lease = await this.lease(r);
     lease.keepAlive();
     const started = performance.now();
-    let failed = false;
+    let failure: { err: unknown } | undefined;
     try {
       return await fn(lease);
     } catch (err) {
-      failed = true;
+      failure = { err };
       throw err;
     } finally {
-      await lease.finish(failed, performance.now() - started);
+      await lease.finish(failure, performance.now() - started);
     }
   }
 
@@ -342,7 +371,7 @@ export class Lease {
   async release(): Promise<void> {
     this.stopRenewing();
     if (this.released) return;
-    await this.client.call((o) => this.client.api.releaseLease({ leaseId: this.id }, o));
+    await this.client.call((o) => this.client.api.releaseLease({ leaseId: this.id }, o), { idempotent: true });
     this.released = true;
   }
 
@@ -368,22 +397,32 @@ export class Lease {
     tick();
   }
 
-  /** @internal Report what the holder's work came to (unless already said) and release. */
-  async finish(failed: boolean, latencyMs: number): Promise<void> {
+  /**
+   * @internal Report what the holder's work came to (unless already said)
+   * and release; failure is undefined for work that went well. Never throws.
+   */
+  async finish(failure: { err: unknown } | undefined, latencyMs: number): Promise<void> {
     this.stopRenewing();
-    try {
-      const outcome: [Result, number] | undefined =
-        this.outcome ?? (this.reported || this.lost ? undefined : [failed ? "error" : "ok", 0]);
-      if (outcome) {
-        try {
-          await this.report(outcome[0], { statusCode: outcome[1], latencyMs });
-        } catch (err) {
-          if (!(err instanceof LeaseGone)) throw err;
-        }
+    const verdict = failure ? this.client.classifyError(failure.err) : "ok";
+    const outcome: [Result, number] | undefined =
+      this.outcome ?? (this.reported || this.lost || !verdict ? undefined : [verdict, 0]);
+    if (outcome) {
+      try {
+        await this.report(outcome[0], { statusCode: outcome[1], latencyMs });
+      } catch (err) {
+        if (!(err instanceof LeaseGone)) this.failedAtExit("report", err);
       }
-    } finally {
-      await this.release();
     }
+    try {
+      await this.release();
+    } catch (err) {
+      this.failedAtExit("release", err);
+    }
+  }
+
+  private failedAtExit(what: "report" | "release", err: unknown): void {
+    this.client.exitFailures[what]++;
+    this.client.onExitFailure(what, this.id, err);
   }
 
   private stopRenewing(): void {

@@ -18,7 +18,7 @@ import { ProxyConfiguration, Session, log as crawleeLog, type SessionOptions, ty
 
 import { Client, type ClientOptions, type Lease } from "./client.js";
 import { EgressProxiesError, NoProxyAvailable } from "./errors.js";
-import type { Result } from "./policy.js";
+import { classify, type Result } from "./policy.js";
 
 export interface EgressProxyConfigurationOptions extends ClientOptions {
   /** The broker: grpc://host:port or grpcs://host:port. */
@@ -51,10 +51,13 @@ interface Held {
 /**
  * A crawlee ProxyConfiguration over egress-proxies. Pass
  * `sessionPoolOptions` to the crawler too: through it the fleet hears how
- * each session fared (markGood: ok; retire or markBad: blocked, or
- * rate_limited when the site answered 429) and a retired session's leases
- * are released. A session holds its lease while it has requests in flight
- * and lingerSeconds after; `close()` releases whatever is still held.
+ * each session fared, on the lease of the request that earned it (markGood:
+ * ok; retire or markBad: what the fault table makes of the status crawlee
+ * saw, so a 429 is rate_limited, a 403 blocked, a 5xx the site's
+ * target_error; markBad with no status, a request that failed without an
+ * answer, reports nothing), and a retired session's leases are released.
+ * A session holds its lease while it has requests in flight and
+ * lingerSeconds after; `close()` releases whatever is still held.
  */
 export class EgressProxyConfiguration extends ProxyConfiguration {
   readonly client: Client;
@@ -90,9 +93,6 @@ export class EgressProxyConfiguration extends ProxyConfiguration {
     }
     h.inflight++;
     h.lastUsed = Date.now();
-    // Most recently used first: a session's verdict is about its last request.
-    leases.splice(leases.indexOf(h), 1);
-    leases.unshift(h);
     return (await h.lease).proxyUrl;
   }
 
@@ -149,14 +149,23 @@ export class EgressProxyConfiguration extends ProxyConfiguration {
     // As crawlee's default createSessionFunction builds it.
     const defaults = (pool as unknown as { sessionOptions: SessionOptions }).sessionOptions;
     const session = new Session({ ...defaults, ...options?.sessionOptions, sessionPool: pool });
+    // The status crawlee saw for the session's request now ending: it
+    // calls retireOnBlockedStatusCodes with each answer, before its verdict.
     let lastStatus = 0;
+    const verdict = (): Result | undefined => {
+      const s = lastStatus;
+      lastStatus = 0;
+      return s ? classify(s) : undefined;
+    };
     const { markGood, markBad, retire, retireOnBlockedStatusCodes } = session;
     session.markGood = () => {
       markGood.call(session);
+      lastStatus = 0;
       void this.report(session.id, "ok", 0);
     };
     session.markBad = () => {
-      void this.report(session.id, lastStatus === 429 ? "rate_limited" : "blocked", lastStatus);
+      const status = lastStatus;
+      void this.report(session.id, verdict(), status);
       markBad.call(session);
     };
     session.retireOnBlockedStatusCodes = (statusCode: number, extra?: number[]) => {
@@ -164,18 +173,27 @@ export class EgressProxyConfiguration extends ProxyConfiguration {
       return retireOnBlockedStatusCodes.call(session, statusCode, extra);
     };
     session.retire = () => {
+      const status = lastStatus;
       retire.call(session);
-      void this.end(session.id, lastStatus === 429 ? "rate_limited" : "blocked", lastStatus);
+      void this.end(session.id, verdict(), status);
     };
     return session;
   }
 
-  private async report(sessionId: string, result: Result, statusCode: number): Promise<void> {
-    const h = this.held.get(sessionId)?.[0];
-    log.debug("session verdict", { session: sessionId, result, statusCode, held: Boolean(h) });
+  /**
+   * The verdict goes to the lease of the request that earned it: the one
+   * lease of the session with a request in flight. With none, or with
+   * requests in flight for several hosts at once, it cannot be told which,
+   * and nothing is reported rather than a guess.
+   */
+  private async report(sessionId: string, result: Result | undefined, statusCode: number): Promise<void> {
+    const busy = (this.held.get(sessionId) ?? []).filter((x) => x.inflight > 0);
+    const h = busy.length === 1 ? busy[0] : undefined;
+    log.debug("session verdict", { session: sessionId, result, statusCode, host: h?.host, inflight: busy.length });
     if (!h) return;
-    h.inflight = Math.max(0, h.inflight - 1);
+    h.inflight--;
     h.lastUsed = Date.now();
+    if (!result) return;
     try {
       await (await h.lease).report(result, { statusCode });
     } catch (err) {
@@ -184,7 +202,7 @@ export class EgressProxyConfiguration extends ProxyConfiguration {
   }
 
   /** Report a retired session's verdict and release its leases. */
-  private async end(sessionId: string, result: Result, statusCode: number): Promise<void> {
+  private async end(sessionId: string, result: Result | undefined, statusCode: number): Promise<void> {
     await this.report(sessionId, result, statusCode);
     await this.releaseSession(sessionId);
   }

@@ -49,16 +49,23 @@ test("withLease egresses through its proxy, reports ok and releases", async () =
   assert.equal(await metric(e, "proxy_operator_broker_reports_total", { result: "ok" }), oks + 1, "and reported ok");
 });
 
-test("a throw reports error and still releases; a set outcome is reported instead", async () => {
+const RESULTS = ["ok", "rate_limited", "blocked", "error", "target_error"];
+const reports = async () => Object.fromEntries(await Promise.all(RESULTS.map(async (r) => [r, await metric(e, "proxy_operator_broker_reports_total", { result: r })])));
+const delta = (before, after) => Object.fromEntries(RESULTS.filter((r) => after[r] !== before[r]).map((r) => [r, after[r] - before[r]]));
+
+test("the caller's own throw is rethrown unchanged, reports nothing and releases; a set outcome is reported instead", async () => {
   const c = tlsClient();
-  const errors = await metric(e, "proxy_operator_broker_reports_total", { result: "error" });
+  const before = await reports();
+  const bug = new TypeError("the caller's own bug");
   await assert.rejects(
     c.withLease({ selector: e.selector, target: uniqueTarget("n") }, async () => {
-      throw new Error("the site hung up");
+      throw bug;
     }),
-    /hung up/,
+    (err) => err === bug,
   );
-  assert.equal(await metric(e, "proxy_operator_broker_reports_total", { result: "error" }), errors + 1);
+  assert.equal(await live(c), 0);
+  assert.deepEqual(delta(before, await reports()), {}, "no verdict on the proxy");
+
   const t = uniqueTarget("n");
   let leased;
   await c.withLease({ selector: e.selector, target: t }, async (lease) => {
@@ -67,6 +74,47 @@ test("a throw reports error and still releases; a set outcome is reported instea
   });
   const cooling = (await c.listProxies({ selector: e.selector, target: t })).filter((p) => p.cooldownUntil).map((p) => p.id);
   assert.deepEqual(cooling, [leased], "the report cooled that proxy down for the target, and only it");
+  assert.equal(await live(c), 0);
+});
+
+for (const [name, err, result] of [
+  ["the proxy refused the connection", Object.assign(new Error("connect ECONNREFUSED"), { code: "ECONNREFUSED" }), "error"],
+  ["the site reset it", Object.assign(new Error("read ECONNRESET"), { code: "ECONNRESET" }), "target_error"],
+  ["an abort", Object.assign(new Error("aborted"), { name: "AbortError" }), undefined],
+]) {
+  test(`a transport failure is reported against whoever failed: ${name}`, async () => {
+    const c = tlsClient();
+    const before = await reports();
+    await assert.rejects(
+      c.withLease({ selector: e.selector, target: uniqueTarget("n") }, async () => {
+        throw err;
+      }),
+      (got) => got === err,
+    );
+    assert.equal(await live(c), 0);
+    assert.deepEqual(delta(before, await reports()), result ? { [result]: 1 } : {});
+  });
+}
+
+test("reports refused at the token's rate are never thrown", async () => {
+  // Broker 2 takes 10 reports a second from the token.
+  const c = new Client(`grpc://${e.grpcReportLimited}`, { token: e.token, onExitFailure: () => {} });
+  for (let i = 0; i < 500; i++) {
+    await c.withLease({ selector: e.selector, target: uniqueTarget("r") }, async () => {});
+  }
+  assert.ok(c.exitFailures.report > 0, "the token's report rate refused some");
+  assert.equal(c.exitFailures.release, 0);
+  assert.equal(await live(c), 0);
+
+  // Nor over the caller's own error.
+  for (let i = 0; i < 30; i++) {
+    await assert.rejects(
+      c.withLease({ selector: e.selector, target: uniqueTarget("r") }, async () => {
+        throw Object.assign(new Error("read ECONNRESET"), { code: "ECONNRESET" });
+      }),
+      /ECONNRESET/,
+    );
+  }
   assert.equal(await live(c), 0);
 });
 

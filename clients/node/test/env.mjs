@@ -11,7 +11,7 @@ export function env() {
   return JSON.parse(readFileSync(path, "utf8"));
 }
 
-/** The sum over both brokers of a counter's series matching labels. */
+/** The sum over every broker of a counter's series matching labels. */
 export async function metric(e, name, labels = {}) {
   let total = 0;
   const want = Object.entries(labels).map(([k, v]) => `${k}="${v}"`);

@@ -5,7 +5,7 @@ release it; plus a Scrapy downloader middleware
 
 Blocking: ``egress_proxies.Client``; asyncio: ``egress_proxies.aio.AsyncClient``.
 """
-from ._core import BLOCKED, DELETE, ERROR, OK, RATE_LIMITED, SYNCED, UPSERT, Proxy, ProxyEvent, Report
+from ._core import BLOCKED, DELETE, ERROR, OK, RATE_LIMITED, RESULTS, SYNCED, TARGET_ERROR, UPSERT, Proxy, ProxyEvent, Report
 from ._version import API_VERSION, __version__
 from .client import Client, Lease
 from .errors import EgressProxiesError, InvalidRequest, LeaseGone, NoProxyAvailable, TargetPaced, Unauthenticated
@@ -13,6 +13,6 @@ from .policy import BanPolicy
 
 __all__ = [
     "API_VERSION", "BLOCKED", "BanPolicy", "Client", "DELETE", "ERROR", "EgressProxiesError", "InvalidRequest", "Lease", "LeaseGone",
-    "NoProxyAvailable", "OK", "Proxy", "ProxyEvent", "RATE_LIMITED", "Report", "SYNCED", "TargetPaced", "UPSERT", "Unauthenticated",
+    "NoProxyAvailable", "OK", "Proxy", "ProxyEvent", "RATE_LIMITED", "RESULTS", "Report", "SYNCED", "TARGET_ERROR", "TargetPaced", "UPSERT", "Unauthenticated",
     "__version__",
 ]

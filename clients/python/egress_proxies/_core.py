@@ -4,17 +4,19 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import logging
 import urllib.parse
 import uuid
 from typing import Dict, Mapping, Optional, Tuple
 
 import grpc
 
+from . import policy as _policy
 from ._gen import lease_pb2
 
-#: Report results (docs/api.md, ReportLease).
-OK, RATE_LIMITED, BLOCKED, ERROR = "ok", "rate_limited", "blocked", "error"
-RESULTS = (OK, RATE_LIMITED, BLOCKED, ERROR)
+from ._results import BLOCKED, ERROR, OK, RATE_LIMITED, RESULTS, TARGET_ERROR  # noqa: F401 (re-exported)
+
+logger = logging.getLogger("egress_proxies")
 
 #: Tries of a call the broker answered UNAVAILABLE (restarting, or its
 #: Redis failing over); a CreateLease keeps its request id across them, so
@@ -22,6 +24,16 @@ RESULTS = (OK, RATE_LIMITED, BLOCKED, ERROR)
 #: waits for the channel to be ready again, up to the call's timeout.
 ATTEMPTS = 3
 BACKOFF = 0.1  # seconds, doubled per try
+#: Calls tried again when cut off by their deadline too: a CreateLease
+#: keeps its request id, so a try the broker applied answers with the same
+#: lease; a release is idempotent. A report is never sent twice.
+RETRY_ON_DEADLINE = ("CreateLease", "ReleaseLease")
+#: How long cleaning up after an interrupted CreateLease may take, s.
+ABANDON_TIMEOUT = 5.0
+
+
+def retryable(method: str, code: grpc.StatusCode) -> bool:
+    return code == grpc.StatusCode.UNAVAILABLE or (code == grpc.StatusCode.DEADLINE_EXCEEDED and method in RETRY_ON_DEADLINE)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -163,7 +175,7 @@ def report_request(lease_id: str, result: str, target: str, status_code: int, la
 class Granted:
     """A granted lease's facts, shared by the sync and asyncio leases."""
 
-    def __init__(self, resp: lease_pb2.CreateLeaseResponse, target: str, ttl: Optional[float]):
+    def __init__(self, resp: lease_pb2.CreateLeaseResponse, target: str, ttl: Optional[float], policy, exit_failures):
         self.id: str = resp.lease_id
         self.proxy: Proxy = Proxy.from_pb(resp.proxy)
         creds = resp.credentials if resp.HasField("credentials") else None
@@ -173,6 +185,8 @@ class Granted:
         self.session_moved: bool = resp.session_moved
         self.expires_at: datetime.datetime = resp.expires_at.ToDatetime().replace(tzinfo=datetime.timezone.utc)
         self._ttl = ttl
+        self._policy = policy
+        self._exit_failures = exit_failures
         self._outcome: Optional[Tuple[str, int]] = None
         self._reported = False
         #: Set when a renewal found the lease gone (a LeaseGone).
@@ -195,16 +209,34 @@ class Granted:
 
     def set_outcome(self, result: str, status_code: int = 0) -> None:
         """The result the lease reports when its ``with`` block ends, clean or
-        not (instead of ``ok`` or ``error``)."""
+        not (instead of what the ban policy makes of how it ended)."""
         check_result(result)
         self._outcome = (result, status_code)
 
-    def _exit_outcome(self, failed: bool) -> Optional[Tuple[str, int]]:
+    def _exit_outcome(self, exc: Optional[BaseException]) -> Optional[Tuple[str, int]]:
+        """What the end of a ``with`` block reports: nothing when the caller
+        was cancelled or interrupted; what ``set_outcome`` said; ``ok`` for a
+        clean end; for an exception, what the ban policy makes of it
+        (``error`` only for a proxy's own failure, nothing for the caller's
+        own exceptions)."""
+        if isinstance(exc, _policy.CANCELLED):
+            return None
         if self._outcome:
             return self._outcome
         if self._reported or self.lost:
             return None
-        return (ERROR, 0) if failed else (OK, 0)
+        if exc is None:
+            return (OK, 0)
+        result = self._policy.classify_exception(exc)
+        return (result, 0) if result else None
+
+    def _failed_at_exit(self, what: str, err: BaseException) -> None:
+        """A report or release at a block's end failed: logged and counted
+        (the client's ``exit_failures``), never raised over what the block
+        raised, or over a block that went well."""
+        self._exit_failures[what] += 1
+        logger.warning("egress-proxies: %s of lease %s at the end of its block failed (%s); %s", what, self.id, err,
+                       "it ends at its TTL" if what == "release" else "the outcome is lost")
 
     def _renew_every(self) -> float:
         left = (self.expires_at - datetime.datetime.now(datetime.timezone.utc)).total_seconds()

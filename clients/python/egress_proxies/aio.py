@@ -10,8 +10,9 @@ reactor.
 from __future__ import annotations
 
 import asyncio
+import collections
 import time
-from typing import AsyncIterator, List, Mapping, Optional
+from typing import AsyncIterator, List, Mapping, Optional, Set
 
 import grpc
 import grpc.aio
@@ -20,12 +21,14 @@ from . import _core
 from ._core import Granted, Proxy, ProxyEvent, Report
 from ._gen import lease_pb2, lease_pb2_grpc
 from .errors import EgressProxiesError, LeaseGone, from_rpc_error
+from .policy import CANCELLED, BanPolicy
 
 
 class AsyncClient:
     """A connection to the broker's gRPC API, for one event loop."""
 
-    def __init__(self, url: str, *, token: Optional[str] = None, ca_file: Optional[str] = None, timeout: float = 10.0):
+    def __init__(self, url: str, *, token: Optional[str] = None, ca_file: Optional[str] = None, timeout: float = 10.0,
+                 policy: Optional[BanPolicy] = None):
         target = _core.Target.parse(url)
         if target.tls:
             self._channel = grpc.aio.secure_channel(target.address, _core.channel_credentials(ca_file))
@@ -34,8 +37,14 @@ class AsyncClient:
         self._stub = lease_pb2_grpc.LeaseServiceStub(self._channel)
         self._metadata = _core.call_metadata(token)
         self.timeout = timeout
+        #: As Client.policy and Client.exit_failures.
+        self.policy = policy or BanPolicy()
+        self.exit_failures: collections.Counter = collections.Counter()
+        self._abandoning: Set[asyncio.Task] = set()
 
     async def close(self) -> None:
+        if self._abandoning:
+            await asyncio.gather(*self._abandoning, return_exceptions=True)
         await self._channel.close()
 
     async def __aenter__(self) -> "AsyncClient":
@@ -44,16 +53,16 @@ class AsyncClient:
     async def __aexit__(self, *exc) -> None:
         await self.close()
 
-    async def _call(self, method, request, *, lease_id: str = "", creating: bool = False):
+    async def _call(self, method, request, *, lease_id: str = "", creating: bool = False, timeout: Optional[float] = None):
         delay = _core.BACKOFF
         for attempt in range(_core.ATTEMPTS):
             try:
                 # A retry waits for the channel to reconnect (gRPC's own
                 # backoff) rather than failing fast on its last error.
-                return await getattr(self._stub, method)(request, metadata=self._metadata, timeout=self.timeout,
+                return await getattr(self._stub, method)(request, metadata=self._metadata, timeout=timeout or self.timeout,
                                                      wait_for_ready=attempt > 0)
             except grpc.aio.AioRpcError as err:
-                if err.code() != grpc.StatusCode.UNAVAILABLE or attempt == _core.ATTEMPTS - 1:
+                if not _core.retryable(method, err.code()) or attempt == _core.ATTEMPTS - 1:
                     raise from_rpc_error(err, lease_id=lease_id, creating=creating) from None
             await asyncio.sleep(delay)
             delay *= 2
@@ -67,7 +76,26 @@ class AsyncClient:
         return _Pending(self, req, target, ttl)
 
     async def _create(self, req, target, ttl) -> "AsyncLease":
-        return AsyncLease(self, await self._call("CreateLease", req, creating=True), target, ttl)
+        try:
+            resp = await self._call("CreateLease", req, creating=True)
+        except CANCELLED:
+            # The broker may have granted it: clean up in a task of its
+            # own, which the cancellation does not reach (close() awaits it).
+            task = asyncio.ensure_future(self._abandon(req))
+            self._abandoning.add(task)
+            task.add_done_callback(self._abandoning.discard)
+            raise
+        return AsyncLease(self, resp, target, ttl)
+
+    async def _abandon(self, req) -> None:
+        """As Client._abandon: ask again with the request id, release what
+        comes back."""
+        try:
+            resp = await self._call("CreateLease", req, creating=True, timeout=_core.ABANDON_TIMEOUT)
+            await self._call("ReleaseLease", lease_pb2.ReleaseLeaseRequest(lease_id=resp.lease_id), timeout=_core.ABANDON_TIMEOUT)
+        except Exception as err:  # noqa: BLE001 (best effort: it ends at its TTL)
+            self.exit_failures["abandon"] += 1
+            _core.logger.warning("egress-proxies: releasing an interrupted lease request failed (%s); it ends at its TTL", err)
 
     async def list_proxies(self, selector: Optional[Mapping[str, str]] = None, *, healthy: Optional[bool] = None,
                            namespace: str = "", target: str = "", page_size: int = 0) -> List[Proxy]:
@@ -119,7 +147,7 @@ class AsyncLease(Granted):
     """A live lease; as an async context manager it renews itself in a task."""
 
     def __init__(self, client: AsyncClient, resp, target: str, ttl: Optional[float]):
-        super().__init__(resp, target, ttl)
+        super().__init__(resp, target, ttl, client.policy, client.exit_failures)
         self._client = client
         self._renewer: Optional[asyncio.Task] = None
         self._released = False
@@ -174,12 +202,15 @@ class AsyncLease(Granted):
 
     async def __aexit__(self, exc_type, exc, tb) -> None:
         await self._stop_renewing()
+        outcome = self._exit_outcome(exc)
+        if outcome:
+            try:
+                await self.report(outcome[0], status_code=outcome[1], latency=time.monotonic() - self._entered)
+            except LeaseGone:
+                pass
+            except Exception as err:  # noqa: BLE001 (never over the block's own outcome)
+                self._failed_at_exit("report", err)
         try:
-            outcome = self._exit_outcome(exc_type is not None)
-            if outcome:
-                try:
-                    await self.report(outcome[0], status_code=outcome[1], latency=time.monotonic() - self._entered)
-                except LeaseGone:
-                    pass
-        finally:
             await self.release()
+        except Exception as err:  # noqa: BLE001
+            self._failed_at_exit("release", err)

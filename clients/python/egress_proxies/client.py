@@ -7,11 +7,15 @@
         requests.get("https://example.com/", proxies=lease.proxies)
 
 The ``with`` block renews the lease while it runs, reports ``ok`` when it
-ends cleanly (``error`` on an exception, or what ``set_outcome`` said),
-and releases it.
+ends cleanly (on an exception, what the ban policy makes of it: ``error``
+only for the proxy's own failure, ``target_error`` for the site's, nothing
+for the caller's own exceptions or an interrupt; or what ``set_outcome``
+said), and releases it. A report or release that fails there is logged
+and counted in ``Client.exit_failures``, never raised.
 """
 from __future__ import annotations
 
+import collections
 import threading
 import time
 from typing import Iterator, List, Mapping, Optional
@@ -22,13 +26,14 @@ from . import _core
 from ._core import Granted, Proxy, ProxyEvent, Report
 from ._gen import lease_pb2, lease_pb2_grpc
 from .errors import EgressProxiesError, LeaseGone, from_rpc_error
+from .policy import CANCELLED, BanPolicy
 
 
 class Client:
     """A connection to the broker's gRPC API; thread-safe."""
 
     def __init__(self, url: str, *, token: Optional[str] = None, ca_file: Optional[str] = None,
-                 timeout: float = 10.0, channel: Optional[grpc.Channel] = None):
+                 timeout: float = 10.0, channel: Optional[grpc.Channel] = None, policy: Optional[BanPolicy] = None):
         target = _core.Target.parse(url)
         if channel is None:
             if target.tls:
@@ -39,6 +44,11 @@ class Client:
         self._stub = lease_pb2_grpc.LeaseServiceStub(channel)
         self._metadata = _core.call_metadata(token)
         self.timeout = timeout
+        #: How a lease block's exception becomes its report.
+        self.policy = policy or BanPolicy()
+        #: Reports and releases that failed at the end of a lease block
+        #: ("report", "release"): logged, counted here, never raised.
+        self.exit_failures: collections.Counter = collections.Counter()
 
     def close(self) -> None:
         self._channel.close()
@@ -49,16 +59,16 @@ class Client:
     def __exit__(self, *exc) -> None:
         self.close()
 
-    def _call(self, method, request, *, lease_id: str = "", creating: bool = False):
+    def _call(self, method, request, *, lease_id: str = "", creating: bool = False, timeout: Optional[float] = None):
         delay = _core.BACKOFF
         for attempt in range(_core.ATTEMPTS):
             try:
                 # A retry waits for the channel to reconnect (gRPC's own
                 # backoff) rather than failing fast on its last error.
-                return getattr(self._stub, method)(request, metadata=self._metadata, timeout=self.timeout,
+                return getattr(self._stub, method)(request, metadata=self._metadata, timeout=timeout or self.timeout,
                                                wait_for_ready=attempt > 0)
             except grpc.RpcError as err:
-                if err.code() != grpc.StatusCode.UNAVAILABLE or attempt == _core.ATTEMPTS - 1:
+                if not _core.retryable(method, err.code()) or attempt == _core.ATTEMPTS - 1:
                     raise from_rpc_error(err, lease_id=lease_id, creating=creating) from None
             time.sleep(delay)
             delay *= 2
@@ -71,7 +81,23 @@ class Client:
         qualifies. Raises NoProxyAvailable (TargetPaced when the target is
         paced) with ``retry_after``."""
         req = _core.create_request(selector, target, session_key, ttl, namespace, request_id)
-        return Lease(self, self._call("CreateLease", req, creating=True), target, ttl)
+        try:
+            resp = self._call("CreateLease", req, creating=True)
+        except CANCELLED:
+            self._abandon(req)
+            raise
+        return Lease(self, resp, target, ttl)
+
+    def _abandon(self, req) -> None:
+        """A CreateLease interrupted in flight may have been granted: ask again
+        with its request id (the same lease if it was, a new one if not) and
+        release what comes back, so no lease is left to its TTL."""
+        try:
+            resp = self._call("CreateLease", req, creating=True, timeout=_core.ABANDON_TIMEOUT)
+            self._call("ReleaseLease", lease_pb2.ReleaseLeaseRequest(lease_id=resp.lease_id), timeout=_core.ABANDON_TIMEOUT)
+        except Exception as err:  # noqa: BLE001 (best effort: it ends at its TTL)
+            self.exit_failures["abandon"] += 1
+            _core.logger.warning("egress-proxies: releasing an interrupted lease request failed (%s); it ends at its TTL", err)
 
     def list_proxies(self, selector: Optional[Mapping[str, str]] = None, *, healthy: Optional[bool] = None,
                      namespace: str = "", target: str = "", page_size: int = 0) -> List[Proxy]:
@@ -112,7 +138,7 @@ class Lease(Granted):
     the block runs, reports its outcome and releases at the end."""
 
     def __init__(self, client: Client, resp, target: str, ttl: Optional[float]):
-        super().__init__(resp, target, ttl)
+        super().__init__(resp, target, ttl, client.policy, client.exit_failures)
         self._client = client
         self._stop = threading.Event()
         self._renewer: Optional[threading.Thread] = None
@@ -168,12 +194,15 @@ class Lease(Granted):
     def __exit__(self, exc_type, exc, tb) -> None:
         self._stop.set()
         self._renewer.join()
+        outcome = self._exit_outcome(exc)
+        if outcome:
+            try:
+                self.report(outcome[0], status_code=outcome[1], latency=time.monotonic() - self._entered)
+            except LeaseGone:
+                pass  # it ended under us; nothing to say about it
+            except Exception as err:  # noqa: BLE001 (never over the block's own outcome)
+                self._failed_at_exit("report", err)
         try:
-            outcome = self._exit_outcome(exc_type is not None)
-            if outcome:
-                try:
-                    self.report(outcome[0], status_code=outcome[1], latency=time.monotonic() - self._entered)
-                except LeaseGone:
-                    pass  # it ended under us; nothing to say about it
-        finally:
             self.release()
+        except Exception as err:  # noqa: BLE001
+            self._failed_at_exit("release", err)

@@ -14,7 +14,9 @@ reuses the lease of ``request.meta["egress_session"]`` (one per session and
 host, sticky through the broker's session key), sets ``meta["proxy"]``
 with the proxy's credentials (Scrapy's HttpProxyMiddleware, at 750, turns
 them into Proxy-Authorization), classifies the response with the ban
-policy, reports the result, and releases. A ``rate_limited`` or
+policy, reports the result, and releases; a download that raised is
+reported as the policy's ``classify_exception`` judges it (``error`` only
+when the proxy itself failed, ``target_error`` when the site did). A ``rate_limited`` or
 ``blocked`` response is retried through another proxy (the broker now
 cools the first one down for the host, for every crawler of the fleet);
 a refusal (no proxy qualifies, the host is paced) reschedules the request
@@ -44,7 +46,7 @@ from scrapy.utils.httpobj import urlparse_cached
 from scrapy.utils.misc import load_object
 from scrapy.utils.reactor import is_asyncio_reactor_installed
 
-from ._core import BLOCKED, OK, RATE_LIMITED
+from ._core import BLOCKED, OK, RATE_LIMITED, TARGET_ERROR
 from .aio import AsyncClient, AsyncLease
 from .errors import EgressProxiesError, NoProxyAvailable
 
@@ -196,8 +198,8 @@ class EgressProxiesMiddleware:
         if s is not None and s.lease is lease:
             s.users -= 1
             s.last_used = time.monotonic()
-            if result in (None, OK) and not lease.lost:
-                return  # the session keeps its proxy
+            if result in (None, OK, TARGET_ERROR) and not lease.lost:
+                return  # the session keeps its proxy: it did not fail it
             s.lease = None  # the next request of the session moves on
             if s.users > 0:
                 return  # whoever still uses it releases it

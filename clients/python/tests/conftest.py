@@ -47,7 +47,7 @@ def env():
 
 
 def metric(env, name: str, **labels) -> float:
-    """The sum over both brokers of a counter's series matching labels."""
+    """The sum over every broker of a counter's series matching labels."""
     total = 0.0
     want = [f'{k}="{v}"' for k, v in labels.items()]
     for ops in env["ops"]:

@@ -48,13 +48,70 @@ def test_a_lease_egresses_through_its_proxy_reports_ok_and_releases(client, env)
     assert metric(env, "proxy_operator_broker_reports_total", result="ok") == oks + 1, "and reported ok"
 
 
-def test_an_exception_reports_error_and_still_releases(client, env):
-    errors = metric(env, "proxy_operator_broker_reports_total", result="error")
-    with pytest.raises(ConnectionResetError):
+def reports(env) -> dict:
+    return {r: metric(env, "proxy_operator_broker_reports_total", result=r) for r in ep.RESULTS}
+
+
+def test_the_callers_own_exception_is_reraised_unchanged_and_reports_nothing(client, env):
+    before = reports(env)
+    bug = ValueError("the caller's own bug")
+    with pytest.raises(ValueError) as raised:
         with client.lease(env["selector"], target=target()):
-            raise ConnectionResetError("the site hung up")
+            raise bug
+    assert raised.value is bug, "re-raised unchanged"
+    assert live_leases(client, env) == 0, "and still released"
+    assert reports(env) == before, "no verdict on the proxy"
+
+
+@pytest.mark.parametrize("exc,result", [
+    (ConnectionRefusedError(111, "the proxy refused the connection"), ep.ERROR),
+    (ConnectionResetError(104, "the site hung up"), ep.TARGET_ERROR),
+    (ssl.SSLError(1, "the site's TLS failed"), ep.TARGET_ERROR),
+])
+def test_a_transport_failure_is_reported_against_whoever_failed(client, env, exc, result):
+    before = reports(env)
+    with pytest.raises(type(exc)):
+        with client.lease(env["selector"], target=target()):
+            raise exc
     assert live_leases(client, env) == 0
-    assert metric(env, "proxy_operator_broker_reports_total", result="error") == errors + 1
+    after = reports(env)
+    assert {r: after[r] - before[r] for r in ep.RESULTS if after[r] != before[r]} == {result: 1}
+
+
+def test_an_interrupt_reports_nothing_and_releases(client, env):
+    before = reports(env)
+    with pytest.raises(KeyboardInterrupt):
+        with client.lease(env["selector"], target=target()):
+            raise KeyboardInterrupt
+    assert live_leases(client, env) == 0
+    assert reports(env) == before
+
+
+def test_reports_refused_at_the_tokens_rate_are_never_raised(env):
+    """Broker 2 takes 10 reports a second from the token: 500 clean blocks
+    in a row have most of their ok refused. None raises; each is counted;
+    every lease is released."""
+    with ep.Client("grpc://" + env["grpcReportLimited"], token=env["token"]) as c:
+        for _ in range(500):
+            with c.lease(env["selector"], target=target()):
+                pass
+        assert c.exit_failures["report"] > 0, "the token's report rate refused some"
+        assert c.exit_failures["release"] == 0
+        assert live_leases(c, env) == 0
+
+
+def test_a_report_failing_at_exit_never_replaces_the_callers_exception(env):
+    with ep.Client("grpc://" + env["grpcReportLimited"], token=env["token"]) as c:
+        raised = []
+        for _ in range(30):  # past the burst of 10
+            try:
+                with c.lease(env["selector"], target=target()):
+                    raise ConnectionResetError(104, "the site hung up")
+            except BaseException as exc:  # noqa: BLE001
+                raised.append(exc)
+        assert all(isinstance(e, ConnectionResetError) for e in raised), {type(e).__name__ for e in raised}
+        assert c.exit_failures["report"] > 0
+        assert live_leases(c, env) == 0
 
 
 def test_an_outcome_set_in_the_block_is_reported_and_cools_the_proxy(client, env):

@@ -41,7 +41,10 @@ type Env struct {
 	GRPCTLS string `json:"grpcTLS"`
 	// GRPCPlain is broker 1's, in plaintext; the same Redis and fleet.
 	GRPCPlain string `json:"grpcPlain"`
-	CAFile    string `json:"caFile"`
+	// GRPCReportLimited is broker 2 (plaintext), which takes 10 reports a
+	// second from the token.
+	GRPCReportLimited string `json:"grpcReportLimited"`
+	CAFile            string `json:"caFile"`
 	// REST is broker 1's REST API.
 	REST string `json:"rest"`
 	// Ops are the brokers' ops addresses (http://host:port; /metrics).
@@ -99,7 +102,11 @@ func main() {
 	go func() { _, _ = io.Copy(io.Discard, os.Stdin); cancel() }()
 
 	env := r.StartAPIServer()
-	s := system.Start(r, env, system.Options{Probers: 1, Brokers: 2, BrokerTLS: true, BrokerToken: token, ProxyCredentials: true, Gateway: true,
+	// Broker 2 holds the token to 10 reports a second, as a team's
+	// tokenLimits would: the clients' suites show a lease block's report
+	// refused at that rate is never raised.
+	s := system.Start(r, env, system.Options{Probers: 1, Brokers: 3, BrokerTLS: true, BrokerToken: token, ProxyCredentials: true, Gateway: true,
+		BrokerArgs:     map[int][]string{2: {"--token-report-rate", "10", "--token-report-burst", "10"}},
 		HealthInterval: time.Second, Step: func(f string, a ...any) { fmt.Printf(f+"\n", a...) }})
 
 	const ns = "crawl"
@@ -136,7 +143,8 @@ func main() {
 
 	e := Env{GRPCTLS: s.Brokers[0].GRPC, GRPCPlain: s.Brokers[1].GRPC, CAFile: s.BrokerCA, REST: s.Brokers[1].REST, Token: token, Gateway: s.Brokers[1].Gateway,
 		Namespace: ns, Selector: selector, Pages: *pages, LimitedIP: ready[0].Status.EgressIP,
-		HTTPSEcho: s.Target.URL, HTTPSEchoCA: s.Target.CAFile, Ops: []string{s.Brokers[0].Ops, s.Brokers[1].Ops}}
+		HTTPSEcho: s.Target.URL, HTTPSEchoCA: s.Target.CAFile, Ops: []string{s.Brokers[0].Ops, s.Brokers[1].Ops, s.Brokers[2].Ops},
+		GRPCReportLimited: s.Brokers[2].GRPC}
 	for _, px := range ready {
 		p := Proxy{ID: ns + "/" + px.Name, Addr: net.JoinHostPort(px.Status.IP, strconv.Itoa(int(px.Status.Port))), EgressIP: px.Status.EgressIP}
 		pods := &corev1.PodList{}

@@ -40,6 +40,8 @@ type Options struct {
 	// ControllerArgs are appended to the controller's flags (a later flag
 	// wins), to try other settings.
 	ControllerArgs []string
+	// BrokerArgs are appended to broker i's flags, likewise.
+	BrokerArgs map[int][]string
 	// GCInterval and GCGrace of orphan GC.
 	GCInterval, GCGrace time.Duration
 	// CuttableAPIServer routes every service to the API server through a
@@ -221,6 +223,7 @@ func Start(t proc.T, env *testenv.Env, o Options) *System {
 			b.Gateway = proc.Addr(proc.FreePort(t))
 			b.args = append(b.args, "--gateway-addr", b.Gateway, "--egress-allowance-cidrs", proc.SuiteAllowance)
 		}
+		b.args = append(b.args, o.BrokerArgs[i]...)
 		s.Brokers = append(s.Brokers, b)
 	}
 	var brokerArgs []string
