@@ -77,7 +77,9 @@ export function classifyConnect(status: number): Result | undefined {
 
 /** System error codes of a connect that never reached the proxy (the client only ever dials the proxy). */
 const PROXY_CODES = new Set(["ECONNREFUSED", "EHOSTUNREACH", "ENETUNREACH", "EADDRNOTAVAIL"]);
-const TUNNEL_STATUS = /(?:Proxy response \(|Bad response: |tunnel[^\d]{0,40}|CONNECT[^\d]{0,40})(\d{3})/i;
+// A refused CONNECT as the proxy agents word it: http2-wrapper's (got,
+// crawlee), undici's, and any saying tunnel or CONNECT near its status.
+const TUNNEL_STATUS = /(?:proxy server rejected the request with status code |Proxy response \(|tunnel[^\d]{0,40}|CONNECT[^\d]{0,40})(\d{3})/i;
 
 function* chain(err: unknown): Generator<Record<string, unknown>> {
   const seen = new Set<unknown>();
@@ -102,7 +104,7 @@ export function classifyError(err: unknown): Result | undefined {
     const code = String(e.code ?? "");
     if (name === "AbortError" || code === "ABORT_ERR") return undefined;
     const m = TUNNEL_STATUS.exec(String(e.message ?? ""));
-    if (m && /tunnel|proxy|connect/i.test(String(e.message))) return classifyConnect(Number(m[1]));
+    if (m) return classifyConnect(Number(m[1]));
     if (PROXY_CODES.has(code)) return "error";
     if (/^E[A-Z]+$/.test(code) || code.startsWith("ERR_TLS") || code.startsWith("ERR_SSL") || code.startsWith("UND_ERR_") || name === "TimeoutError") {
       return "target_error";

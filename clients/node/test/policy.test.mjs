@@ -47,7 +47,8 @@ const cases = [
   ["undici's tunnel refused by the site", new Error("Proxy response (503) !== 200 when HTTP Tunneling"), "target_error"],
   ["undici's tunnel refused for credentials", new Error("Proxy response (407) !== 200 when HTTP Tunneling"), "error"],
   ["a tunnel the proxy's policy refused", new Error("Proxy response (403) !== 200 when HTTP Tunneling"), undefined],
-  ["hpagent's bad tunnel", new Error("Bad response: 502"), "target_error"],
+  ["got's (http2-wrapper's) refused tunnel", new Error("The proxy server rejected the request with status code 503 (Service Unavailable)"), "target_error"],
+  ["got's tunnel refused for credentials", new Error("The proxy server rejected the request with status code 407 (Proxy Authentication Required)"), "error"],
 ];
 for (const [name, err, want] of cases) {
   test(`error: ${name} -> ${want}`, () => {

@@ -15,15 +15,16 @@ import time
 
 import egress_proxies as ep
 from conftest import REPO, metric, site_requests
+from deadhosts import CLOSED, DEAD, FILTERED, SITE_502, Hosts
 
 EXAMPLE = REPO / "examples" / "scrapy"
 HERE = os.path.dirname(__file__)
 
 
-def crawl(env, spider, out, *settings):
+def crawl(env, spider, out, *settings, **environ):
     run_env = dict(os.environ, EGRESS_PROXIES_URL="grpcs://" + env["grpcTLS"], EGRESS_PROXIES_TOKEN=env["token"],
                    EGRESS_PROXIES_CA_FILE=env["caFile"], SITE_URL=env["otherSite"],
-                   PYTHONPATH=os.pathsep.join([str(REPO / "clients" / "python"), HERE]))
+                   PYTHONPATH=os.pathsep.join([str(REPO / "clients" / "python"), HERE]), **environ)
     args = [sys.executable, "-m", "scrapy", "crawl", spider, "-O", str(out), "-s", "SPIDER_MODULES=sitecrawl.spiders,session_spiders"]
     for s in settings:
         args += ["-s", s]
@@ -83,3 +84,41 @@ def test_a_session_keeps_one_proxy_and_one_lease(env, tmp_path):
     # if its first proxy was the limited one.
     assert stats["egress_proxies/leases"] <= 2, stats
     assert stats["egress_proxies/leases"] == stats["egress_proxies/released"]
+
+
+def test_a_broad_crawl_blames_the_sites_not_the_proxies(env, tmp_path):
+    """60 hosts, a third dead in every way a site can be: through the
+    middleware no proxy is blamed, quarantined or cooled down, every live
+    host is fetched, and the dead ones are reported as the sites' fault."""
+    hosts = Hosts("127.0.40")
+    try:
+        urls = {}
+        for i in range(60):
+            kind = DEAD[(i // 3) % len(DEAD)] if i % 3 == 2 else "live"
+            urls[hosts.live() if kind == "live" else hosts.dead(kind)] = kind
+        (tmp_path / "urls").write_text("\n".join(urls))
+        before = {r: metric(env, "proxy_operator_broker_reports_total", result=r) for r in ep.RESULTS}
+        stats, log = crawl(env, "broad", tmp_path / "out.jsonl", BROAD_URLS=str(tmp_path / "urls"))
+    finally:
+        hosts.close()
+    seen = {}
+    for line in (tmp_path / "out.jsonl").read_text().splitlines():
+        item = json.loads(line)
+        seen[item["url"]] = item
+    for url, kind in urls.items():
+        if kind == "live":
+            assert seen.get(url, {}).get("status") == 200, (url, seen.get(url), log[-3000:])
+    assert len(seen) == len(urls), log[-3000:]
+    after = {r: metric(env, "proxy_operator_broker_reports_total", result=r) for r in ep.RESULTS}
+    delta = {r: after[r] - before[r] for r in ep.RESULTS}
+    assert delta[ep.ERROR] == 0, ("a proxy was blamed for a site", delta, stats)
+    reported_dead = sum(1 for k in urls.values() if k in (CLOSED, FILTERED, SITE_502))
+    assert delta[ep.TARGET_ERROR] >= reported_dead, (delta, stats)
+    assert delta[ep.OK] == sum(1 for k in urls.values() if k == "live"), (delta, stats)
+    with ep.Client("grpc://" + env["grpcPlain"], token=env["token"]) as c:
+        assert all(p.quarantined_until is None for p in c.list_proxies(env["selector"]))
+        for url, kind in urls.items():
+            if kind == "live":
+                host = url.split("//")[1].split(":")[0]
+                assert all(p.cooldown_until is None for p in c.list_proxies(env["selector"], target=host)), url
+        assert sum(p.lease_count for p in c.list_proxies(env["selector"])) == 0
