@@ -30,6 +30,7 @@ import (
 
 	"github.com/egress-proxies/egress-proxies/pkg/auth"
 	"github.com/egress-proxies/egress-proxies/pkg/certs"
+	"github.com/egress-proxies/egress-proxies/pkg/faults"
 	leasev1 "github.com/egress-proxies/egress-proxies/pkg/gen/egressproxies/lease/v1"
 )
 
@@ -280,17 +281,21 @@ func (l *Lease) AutoRenew(ctx context.Context, interval, ttl time.Duration, onLo
 	return func() { cancel(); <-done }
 }
 
-// Report results.
+// Report results: the fault table's (pkg/faults, docs/api.md "Whose
+// fault"). ResultError is the proxy's own failure, ResultTargetError the
+// site's through a working proxy, which counts against no proxy.
 const (
-	ResultOK          = "ok"
-	ResultRateLimited = "rate_limited"
-	ResultBlocked     = "blocked"
-	ResultError       = "error"
+	ResultOK          = string(faults.OK)
+	ResultRateLimited = string(faults.RateLimited)
+	ResultBlocked     = string(faults.Blocked)
+	ResultError       = string(faults.Error)
+	ResultTargetError = string(faults.TargetError)
 )
 
 // Outcome is how a target treated a request through the proxy.
 type Outcome struct {
-	// Result is ResultOK, ResultRateLimited, ResultBlocked or ResultError.
+	// Result is ResultOK, ResultRateLimited, ResultBlocked, ResultError or
+	// ResultTargetError.
 	Result string
 	// Target the result is about; the lease's target when empty.
 	Target string

@@ -5,8 +5,10 @@ import (
 	"errors"
 	"log"
 	"net/http"
+	"strings"
 	"time"
 
+	"github.com/egress-proxies/egress-proxies/pkg/faults"
 	"github.com/egress-proxies/egress-proxies/pkg/leaseclient"
 )
 
@@ -36,16 +38,16 @@ func Example() {
 	hc := &http.Client{Transport: &http.Transport{Proxy: http.ProxyURL(l.ProxyURL())}}
 	start := time.Now()
 	resp, err := hc.Get("https://example.com/")
-	o := leaseclient.Outcome{Result: leaseclient.ResultOK, Latency: time.Since(start)}
+	o := leaseclient.Outcome{Latency: time.Since(start)}
 	switch {
+	case err != nil && strings.Contains(err.Error(), "proxyconnect"):
+		o.Result = leaseclient.ResultError // the proxy itself did not answer
 	case err != nil:
-		o.Result = leaseclient.ResultError
-	case resp.StatusCode == http.StatusTooManyRequests:
-		o.Result, o.StatusCode = leaseclient.ResultRateLimited, resp.StatusCode
-	case resp.StatusCode == http.StatusForbidden:
-		o.Result, o.StatusCode = leaseclient.ResultBlocked, resp.StatusCode
+		o.Result = leaseclient.ResultTargetError // past the proxy: the site's doing
 	default:
-		o.StatusCode = resp.StatusCode
+		// The fault table judges the answer (a 5xx is the site's, a 429 a
+		// rate limit, a captcha page a block).
+		o.Result, o.StatusCode = string(faults.Response(resp.StatusCode, resp.Header, nil)), resp.StatusCode
 	}
 	if v, err := l.Report(ctx, o); err == nil {
 		log.Printf("the broker: %v", v.GetActions())

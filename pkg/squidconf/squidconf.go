@@ -33,12 +33,22 @@ type Config struct {
 	// a crawler fetched is its own business). The suites log, to see each
 	// request went through the proxy it leased.
 	AccessLog string
+	// ConnectTimeout is how long Squid tries to reach a site before it
+	// answers ERR_CONNECT_FAIL itself (0: DefaultConnectTimeout).
+	ConnectTimeout time.Duration
 	// OutgoingAddress is the source address Squid dials from; "" lets the
 	// kernel pick. The suites' Squids each listen on a 127.x.y.z of their
 	// own and egress from it, so a target tells them apart as sites tell
 	// real proxies apart: by exit IP.
 	OutgoingAddress string
 }
+
+// DefaultConnectTimeout is below the gateway's wait for a CONNECT's answer
+// (--gateway-dial-timeout, 10 s) and the prober's: a site that drops
+// SYNs is answered by Squid as the site's failure (ERR_CONNECT_FAIL) before
+// the client gives up on the proxy and blames it. Squid's own default is a
+// minute.
+const DefaultConnectTimeout = 8 * time.Second
 
 // AuthACL is the ACL naming clients with the proxy's credentials.
 const AuthACL = "egress_authenticated"
@@ -53,6 +63,11 @@ func (c Config) String() string {
 		b.WriteString("pid_filename none\ncache_log /dev/null\n")
 	}
 	fmt.Fprintf(&b, "shutdown_lifetime %d seconds\n", int(c.ShutdownLifetime.Seconds()))
+	connect := c.ConnectTimeout
+	if connect <= 0 {
+		connect = DefaultConnectTimeout
+	}
+	fmt.Fprintf(&b, "connect_timeout %d seconds\n", max(1, int(connect.Seconds())))
 	if c.AccessLog != "" {
 		fmt.Fprintf(&b, "access_log stdio:%s squid\n", c.AccessLog)
 	} else {

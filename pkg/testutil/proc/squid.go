@@ -125,9 +125,9 @@ func startSquid(t T, host string, port int, conf func(*squidconf.Config)) *Squid
 		t.Fatal(err)
 	}
 	s.AccessLog = filepath.Join(s.Dir, "access.log")
-	c := squidconf.Config{Listen: s.Addr, Dir: s.Dir, AccessLog: s.AccessLog, OutgoingAddress: host}
+	c := squidconf.Config{Listen: s.Addr, Dir: s.Dir, AccessLog: s.AccessLog, OutgoingAddress: host, ConnectTimeout: 5 * time.Second}
 	conf(&c)
-	if err := os.WriteFile(filepath.Join(s.Dir, "squid.conf"), []byte(c.String()+"connect_timeout 5 seconds\n"), 0o644); err != nil {
+	if err := os.WriteFile(filepath.Join(s.Dir, "squid.conf"), []byte(c.String()), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	s.Start()

@@ -286,6 +286,45 @@ func BenchmarkGateway(b *testing.B) {
 		return float64(d[len(d)/2].Microseconds()) / 1000
 	}
 
+	// The retry's cost: pool "r" is a healthy proxy and one whose Squid
+	// is dead (its port refuses). A new tunnel's first lease lands on
+	// the dead one whenever the healthy one still holds the last tunnel's
+	// lease (nearly always, one tunnel right after another) and is retried
+	// through the healthy one; its CONNECT answer says so
+	// (X-Egress-Proxies-Attempts: 2). The errors are all on one target,
+	// so the dead proxy is never quarantined. Each such sample alternates
+	// with a new tunnel through a healthy proxy's pool, on the same gateway.
+	dead := squidProxy(b, ns, "p-dead", net24+"3", map[string]string{"pool": "r"})
+	dead.Kill()
+	squidProxy(b, ns, "p-live", net24+"4", map[string]string{"pool": "r"})
+	require.Eventually(b, func() bool {
+		ps, _ := rest.Do(b, "GET", gws[0].rest+"/v1/proxies?pool=r", "", auth...).JSON["proxies"].([]any)
+		return len(ps) == 2
+	}, 60*time.Second, 100*time.Millisecond)
+	viaRetry := &url.URL{Scheme: "http", User: url.UserPassword("attr.pool=r", token), Host: gws[0].gw}
+	byAttempts := map[string][]time.Duration{}
+	var healthyT []time.Duration
+	for range gwTTFBSamples {
+		healthyT = append(healthyT, ttfb(via))
+		var attempts string
+		tr := transport(viaRetry, false)
+		tr.OnProxyConnectResponse = func(_ context.Context, _ *url.URL, _ *http.Request, res *http.Response) error {
+			attempts = res.Header.Get("X-Egress-Proxies-Attempts")
+			return nil
+		}
+		var first time.Time
+		ctx := httptrace.WithClientTrace(context.Background(), &httptrace.ClientTrace{GotFirstResponseByte: func() { first = time.Now() }})
+		req, _ := http.NewRequestWithContext(ctx, "GET", site.URL, nil)
+		start := time.Now()
+		resp, err := tr.RoundTrip(req)
+		require.NoError(b, err, "the retry hides the dead proxy")
+		_, _ = io.Copy(io.Discard, resp.Body)
+		_ = resp.Body.Close()
+		tr.CloseIdleConnections()
+		byAttempts[attempts] = append(byAttempts[attempts], first.Sub(start))
+	}
+	require.NotEmpty(b, byAttempts["2"], "no tunnel's first lease was the dead proxy")
+
 	// 10,000 idle tunnels, half on each gateway (through its own Squid),
 	// all to one sink process.
 	sinkAddr := fmt.Sprintf("%s9:%d", net24, proc.FreePort(b))
@@ -378,6 +417,8 @@ func BenchmarkGateway(b *testing.B) {
 		cpu[0].Seconds()/(gwRate*2*gwBenchPhase.Seconds()/1024), cpu[1].Seconds()/(relayRate*2*gwBenchPhase.Seconds()/1024))
 	fmt.Printf("gateway ttfb p50 %.2f ms direct %.2f ms\n", p50(gwT), p50(directT))
 	fmt.Printf("  of which leasing (CreateLease in process, mean) %.2f ms\n", (s1-s0)/(n1-n0)*1000)
+	fmt.Printf("gateway ttfb first proxy dead p50 %.2f ms healthy %.2f ms %.2f (%d of %d tunnels retried)\n",
+		p50(byAttempts["2"]), p50(healthyT), p50(byAttempts["2"])/p50(healthyT), len(byAttempts["2"]), gwTTFBSamples)
 	fmt.Printf("gateway idle tunnels %d %.1f KiB/tunnel\n", gwIdleTunnels, float64(after-before)/gwIdleTunnels/1024)
 	fmt.Printf("gateway leaked leases %d\n", live+int(created-released))
 	b.Logf("%d clients, %d KiB bodies, %s per round, two rounds each way; ttfb over %d new tunnels each way, one at a time; idle tunnels on two gateways (%d each), RSS %d -> %d MiB; leases created %.0f, released %.0f",
