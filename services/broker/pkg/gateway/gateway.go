@@ -15,6 +15,7 @@ package gateway
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -510,17 +511,20 @@ func (g *Gateway) relay(c net.Conn, req *http.Request, r *request, t *try, h hop
 	defer func() { _ = h.up.Close(); _ = resp.Body.Close() }()
 	_ = c.SetDeadline(r.started.Add(g.o.TunnelTimeout))
 	defer func() { _ = c.SetDeadline(time.Time{}) }()
+	var body io.Reader = resp.Body
 	if resp.Header.Get("X-Squid-Error") != "" && resp.StatusCode >= 400 {
 		// An error page, Squid's or a site's dressed as it: judged as any
 		// answer (its code is not trusted here), and replaced by the
 		// gateway's, since Squid's own names the proxy's host.
 		head, _ := io.ReadAll(io.LimitReader(resp.Body, int64(faults.MarkerWindow())))
 		res := faults.Response(resp.StatusCode, resp.Header, head)
-		g.report(r, t.lease.GetLeaseId(), res, resp.StatusCode)
-		a := errorPage(r, resp.StatusCode, res)
-		t.tag(&a)
-		g.answer(c, r.kind, a)
-		return false
+		if a, ok := errorPage(r, resp.StatusCode, res); ok {
+			g.report(r, t.lease.GetLeaseId(), res, resp.StatusCode)
+			t.tag(&a)
+			g.answer(c, r.kind, a)
+			return false
+		}
+		body = io.MultiReader(bytes.NewReader(head), resp.Body)
 	}
 	keepAlive := !req.Close
 	removeHopByHop(resp.Header)
@@ -528,12 +532,12 @@ func (g *Gateway) relay(c net.Conn, req *http.Request, r *request, t *try, h hop
 		resp.Header.Del(name) // they name the proxy's host
 	}
 	t.setHeaders(resp.Header)
-	body := &sniffer{body: resp.Body}
-	resp.Body = body
+	sniffed := &sniffer{body: readCloser{body, resp.Body}}
+	resp.Body = sniffed
 	resp.Close = !keepAlive
 	err := resp.Write(c)
 	requests.WithLabelValues(r.kind, strconv.Itoa(resp.StatusCode)).Inc()
-	g.report(r, t.lease.GetLeaseId(), faults.Response(resp.StatusCode, resp.Header, body.head), resp.StatusCode)
+	g.report(r, t.lease.GetLeaseId(), faults.Response(resp.StatusCode, resp.Header, sniffed.head), resp.StatusCode)
 	return err == nil && keepAlive && !resp.Close
 }
 
@@ -573,3 +577,11 @@ func (g *Gateway) freeSlot(caller string) {
 		v.(*atomic.Int64).Add(-1)
 	}
 }
+
+// readCloser reads r and closes c.
+type readCloser struct {
+	io.Reader
+	c io.Closer
+}
+
+func (rc readCloser) Close() error { return rc.c.Close() }

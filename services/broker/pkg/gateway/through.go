@@ -111,6 +111,9 @@ func (g *Gateway) through(r *request, req *http.Request) (hop, *try, *answer) {
 			continue
 		}
 		tried[lease.GetProxy().GetId()] = true
+		if n > 1 {
+			retries.Inc()
+		}
 		var h hop
 		var a answer
 		var ok bool
@@ -129,9 +132,6 @@ func (g *Gateway) through(r *request, req *http.Request) (hop, *try, *answer) {
 		}
 		failed = append(failed, lease.GetLeaseId())
 		last = &a
-		if n <= g.o.Retries {
-			retries.Inc()
-		}
 		n++
 	}
 	return hop{}, nil, last
@@ -241,15 +241,18 @@ func (g *Gateway) send(r *request, req *http.Request, t *try) (hop, answer, bool
 }
 
 // errorPage is the gateway's answer in place of an error page (a
-// proxy's, or a site's dressed as one) judged res: what the site did.
-func errorPage(r *request, status int, res faults.Result) answer {
+// proxy's, or a site's dressed as one) the fault table judged res; false
+// when it judged it served (a Squid code on a 4xx: passed on as it is).
+func errorPage(r *request, status int, res faults.Result) (answer, bool) {
 	switch res {
 	case faults.RateLimited:
-		return deny("SITE_RATE_LIMITED", fmt.Sprintf("%s rate-limited the leased proxy (%d); reported, it cools down for the site: retry", r.host, status))
+		return deny("SITE_RATE_LIMITED", fmt.Sprintf("%s rate-limited the leased proxy (%d); reported, it cools down for the site: retry", r.host, status)), true
 	case faults.Blocked:
-		return deny("SITE_BLOCKED", fmt.Sprintf("%s refused the leased proxy (%d); reported, it cools down for the site: retry", r.host, status))
+		return deny("SITE_BLOCKED", fmt.Sprintf("%s refused the leased proxy (%d); reported, it cools down for the site: retry", r.host, status)), true
+	case faults.TargetError:
+		return deny("SITE_FAILED", fmt.Sprintf("%s could not be fetched through the leased proxy (%d); the proxy is not blamed", r.host, status)), true
 	}
-	return deny("SITE_FAILED", fmt.Sprintf("%s could not be fetched through the leased proxy (%d); the proxy is not blamed", r.host, status))
+	return answer{}, false
 }
 
 // sniffer passes a body through and keeps the first bytes the fault
