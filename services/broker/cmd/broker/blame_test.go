@@ -19,6 +19,9 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	v1 "github.com/egress-proxies/egress-proxies/pkg/api/v1alpha1"
 	"github.com/egress-proxies/egress-proxies/pkg/testutil/proc"
 )
 
@@ -518,4 +521,50 @@ func TestGatewayRetriesPastRefusedCredentials(t *testing.T) {
 	q := f.crawlUntilQuarantined(t, f.crawler("attr.pool=gw"), targets, "127.0.8.3")
 	assert.Equal(t, []string{"127.0.8.3"}, q)
 	f.waitNoLeases()
+}
+
+// A block seen inside TLS is reported by the lease id the CONNECT reply
+// named, while the tunnel is open: it cools exactly the proxy that served
+// it down for the site.
+func TestGatewayBlockInsideTLSReportedByLease(t *testing.T) {
+	f := newGatewayFleet(t)
+	// The exit IPs the prober would have written: each Squid egresses
+	// from its own address.
+	var list v1.ProxyList
+	require.NoError(t, env.Client.List(t.Context(), &list, client.InNamespace(f.ns)))
+	for i := range list.Items {
+		px := &list.Items[i]
+		px.Status.EgressIP = px.Status.IP
+		require.NoError(t, env.Client.Status().Update(t.Context(), px))
+	}
+	require.Eventually(t, func() bool {
+		for _, p := range f.proxiesFor("") {
+			if p["egressIP"] == nil {
+				return false
+			}
+		}
+		return true
+	}, 30*time.Second, 50*time.Millisecond)
+	c, err := net.Dial("tcp", f.gw)
+	require.NoError(t, err)
+	defer func() { _ = c.Close() }()
+	_, err = fmt.Fprintf(c, "CONNECT %s HTTP/1.1\r\n%s\r\n\r\n", f.echo.Listener.Addr(), basic("attr.pool=gw", gwToken))
+	require.NoError(t, err)
+	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+	require.NoError(t, err)
+	require.Equal(t, 200, resp.StatusCode)
+	lease, proxy := resp.Header.Get("X-Egress-Proxies-Lease"), resp.Header.Get("X-Egress-Proxies-Proxy")
+	require.NotEmpty(t, lease)
+	assert.Equal(t, "1", resp.Header.Get("X-Egress-Proxies-Attempts"))
+	exit := resp.Header.Get("X-Egress-Proxies-Exit-IP")
+	assert.True(t, exit == f.squids[0].Host || exit == f.squids[1].Host, "the exit IP the target sees: %q", exit)
+
+	rep := f.b.do("POST", "/v1/leases/"+lease+"/report", `{"result":"blocked","statusCode":403}`, "Authorization", "Bearer "+gwToken)
+	require.Equal(t, 200, rep.Status, string(rep.Body))
+	assert.Equal(t, []any{"COOLDOWN_STARTED"}, rep.JSON["actions"])
+	_ = c.Close()
+	f.waitNoLeases()
+	for _, p := range f.proxiesFor("127.0.0.1") {
+		assert.Equal(t, p["id"] == proxy, p["cooldownUntil"] != nil, "%s: only the proxy that served the tunnel cools down", p["id"])
+	}
 }

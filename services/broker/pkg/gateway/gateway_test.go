@@ -2,7 +2,10 @@ package gateway
 
 import (
 	"errors"
+	"fmt"
 	"io"
+	"os"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -101,5 +104,28 @@ func TestRefusal(t *testing.T) {
 			assert.Equal(t, tc.retryable, a.retry)
 			assert.NotContains(t, a.msg, "10.0.0.7", "an internal error's text stays inside")
 		})
+	}
+}
+
+// docs/api.md publishes the gateway's refusals as a stable table: each
+// reason's status, fault and retryable there are the ones it answers with.
+func TestRefusalTableIsPublished(t *testing.T) {
+	doc, err := os.ReadFile("../../../../docs/api.md")
+	require.NoError(t, err)
+	rows := map[string]string{}
+	for _, line := range strings.Split(string(doc), "\n") {
+		for reason := range verdicts {
+			if strings.HasPrefix(line, "| ") && strings.Contains(line, "`"+reason+"`") {
+				rows[reason] = line
+			}
+		}
+	}
+	for reason, v := range verdicts {
+		row, ok := rows[reason]
+		if !assert.True(t, ok, "docs/api.md has no row for %s", reason) {
+			continue
+		}
+		assert.Contains(t, row, strconv.Itoa(v.code), "%s's status", reason)
+		assert.Contains(t, row, fmt.Sprintf("| %s | %t |", v.fault, v.retry), "%s's fault and retryable", reason)
 	}
 }
