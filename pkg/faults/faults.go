@@ -84,21 +84,9 @@ func (r Result) Valid() bool {
 	return false
 }
 
-// Class is whose doing a result is; "" for OK.
-func (r Result) Class() Class {
-	switch r {
-	case RateLimited, Blocked:
-		return Ban
-	case Error:
-		return Proxy
-	case TargetError:
-		return Site
-	}
-	return ""
-}
-
-// ResultOf is what a failure of class c is reported as; "" when nothing
-// is (the caller's, or capacity: no verdict on any proxy).
+// ResultOf is what a failure of class c is reported as; "" for the
+// caller's and capacity (no verdict on any proxy), and for a ban, whose
+// result is what the site did (RateLimited or Blocked).
 func ResultOf(c Class) Result {
 	switch c {
 	case Proxy:

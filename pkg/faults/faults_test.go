@@ -47,20 +47,14 @@ func TestTableNamesOnlyKnownClasses(t *testing.T) {
 	}
 }
 
-func TestResultClasses(t *testing.T) {
-	for _, r := range Results {
-		c := r.Class()
-		if r == OK {
-			assert.Empty(t, c)
-			continue
-		}
-		if c == Ban {
-			continue // a ban is reported as what the site did, not by class
-		}
-		assert.Equal(t, r, ResultOf(c), "%s round-trips through its class", r)
-	}
+func TestResultOfClass(t *testing.T) {
+	assert.Equal(t, Error, ResultOf(Proxy), "the proxy's own failure counts against it")
+	assert.Equal(t, TargetError, ResultOf(Site), "the site's counts against no proxy")
 	assert.Empty(t, ResultOf(Caller), "the caller's own failure is no verdict on a proxy")
 	assert.Empty(t, ResultOf(Capacity))
+	for _, r := range []Result{ResultOf(Proxy), ResultOf(Site)} {
+		assert.True(t, r.Valid(), "%s is a result the API takes", r)
+	}
 	assert.False(t, Result("fail").Valid())
 }
 

@@ -3,9 +3,7 @@ package squidconf_test
 import (
 	"crypto/tls"
 	"fmt"
-	"net"
 	"net/http"
-	"net/http/httptest"
 	"net/url"
 	"testing"
 
@@ -23,15 +21,15 @@ import (
 // the allowed target answers. Nothing denied is dialed: Squid refuses on
 // the destination before it connects.
 func TestAProxyIsNotAWayIn(t *testing.T) {
-	target := listen(t, "127.0.0.2", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	target := serve(t, "127.0.0.2", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		fmt.Fprint(w, "reached")
 	}), false)
-	tlsTarget := listen(t, "127.0.0.2", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	tlsTarget := serve(t, "127.0.0.2", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		fmt.Fprint(w, "reached")
 	}), true)
 	// Something listening on 127.0.0.1 that must stay out of reach, as a
 	// pod's own loopback services or a node's sshd would.
-	inside := listen(t, "127.0.0.1", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	inside := serve(t, "127.0.0.1", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		t.Errorf("a denied destination was reached: %s", r.URL)
 	}), false)
 	egress, err := netpolicy.ParseEgress(netpolicy.DefaultEgressDenyCIDRs+","+netpolicy.DefaultClusterCIDRs, "127.0.0.2/32", netpolicy.DefaultEgressPorts, netpolicy.DefaultEgressTLSPorts)
@@ -78,16 +76,7 @@ func TestAProxyIsNotAWayIn(t *testing.T) {
 	_ = resp.Body.Close()
 }
 
-func listen(t *testing.T, host string, h http.Handler, withTLS bool) string {
-	ln, err := net.Listen("tcp", host+":0")
-	require.NoError(t, err)
-	s := httptest.NewUnstartedServer(h)
-	s.Listener = ln
-	if withTLS {
-		s.StartTLS()
-	} else {
-		s.Start()
-	}
-	t.Cleanup(s.Close)
-	return ln.Addr().String()
+// serve is proc.Serve's address.
+func serve(t *testing.T, host string, h http.Handler, withTLS bool) string {
+	return proc.Serve(t, host, h, withTLS).Listener.Addr().String()
 }

@@ -7,7 +7,6 @@ import (
 	"io"
 	"net"
 	"net/http"
-	"net/http/httptest"
 	"net/netip"
 	"net/url"
 	"strconv"
@@ -44,7 +43,10 @@ type crawlHost struct {
 	host string // the target as the broker sees it
 }
 
-// hostOn starts a host of kind on ip (a name in dns for noName).
+// hostOn starts the i-th host, of kind, on ip. A live HTTPS host is
+// reached by a name dns resolves to ip (the gateway resolves it; Squid,
+// sent the checked address, never does); a noName host by a name dns
+// does not know.
 func hostOn(t *testing.T, kind string, ip netip.Addr, dns *dnsServer, i int) crawlHost {
 	t.Helper()
 	listen := func() net.Listener {
@@ -53,20 +55,16 @@ func hostOn(t *testing.T, kind string, ip netip.Addr, dns *dnsServer, i int) cra
 		return ln
 	}
 	serve := func(tlsOn bool, h http.HandlerFunc) string {
-		s := httptest.NewUnstartedServer(h)
-		_ = s.Listener.Close()
-		s.Listener = listen()
-		if tlsOn {
-			s.StartTLS()
-		} else {
-			s.Start()
-		}
-		t.Cleanup(s.Close)
-		return s.URL
+		return proc.Serve(t, ip.String(), h, tlsOn).URL
 	}
 	switch kind {
-	case liveTLS, livePlain:
-		u := serve(kind == liveTLS, func(w http.ResponseWriter, r *http.Request) { _, _ = io.WriteString(w, "live "+r.Host) })
+	case liveTLS:
+		u, _ := url.Parse(serve(true, func(w http.ResponseWriter, r *http.Request) { _, _ = io.WriteString(w, "live "+r.Host) }))
+		name := fmt.Sprintf("live-%d.crawl.test", i)
+		dns.set(name, ip)
+		return crawlHost{kind, "https://" + net.JoinHostPort(name, u.Port()) + "/", name}
+	case livePlain:
+		u := serve(false, func(w http.ResponseWriter, r *http.Request) { _, _ = io.WriteString(w, "live "+r.Host) })
 		return crawlHost{kind, u + "/", ip.String()}
 	case site502:
 		u := serve(false, func(w http.ResponseWriter, _ *http.Request) { http.Error(w, "upstream broke", http.StatusBadGateway) })
@@ -357,14 +355,7 @@ func TestGatewayHostileSiteCannotBlameTheProxy(t *testing.T) {
 	// quarantine a proxy, if any counted.
 	var sites []string
 	for i := range 4 {
-		ln, err := net.Listen("tcp", fmt.Sprintf("127.0.30.%d:0", i+1))
-		require.NoError(t, err)
-		s := httptest.NewUnstartedServer(http.HandlerFunc(handler))
-		_ = s.Listener.Close()
-		s.Listener = ln
-		s.Start()
-		t.Cleanup(s.Close)
-		sites = append(sites, s.URL)
+		sites = append(sites, proc.Serve(t, fmt.Sprintf("127.0.30.%d", i+1), http.HandlerFunc(handler), false).URL)
 	}
 	c := f.crawler("attr.pool=gw")
 	for _, site := range sites {
@@ -409,17 +400,10 @@ func echoHosts(t *testing.T, n int) []string {
 	t.Helper()
 	var out []string
 	for i := range n {
-		ln, err := net.Listen("tcp", fmt.Sprintf("127.0.31.%d:0", i+1))
-		require.NoError(t, err)
-		s := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		out = append(out, proc.Serve(t, fmt.Sprintf("127.0.31.%d", i+1), http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			ip, _, _ := net.SplitHostPort(r.RemoteAddr)
 			_, _ = io.WriteString(w, ip)
-		}))
-		_ = s.Listener.Close()
-		s.Listener = ln
-		s.StartTLS()
-		t.Cleanup(s.Close)
-		out = append(out, s.URL+"/")
+		}), true).URL+"/")
 	}
 	return out
 }
@@ -544,14 +528,7 @@ func TestGatewayBlockInsideTLSReportedByLease(t *testing.T) {
 		}
 		return true
 	}, 30*time.Second, 50*time.Millisecond)
-	c, err := net.Dial("tcp", f.gw)
-	require.NoError(t, err)
-	defer func() { _ = c.Close() }()
-	_, err = fmt.Fprintf(c, "CONNECT %s HTTP/1.1\r\n%s\r\n\r\n", f.echo.Listener.Addr(), basic("attr.pool=gw", gwToken))
-	require.NoError(t, err)
-	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
-	require.NoError(t, err)
-	require.Equal(t, 200, resp.StatusCode)
+	c, resp := tunnel(t, f.gw, basic("attr.pool=gw", gwToken), f.echo.Listener.Addr().String())
 	lease, proxy := resp.Header.Get("X-Egress-Proxies-Lease"), resp.Header.Get("X-Egress-Proxies-Proxy")
 	require.NotEmpty(t, lease)
 	assert.Equal(t, "1", resp.Header.Get("X-Egress-Proxies-Attempts"))

@@ -172,6 +172,22 @@ func rawTo(t *testing.T, gw, head string) *http.Response {
 	return resp
 }
 
+// tunnel opens a CONNECT tunnel to the address to through the gateway at
+// gw with the Proxy-Authorization line auth, and returns it open (closed
+// when the test ends) with the gateway's 200.
+func tunnel(t *testing.T, gw, auth, to string) (net.Conn, *http.Response) {
+	t.Helper()
+	c, err := net.Dial("tcp", gw)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = c.Close() })
+	_, err = fmt.Fprintf(c, "CONNECT %s HTTP/1.1\r\n%s\r\n\r\n", to, auth)
+	require.NoError(t, err)
+	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+	require.NoError(t, err)
+	require.Equal(t, 200, resp.StatusCode)
+	return c, resp
+}
+
 func basic(user, pass string) string {
 	r := http.Request{Header: http.Header{}}
 	r.SetBasicAuth(user, pass)
@@ -374,17 +390,7 @@ func TestGatewayRefusals(t *testing.T) {
 func TestGatewayLimits(t *testing.T) {
 	f := newGatewayFleet(t, "--target-lease-cap", "1", "--gateway-token-max-tunnels", "2", "--gateway-idle-timeout", "1s")
 	auth := basic("attr.pool=gw", gwToken)
-	hold := func() net.Conn {
-		c, err := net.Dial("tcp", f.gw)
-		require.NoError(t, err)
-		_, err = fmt.Fprintf(c, "CONNECT %s HTTP/1.1\r\n%s\r\n\r\n", f.echo.Listener.Addr(), auth)
-		require.NoError(t, err)
-		resp, err := http.ReadResponse(bufio.NewReader(c), nil)
-		require.NoError(t, err)
-		require.Equal(t, 200, resp.StatusCode)
-		return c
-	}
-	open := hold()
+	open, _ := tunnel(t, f.gw, auth, f.echo.Listener.Addr().String())
 	resp := f.raw(t, fmt.Sprintf("CONNECT %s HTTP/1.1\r\n%s\r\n\r\n", f.echo.Listener.Addr(), auth))
 	assert.Equal(t, 429, resp.StatusCode)
 	assert.Equal(t, "TARGET_AT_CAP", resp.Header.Get("X-Egress-Proxies-Reason"))
@@ -427,14 +433,7 @@ func TestGatewayLimits(t *testing.T) {
 // the tunnel is closed rather than left on a proxy the fleet gave up.
 func TestGatewayTunnelEndsWithItsProxy(t *testing.T) {
 	f := newGatewayFleet(t, "--gateway-lease-ttl", "10s")
-	c, err := net.Dial("tcp", f.gw)
-	require.NoError(t, err)
-	defer func() { _ = c.Close() }()
-	_, err = fmt.Fprintf(c, "CONNECT %s HTTP/1.1\r\n%s\r\n\r\n", f.echo.Listener.Addr(), basic("attr.pool=gw", gwToken))
-	require.NoError(t, err)
-	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
-	require.NoError(t, err)
-	require.Equal(t, 200, resp.StatusCode)
+	c, _ := tunnel(t, f.gw, basic("attr.pool=gw", gwToken), f.echo.Listener.Addr().String())
 
 	var leased string
 	r := f.b.do("GET", "/v1/proxies", "", "Authorization", "Bearer "+gwToken)
@@ -465,17 +464,7 @@ func TestGatewayTunnelEndsWithItsProxy(t *testing.T) {
 // gateway's lease TTL, not the tunnels' hour.
 func TestGatewayStopReleasesItsTunnels(t *testing.T) {
 	f := newGatewayFleet(t, "--gateway-lease-ttl", "10s")
-	open := func() net.Conn {
-		c, err := net.Dial("tcp", f.b.gatewayAddr())
-		require.NoError(t, err)
-		t.Cleanup(func() { _ = c.Close() })
-		_, err = fmt.Fprintf(c, "CONNECT %s HTTP/1.1\r\n%s\r\n\r\n", f.echo.Listener.Addr(), basic("attr.pool=gw", gwToken))
-		require.NoError(t, err)
-		resp, err := http.ReadResponse(bufio.NewReader(c), nil)
-		require.NoError(t, err)
-		require.Equal(t, 200, resp.StatusCode)
-		return c
-	}
+	open := func() { tunnel(t, f.b.gatewayAddr(), basic("attr.pool=gw", gwToken), f.echo.Listener.Addr().String()) }
 	for range 3 {
 		open()
 	}

@@ -176,14 +176,14 @@ func (g *Gateway) open(r *request, t *try) (hop, answer, bool) {
 		return hop{up: up, ubr: ubr}, answer{}, true
 	}
 	_ = up.Close()
-	switch faults.Connect(resp.StatusCode, resp.Header) {
-	case faults.Caller:
+	class := faults.Connect(resp.StatusCode, resp.Header)
+	if class == faults.Caller {
 		return hop{}, proxyDenied(r), false
-	case faults.Site:
-		g.report(r, id, faults.TargetError, resp.StatusCode)
+	}
+	g.report(r, id, faults.ResultOf(class), resp.StatusCode)
+	if class == faults.Site {
 		return hop{}, siteFailed(r, resp), false
 	}
-	g.report(r, id, faults.Error, resp.StatusCode)
 	return hop{}, deny("PROXY_FAILED", fmt.Sprintf("the leased proxy refused the tunnel itself (%d %s); no other proxy could take the request",
 		resp.StatusCode, clip(faults.SquidCode(resp.Header)))), false
 }
