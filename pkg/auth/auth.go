@@ -6,7 +6,10 @@
 // The file holds one token per line, each named: "name:token". The name
 // says who calls (a crawler team, the controller) in logs and metrics and
 // keys per-caller limits, and never the token itself does; a line with no
-// name is named "token-<line number>". A client sends the first token; a
+// name is named "token-<line number>". A line may end in " scope=gateway":
+// that token is accepted only through the broker's proxy gateway, so a
+// gateway password sniffed or leaked from a crawler's proxy URL cannot
+// call the lease API, whose leases carry every proxy's credentials. A client sends the first token; a
 // server accepts any. That makes rotation gapless: add the new token as a
 // second line (under the same name), then (once every replica has re-read
 // the file) move it first, then drop the old one. At every step each
@@ -44,7 +47,12 @@ type Token struct {
 type named struct {
 	name string
 	tok  []byte
+	// gatewayOnly: scope=gateway.
+	gatewayOnly bool
 }
+
+// scopeGateway is the line option that limits a token to the gateway.
+const scopeGateway = "scope=gateway"
 
 // FromFile reads the tokens at path and re-reads them every interval until
 // ctx ends, so a rotated Secret takes effect without a restart. The file
@@ -86,9 +94,13 @@ func parse(b []byte) []named {
 		if line = bytes.TrimSpace(line); len(line) == 0 {
 			continue
 		}
-		n := named{name: fmt.Sprintf("token-%d", i+1), tok: line}
+		gatewayOnly := false
+		if head, opt, ok := bytes.Cut(line, []byte(" ")); ok && string(bytes.TrimSpace(opt)) == scopeGateway {
+			line, gatewayOnly = head, true
+		}
+		n := named{name: fmt.Sprintf("token-%d", i+1), tok: line, gatewayOnly: gatewayOnly}
 		if name, tok, ok := bytes.Cut(line, []byte(":")); ok && len(tok) > 0 && tokenName.Match(name) {
-			n = named{name: string(name), tok: tok}
+			n = named{name: string(name), tok: tok, gatewayOnly: gatewayOnly}
 		}
 		toks = append(toks, n)
 	}
@@ -107,15 +119,22 @@ func (t *Token) Value() string {
 }
 
 // Check verifies "Bearer <token>" from an Authorization value and returns
-// the name of the token it holds ("" when no token is configured).
+// the name of the token it holds ("" when no token is configured), a
+// token limited to the gateway included: the gateway checks its clients
+// with it.
 func (t *Token) Check(authorization string) (name string, err error) {
+	n, err := t.check(authorization)
+	return n.name, err
+}
+
+func (t *Token) check(authorization string) (named, error) {
 	want := t.tokens()
 	if len(want) == 0 {
-		return "", nil
+		return named{}, nil
 	}
 	got, ok := strings.CutPrefix(authorization, "Bearer ")
 	if !ok || got == "" {
-		return "", status.Error(codes.Unauthenticated, "missing bearer token: send the header \"Authorization: Bearer <token>\"")
+		return named{}, status.Error(codes.Unauthenticated, "missing bearer token: send the header \"Authorization: Bearer <token>\"")
 	}
 	// Every token is compared, so the time taken does not say which
 	// matched.
@@ -126,9 +145,9 @@ func (t *Token) Check(authorization string) (name string, err error) {
 		}
 	}
 	if match < 0 {
-		return "", status.Error(codes.Unauthenticated, "invalid bearer token")
+		return named{}, status.Error(codes.Unauthenticated, "invalid bearer token")
 	}
-	return want[match].name, nil
+	return want[match], nil
 }
 
 func (t *Token) checkContext(ctx context.Context) (context.Context, error) {
@@ -137,11 +156,23 @@ func (t *Token) checkContext(ctx context.Context) (context.Context, error) {
 	if len(v) == 0 {
 		v = []string{""}
 	}
-	name, err := t.Check(v[0])
-	if err != nil || name == "" {
+	n, err := t.check(v[0])
+	if err != nil || n.name == "" {
 		return ctx, err
 	}
-	return WithCaller(ctx, name), nil
+	if n.gatewayOnly && ctx.Value(gatewayKey{}) == nil {
+		return ctx, status.Errorf(codes.PermissionDenied, "token %q is limited to the proxy gateway (%s in the token file): it cannot call the lease API", n.name, scopeGateway)
+	}
+	return WithCaller(ctx, n.name), nil
+}
+
+type gatewayKey struct{}
+
+// ViaGateway marks ctx as the proxy gateway's, in process: the calls it
+// makes for a client may use a token limited to it. Nothing that comes
+// over a network can carry the mark.
+func ViaGateway(ctx context.Context) context.Context {
+	return context.WithValue(ctx, gatewayKey{}, true)
 }
 
 type callerKey struct{}

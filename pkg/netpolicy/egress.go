@@ -81,13 +81,24 @@ func ParseEgress(deny, allowance, ports, tlsPorts string) (Egress, error) {
 
 // Check says why a client must not reach ip:port through a proxy
 // (connect: with CONNECT), or nil.
+//
+// An IPv6 address that carries an IPv4 one a gateway or relay turns it
+// into (NAT64's 64:ff9b::/96, 6to4's 2002::/16) is judged as that IPv4
+// address too: 64:ff9b::a9fe:a9fe is the metadata service behind a NAT64.
 func (e Egress) Check(ip netip.Addr, port uint16, connect bool) error {
-	ip = ip.Unmap()
+	ip = ip.Unmap().WithZone("")
 	if _, ok := e.Allowance.Denies(ip); ok {
 		return nil
 	}
 	if p, ok := e.Deny.Denies(ip); ok {
 		return &DeniedError{Addr: ip, Prefix: p}
+	}
+	if v4, ok := embeddedIPv4(ip); ok {
+		if _, allowed := e.Allowance.Denies(v4); !allowed {
+			if p, denied := e.Deny.Denies(v4); denied {
+				return &DeniedError{Addr: ip, Why: fmt.Sprintf("it carries %s, in the deny list (%s)", v4, p)}
+			}
+		}
 	}
 	if len(e.Ports) > 0 && !e.Ports.Has(port) {
 		return &DeniedError{Addr: ip, Why: "port " + strconv.Itoa(int(port)) + " is not an egress port (" + e.Ports.String() + ")"}
@@ -96,6 +107,25 @@ func (e Egress) Check(ip netip.Addr, port uint16, connect bool) error {
 		return &DeniedError{Addr: ip, Why: "CONNECT to port " + strconv.Itoa(int(port)) + " is not allowed (egress TLS ports: " + e.TLSPorts.String() + ")"}
 	}
 	return nil
+}
+
+var (
+	nat64     = netip.MustParsePrefix("64:ff9b::/96")
+	sixToFour = netip.MustParsePrefix("2002::/16")
+)
+
+// embeddedIPv4 is the IPv4 address ip carries, if it is a NAT64 or 6to4
+// one.
+func embeddedIPv4(ip netip.Addr) (netip.Addr, bool) {
+	b := ip.As16()
+	switch {
+	case !ip.Is6():
+	case nat64.Contains(ip):
+		return netip.AddrFrom4([4]byte(b[12:16])), true
+	case sixToFour.Contains(ip):
+		return netip.AddrFrom4([4]byte(b[2:6])), true
+	}
+	return netip.Addr{}, false
 }
 
 // CheckHost is Check for a host that may be a name: a name passes here

@@ -47,8 +47,10 @@ func Parse(s string) (DenyList, error) {
 func (d DenyList) String() string { return strings.Join(d.strings(), ",") }
 
 // Denies returns the prefix that holds ip, if any.
+// An address with a zone (fe80::1%eth0) is judged without it: a zone
+// names an interface, not another address.
 func (d DenyList) Denies(ip netip.Addr) (netip.Prefix, bool) {
-	ip = ip.Unmap()
+	ip = ip.Unmap().WithZone("")
 	for _, p := range d {
 		if p.Contains(ip) {
 			return p, true
@@ -95,7 +97,7 @@ func (d DenyList) Control(_, address string, _ syscall.RawConn) error {
 		return err
 	}
 	if p, denied := d.Denies(ip); denied {
-		return &DeniedError{Addr: ip.Unmap(), Prefix: p}
+		return &DeniedError{Addr: ip.Unmap().WithZone(""), Prefix: p}
 	}
 	return nil
 }

@@ -21,6 +21,8 @@ func TestDefaultDenyListKeepsMetadataOutAndPrivateRangesIn(t *testing.T) {
 		{"169.254.169.254", true},
 		{"169.254.0.1", true},
 		{"[fe80::1]", true},
+		{"[fe80::1%eth0]", true},
+		{"fd00:ec2::254%1", true},
 		{"fd00:ec2::254", true},
 		{"::ffff:169.254.169.254", true},
 		{"10.0.0.5", false},

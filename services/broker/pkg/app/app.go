@@ -78,6 +78,12 @@ func Run(ctx context.Context, env service.Env, o Options) error {
 		return service.UsageError{Err: err}
 	}
 	srv.FollowHealth(ctx, 2*time.Second, st.Ping)
+	if serverTLS != nil {
+		// The gateway speaks HTTP/1.1 (CONNECT) only, whatever the
+		// client offers.
+		o.Gateway.TLS = serverTLS.Clone()
+		o.Gateway.TLS.NextProtos = []string{"http/1.1"}
+	}
 	waitGateway, err := serveGateway(ctx, log, o, srv, tok)
 	if err != nil {
 		return err
@@ -102,7 +108,7 @@ func serveGateway(ctx context.Context, log *slog.Logger, o Options, srv *server.
 	if err != nil {
 		return nil, service.UsageError{Err: err}
 	}
-	log.Info("gateway listening", "addr", gw.Addr(), "egressDeny", o.Gateway.Egress.Deny.String(), "egressAllowance", o.Gateway.Egress.Allowance.String())
+	log.Info("gateway listening", "addr", gw.Addr(), "tlsAddr", gw.TLSAddr(), "egressDeny", o.Gateway.Egress.Deny.String(), "egressAllowance", o.Gateway.Egress.Allowance.String())
 	errc := make(chan error, 1)
 	go func() { errc <- gw.Serve(ctx) }()
 	return func() error { return <-errc }, nil

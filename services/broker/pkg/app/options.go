@@ -82,6 +82,9 @@ func (o *Options) Register(fs *flag.FlagSet) {
 	fs.IntVar(&o.Gateway.MaxHeaderBytes, "gateway-max-header-bytes", g.MaxHeaderBytes, "largest request head a gateway client may send (431 past it)")
 	fs.StringVar(&o.Gateway.DNS, "gateway-dns", "", "host:port of the DNS server the gateway resolves destinations with; empty means the system's resolver")
 	fs.IntVar(&o.Gateway.Retries, "gateway-retries", g.Retries, "how many more proxies a gateway request tries when the leased one fails on its own hop (no answer, credentials refused, its own error) before any byte reached the client, 0-4")
+	fs.StringVar(&o.Gateway.TLSAddr, "gateway-tls-addr", "", "address of the gateway served over TLS (an HTTPS proxy: curl --proxy https://, urllib3, Chromium, Node), with --tls-cert-file's certificate; empty means off")
+	fs.IntVar(&o.Gateway.MaxConns, "gateway-max-conns", g.MaxConns, "most client connections the gateway holds at once, tunnels included; past it a new one is answered 503 GATEWAY_BUSY at once (0: no limit)")
+	fs.IntVar(&o.Gateway.MaxConnsPerSource, "gateway-max-conns-per-source", g.MaxConnsPerSource, "most client connections from one address; past it a new one is answered 429 SOURCE_CONN_CAP at once (0: no limit)")
 	fs.IntVar(&o.Gateway.TokenMaxTunnels, "gateway-token-max-tunnels", g.TokenMaxTunnels, "most tunnels and requests the callers of one token may have open on each broker's gateway (0: no limit)")
 	o.EgressFlags.Register(fs)
 	fs.StringVar(&o.Kubeconfig, "kubeconfig", "", "kubeconfig file; empty means in-cluster config or $KUBECONFIG")
@@ -127,6 +130,7 @@ func (o *Options) Register(fs *flag.FlagSet) {
 	fs.Float64Var(&o.Leases.Faults.MaxFraction, "quarantine-max-fraction", d.Faults.MaxFraction, "largest share of a selector's proxies quarantined at once; past it quarantine holds (action QUARANTINE_HELD, alert EgressProxiesQuarantineHeld) and leasing goes on, as MachineHealthCheck's maxUnhealthy (1: no limit)")
 	fs.IntVar(&o.Leases.TokenMaxLeases, "token-max-leases", d.TokenMaxLeases, "most live leases the callers of one named token hold together, fleet-wide (0: no cap)")
 	fs.Float64Var(&o.Leases.TokenReportRate, "token-report-rate", d.TokenReportRate, "outcome reports per second one named token may send to each broker (0: no limit)")
+	fs.IntVar(&o.Leases.TokenMaxWatches, "token-max-watches", d.TokenMaxWatches, "most WatchProxies streams (gRPC and REST) the callers of one named token may hold open on each broker (0: no cap)")
 	fs.IntVar(&o.Leases.TokenReportBurst, "token-report-burst", d.TokenReportBurst, "reports one named token may send at once, above --token-report-rate")
 }
 
@@ -154,8 +158,8 @@ func (o *Options) Validate() error {
 		return errors.New("--lease-cap must not be negative")
 	case l.Faults.MaxFraction <= 0 || l.Faults.MaxFraction > 1:
 		return fmt.Errorf("--quarantine-max-fraction %g must be above 0 and at most 1", l.Faults.MaxFraction)
-	case l.TokenMaxLeases < 0 || l.TokenReportRate < 0 || l.TokenReportBurst < 0:
-		return errors.New("--token-max-leases, --token-report-rate and --token-report-burst must not be negative")
+	case l.TokenMaxLeases < 0 || l.TokenReportRate < 0 || l.TokenReportBurst < 0 || l.TokenMaxWatches < 0:
+		return errors.New("--token-max-leases, --token-report-rate, --token-report-burst and --token-max-watches must not be negative")
 	case o.RedisUsername != "" && o.RedisPasswordFile == "":
 		return errors.New("--redis-username needs --redis-password-file")
 	case o.RedisSentinelUsername != "" && o.RedisSentinelPasswordFile == "":
@@ -183,6 +187,9 @@ func (o *Options) Validate() error {
 		}
 		if o.TokenFile == "" {
 			return gateway.ErrOpenProxy
+		}
+		if o.Gateway.TLSAddr != "" && o.TLSCert == "" {
+			return gateway.ErrNoCertificate
 		}
 	}
 	var egressErr error

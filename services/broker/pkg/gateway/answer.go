@@ -78,6 +78,8 @@ var verdicts = map[string]verdict{
 	"EGRESS_DENIED":     {http.StatusForbidden, faults.Caller, false},
 	"PROXY_DENIED":      {http.StatusForbidden, faults.Caller, false},
 	"TOKEN_TUNNEL_CAP":  {http.StatusTooManyRequests, faults.Capacity, true},
+	"GATEWAY_BUSY":      {http.StatusServiceUnavailable, faults.Capacity, true},
+	"SOURCE_CONN_CAP":   {http.StatusTooManyRequests, faults.Capacity, true},
 	"UNRESOLVED":        {http.StatusBadGateway, faults.Site, false},
 	"SITE_UNREACHABLE":  {http.StatusBadGateway, faults.Site, false},
 	"SITE_TIMEOUT":      {http.StatusGatewayTimeout, faults.Site, true},

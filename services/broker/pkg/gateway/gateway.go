@@ -17,6 +17,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -51,21 +52,24 @@ type Leaser interface {
 
 var _ Leaser = leasev1.LeaseServiceServer(nil)
 
-// Gateway serves the proxy listener.
+// Gateway serves the proxy listeners.
 type Gateway struct {
 	o      Options
 	log    *slog.Logger
 	leaser Leaser
 	tok    *auth.Token
 	ln     net.Listener
+	tlsLn  net.Listener // nil without Options.TLSAddr
 
 	// perToken counts each token's tunnels and requests in flight.
 	perToken sync.Map // name -> *atomic.Int64
 	mu       sync.Mutex
 	conns    map[net.Conn]*tunnel // open client connections; the tunnel once spliced
-	closing  bool
-	wg       sync.WaitGroup
-	renewer  renewer
+	// perSource counts the open connections from each address.
+	perSource map[netip.Addr]int
+	closing   bool
+	wg        sync.WaitGroup
+	renewer   renewer
 }
 
 // ErrOpenProxy is the refusal to serve without a token.
@@ -80,16 +84,34 @@ func New(log *slog.Logger, o Options, l Leaser, tok *auth.Token) (*Gateway, erro
 	if err := o.Validate(); err != nil {
 		return nil, err
 	}
+	if o.TLSAddr != "" && o.TLS == nil {
+		return nil, ErrNoCertificate
+	}
 	o.Resolver = o.resolver()
-	ln, err := net.Listen("tcp", o.Addr)
-	if err != nil {
+	g := &Gateway{o: o, log: log, leaser: l, tok: tok, conns: map[net.Conn]*tunnel{}, perSource: map[netip.Addr]int{}}
+	var err error
+	if g.ln, err = net.Listen("tcp", o.Addr); err != nil {
 		return nil, fmt.Errorf("--gateway-addr %s: %w", o.Addr, err)
 	}
-	return &Gateway{o: o, log: log, leaser: l, tok: tok, ln: ln, conns: map[net.Conn]*tunnel{}}, nil
+	if o.TLSAddr != "" {
+		if g.tlsLn, err = net.Listen("tcp", o.TLSAddr); err != nil {
+			_ = g.ln.Close()
+			return nil, fmt.Errorf("--gateway-tls-addr %s: %w", o.TLSAddr, err)
+		}
+	}
+	return g, nil
 }
 
-// Addr is the listener's address.
+// Addr is the plaintext listener's address.
 func (g *Gateway) Addr() string { return g.ln.Addr().String() }
+
+// TLSAddr is the TLS listener's address, "" without one.
+func (g *Gateway) TLSAddr() string {
+	if g.tlsLn == nil {
+		return ""
+	}
+	return g.tlsLn.Addr().String()
+}
 
 // Serve accepts clients until ctx ends, then closes every connection and
 // returns once each one's lease is released.
@@ -97,13 +119,32 @@ func (g *Gateway) Serve(ctx context.Context) error {
 	stop := context.AfterFunc(ctx, g.shutdown)
 	defer stop()
 	go g.renewer.run(ctx, g.leaser, g.o.LeaseTTL)
+	errc := make(chan error, 2)
+	go func() { errc <- g.accept(g.ln, nil) }()
+	n := 1
+	if g.tlsLn != nil {
+		n++
+		go func() { errc <- g.accept(g.tlsLn, g.o.TLS) }()
+	}
 	var err error
+	for range n {
+		err = errors.Join(err, <-errc)
+	}
+	g.shutdown()
+	g.wg.Wait()
+	if ctx.Err() != nil {
+		return nil
+	}
+	return err
+}
+
+// accept serves ln's clients (over TLS with cfg, if set) until it closes.
+func (g *Gateway) accept(ln net.Listener, cfg *tls.Config) error {
 	backoff := 5 * time.Millisecond
 	for {
-		var c net.Conn
-		c, err = g.ln.Accept()
+		c, err := ln.Accept()
 		if errors.Is(err, net.ErrClosed) {
-			break
+			return nil
 		}
 		if err != nil {
 			// Out of descriptors (EMFILE) or memory: clients wait in the
@@ -114,37 +155,75 @@ func (g *Gateway) Serve(ctx context.Context) error {
 			continue
 		}
 		backoff = 5 * time.Millisecond
-		if !g.track(c) {
+		a, ok := g.track(c)
+		switch {
+		case ok:
+			go g.serve(c, cfg)
+		case a.code != 0:
+			// Refused at once, from this goroutine: the answer fits in a
+			// new socket's send buffer, and nothing of the client is read.
+			g.refuse(c, cfg, a)
+		default:
 			_ = c.Close()
-			break
+			return nil // closing
 		}
-		go g.serve(c)
 	}
-	g.shutdown()
-	g.wg.Wait()
-	if ctx.Err() != nil {
-		return nil
-	}
-	return err
 }
 
-func (g *Gateway) track(c net.Conn) bool {
+// track counts c in, or says why not: the gateway is at its bound, or
+// c's source at its own (a zero answer: the gateway is closing).
+func (g *Gateway) track(c net.Conn) (answer, bool) {
+	src := sourceOf(c)
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	if g.closing {
-		return false
+	switch {
+	case g.closing:
+		return answer{}, false
+	case g.o.MaxConns > 0 && len(g.conns) >= g.o.MaxConns:
+		connsRefused.WithLabelValues("gateway").Inc()
+		return withRetryAfter(deny("GATEWAY_BUSY", fmt.Sprintf("the gateway holds its %d connections (--gateway-max-conns); retry, or use another broker", g.o.MaxConns)), time.Second), false
+	case g.o.MaxConnsPerSource > 0 && g.perSource[src] >= g.o.MaxConnsPerSource:
+		connsRefused.WithLabelValues("source").Inc()
+		return withRetryAfter(deny("SOURCE_CONN_CAP", fmt.Sprintf("your address holds its %d connections to this gateway (--gateway-max-conns-per-source); close some, or reuse them (keep-alive)", g.o.MaxConnsPerSource)), time.Second), false
 	}
 	g.conns[c] = nil
+	g.perSource[src]++
+	connsOpen.Inc()
 	g.wg.Add(1)
-	return true
+	return answer{}, true
 }
 
 func (g *Gateway) untrack(c net.Conn) {
+	src := sourceOf(c)
 	g.mu.Lock()
 	delete(g.conns, c)
+	if g.perSource[src]--; g.perSource[src] <= 0 {
+		delete(g.perSource, src)
+	}
 	g.mu.Unlock()
+	connsOpen.Dec()
 	_ = c.Close()
 	g.wg.Done()
+}
+
+// refuse answers a connection the gateway will not serve, and closes it.
+// Over TLS the answer would need a handshake first: it is closed.
+func (g *Gateway) refuse(c net.Conn, cfg *tls.Config, a answer) {
+	if cfg == nil {
+		requests.WithLabelValues("unread", strconv.Itoa(a.code)).Inc()
+		_ = c.SetWriteDeadline(time.Now().Add(10 * time.Millisecond))
+		_ = a.write(c)
+	}
+	_ = c.Close()
+}
+
+// sourceOf is the address c comes from.
+func sourceOf(c net.Conn) netip.Addr {
+	if a, ok := c.RemoteAddr().(*net.TCPAddr); ok {
+		ip, _ := netip.AddrFromSlice(a.IP)
+		return ip.Unmap()
+	}
+	return netip.Addr{}
 }
 
 // shutdown stops accepting and closes every connection: tunnels end, and
@@ -157,9 +236,12 @@ func (g *Gateway) shutdown() {
 	}
 	g.closing = true
 	_ = g.ln.Close()
+	if g.tlsLn != nil {
+		_ = g.tlsLn.Close()
+	}
 	for c, t := range g.conns {
 		if t != nil {
-			t.shut()
+			t.shut("shutdown")
 		} else {
 			_ = c.Close()
 		}
@@ -188,8 +270,31 @@ var errHeadTooLarge = errors.New("request head too large")
 
 // serve reads requests off one client connection until it closes, a
 // request turns it into a tunnel, or an answer ends it.
-func (g *Gateway) serve(c net.Conn) {
-	defer g.untrack(c)
+func (g *Gateway) serve(c net.Conn, cfg *tls.Config) {
+	defer func() { g.untrack(c) }()
+	// Until its first byte a connection holds its goroutine and nothing
+	// else: no buffer for a client that only connects.
+	_ = c.SetReadDeadline(time.Now().Add(g.o.HeaderTimeout))
+	if err := waitReadable(c); err != nil {
+		if cfg == nil {
+			g.badRequest(c, err)
+		}
+		return
+	}
+	if cfg != nil {
+		tc := tls.Server(c, cfg)
+		if err := tc.Handshake(); err != nil {
+			tlsFailed.Inc()
+			return
+		}
+		// From here the gateway knows the connection as tc: a shutdown
+		// closes it, and a tunnel is recorded under it.
+		g.mu.Lock()
+		delete(g.conns, c)
+		g.conns[tc] = nil
+		g.mu.Unlock()
+		c = tc
+	}
 	limit := &headLimit{r: c}
 	br := bufio.NewReader(limit)
 	for first := true; ; first = false {
@@ -248,7 +353,8 @@ type request struct {
 	ctx     context.Context
 	host    string
 	port    uint16
-	addr    netip.Addr // the checked address a CONNECT goes to
+	addrs   []netip.Addr // the checked addresses, as resolved
+	addr    netip.Addr   // the first, where a plain request goes
 	opts    userOptions
 	started time.Time
 }
@@ -295,7 +401,7 @@ func (g *Gateway) handle(c net.Conn, br *bufio.Reader, req *http.Request) bool {
 	}
 	defer free()
 
-	ctx, cancel := context.WithTimeout(context.Background(), g.o.TunnelTimeout)
+	ctx, cancel := context.WithTimeout(auth.ViaGateway(context.Background()), g.o.TunnelTimeout)
 	defer cancel()
 	// The lease API authenticates the call again and counts it under the
 	// token's name, as it does every gRPC and REST call.
@@ -305,7 +411,7 @@ func (g *Gateway) handle(c net.Conn, br *bufio.Reader, req *http.Request) bool {
 		g.answer(c, r.kind, a)
 		return false
 	}
-	h, t, a := g.through(r, req)
+	h, t, a := g.through(r, req, c)
 	if a != nil {
 		free()
 		g.answer(c, r.kind, *a)
@@ -389,8 +495,38 @@ func (g *Gateway) check(r *request) (answer, bool) {
 			return deny("EGRESS_DENIED", fmt.Sprintf("%s:%d is outside the egress policy: %s", r.host, r.port, why)), false
 		}
 	}
-	r.addr = addrs[0].Unmap()
+	for i := range addrs {
+		addrs[i] = addrs[i].Unmap().WithZone("")
+	}
+	r.addrs, r.addr = addrs, addrs[0]
 	return answer{}, true
+}
+
+// maxAddrs bounds the addresses a CONNECT tries: each costs a round
+// trip through the proxy.
+const maxAddrs = 4
+
+// tryOrder is the addresses a CONNECT tries, families alternating from
+// the first (RFC 8305's interleaving), at most maxAddrs.
+func (r *request) tryOrder() []netip.Addr {
+	var same, other []netip.Addr
+	for _, a := range r.addrs {
+		if a.Is4() == r.addrs[0].Is4() {
+			same = append(same, a)
+		} else {
+			other = append(other, a)
+		}
+	}
+	var out []netip.Addr
+	for i := 0; len(out) < maxAddrs && (i < len(same) || i < len(other)); i++ {
+		if i < len(same) {
+			out = append(out, same[i])
+		}
+		if i < len(other) && len(out) < maxAddrs {
+			out = append(out, other[i])
+		}
+	}
+	return out
 }
 
 // afterwards is a context for a call about r's lease once r's own may
@@ -398,7 +534,7 @@ func (g *Gateway) check(r *request) (answer, bool) {
 // credentials, and a bound of its own.
 func (r *request) afterwards() (context.Context, context.CancelFunc) {
 	md, _ := metadata.FromIncomingContext(r.ctx)
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	ctx, cancel := context.WithTimeout(auth.ViaGateway(context.Background()), 10*time.Second)
 	return leases.Observed(metadata.NewIncomingContext(ctx, md)), cancel
 }
 
@@ -461,7 +597,7 @@ func (g *Gateway) splice(c net.Conn, br *bufio.Reader, r *request, t *try, h hop
 	}
 	tn := &tunnel{client: c, up: up, idle: g.o.IdleTimeout, deadline: r.started.Add(g.o.TunnelTimeout)}
 	if !g.spliced(c, tn) {
-		tn.shut()
+		tn.shut("shutdown")
 		return
 	}
 	tunnelsOpen.Inc()
@@ -509,7 +645,7 @@ func flush(w io.Writer, br *bufio.Reader) error {
 func (g *Gateway) relay(c net.Conn, req *http.Request, r *request, t *try, h hop) bool {
 	resp := h.resp
 	defer func() { _ = h.up.Close(); _ = resp.Body.Close() }()
-	_ = c.SetDeadline(r.started.Add(g.o.TunnelTimeout))
+	c = bounded{Conn: c, idle: g.o.IdleTimeout, deadline: r.started.Add(g.o.TunnelTimeout)}
 	defer func() { _ = c.SetDeadline(time.Time{}) }()
 	var body io.Reader = resp.Body
 	if resp.Header.Get("X-Squid-Error") != "" && resp.StatusCode >= 400 {
@@ -526,7 +662,7 @@ func (g *Gateway) relay(c net.Conn, req *http.Request, r *request, t *try, h hop
 		}
 		body = io.MultiReader(bytes.NewReader(head), resp.Body)
 	}
-	keepAlive := !req.Close
+	keepAlive := !req.Close && !h.unread
 	removeHopByHop(resp.Header)
 	for _, name := range []string{"Via", "X-Cache", "X-Cache-Lookup"} {
 		resp.Header.Del(name) // they name the proxy's host

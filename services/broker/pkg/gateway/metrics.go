@@ -18,14 +18,24 @@ var (
 	releaseFailed = prometheus.NewCounter(prometheus.CounterOpts{Name: "proxy_operator_broker_gateway_release_failures_total",
 		Help: "Leases the gateway could not release (they expire at their TTL, --gateway-tunnel-timeout)."})
 	renewals = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "proxy_operator_broker_gateway_renewals_total",
-		Help: "Renewals of tunnels' leases: renewed, ended (the lease was gone or its proxy no longer leasable: the tunnel was closed) or failed (retried)."}, []string{"result"})
+		Help: "Renewals of tunnels' leases: renewed, ended (the lease was gone or its proxy no longer leasable: the tunnel was closed), revoked (its token no longer valid: the tunnel was closed), failed (retried next round) or deferred (the round ran out of its time: first in the next)."}, []string{"result"})
 	retries = prometheus.NewCounter(prometheus.CounterOpts{Name: "proxy_operator_broker_gateway_retries_total",
 		Help: "Requests the gateway sent through another proxy because the leased one failed on its own hop before any byte reached the client (--gateway-retries)."})
+	connsOpen = prometheus.NewGauge(prometheus.GaugeOpts{Name: "proxy_operator_broker_gateway_connections",
+		Help: "Client connections open to the gateway, tunnels included (--gateway-max-conns bounds them)."})
+	connsRefused = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "proxy_operator_broker_gateway_connections_refused_total",
+		Help: "Client connections refused on accept: the gateway held --gateway-max-conns, or their source address --gateway-max-conns-per-source."}, []string{"bound"})
+	tlsFailed = prometheus.NewCounter(prometheus.CounterOpts{Name: "proxy_operator_broker_gateway_tls_handshake_failures_total",
+		Help: "Connections to --gateway-tls-addr that ended in their TLS handshake."})
+	tunnelEnds = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "proxy_operator_broker_gateway_tunnel_ends_total",
+		Help: "Tunnels the gateway ended itself, by why: idle (no byte either way), stalled (a side stopped reading: a write waited an idle timeout), deadline (--gateway-tunnel-timeout), lease (it could not be renewed: the proxy left, or the token was revoked), shutdown."}, []string{"why"})
+	renewRounds = prometheus.NewHistogram(prometheus.HistogramOpts{Name: "proxy_operator_broker_gateway_renewal_round_seconds",
+		Help: "How long each round renewing the due leases of live tunnels took; bounded by a third of --gateway-lease-ttl.", Buckets: prometheus.ExponentialBuckets(0.001, 4, 9)})
 	reportFailed = prometheus.NewCounter(prometheus.CounterOpts{Name: "proxy_operator_broker_gateway_report_failures_total",
 		Help: "Outcome reports the gateway could not make."})
 )
 
 // Collectors are the gateway's metrics.
 func Collectors() []prometheus.Collector {
-	return []prometheus.Collector{requests, tunnelsOpen, tunnelBytes, outcomes, egressDenied, tokenCapped, releaseFailed, reportFailed, renewals, retries}
+	return []prometheus.Collector{requests, tunnelsOpen, tunnelBytes, outcomes, egressDenied, tokenCapped, releaseFailed, reportFailed, renewals, retries, connsOpen, connsRefused, tlsFailed, tunnelEnds, renewRounds}
 }

@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"net"
@@ -14,8 +15,18 @@ import (
 
 // Options configure a Gateway.
 type Options struct {
-	// Addr is the listener's address.
+	// Addr is the plaintext listener's address.
 	Addr string
+	// TLSAddr, when set, is a second listener's address, serving the
+	// gateway over TLS (an HTTPS proxy: the proxy password and every
+	// request head encrypted on the way in) with TLS's certificate.
+	TLSAddr string
+	TLS     *tls.Config
+	// MaxConns bounds the client connections open at once, and
+	// MaxConnsPerSource those from one address (0: no bound): past
+	// either a new connection is refused at once, before anything of it
+	// is read, so no client without a token can hold the broker's memory.
+	MaxConns, MaxConnsPerSource int
 	// Egress is where a client may be taken: checked on the addresses a
 	// destination resolves to, here, before any lease is taken.
 	Egress netpolicy.Egress
@@ -59,7 +70,10 @@ type Resolver interface {
 
 // DefaultOptions are what the broker's flags default to.
 var DefaultOptions = Options{HeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute, TunnelTimeout: time.Hour, LeaseTTL: time.Minute,
-	DialTimeout: 10 * time.Second, MaxHeaderBytes: 16 << 10, TokenMaxTunnels: 1000, Retries: 2}
+	DialTimeout: 10 * time.Second, MaxHeaderBytes: 16 << 10, TokenMaxTunnels: 1000, Retries: 2, MaxConns: 20000, MaxConnsPerSource: 2000}
+
+// ErrNoCertificate is the refusal to serve TLS without a certificate.
+var ErrNoCertificate = errors.New("--gateway-tls-addr needs --tls-cert-file and --tls-key-file: the certificate it serves")
 
 // Validate names the first bad option, as its flag (--gateway-*).
 func (o Options) Validate() error {
@@ -78,6 +92,8 @@ func (o Options) Validate() error {
 		return fmt.Errorf("--gateway-retries %d must be between 0 and %d", o.Retries, maxRetries)
 	case o.TokenMaxTunnels < 0:
 		return errors.New("--gateway-token-max-tunnels must not be negative")
+	case o.MaxConns < 0 || o.MaxConnsPerSource < 0:
+		return errors.New("--gateway-max-conns and --gateway-max-conns-per-source must not be negative")
 	}
 	return nil
 }

@@ -2,7 +2,7 @@ package gateway
 
 import (
 	"context"
-	"maps"
+	"slices"
 	"sync"
 	"time"
 
@@ -10,6 +10,7 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
+	"github.com/egress-proxies/egress-proxies/pkg/auth"
 	leasev1 "github.com/egress-proxies/egress-proxies/pkg/gen/egressproxies/lease/v1"
 )
 
@@ -18,23 +19,25 @@ import (
 // more than the tunnel itself.
 type renewer struct {
 	mu   sync.Mutex
-	live map[string]held
+	live map[string]*held
 }
 
-// held is a lease in use: the caller's credentials to renew it with, and
-// how to end what uses it when it cannot be.
+// held is a lease in use: the caller's credentials to renew it with, how
+// to end what uses it when it cannot be, and when it was last renewed.
 type held struct {
-	md  metadata.MD
-	end func()
+	id      string
+	md      metadata.MD
+	end     func()
+	renewed time.Time
 }
 
 func (r *renewer) hold(id string, md metadata.MD, end func()) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.live == nil {
-		r.live = map[string]held{}
+		r.live = map[string]*held{}
 	}
-	r.live[id] = held{md, end}
+	r.live[id] = &held{id: id, md: md, end: end, renewed: time.Now()}
 }
 
 func (r *renewer) drop(id string) {
@@ -44,14 +47,32 @@ func (r *renewer) drop(id string) {
 }
 
 // renewConcurrency bounds the renewals in flight at once.
-const renewConcurrency = 16
+const renewConcurrency = 64
 
-// run renews every held lease each third of ttl until ctx ends. A lease
-// the API will not renew (gone, its proxy no longer leasable) ends what
-// holds it; a failure that may pass (the store unavailable) is retried
-// at the next round, within the lease's remaining two thirds.
+// due are the leases last renewed before since, oldest first.
+func (r *renewer) due(since time.Time) []*held {
+	r.mu.Lock()
+	var out []*held
+	for _, h := range r.live {
+		if h.renewed.Before(since) {
+			out = append(out, h)
+		}
+	}
+	r.mu.Unlock()
+	slices.SortFunc(out, func(a, b *held) int { return a.renewed.Compare(b.renewed) })
+	return out
+}
+
+// run renews each held lease once it is a third of ttl old, until ctx
+// ends. Leases come due as their tunnels opened, so the work is spread
+// over time rather than done for all at once; a round is bounded by a
+// third of ttl, and what it did not reach (a slow store) is first in the
+// next, while it still has two thirds of its ttl to live. A lease the
+// API will not renew (gone, its proxy no longer leasable, its token
+// revoked) ends what holds it; a failure that may pass (the store
+// unavailable) is retried at the next round.
 func (r *renewer) run(ctx context.Context, l Leaser, ttl time.Duration) {
-	t := time.NewTicker(ttl / 3)
+	t := time.NewTicker(min(ttl/6, time.Second))
 	defer t.Stop()
 	for {
 		select {
@@ -59,29 +80,54 @@ func (r *renewer) run(ctx context.Context, l Leaser, ttl time.Duration) {
 			return
 		case <-t.C:
 		}
-		r.mu.Lock()
-		live := maps.Clone(r.live)
-		r.mu.Unlock()
-		sem := make(chan struct{}, renewConcurrency)
-		var wg sync.WaitGroup
-		for id, h := range live {
-			sem <- struct{}{}
-			wg.Go(func() {
-				defer func() { <-sem }()
-				cctx, cancel := context.WithTimeout(metadata.NewIncomingContext(ctx, h.md), ttl/3)
-				defer cancel()
-				_, err := l.RenewLease(cctx, &leasev1.RenewLeaseRequest{LeaseId: id, TtlSeconds: int32(ttl.Seconds())})
-				switch status.Code(err) {
-				case codes.OK:
-					renewals.WithLabelValues("renewed").Inc()
-				case codes.NotFound, codes.FailedPrecondition:
-					renewals.WithLabelValues("ended").Inc()
-					h.end()
-				default:
-					renewals.WithLabelValues("failed").Inc()
-				}
-			})
-		}
-		wg.Wait()
+		r.round(ctx, l, ttl)
 	}
+}
+
+// round renews the leases that are due, within a third of ttl.
+func (r *renewer) round(ctx context.Context, l Leaser, ttl time.Duration) {
+	start := time.Now()
+	due := r.due(start.Add(-ttl / 3))
+	if len(due) == 0 {
+		return
+	}
+	defer func() { renewRounds.Observe(time.Since(start).Seconds()) }()
+	rctx, cancel := context.WithTimeout(auth.ViaGateway(ctx), ttl/3)
+	defer cancel()
+	sem := make(chan struct{}, renewConcurrency)
+	var wg sync.WaitGroup
+	for _, h := range due {
+		select {
+		case sem <- struct{}{}:
+		case <-rctx.Done():
+			wg.Wait()
+			renewals.WithLabelValues("deferred").Add(float64(len(due)))
+			return
+		}
+		wg.Go(func() {
+			defer func() { <-sem }()
+			_, err := l.RenewLease(metadata.NewIncomingContext(rctx, h.md), &leasev1.RenewLeaseRequest{LeaseId: h.id, TtlSeconds: int32(ttl.Seconds())})
+			switch status.Code(err) {
+			case codes.OK:
+				renewals.WithLabelValues("renewed").Inc()
+				r.mu.Lock()
+				h.renewed = time.Now()
+				r.mu.Unlock()
+			case codes.NotFound, codes.FailedPrecondition:
+				renewals.WithLabelValues("ended").Inc()
+				tunnelEnds.WithLabelValues("lease").Inc()
+				h.end()
+			case codes.Unauthenticated, codes.PermissionDenied:
+				// The token was revoked: what it opened ends, and frees
+				// its slots, now rather than at the tunnel's timeout.
+				renewals.WithLabelValues("revoked").Inc()
+				tunnelEnds.WithLabelValues("revoked").Inc()
+				h.end()
+			default:
+				renewals.WithLabelValues("failed").Inc()
+			}
+		})
+		due = due[1:]
+	}
+	wg.Wait()
 }

@@ -2,13 +2,16 @@ package gateway
 
 import (
 	"bufio"
+	"errors"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
+	"net/netip"
 	neturl "net/url"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/egress-proxies/egress-proxies/pkg/faults"
@@ -66,6 +69,9 @@ type hop struct {
 	up   net.Conn
 	ubr  *bufio.Reader
 	resp *http.Response
+	// unread: the plain request's body was not all sent (the site
+	// answered first), so its client connection cannot carry another.
+	unread bool
 }
 
 // through leases a proxy for r and has it take the request. While the
@@ -75,7 +81,7 @@ type hop struct {
 // Retries more times; a session whose proxy failed moves with it. A
 // non-nil answer is the client's refusal, to be written once every lease
 // it took is released.
-func (g *Gateway) through(r *request, req *http.Request) (hop, *try, *answer) {
+func (g *Gateway) through(r *request, req *http.Request, c net.Conn) (hop, *try, *answer) {
 	// Leases of proxies that failed are held until another proxy took the
 	// request: a held lease is load, so the retry's least-loaded pick
 	// passes over them.
@@ -120,7 +126,7 @@ func (g *Gateway) through(r *request, req *http.Request) (hop, *try, *answer) {
 		if r.kind == "connect" {
 			h, a, ok = g.open(r, t)
 		} else {
-			h, a, ok = g.send(r, req, t)
+			h, a, ok = g.send(r, req, t, c)
 		}
 		if ok {
 			return h, t, nil
@@ -143,19 +149,49 @@ func resendable(req *http.Request) bool {
 	return req.Method == http.MethodConnect || (req.ContentLength == 0 && len(req.TransferEncoding) == 0)
 }
 
-// open has t's proxy open a tunnel to the checked address. Its answer
+// open has t's proxy open a tunnel to the checked addresses, one after
+// another while the proxy says it could not reach one (a site with an
+// IPv6 address first, through a proxy with no IPv6 egress). Its answer
 // to CONNECT is its own (a site never sees the CONNECT), so the fault
 // table's verdict on it is sound: the proxy's own failure is reported
-// against it, a site it could not reach is the site's, and its egress
-// policy's refusal is nobody's.
+// against it, a site it could not reach at any address is the site's,
+// and its egress policy's refusal is nobody's.
 func (g *Gateway) open(r *request, t *try) (hop, answer, bool) {
+	id := t.lease.GetLeaseId()
+	addrs := r.tryOrder()
+	for i, addr := range addrs {
+		h, resp, a, ok := g.connect(r, t, addr)
+		if ok || resp == nil {
+			return h, a, ok
+		}
+		class := faults.Connect(resp.StatusCode, resp.Header)
+		if class == faults.Site && i < len(addrs)-1 {
+			continue
+		}
+		if class == faults.Caller {
+			return hop{}, proxyDenied(r), false
+		}
+		g.report(r, id, faults.ResultOf(class), resp.StatusCode)
+		if class == faults.Site {
+			return hop{}, siteFailed(r, resp), false
+		}
+		return hop{}, deny("PROXY_FAILED", fmt.Sprintf("the leased proxy refused the tunnel itself (%d %s); no other proxy could take the request",
+			resp.StatusCode, clip(faults.SquidCode(resp.Header)))), false
+	}
+	panic("gateway: a checked destination with no address")
+}
+
+// connect has t's proxy open a tunnel to addr: the tunnel, or the
+// proxy's answer when it would not (resp), or the failure of the proxy's
+// own hop, reported (no resp).
+func (g *Gateway) connect(r *request, t *try, addr netip.Addr) (hop, *http.Response, answer, bool) {
 	id := t.lease.GetLeaseId()
 	up, err := g.dial(r, t.lease)
 	if err != nil {
 		g.report(r, id, faults.Error, 0)
-		return hop{}, deny("PROXY_UNREACHABLE", "the leased proxy did not answer; no other proxy could take the request"), false
+		return hop{}, nil, deny("PROXY_UNREACHABLE", "the leased proxy did not answer; no other proxy could take the request"), false
 	}
-	target := net.JoinHostPort(r.addr.String(), strconv.Itoa(int(r.port)))
+	target := net.JoinHostPort(addr.String(), strconv.Itoa(int(r.port)))
 	creq := &http.Request{Method: http.MethodConnect, URL: &neturl.URL{Opaque: target}, Host: target, Header: http.Header{}}
 	credentials(t.lease).Authorize(creq.Header)
 	_ = up.SetDeadline(time.Now().Add(g.o.DialTimeout))
@@ -168,24 +204,15 @@ func (g *Gateway) open(r *request, t *try) (hop, answer, bool) {
 	if err != nil {
 		_ = up.Close()
 		g.report(r, id, faults.Error, 0)
-		return hop{}, deny("PROXY_FAILED", "the leased proxy did not answer the CONNECT; no other proxy could take the request"), false
+		return hop{}, nil, deny("PROXY_FAILED", "the leased proxy did not answer the CONNECT; no other proxy could take the request"), false
 	}
 	if resp.StatusCode/100 == 2 {
 		head.n = -1
 		_ = up.SetDeadline(time.Time{})
-		return hop{up: up, ubr: ubr}, answer{}, true
+		return hop{up: up, ubr: ubr}, nil, answer{}, true
 	}
 	_ = up.Close()
-	class := faults.Connect(resp.StatusCode, resp.Header)
-	if class == faults.Caller {
-		return hop{}, proxyDenied(r), false
-	}
-	g.report(r, id, faults.ResultOf(class), resp.StatusCode)
-	if class == faults.Site {
-		return hop{}, siteFailed(r, resp), false
-	}
-	return hop{}, deny("PROXY_FAILED", fmt.Sprintf("the leased proxy refused the tunnel itself (%d %s); no other proxy could take the request",
-		resp.StatusCode, clip(faults.SquidCode(resp.Header)))), false
+	return hop{}, resp, answer{}, false
 }
 
 // siteFailed is the answer when the leased proxy could not reach the
@@ -202,29 +229,62 @@ func siteFailed(r *request, resp *http.Response) answer {
 	return deny("SITE_UNREACHABLE", fmt.Sprintf("%s:%d refused the leased proxy's connection or is unreachable (%s); the proxy is not blamed", r.host, r.port, clip(why)))
 }
 
-// send has t's proxy forward a plain request, and reads its answer's
-// head. Only what happens on the proxy's own hop fails it here: no
-// answer at all, or a 407 with its challenge (our credentials refused).
-func (g *Gateway) send(r *request, req *http.Request, t *try) (hop, answer, bool) {
+// send has t's proxy forward a plain request to the checked address
+// (the Host header keeps the name), and reads its answer's head, passing
+// interim answers (100 Continue) on to the client as they come. Only
+// what happens on the proxy's own hop fails it here: no answer at all,
+// or a 407 with its challenge (our credentials refused).
+func (g *Gateway) send(r *request, req *http.Request, t *try, c net.Conn) (hop, answer, bool) {
 	id := t.lease.GetLeaseId()
-	up, err := g.dial(r, t.lease)
+	raw, err := g.dial(r, t.lease)
 	if err != nil {
 		g.report(r, id, faults.Error, 0)
 		return hop{}, deny("PROXY_UNREACHABLE", "the leased proxy did not answer; no other proxy could take the request"), false
 	}
-	deadline := r.started.Add(g.o.TunnelTimeout)
-	_ = up.SetDeadline(deadline)
+	up := bounded{Conn: raw, idle: g.o.IdleTimeout, deadline: r.started.Add(g.o.TunnelTimeout)}
 	out := req.Clone(r.ctx)
 	removeHopByHop(out.Header)
+	// The name was checked on the addresses it resolved to: the proxy
+	// gets one of those, so it cannot resolve the name anew, elsewhere.
+	out.Host = req.Host
+	out.URL.Host = net.JoinHostPort(r.addr.String(), strconv.Itoa(int(r.port)))
 	out.Close = true // one request per upstream connection: the lease ends with it
 	credentials(t.lease).Authorize(out.Header)
+	gate := newBodyGate(out)
+	wrote := make(chan error, 1)
+	go func() { wrote <- out.WriteProxy(up) }()
+	// The answer's head is bounded (it comes from the site, through the
+	// proxy); its body is not.
+	head := &headLimit{r: up, n: 4 * g.o.MaxHeaderBytes}
+	ubr := bufio.NewReader(head)
 	var resp *http.Response
-	if err = out.WriteProxy(up); err == nil {
-		// The answer's head is bounded (it comes from the site, through
-		// the proxy); its body is not.
-		head := &headLimit{r: up, n: 4 * g.o.MaxHeaderBytes}
-		resp, err = http.ReadResponse(bufio.NewReader(head), req)
-		head.n = -1
+	for {
+		if resp, err = http.ReadResponse(ubr, req); err != nil || resp.StatusCode >= 200 || resp.StatusCode == http.StatusSwitchingProtocols {
+			break
+		}
+		// An interim answer goes to the client as it is; a 100 lets the
+		// body go on.
+		if resp.StatusCode == http.StatusContinue {
+			gate.open()
+		}
+		if _, werr := fmt.Fprintf(c, "HTTP/1.1 %s\r\n\r\n", resp.Status); werr != nil {
+			err = werr
+			break
+		}
+	}
+	head.n = -1
+	gate.close()
+	unread := false
+	if err == nil {
+		// The final answer came: the request went whole, or the server
+		// answered before taking its body (refused, or not asked for),
+		// which is then left on the client's connection.
+		select {
+		case werr := <-wrote:
+			unread = werr != nil
+		case <-time.After(100 * time.Millisecond):
+			unread = true
+		}
 	}
 	if err != nil {
 		_ = up.Close()
@@ -237,8 +297,54 @@ func (g *Gateway) send(r *request, req *http.Request, t *try) (hop, answer, bool
 		g.report(r, id, faults.Error, resp.StatusCode)
 		return hop{}, deny("PROXY_FAILED", "the leased proxy refused its credentials; no other proxy could take the request"), false
 	}
-	return hop{up: up, resp: resp}, answer{}, true
+	return hop{up: up, resp: resp, unread: unread}, answer{}, true
 }
+
+// bodyGate holds a request's body back until the server asked for it
+// (100 Continue), or a second passed without an answer, as RFC 9110's
+// Expect: 100-continue has a client do; a final answer first means the
+// body is never sent.
+type bodyGate struct {
+	body   io.ReadCloser
+	once   sync.Once
+	opened chan struct{}
+	sent   bool // the body was let through, under once
+}
+
+// errBodyRefused ends a request whose body the server answered before
+// asking for it.
+var errBodyRefused = errors.New("answered before its body was sent")
+
+// continueWait is how long a body waits for a 100 Continue before it
+// goes anyway, as net/http's Transport.ExpectContinueTimeout.
+const continueWait = time.Second
+
+// newBodyGate gates out's body if it expects 100-continue; otherwise the
+// gate is open.
+func newBodyGate(out *http.Request) *bodyGate {
+	g := &bodyGate{opened: make(chan struct{})}
+	if out.Body == nil || out.Body == http.NoBody || !strings.EqualFold(out.Header.Get("Expect"), "100-continue") {
+		g.open()
+		return g
+	}
+	g.body = out.Body
+	out.Body = g
+	time.AfterFunc(continueWait, g.open)
+	return g
+}
+
+func (g *bodyGate) open()  { g.once.Do(func() { g.sent = true; close(g.opened) }) }
+func (g *bodyGate) close() { g.once.Do(func() { close(g.opened) }) }
+
+func (g *bodyGate) Read(p []byte) (int, error) {
+	<-g.opened
+	if !g.sent {
+		return 0, errBodyRefused
+	}
+	return g.body.Read(p)
+}
+
+func (g *bodyGate) Close() error { return g.body.Close() }
 
 // errorPage is the gateway's answer in place of an error page (a
 // proxy's, or a site's dressed as one) the fault table judged res; false

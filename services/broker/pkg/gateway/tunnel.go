@@ -51,8 +51,6 @@ type half struct {
 // every few tunnels would be lost to it, and a reset says no more of a
 // proxy than the FIN it stands for.
 func (t *tunnel) run() (sent, received int64, clean bool) {
-	_ = t.client.SetWriteDeadline(t.deadline)
-	_ = t.up.SetWriteDeadline(t.deadline)
 	out := &half{dst: t.up, src: t.client}
 	in := &half{dst: t.client, src: t.up}
 	done := make(chan struct{})
@@ -77,36 +75,53 @@ func (t *tunnel) close() {
 	})
 }
 
-// shut ends the tunnel from the gateway's side.
-func (t *tunnel) shut() {
-	t.cut.Store(true)
+// shut ends the tunnel from the gateway's side, for why (a
+// tunnelEnds label), once.
+func (t *tunnel) shut(why string) {
+	if t.cut.CompareAndSwap(false, true) {
+		tunnelEnds.WithLabelValues(why).Inc()
+	}
 	t.close()
 }
 
 func (t *tunnel) pump(h, other *half) {
 	defer t.first.CompareAndSwap(nil, h)
+	// A source the poller cannot be asked about (a TLS client) is read
+	// with the idle timeout as its window: a window that passes without
+	// a byte is idleness.
+	pollable := isPollable(h.src)
+	window := min(activeWindow, t.idle/2)
+	if !pollable {
+		window = t.idle
+	}
 	for {
-		// Wait for a byte without holding anything but the goroutine:
-		// splice holds a pipe (two descriptors) while it waits, which idle
-		// tunnels would multiply.
-		_ = h.src.SetReadDeadline(t.until(t.idle))
-		if err := waitReadable(h.src); err != nil {
-			if !t.timedOut(h, err) {
-				return
+		if pollable {
+			// Wait for a byte without holding anything but the goroutine:
+			// splice holds a pipe (two descriptors) while it waits, which
+			// idle tunnels would multiply.
+			_ = h.src.SetReadDeadline(t.until(t.idle))
+			if err := waitReadable(h.src); err != nil {
+				if !t.timedOut(h, err) || t.idled(h, other) {
+					return
+				}
+				continue
 			}
-			h.idle.Store(true)
-			if other.idle.Load() {
-				t.shut()
-				return
-			}
-			continue
+			h.idle.Store(false)
 		}
-		h.idle.Store(false)
-		// Splice while bytes flow, for up to activeWindow; then wait again.
-		_ = h.src.SetReadDeadline(t.until(activeWindow))
+		// Splice while bytes flow, for up to window; then wait again. A
+		// write that waits an idle timeout past the window is a side that
+		// stopped reading: it would hold the tunnel, and its lease, to
+		// the tunnel's deadline.
+		_ = h.src.SetReadDeadline(t.until(window))
+		writeBy := t.until(window + t.idle)
+		_ = h.dst.SetWriteDeadline(writeBy)
 		n, err := io.Copy(h.dst, h.src)
 		h.n += n
-		if err == nil {
+		if n > 0 {
+			h.idle.Store(false)
+		}
+		switch {
+		case err == nil:
 			// EOF: pass the half-close on; the other direction may still
 			// be answering.
 			if cw, ok := h.dst.(interface{ CloseWrite() error }); ok {
@@ -114,11 +129,25 @@ func (t *tunnel) pump(h, other *half) {
 			}
 			h.idle.Store(true)
 			return
-		}
-		if !t.timedOut(h, err) {
+		case errors.Is(err, os.ErrDeadlineExceeded) && !time.Now().Before(writeBy) && writeBy.Before(t.deadline):
+			t.shut("stalled")
+			return
+		case !t.timedOut(h, err):
+			return
+		case !pollable && n == 0 && t.idled(h, other):
 			return
 		}
 	}
+}
+
+// idled marks h idle, and ends the tunnel if the other direction is too.
+func (t *tunnel) idled(h, other *half) bool {
+	h.idle.Store(true)
+	if other.idle.Load() {
+		t.shut("idle")
+		return true
+	}
+	return false
 }
 
 // timedOut says whether err is a read deadline short of the tunnel's own,
@@ -128,7 +157,7 @@ func (t *tunnel) timedOut(h *half, err error) bool {
 	case errors.Is(err, os.ErrDeadlineExceeded) && time.Now().Before(t.deadline):
 		return true
 	case errors.Is(err, os.ErrDeadlineExceeded):
-		t.shut()
+		t.shut("deadline")
 	default:
 		h.err = err
 		// First before the close: the close ends the other half too, and
@@ -151,6 +180,12 @@ func (t *tunnel) until(d time.Duration) time.Time {
 	return t.deadline
 }
 
+// isPollable says whether waitReadable can wait on c without reading it.
+func isPollable(c net.Conn) bool {
+	_, ok := c.(syscall.Conn)
+	return ok
+}
+
 // waitReadable returns once c has a byte to read, or its end (EOF, an
 // error: the copy that follows meets it), or its read deadline passes.
 func waitReadable(c net.Conn) error {
@@ -167,4 +202,31 @@ func waitReadable(c net.Conn) error {
 		_, _, err := syscall.Recvfrom(int(fd), b[:], syscall.MSG_PEEK|syscall.MSG_DONTWAIT)
 		return !errors.Is(err, syscall.EAGAIN)
 	})
+}
+
+// bounded is a connection each read and write of which must make
+// progress within an idle timeout, and all by a deadline: a plain
+// request's client that stops reading, or a site that stops sending,
+// ends it rather than holding its lease to the tunnel's timeout.
+type bounded struct {
+	net.Conn
+	idle     time.Duration
+	deadline time.Time
+}
+
+func (b bounded) next() time.Time {
+	if at := time.Now().Add(b.idle); at.Before(b.deadline) {
+		return at
+	}
+	return b.deadline
+}
+
+func (b bounded) Read(p []byte) (int, error) {
+	_ = b.Conn.SetReadDeadline(b.next())
+	return b.Conn.Read(p)
+}
+
+func (b bounded) Write(p []byte) (int, error) {
+	_ = b.Conn.SetWriteDeadline(b.next())
+	return b.Conn.Write(p)
 }

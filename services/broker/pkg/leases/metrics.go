@@ -21,7 +21,7 @@ var (
 	// refusalsUncounted: refusals ListRefusals misses (Redis failed to
 	// count them), so pools with autoscaling saw less demand than there was.
 	refusalsUncounted = prometheus.NewCounter(prometheus.CounterOpts{Name: "proxy_operator_broker_refusals_uncounted_total", Help: "Refused leases that could not be counted for ListRefusals."})
-	tokenLimited      = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "proxy_operator_broker_token_limited_total", Help: "Calls refused because their token was over a limit (leases: --token-max-leases, reports: --token-report-rate), by token name."}, []string{"token", "limit"})
+	tokenLimited      = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "proxy_operator_broker_token_limited_total", Help: "Calls refused because their token was over a limit (leases: --token-max-leases, reports: --token-report-rate, watches: --token-max-watches), by token name."}, []string{"token", "limit"})
 	storeFull         = prometheus.NewCounter(prometheus.CounterOpts{Name: "proxy_operator_broker_store_full_total", Help: "Calls refused because Redis was at its maxmemory."})
 )
 
@@ -48,6 +48,6 @@ func observeReport(o store.Outcome, statusCode, latencyMs int32, actions []strin
 var (
 	watchers = prometheus.NewGauge(prometheus.GaugeOpts{Name: "proxy_operator_broker_watches",
 		Help: "WatchProxies streams open."})
-	watchesEnded = prometheus.NewCounter(prometheus.CounterOpts{Name: "proxy_operator_broker_watches_fell_behind_total",
-		Help: "WatchProxies streams ended because they had WatchBacklog batches of changes unsent."})
+	watchesEnded = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "proxy_operator_broker_watches_ended_total",
+		Help: "WatchProxies streams the broker ended, by why: behind (WatchBacklog batches of changes unsent), stalled (a batch not taken within WatchSendTimeout: the watcher stopped reading)."}, []string{"why"})
 )

@@ -56,12 +56,15 @@ type Config struct {
 	TokenMaxLeases   int
 	TokenReportRate  float64
 	TokenReportBurst int
+	// TokenMaxWatches is the most WatchProxies streams the callers of one
+	// named token hold open on each broker (0: no cap).
+	TokenMaxWatches int
 }
 
 // DefaultConfig is what the flags default to.
 var DefaultConfig = Config{DefaultTTL: 5 * time.Minute, MinTTL: 10 * time.Second, MaxTTL: time.Hour, LeaseCap: 10, BanAware: true,
 	Faults:         store.Faults{Targets: 3, Window: 10 * time.Minute, Period: 30 * time.Minute, MaxFraction: 0.3},
-	TokenMaxLeases: 10000, TokenReportRate: 200, TokenReportBurst: 400}
+	TokenMaxLeases: 10000, TokenReportRate: 200, TokenReportBurst: 400, TokenMaxWatches: 64}
 
 // DefaultPolicy is what the flags default to where no TargetPolicy matches.
 var DefaultPolicy = policy.Target{Policy: store.Policy{CooldownBase: 15 * time.Minute, CooldownMax: 4 * time.Hour, CooldownWindow: time.Hour,
@@ -84,6 +87,7 @@ type Service struct {
 func New(inv *inventory.Inventory, st *store.Store, idx *index.Maintainer, pol *policy.Policies, cfg Config) *Service {
 	s := &Service{inv: inv, store: st, idx: idx, pol: pol, cfg: cfg}
 	s.hub = newHub(inv, s.views)
+	s.hub.maxPerCaller = cfg.TokenMaxWatches
 	return s
 }
 
@@ -128,7 +132,7 @@ const ErrorDomain = "egress-proxies.broker"
 var (
 	leaseIDPattern = regexp.MustCompile(`^[0-9a-f]{32}$`)
 	keyPattern     = regexp.MustCompile(`^[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$`)
-	hostPattern    = regexp.MustCompile(`^[A-Za-z0-9]([-A-Za-z0-9.:\[\]]{0,251}[A-Za-z0-9\]])?$`)
+	hostPattern    = regexp.MustCompile(`^[A-Za-z0-9_]([-A-Za-z0-9_.:\[\]]{0,251}[A-Za-z0-9_\]])?$`)
 	requestPattern = regexp.MustCompile(`^[A-Za-z0-9_.:-]{1,64}$`)
 	sessionPattern = regexp.MustCompile(`^[A-Za-z0-9_.:-]{1,128}$`)
 )

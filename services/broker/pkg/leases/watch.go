@@ -2,6 +2,7 @@ package leases
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"maps"
 	"slices"
@@ -9,10 +10,12 @@ import (
 	"sync"
 	"time"
 
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/egress-proxies/egress-proxies/pkg/auth"
 	leasev1 "github.com/egress-proxies/egress-proxies/pkg/gen/egressproxies/lease/v1"
 	"github.com/egress-proxies/egress-proxies/services/broker/pkg/inventory"
 )
@@ -39,12 +42,20 @@ func sameView(a, b inventory.Proxy) bool {
 		maps.Equal(a.Attributes, b.Attributes)
 }
 
+// WatchSendTimeout bounds each batch's send to a watcher: one whose
+// stream does not take a batch within it (it stopped reading, and gRPC's
+// flow control holds the send) is ended, so it pins neither its batches
+// nor its goroutine.
+var WatchSendTimeout = 30 * time.Second
+
 // watch is one open WatchProxies stream, as the hub sees it.
 type watch struct {
 	filter filter
+	caller string
 	events chan []*leasev1.ProxyEvent
-	// err ends the stream once events is closed.
-	err error
+	// ended is closed when the hub ends the watch; err says why.
+	ended chan struct{}
+	err   error
 }
 
 // hub fans the broker's view of the fleet out to every watch: it keeps
@@ -58,27 +69,35 @@ type hub struct {
 	views func(context.Context, []inventory.Proxy) (map[string]*leasev1.Proxy, error)
 	log   *slog.Logger
 
+	// maxPerCaller bounds the watches one token holds (0: no bound).
+	maxPerCaller int
+
 	mu sync.Mutex
 	// ready: told holds the inventory (taken once it synced); stopped:
 	// the broker is stopping, and every watch has ended.
 	ready, stopped bool
 	told           map[string]inventory.Proxy // by UID
 	watches        map[*watch]struct{}
-	dirty          map[string]struct{}
-	wake           chan struct{}
+	perCaller      map[string]int
+
+	// dirty is the inventory's event path: it has a lock of its own, so
+	// a fan-out to many watches never holds up the inventory's informer.
+	dirtyMu sync.Mutex
+	dirty   map[string]struct{}
+	wake    chan struct{}
 }
 
 func newHub(inv *inventory.Inventory, views func(context.Context, []inventory.Proxy) (map[string]*leasev1.Proxy, error)) *hub {
 	h := &hub{inv: inv, views: views, log: slog.Default(), told: map[string]inventory.Proxy{}, watches: map[*watch]struct{}{},
-		dirty: map[string]struct{}{}, wake: make(chan struct{}, 1)}
+		perCaller: map[string]int{}, dirty: map[string]struct{}{}, wake: make(chan struct{}, 1)}
 	inv.OnChange(h.changed)
 	return h
 }
 
 func (h *hub) changed(uid string) {
-	h.mu.Lock()
+	h.dirtyMu.Lock()
 	h.dirty[uid] = struct{}{}
-	h.mu.Unlock()
+	h.dirtyMu.Unlock()
 	select {
 	case h.wake <- struct{}{}:
 	default:
@@ -89,10 +108,12 @@ func (h *hub) changed(uid string) {
 // synced, and says whether it has.
 func (h *hub) readyLocked() bool {
 	if !h.ready && !h.stopped && h.inv.Synced() {
+		h.dirtyMu.Lock()
+		clear(h.dirty)
+		h.dirtyMu.Unlock()
 		for _, p := range h.inv.Select("", nil, nil, false) {
 			h.told[p.UID] = p
 		}
-		clear(h.dirty)
 		h.ready = true
 	}
 	return h.ready
@@ -120,13 +141,15 @@ func (h *hub) run(ctx context.Context) {
 // send turns the changes since the last send into each watch's events.
 func (h *hub) send(ctx context.Context) error {
 	h.mu.Lock()
-	if !h.readyLocked() {
-		h.mu.Unlock()
+	ready := h.readyLocked()
+	h.mu.Unlock()
+	if !ready {
 		return nil
 	}
+	h.dirtyMu.Lock()
 	dirty := slices.Sorted(maps.Keys(h.dirty))
 	clear(h.dirty)
-	h.mu.Unlock()
+	h.dirtyMu.Unlock()
 	if len(dirty) == 0 {
 		return nil
 	}
@@ -142,11 +165,11 @@ func (h *hub) send(ctx context.Context) error {
 	// The views are of the same snapshot the filters judge.
 	views, err := h.views(ctx, present)
 	if err != nil {
-		h.mu.Lock()
+		h.dirtyMu.Lock()
 		for _, uid := range dirty {
 			h.dirty[uid] = struct{}{}
 		}
-		h.mu.Unlock()
+		h.dirtyMu.Unlock()
 		return err
 	}
 	h.mu.Lock()
@@ -171,7 +194,7 @@ func (h *hub) send(ctx context.Context) error {
 		select {
 		case w.events <- evs:
 		default:
-			watchesEnded.Inc()
+			watchesEnded.WithLabelValues("behind").Inc()
 			h.endLocked(w, status.Errorf(codes.ResourceExhausted, "this watch fell %d batches of changes behind; watch again", WatchBacklog))
 		}
 	}
@@ -187,14 +210,21 @@ func (h *hub) send(ctx context.Context) error {
 
 // subscribe opens a watch and returns the set it starts from, sorted by
 // id; every change after that set comes on the watch's events.
-func (h *hub) subscribe(f filter) (*watch, []inventory.Proxy, error) {
+func (h *hub) subscribe(f filter, caller string) (*watch, []inventory.Proxy, error) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if !h.readyLocked() {
 		return nil, nil, status.Error(codes.Unavailable, "the broker has not synced the fleet yet, or is stopping")
 	}
-	w := &watch{filter: f, events: make(chan []*leasev1.ProxyEvent, WatchBacklog)}
+	if h.maxPerCaller > 0 && caller != "" && h.perCaller[caller] >= h.maxPerCaller {
+		tokenLimited.WithLabelValues(caller, "watches").Inc()
+		st := status.New(codes.ResourceExhausted, fmt.Sprintf("token %q holds its %d watches on this broker (--token-max-watches); end one, or share one watch among a process's callers", caller, h.maxPerCaller))
+		st, _ = st.WithDetails(&errdetails.ErrorInfo{Reason: "TOKEN_WATCH_CAP", Domain: ErrorDomain, Metadata: map[string]string{"token": caller}})
+		return nil, nil, st.Err()
+	}
+	w := &watch{filter: f, caller: caller, events: make(chan []*leasev1.ProxyEvent, WatchBacklog), ended: make(chan struct{})}
 	h.watches[w] = struct{}{}
+	h.perCaller[caller]++
 	watchers.Inc()
 	var first []inventory.Proxy
 	for _, p := range h.told {
@@ -217,9 +247,13 @@ func (h *hub) endLocked(w *watch, err error) {
 		return
 	}
 	delete(h.watches, w)
+	if h.perCaller[w.caller]--; h.perCaller[w.caller] <= 0 {
+		delete(h.perCaller, w.caller)
+	}
 	watchers.Dec()
 	w.err = err
 	close(w.events)
+	close(w.ended)
 }
 
 func (h *hub) close(err error) {
@@ -261,12 +295,50 @@ func (s *Service) WatchProxies(req *leasev1.WatchProxiesRequest, stream grpc.Ser
 	if err := s.checkSynced(); err != nil {
 		return err
 	}
-	w, first, err := s.hub.subscribe(filter{namespace: req.GetNamespace(), selector: req.GetSelector(), healthy: req.Healthy})
+	w, first, err := s.hub.subscribe(filter{namespace: req.GetNamespace(), selector: req.GetSelector(), healthy: req.Healthy}, auth.Caller(stream.Context()))
 	if err != nil {
 		return err
 	}
 	defer s.hub.unsubscribe(w)
 	ctx := stream.Context()
+	// The stream is written by one goroutine; this one ends the call when
+	// a send takes longer than WatchSendTimeout, the hub ends the watch,
+	// or the caller leaves. Ending it ends a send held by flow control.
+	sent := make(chan error, 1)
+	progress := make(chan struct{}, 1)
+	send := func(r *leasev1.WatchProxiesResponse) error {
+		err := stream.Send(r)
+		select {
+		case progress <- struct{}{}:
+		default:
+		}
+		return err
+	}
+	go func() { sent <- s.stream(ctx, w, first, send) }()
+	stall := time.NewTimer(WatchSendTimeout)
+	defer stall.Stop()
+	for {
+		select {
+		case err := <-sent:
+			return err
+		case <-progress:
+			stall.Reset(WatchSendTimeout)
+		case <-stall.C:
+			watchesEnded.WithLabelValues("stalled").Inc()
+			return status.Errorf(codes.DeadlineExceeded, "this watch took no batch for %s; watch again", WatchSendTimeout)
+		case <-w.ended:
+			if w.err != nil {
+				return w.err
+			}
+		case <-ctx.Done():
+			return nil
+		}
+	}
+}
+
+// stream sends w's starting set, the synced mark and then its changes
+// until the hub ends it.
+func (s *Service) stream(ctx context.Context, w *watch, first []inventory.Proxy, send func(*leasev1.WatchProxiesResponse) error) error {
 	for page := range slices.Chunk(first, MaxPageSize) {
 		views, err := s.views(ctx, page)
 		if err != nil {
@@ -276,24 +348,17 @@ func (s *Service) WatchProxies(req *leasev1.WatchProxiesRequest, stream grpc.Ser
 		for i, p := range page {
 			evs[i] = &leasev1.ProxyEvent{Type: leasev1.ProxyEvent_TYPE_UPSERT, Proxy: views[p.UID]}
 		}
-		if err := stream.Send(&leasev1.WatchProxiesResponse{Events: evs}); err != nil {
+		if err := send(&leasev1.WatchProxiesResponse{Events: evs}); err != nil {
 			return err
 		}
 	}
-	if err := stream.Send(&leasev1.WatchProxiesResponse{Events: []*leasev1.ProxyEvent{{Type: leasev1.ProxyEvent_TYPE_SYNCED}}}); err != nil {
+	if err := send(&leasev1.WatchProxiesResponse{Events: []*leasev1.ProxyEvent{{Type: leasev1.ProxyEvent_TYPE_SYNCED}}}); err != nil {
 		return err
 	}
-	for {
-		select {
-		case <-ctx.Done():
-			return nil
-		case evs, ok := <-w.events:
-			if !ok {
-				return w.err
-			}
-			if err := stream.Send(&leasev1.WatchProxiesResponse{Events: evs}); err != nil {
-				return err
-			}
+	for evs := range w.events {
+		if err := send(&leasev1.WatchProxiesResponse{Events: evs}); err != nil {
+			return err
 		}
 	}
+	return w.err
 }

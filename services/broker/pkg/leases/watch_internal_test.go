@@ -26,9 +26,9 @@ func TestAWatchThatFallsBehindIsEndedAndTheOthersGoOn(t *testing.T) {
 		return out, nil
 	})
 	h.ready = true // as if the inventory had synced, empty
-	stuck, _, err := h.subscribe(filter{})
+	stuck, _, err := h.subscribe(filter{}, "")
 	require.NoError(t, err)
-	reader, _, err := h.subscribe(filter{})
+	reader, _, err := h.subscribe(filter{}, "")
 	require.NoError(t, err)
 	for i := range WatchBacklog + 1 {
 		inv.Set(inventory.Proxy{UID: "u", ID: "ns/p", Healthy: i%2 == 0})

@@ -36,7 +36,11 @@ func watchREST(mux *runtime.ServeMux, in inProcess, writeTimeout time.Duration) 
 		// What the gateway does for the other calls: the token reaches the
 		// interceptors as gRPC metadata.
 		ctx := metadata.NewIncomingContext(r.Context(), metadata.Pairs("authorization", r.Header.Get("Authorization")))
+		// The request was read: the port's read timeout must not go on
+		// to cancel the watch (net/http cancels a request's context when
+		// its connection's read deadline passes; golang/go#70834).
 		st := &restStream{ctx: ctx, w: w, rc: http.NewResponseController(w), m: m, timeout: writeTimeout}
+		_ = st.rc.SetReadDeadline(time.Time{})
 		err := in.WatchProxies(req, st)
 		switch {
 		case err == nil:

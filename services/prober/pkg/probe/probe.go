@@ -19,6 +19,7 @@ import (
 	"net/netip"
 	"net/url"
 	"strings"
+	"strconv"
 	"sync"
 	"time"
 
@@ -80,25 +81,31 @@ type Prober struct {
 // probes the same few URLs, and a lookup per probe would cost more than
 // the probe.
 type resolution struct {
+	addr    netip.Addr
 	err     error
 	expires time.Time
 }
 
 const resolveTTL = 30 * time.Second
 
-// checkTarget says why the probe must not send a proxy to u, or nil.
-func (p *Prober) checkTarget(ctx context.Context, u *url.URL) error {
+// checkTarget resolves u's host and says why the probe must not send a
+// proxy there, or which checked address to send it to: the proxy is
+// given that address, not the name, so it cannot resolve the name anew
+// to somewhere else (DNS rebinding). A name that does not resolve here
+// is not probed.
+func (p *Prober) checkTarget(ctx context.Context, u *url.URL) (netip.Addr, error) {
 	host, port, connect := netpolicy.Destination(u)
 	if ip, err := netip.ParseAddr(host); err == nil {
-		return p.Egress.Check(ip, port, connect)
+		return ip, p.Egress.Check(ip, port, connect)
 	}
 	key := fmt.Sprintf("%s:%d:%t", host, port, connect)
 	if r, ok := p.resolved.Load(key); ok && time.Now().Before(r.(resolution).expires) {
-		return r.(resolution).err
+		return r.(resolution).addr, r.(resolution).err
 	}
 	ips, err := net.DefaultResolver.LookupNetIP(ctx, "ip", host)
-	if err != nil {
-		return nil // the proxy resolves it, or fails the probe
+	if err != nil || len(ips) == 0 {
+		// Not kept: the next probe asks again.
+		return netip.Addr{}, fmt.Errorf("%s does not resolve here, so its address cannot be checked", host)
 	}
 	var denied error
 	for _, ip := range ips {
@@ -107,8 +114,9 @@ func (p *Prober) checkTarget(ctx context.Context, u *url.URL) error {
 			break
 		}
 	}
-	p.resolved.Store(key, resolution{denied, time.Now().Add(resolveTTL)})
-	return denied
+	r := resolution{addr: ips[0].Unmap().WithZone(""), err: denied, expires: time.Now().Add(resolveTTL)}
+	p.resolved.Store(key, r)
+	return r.addr, r.err
 }
 
 // MaxHeaderBytes bounds the status line and headers of each answer a probe
@@ -155,9 +163,12 @@ func (p *Prober) Do(ctx context.Context, proxyAddr string, s Settings) Result {
 	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
 		return fail(probev1.ProbePhase_PROBE_PHASE_HTTP, start, "probe URL %q is not an absolute http(s) URL", s.URL)
 	}
-	if err := p.checkTarget(ctx, u); err != nil {
+	addr, err := p.checkTarget(ctx, u)
+	if err != nil {
 		return fail(probev1.ProbePhase_PROBE_PHASE_DIAL, start, "probe URL %s is outside the egress policy: %s", u.Host, err)
 	}
+	_, port, _ := netpolicy.Destination(u)
+	pinned := net.JoinHostPort(addr.String(), strconv.Itoa(int(port)))
 	d := net.Dialer{Control: p.Deny.Control}
 	conn, err := d.DialContext(ctx, "tcp", proxyAddr)
 	var denied *netpolicy.DeniedError
@@ -183,10 +194,7 @@ func (p *Prober) Do(ctx context.Context, proxyAddr string, s Settings) Result {
 	var exchange io.Reader = conn
 	req := p.request(ctx, u)
 	if u.Scheme == "https" {
-		host := u.Host
-		if u.Port() == "" {
-			host = net.JoinHostPort(u.Hostname(), "443")
-		}
+		host := pinned
 		connect := &http.Request{Method: http.MethodConnect, URL: &url.URL{Opaque: host}, Host: host, Header: http.Header{}}
 		s.Credentials.Authorize(connect.Header)
 		if err := connect.Write(conn); err != nil {
@@ -217,7 +225,10 @@ func (p *Prober) Do(ctx context.Context, proxyAddr string, s Settings) Result {
 		// A plain http request goes to the proxy itself, so it carries
 		// the credentials; inside a tunnel they never go to the target.
 		s.Credentials.Authorize(req.Header)
-		if err := req.WriteProxy(conn); err != nil {
+		out := *req
+		out.URL = &url.URL{Scheme: u.Scheme, Host: pinned, Path: u.Path, RawPath: u.RawPath, RawQuery: u.RawQuery}
+		out.Host = u.Host
+		if err := out.WriteProxy(conn); err != nil {
 			return fail(probev1.ProbePhase_PROBE_PHASE_HTTP, start, "sending request: %s", short(err))
 		}
 	}
