@@ -18,8 +18,8 @@ import (
 	"net/http"
 	"net/netip"
 	"net/url"
-	"strings"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
