@@ -140,10 +140,16 @@ func (e Egress) CheckHost(host string, port uint16, connect bool) error {
 
 // SquidRules are the squid.conf access rules enforcing e, ahead of every
 // allow: the cache manager, then (past the allowance) denied
-// destinations, ports and CONNECTs, then clients matching the ACL named
-// admit (proxy_auth: who has the credentials; "all" for an open proxy).
-// Squid checks dst on the addresses it resolves and then connects to, so
-// a name that resolves inside cannot get round it.
+// destinations and ports, then clients matching the ACL named admit
+// (proxy_auth: who has the credentials; "all" for an open proxy). Squid
+// checks dst on the addresses it resolves and then connects to, so a name
+// that resolves inside cannot get round it.
+//
+// A CONNECT may go to any egress port, not only TLSPorts: the gateway and
+// the prober carry plain HTTP in a tunnel to the address they checked
+// (Squid would otherwise resolve the name again, and it rewrites Host
+// from an absolute URI's address). TLSPorts is held where clients'
+// CONNECTs are judged: the gateway and the prober.
 func (e Egress) SquidRules(admit string) string {
 	var b strings.Builder
 	acl := func(name, typ string, vals []string) {
@@ -160,10 +166,6 @@ func (e Egress) SquidRules(admit string) string {
 	if len(e.Ports) > 0 {
 		acl("egress_ports", "port", e.Ports.strings())
 	}
-	if len(e.TLSPorts) > 0 {
-		acl("egress_tls_ports", "port", e.TLSPorts.strings())
-	}
-	b.WriteString("acl egress_connect method CONNECT\n")
 	b.WriteString("http_access deny manager\n")
 	if len(e.Allowance) > 0 {
 		fmt.Fprintf(&b, "http_access allow egress_allowance %s\n", admit)
@@ -173,9 +175,6 @@ func (e Egress) SquidRules(admit string) string {
 	}
 	if len(e.Ports) > 0 {
 		b.WriteString("http_access deny !egress_ports\n")
-	}
-	if len(e.TLSPorts) > 0 {
-		b.WriteString("http_access deny egress_connect !egress_tls_ports\n")
 	}
 	fmt.Fprintf(&b, "http_access allow %s\nhttp_access deny all\n", admit)
 	return b.String()

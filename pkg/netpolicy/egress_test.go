@@ -91,13 +91,10 @@ func TestSquidRulesDenyBeforeAnyAllow(t *testing.T) {
 	assert.Equal(t, `acl egress_allowance dst 127.0.0.2/32
 acl egress_denied dst 10.0.0.0/8 169.254.0.0/16
 acl egress_ports port 80 443
-acl egress_tls_ports port 443
-acl egress_connect method CONNECT
 http_access deny manager
 http_access allow egress_allowance egress_authenticated
 http_access deny egress_denied
 http_access deny !egress_ports
-http_access deny egress_connect !egress_tls_ports
 http_access allow egress_authenticated
 http_access deny all
 `, e.SquidRules("egress_authenticated"))

@@ -18,7 +18,7 @@ import (
 type dnsServer struct {
 	addr  string
 	mu    sync.Mutex
-	names map[string]netip.Addr
+	names map[string][]netip.Addr
 }
 
 func startDNS(t *testing.T) *dnsServer {
@@ -26,16 +26,16 @@ func startDNS(t *testing.T) *dnsServer {
 	pc, err := net.ListenPacket("udp", "127.0.0.1:0")
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = pc.Close() })
-	d := &dnsServer{addr: pc.LocalAddr().String(), names: map[string]netip.Addr{}}
+	d := &dnsServer{addr: pc.LocalAddr().String(), names: map[string][]netip.Addr{}}
 	go d.serve(pc)
 	return d
 }
 
-// set makes name resolve to ip.
-func (d *dnsServer) set(name string, ip netip.Addr) {
+// set makes name resolve to ips (IPv4 ones, answered in this order).
+func (d *dnsServer) set(name string, ips ...netip.Addr) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	d.names[strings.ToLower(strings.TrimSuffix(name, "."))] = ip
+	d.names[strings.ToLower(strings.TrimSuffix(name, "."))] = ips
 }
 
 func (d *dnsServer) serve(pc net.PacketConn) {
@@ -52,17 +52,19 @@ func (d *dnsServer) serve(pc net.PacketConn) {
 		q := m.Questions[0]
 		m.Header.Response, m.Header.Authoritative, m.Header.RecursionAvailable = true, true, true
 		d.mu.Lock()
-		ip, ok := d.names[strings.ToLower(strings.TrimSuffix(q.Name.String(), "."))]
+		ips, ok := d.names[strings.ToLower(strings.TrimSuffix(q.Name.String(), "."))]
 		d.mu.Unlock()
 		m.Answers = nil
-		switch {
-		case !ok:
+		if !ok {
 			m.Header.RCode = dnsmessage.RCodeNameError
-		case q.Type == dnsmessage.TypeA && ip.Is4():
-			m.Answers = []dnsmessage.Resource{{
-				Header: dnsmessage.ResourceHeader{Name: q.Name, Type: dnsmessage.TypeA, Class: dnsmessage.ClassINET, TTL: 5},
-				Body:   &dnsmessage.AResource{A: ip.As4()},
-			}}
+		}
+		for _, ip := range ips {
+			if q.Type == dnsmessage.TypeA && ip.Is4() {
+				m.Answers = append(m.Answers, dnsmessage.Resource{
+					Header: dnsmessage.ResourceHeader{Name: q.Name, Type: dnsmessage.TypeA, Class: dnsmessage.ClassINET, TTL: 5},
+					Body:   &dnsmessage.AResource{A: ip.As4()},
+				})
+			}
 		}
 		out, err := m.Pack()
 		if err != nil {

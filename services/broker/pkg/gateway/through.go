@@ -68,6 +68,7 @@ func (t *try) tag(a *answer) {
 type hop struct {
 	up   net.Conn
 	ubr  *bufio.Reader
+	head *headLimit // under ubr
 	resp *http.Response
 	// unread: the plain request's body was not all sent (the site
 	// answered first), so its client connection cannot carry another.
@@ -132,7 +133,7 @@ func (g *Gateway) through(r *request, req *http.Request, c net.Conn) (hop, *try,
 			return h, t, nil
 		}
 		t.tag(&a)
-		if a.fault != faults.Proxy || !resendable(req) {
+		if a.fault != faults.Proxy {
 			g.release(r, lease.GetLeaseId())
 			return hop{}, nil, &a
 		}
@@ -141,12 +142,6 @@ func (g *Gateway) through(r *request, req *http.Request, c net.Conn) (hop, *try,
 		n++
 	}
 	return hop{}, nil, last
-}
-
-// resendable says whether req may go to another proxy after one failed:
-// a CONNECT, or a request without a body (the first try consumed it).
-func resendable(req *http.Request) bool {
-	return req.Method == http.MethodConnect || (req.ContentLength == 0 && len(req.TransferEncoding) == 0)
 }
 
 // open has t's proxy open a tunnel to the checked addresses, one after
@@ -209,7 +204,7 @@ func (g *Gateway) connect(r *request, t *try, addr netip.Addr) (hop, *http.Respo
 	if resp.StatusCode/100 == 2 {
 		head.n = -1
 		_ = up.SetDeadline(time.Time{})
-		return hop{up: up, ubr: ubr}, nil, answer{}, true
+		return hop{up: up, ubr: ubr, head: head}, nil, answer{}, true
 	}
 	_ = up.Close()
 	return hop{}, resp, answer{}, false
@@ -229,37 +224,35 @@ func siteFailed(r *request, resp *http.Response) answer {
 	return deny("SITE_UNREACHABLE", fmt.Sprintf("%s:%d refused the leased proxy's connection or is unreachable (%s); the proxy is not blamed", r.host, r.port, clip(why)))
 }
 
-// send has t's proxy forward a plain request to the checked address
-// (the Host header keeps the name), and reads its answer's head, passing
-// interim answers (100 Continue) on to the client as they come. Only
-// what happens on the proxy's own hop fails it here: no answer at all,
-// or a 407 with its challenge (our credentials refused).
+// send has t's proxy open a tunnel to the checked address, as open
+// does, and sends the plain request through it itself: the proxy never
+// sees the name, so it cannot resolve it anew to somewhere else (DNS
+// rebinding), and the site gets the request as the client wrote it,
+// Host and all (a proxy forwarding an absolute URI rewrites Host from it).
+// Interim answers (100 Continue) go on to the client as they come. Once
+// the tunnel is open, the proxy only carries bytes: what fails after
+// that is the site's.
 func (g *Gateway) send(r *request, req *http.Request, t *try, c net.Conn) (hop, answer, bool) {
-	id := t.lease.GetLeaseId()
-	raw, err := g.dial(r, t.lease)
-	if err != nil {
-		g.report(r, id, faults.Error, 0)
-		return hop{}, deny("PROXY_UNREACHABLE", "the leased proxy did not answer; no other proxy could take the request"), false
+	h, a, ok := g.open(r, t)
+	if !ok {
+		return h, a, false
 	}
-	up := bounded{Conn: raw, idle: g.o.IdleTimeout, deadline: r.started.Add(g.o.TunnelTimeout)}
+	up := bounded{Conn: h.up, idle: g.o.IdleTimeout, deadline: r.started.Add(g.o.TunnelTimeout)}
+	h.head.r = up
 	out := req.Clone(r.ctx)
 	removeHopByHop(out.Header)
-	// The name was checked on the addresses it resolved to: the proxy
-	// gets one of those, so it cannot resolve the name anew, elsewhere.
-	out.Host = req.Host
-	out.URL.Host = net.JoinHostPort(r.addr.String(), strconv.Itoa(int(r.port)))
-	out.Close = true // one request per upstream connection: the lease ends with it
-	credentials(t.lease).Authorize(out.Header)
+	out.URL = &neturl.URL{Path: req.URL.Path, RawPath: req.URL.RawPath, RawQuery: req.URL.RawQuery, ForceQuery: req.URL.ForceQuery}
+	out.Close = true // one request per tunnel: the lease ends with it
 	gate := newBodyGate(out)
 	wrote := make(chan error, 1)
-	go func() { wrote <- out.WriteProxy(up) }()
-	// The answer's head is bounded (it comes from the site, through the
-	// proxy); its body is not.
-	head := &headLimit{r: up, n: 4 * g.o.MaxHeaderBytes}
-	ubr := bufio.NewReader(head)
+	go func() { wrote <- out.Write(up) }()
+	// The answer's head is bounded (it comes from the site); its body is
+	// not.
+	h.head.n = 4 * g.o.MaxHeaderBytes
 	var resp *http.Response
+	var err error
 	for {
-		if resp, err = http.ReadResponse(ubr, req); err != nil || resp.StatusCode >= 200 || resp.StatusCode == http.StatusSwitchingProtocols {
+		if resp, err = http.ReadResponse(h.ubr, req); err != nil || resp.StatusCode >= 200 || resp.StatusCode == http.StatusSwitchingProtocols {
 			break
 		}
 		// An interim answer goes to the client as it is; a 100 lets the
@@ -272,32 +265,24 @@ func (g *Gateway) send(r *request, req *http.Request, t *try, c net.Conn) (hop, 
 			break
 		}
 	}
-	head.n = -1
+	h.head.n = -1
 	gate.close()
-	unread := false
-	if err == nil {
-		// The final answer came: the request went whole, or the server
-		// answered before taking its body (refused, or not asked for),
-		// which is then left on the client's connection.
-		select {
-		case werr := <-wrote:
-			unread = werr != nil
-		case <-time.After(100 * time.Millisecond):
-			unread = true
-		}
-	}
 	if err != nil {
 		_ = up.Close()
-		g.report(r, id, faults.Error, 0)
-		return hop{}, deny("PROXY_FAILED", "the leased proxy gave no answer; no other proxy could take the request"), false
+		g.report(r, t.lease.GetLeaseId(), faults.TargetError, 0)
+		return hop{}, deny("SITE_FAILED", fmt.Sprintf("%s:%d gave no answer through the leased proxy; the proxy is not blamed", r.host, r.port)), false
 	}
-	if faults.Response(resp.StatusCode, resp.Header, nil) == faults.Error {
-		_ = resp.Body.Close()
-		_ = up.Close()
-		g.report(r, id, faults.Error, resp.StatusCode)
-		return hop{}, deny("PROXY_FAILED", "the leased proxy refused its credentials; no other proxy could take the request"), false
+	// The final answer came: the request went whole, or the server
+	// answered before taking its body (refused, or not asked for), which
+	// is then left on the client's connection.
+	select {
+	case werr := <-wrote:
+		h.unread = werr != nil
+	case <-time.After(100 * time.Millisecond):
+		h.unread = true
 	}
-	return hop{up: up, resp: resp, unread: unread}, answer{}, true
+	h.up, h.resp = up, resp
+	return h, answer{}, true
 }
 
 // bodyGate holds a request's body back until the server asked for it

@@ -1,9 +1,10 @@
 // Package probe fetches a URL through an HTTP proxy and says whether, and
-// where, it failed. For https targets it opens a real CONNECT tunnel,
-// verifies the target's certificate through it, and sends the request
-// inside; for http targets it sends an absolute-form request to the proxy.
-// A proxy that accepts TCP but cannot egress fails at CONNECT (or, for
-// http targets, at STATUS with the proxy's own answer).
+// where, it failed. It opens a real CONNECT tunnel to the address it
+// resolved the target's name to and checked (never the name: the proxy
+// would resolve it again, perhaps elsewhere), verifies an https target's
+// certificate through it, and sends the request inside, Host and SNI
+// naming the target. A proxy that accepts TCP but cannot egress fails at
+// CONNECT.
 package probe
 
 import (
@@ -18,7 +19,7 @@ import (
 	"net/http"
 	"net/netip"
 	"net/url"
-	"strconv"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -114,7 +115,12 @@ func (p *Prober) checkTarget(ctx context.Context, u *url.URL) (netip.Addr, error
 			break
 		}
 	}
-	r := resolution{addr: ips[0].Unmap().WithZone(""), err: denied, expires: time.Now().Add(resolveTTL)}
+	// IPv4 first where there is one: most proxies egress over it.
+	addr := ips[0]
+	if i := slices.IndexFunc(ips, func(ip netip.Addr) bool { return ip.Unmap().Is4() }); i >= 0 {
+		addr = ips[i]
+	}
+	r := resolution{addr: addr.Unmap().WithZone(""), err: denied, expires: time.Now().Add(resolveTTL)}
 	p.resolved.Store(key, r)
 	return r.addr, r.err
 }
@@ -168,7 +174,7 @@ func (p *Prober) Do(ctx context.Context, proxyAddr string, s Settings) Result {
 		return fail(probev1.ProbePhase_PROBE_PHASE_DIAL, start, "probe URL %s is outside the egress policy: %s", u.Host, err)
 	}
 	_, port, _ := netpolicy.Destination(u)
-	pinned := net.JoinHostPort(addr.String(), strconv.Itoa(int(port)))
+	pinned := netip.AddrPortFrom(addr, port).String()
 	d := net.Dialer{Control: p.Deny.Control}
 	conn, err := d.DialContext(ctx, "tcp", proxyAddr)
 	var denied *netpolicy.DeniedError
@@ -189,48 +195,36 @@ func (p *Prober) Do(ctx context.Context, proxyAddr string, s Settings) Result {
 		maxBody = DefaultMaxBody
 	}
 
-	// The exchange the answer comes back on: the tunnel's TLS for https,
-	// the proxy's connection for http.
-	var exchange io.Reader = conn
+	// The exchange the answer comes back on: the tunnel, or its TLS.
 	req := p.request(ctx, u)
+	connect := &http.Request{Method: http.MethodConnect, URL: &url.URL{Opaque: pinned}, Host: pinned, Header: http.Header{}}
+	s.Credentials.Authorize(connect.Header)
+	if err := connect.Write(conn); err != nil {
+		return fail(probev1.ProbePhase_PROBE_PHASE_CONNECT, start, "sending CONNECT: %s", short(err))
+	}
+	head := newBudget(conn, MaxHeaderBytes)
+	br := bufio.NewReader(head)
+	cr, err := http.ReadResponse(br, connect)
+	if err != nil {
+		return fail(probev1.ProbePhase_PROBE_PHASE_CONNECT, start, "no answer to CONNECT %s: %s", pinned, readFailure(deadline, head, err))
+	}
+	_ = cr.Body.Close()
+	if cr.StatusCode != http.StatusOK {
+		return fail(probev1.ProbePhase_PROBE_PHASE_CONNECT, start, "proxy refused CONNECT %s: %s%s", pinned, cr.Status, squidCode(cr))
+	}
+	if br.Buffered() > 0 {
+		return fail(probev1.ProbePhase_PROBE_PHASE_CONNECT, start, "proxy sent data before the tunnel opened")
+	}
+	var exchange io.ReadWriter = conn
 	if u.Scheme == "https" {
-		host := pinned
-		connect := &http.Request{Method: http.MethodConnect, URL: &url.URL{Opaque: host}, Host: host, Header: http.Header{}}
-		s.Credentials.Authorize(connect.Header)
-		if err := connect.Write(conn); err != nil {
-			return fail(probev1.ProbePhase_PROBE_PHASE_CONNECT, start, "sending CONNECT: %s", short(err))
-		}
-		head := newBudget(conn, MaxHeaderBytes)
-		br := bufio.NewReader(head)
-		cr, err := http.ReadResponse(br, connect)
-		if err != nil {
-			return fail(probev1.ProbePhase_PROBE_PHASE_CONNECT, start, "no answer to CONNECT %s: %s", host, readFailure(deadline, head, err))
-		}
-		_ = cr.Body.Close()
-		if cr.StatusCode != http.StatusOK {
-			return fail(probev1.ProbePhase_PROBE_PHASE_CONNECT, start, "proxy refused CONNECT %s: %s", host, cr.Status)
-		}
-		if br.Buffered() > 0 {
-			return fail(probev1.ProbePhase_PROBE_PHASE_CONNECT, start, "proxy sent data before the tunnel opened")
-		}
 		tc := tls.Client(conn, &tls.Config{ServerName: u.Hostname(), RootCAs: p.RootCAs, MinVersion: tls.VersionTLS12, CurvePreferences: probeCurves})
 		if err := tc.HandshakeContext(ctx); err != nil {
 			return fail(probev1.ProbePhase_PROBE_PHASE_TLS, start, "TLS with %s: %s", u.Hostname(), short(err))
 		}
-		if err := req.Write(tc); err != nil {
-			return fail(probev1.ProbePhase_PROBE_PHASE_HTTP, start, "sending request: %s", short(err))
-		}
 		exchange = tc
-	} else {
-		// A plain http request goes to the proxy itself, so it carries
-		// the credentials; inside a tunnel they never go to the target.
-		s.Credentials.Authorize(req.Header)
-		out := *req
-		out.URL = &url.URL{Scheme: u.Scheme, Host: pinned, Path: u.Path, RawPath: u.RawPath, RawQuery: u.RawQuery}
-		out.Host = u.Host
-		if err := out.WriteProxy(conn); err != nil {
-			return fail(probev1.ProbePhase_PROBE_PHASE_HTTP, start, "sending request: %s", short(err))
-		}
+	}
+	if err := req.Write(exchange); err != nil {
+		return fail(probev1.ProbePhase_PROBE_PHASE_HTTP, start, "sending request: %s", short(err))
 	}
 	// The head gets its own budget; the body's is added once the head is
 	// read, so "exceed" in a reason is exact.
@@ -246,15 +240,19 @@ func (p *Prober) Do(ctx context.Context, proxyAddr string, s Settings) Result {
 		return fail(probev1.ProbePhase_PROBE_PHASE_HTTP, start, "reading body: %s", short(err))
 	}
 	if resp.StatusCode != s.ExpectedStatus {
-		reason := fmt.Sprintf("target answered %s, want %d", resp.Status, s.ExpectedStatus)
-		if e := resp.Header.Get("X-Squid-Error"); e != "" {
-			reason = fmt.Sprintf("proxy answered %s (%s), want %d", resp.Status, e, s.ExpectedStatus)
-		}
-		return fail(probev1.ProbePhase_PROBE_PHASE_STATUS, start, "%s", reason)
+		return fail(probev1.ProbePhase_PROBE_PHASE_STATUS, start, "target answered %s, want %d", resp.Status, s.ExpectedStatus)
 	}
 	r := Result{Success: true, Latency: time.Since(start)}
 	r.EgressIP = probespec.EchoedIP(s.EchoFormat, body)
 	return r
+}
+
+// squidCode is the Squid error code a refusal carries, as " (ERR_...)".
+func squidCode(resp *http.Response) string {
+	if e := resp.Header.Get("X-Squid-Error"); e != "" {
+		return " (" + e + ")"
+	}
+	return ""
 }
 
 func (p *Prober) request(ctx context.Context, u *url.URL) *http.Request {

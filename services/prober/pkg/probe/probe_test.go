@@ -6,10 +6,13 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 
 	probev1 "github.com/egress-proxies/egress-proxies/pkg/gen/egressproxies/probe/v1"
 	"github.com/egress-proxies/egress-proxies/pkg/netpolicy"
@@ -64,7 +67,7 @@ func TestProbesThroughRealSquid(t *testing.T) {
 		{"echo text", good, squid.Addr, probe.Settings{URL: srv.URL + "/ip", ExpectedStatus: 200, Timeout: 3 * time.Second, EchoFormat: "text"}, true, 0, "", "127.0.0.1"},
 		{"echo json", good, squid.Addr, probe.Settings{URL: srv.URL + "/json", ExpectedStatus: 200, Timeout: 3 * time.Second, EchoFormat: "json:ip"}, true, 0, "", "127.0.0.1"},
 		{"squid denies CONNECT", good, denying.Addr, settings(srv.URL+"/ok", 204), false, probev1.ProbePhase_PROBE_PHASE_CONNECT, "403 Forbidden", ""},
-		{"squid denies http", good, denying.Addr, settings(plain.URL+"/", 204), false, probev1.ProbePhase_PROBE_PHASE_STATUS, "ERR_ACCESS_DENIED", ""},
+		{"squid denies http", good, denying.Addr, settings(plain.URL+"/", 204), false, probev1.ProbePhase_PROBE_PHASE_CONNECT, "403 Forbidden (ERR_ACCESS_DENIED", ""},
 		{"tunnel never answers", good, silent, probe.Settings{URL: srv.URL + "/ok", ExpectedStatus: 204, Timeout: 500 * time.Millisecond}, false, probev1.ProbePhase_PROBE_PHASE_CONNECT, "timed out", ""},
 		{"proxy down", good, proc.Addr(closedPort), settings(srv.URL+"/ok", 204), false, probev1.ProbePhase_PROBE_PHASE_DIAL, "refused", ""},
 		{"unknown CA", &probe.Prober{}, squid.Addr, settings(srv.URL+"/ok", 204), false, probev1.ProbePhase_PROBE_PHASE_TLS, "certificate", ""},
@@ -76,6 +79,7 @@ func TestProbesThroughRealSquid(t *testing.T) {
 		{"target inside, by address", guarded, squid.Addr, settings(srv.URL+"/ok", 204), false, probev1.ProbePhase_PROBE_PHASE_DIAL, "is outside the egress policy: 127.0.0.1 is in the deny list (127.0.0.0/8)", ""},
 		{"target inside, by name", guarded, squid.Addr, settings("http://localhost:80/", 204), false, probev1.ProbePhase_PROBE_PHASE_DIAL, "localhost resolves to", ""},
 		{"target port not allowed", guarded, squid.Addr, settings("https://198.51.100.1:22/", 204), false, probev1.ProbePhase_PROBE_PHASE_DIAL, "port 22 is not an egress port", ""},
+		{"target name does not resolve", good, squid.Addr, settings("https://no-such-host.invalid/", 204), false, probev1.ProbePhase_PROBE_PHASE_DIAL, "no-such-host.invalid does not resolve here", ""},
 		{"target down behind squid", good, squid.Addr, settings(fmt.Sprintf("https://127.0.0.1:%d/", closedPort), 204), false, probev1.ProbePhase_PROBE_PHASE_CONNECT, "503", ""},
 	}
 	for _, tc := range cases {
@@ -88,4 +92,36 @@ func TestProbesThroughRealSquid(t *testing.T) {
 			assert.Positive(t, r.Latency)
 		})
 	}
+}
+
+// A probe hands the proxy the address its check resolved, never the name
+// (which the proxy would resolve again, perhaps elsewhere: DNS
+// rebinding): Squid's log shows a tunnel to the address for an https and
+// for a plain http target, and the site still sees its name (SNI, Host).
+func TestProbesSendTheCheckedAddressNotTheName(t *testing.T) {
+	srv, pool := target(t)
+	var hosts []string
+	plain := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		hosts = append(hosts, r.Host)
+		w.WriteHeader(http.StatusNoContent)
+	}))
+	defer plain.Close()
+	squid := proc.StartSquid(t, "127.0.0.1", false)
+	p := &probe.Prober{RootCAs: pool}
+	tlsURL := strings.Replace(srv.URL, "127.0.0.1", "localhost", 1) + "/ok"
+	plainURL := strings.Replace(plain.URL, "127.0.0.1", "localhost", 1) + "/"
+	for _, u := range []string{tlsURL, plainURL} {
+		r := p.Do(context.Background(), squid.Addr, settings(u, 204))
+		require.True(t, r.Success, "%s: %s", u, r.Reason)
+	}
+	assert.Equal(t, []string{strings.TrimPrefix(plainURL[:len(plainURL)-1], "http://")}, hosts, "the site is asked for by name")
+	require.Eventually(t, func() bool {
+		b, _ := os.ReadFile(squid.AccessLog)
+		return strings.Count(string(b), "\n") >= 2
+	}, 5*time.Second, 50*time.Millisecond)
+	log, err := os.ReadFile(squid.AccessLog)
+	require.NoError(t, err)
+	assert.NotContains(t, string(log), "localhost", "the proxy was never given the name")
+	assert.Contains(t, string(log), "CONNECT 127.0.0.1:"+srv.URL[strings.LastIndex(srv.URL, ":")+1:])
+	assert.Contains(t, string(log), "CONNECT 127.0.0.1:"+plain.URL[strings.LastIndex(plain.URL, ":")+1:])
 }

@@ -236,7 +236,7 @@ func TestThePodRunsTheGeneratedConfigUnprivileged(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, get(t, ns, "px-open-1-squid", s))
 	assert.NotContains(t, s.Data, "password")
-	assert.Contains(t, string(s.Data["squid.conf"]), "http_access deny egress_denied\nhttp_access deny !egress_ports\nhttp_access deny egress_connect !egress_tls_ports\nhttp_access allow all\n")
+	assert.Contains(t, string(s.Data["squid.conf"]), "http_access deny egress_denied\nhttp_access deny !egress_ports\nhttp_access allow all\n")
 }
 
 func get(t *testing.T, ns, name string, obj client.Object) error {
