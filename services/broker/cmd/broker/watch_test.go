@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -165,4 +166,55 @@ func TestWatchProxiesSendsTheSetThenItsChanges(t *testing.T) {
 	set("a1", func(px *v1.Proxy) { px.Spec.Attributes["geo"] = "us" }, false)
 	next(t, viaGRPC, "DELETE a1")
 	next(t, viaREST, "DELETE a1")
+}
+
+// A REST watch outlives the port's read timeout: net/http cancels a
+// request's context when its connection's read deadline passes
+// (golang/go#70834), which ended every watch silently at
+// --http-read-timeout; the watch clears that deadline once its request is
+// read, and a change long after it still arrives.
+func TestRESTWatchOutlivesTheReadTimeout(t *testing.T) {
+	f := newFleet(t)
+	f.add("r0", "127.0.0.94", nil)
+	b := startBroker(t, f, proc.StartRedis(t, false), "--http-read-timeout", "1s")
+	b.waitListed(1)
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, b.rest+"/v1/proxies:watch", nil)
+	require.NoError(t, err)
+	resp, err := http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	lines := make(chan string, 64)
+	go func() {
+		defer close(lines)
+		defer func() { _ = resp.Body.Close() }()
+		s := bufio.NewScanner(resp.Body)
+		for s.Scan() {
+			lines <- s.Text()
+		}
+	}()
+	for synced := false; !synced; {
+		select {
+		case l, ok := <-lines:
+			require.True(t, ok, "the watch ended before SYNCED")
+			synced = strings.Contains(l, "TYPE_SYNCED")
+		case <-time.After(30 * time.Second):
+			t.Fatal("no SYNCED")
+		}
+	}
+	time.Sleep(3 * time.Second) // three read timeouts
+	f.add("r1", "127.0.0.95", nil)
+	for {
+		select {
+		case l, ok := <-lines:
+			require.True(t, ok, "the watch ended silently")
+			require.NotContains(t, l, `"error"`)
+			if strings.Contains(l, "/r1") {
+				return
+			}
+		case <-time.After(30 * time.Second):
+			t.Fatal("the change after the read timeout never arrived")
+		}
+	}
 }

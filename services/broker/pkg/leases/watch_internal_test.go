@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -52,4 +53,37 @@ func TestAWatchThatFallsBehindIsEndedAndTheOthersGoOn(t *testing.T) {
 	_, open := h.watches[reader]
 	h.mu.Unlock()
 	assert.True(t, open, "the reading watch goes on")
+}
+
+// The inventory's event path never waits on a fan-out: a change is
+// recorded while the hub holds its lock (as it does for each send to
+// every watch), and goes out once the fan-out is done.
+func TestAChangeIsRecordedDuringAFanOut(t *testing.T) {
+	inv := inventory.New(nil)
+	h := newHub(inv, func(_ context.Context, ps []inventory.Proxy) (map[string]*leasev1.Proxy, error) {
+		out := map[string]*leasev1.Proxy{}
+		for _, p := range ps {
+			out[p.UID] = &leasev1.Proxy{Id: p.ID}
+		}
+		return out, nil
+	})
+	h.ready = true
+	w, _, err := h.subscribe(filter{}, "")
+	require.NoError(t, err)
+	h.mu.Lock() // a fan-out in progress
+	recorded := make(chan struct{})
+	go func() {
+		inv.Set(inventory.Proxy{UID: "u", ID: "ns/p"})
+		close(recorded)
+	}()
+	select {
+	case <-recorded:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the inventory's event waited on the hub's lock")
+	}
+	h.mu.Unlock()
+	require.NoError(t, h.send(context.Background()))
+	evs := <-w.events
+	require.Len(t, evs, 1)
+	assert.Equal(t, "ns/p", evs[0].GetProxy().GetId())
 }
