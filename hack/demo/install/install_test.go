@@ -265,6 +265,9 @@ func TestValuesThatBreakTheSchemaAreNamed(t *testing.T) {
 		{"broker.gateway.port=8090", "broker/gateway/port"},
 		{"broker.gateway.leaseTTL=long", "broker/gateway/leaseTTL"},
 		{"broker.gateway.service.type=Ingress", "broker/gateway/service/type"},
+		{"broker.gateway.maxConns=-1", "broker/gateway/maxConns"},
+		{"broker.gateway.capacityWait=soon", "broker/gateway/capacityWait"},
+		{"broker.gateway.tls.port=9090", "broker/gateway/tls/port"},
 	} {
 		out, err := helm(t, "template", "ep", chart, "--set", c.set)
 		require.Error(t, err, c.set)
@@ -276,6 +279,28 @@ func TestValuesThatBreakTheSchemaAreNamed(t *testing.T) {
 	out, err = helm(t, "template", "ep", chart, "--set", "broker.image.repository=")
 	require.Error(t, err)
 	assert.Contains(t, out, "broker/image/repository")
+	for _, c := range []struct {
+		set  []string
+		want string // "" when it renders
+	}{
+		{[]string{"broker.gateway.service.type=LoadBalancer"}, "would travel in the clear"},
+		{[]string{"broker.gateway.service.type=NodePort"}, "would travel in the clear"},
+		{[]string{"broker.gateway.service.type=LoadBalancer", "broker.gateway.allowPlaintextOutsideCluster=true"}, ""},
+		{[]string{"broker.gateway.tls.enabled=true"}, "broker.gateway.tls.enabled needs broker.tls.enabled"},
+		{[]string{"broker.gateway.service.type=LoadBalancer", "broker.gateway.tls.enabled=true", "broker.tls.enabled=true", "broker.tls.secretName=t"}, ""},
+	} {
+		args := []string{"template", "ep", chart}
+		for _, s := range c.set {
+			args = append(args, "--set", s)
+		}
+		out, err := helm(t, args...)
+		if c.want == "" {
+			assert.NoError(t, err, "%v: %s", c.set, out)
+			continue
+		}
+		require.Error(t, err, "%v", c.set)
+		assert.Contains(t, out, c.want, "%v", c.set)
+	}
 }
 
 // A parent chart passes global values to its subcharts, and every

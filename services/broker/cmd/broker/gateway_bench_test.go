@@ -15,12 +15,14 @@ import (
 	"os"
 	"path/filepath"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
 	"github.com/egress-proxies/egress-proxies/pkg/proxyauth"
@@ -36,8 +38,12 @@ const (
 	gwBenchBody    = 64 << 10
 	gwTTFBSamples  = 200
 	gwIdleTunnels  = 10000
+	// gwLeaseTTL is the gateways' lease TTL: short, so the idle tunnels'
+	// leases are renewed within the bench.
+	gwLeaseTTL = 6 * time.Second
 	// helperEnv makes this binary a helper process of the bench:
-	// "sink <addr>" or "relay <addr> <squid> <user> <password>".
+	// "sink <addr>", "relay <addr> <squid> <user> <password>" or
+	// "flood <gateway> <source /24 prefix> <connections>".
 	helperEnv = "EGRESS_PROXIES_GATEWAY_HELPER"
 )
 
@@ -49,6 +55,11 @@ func runHelper(role string) int {
 		err = serveSink(f[1])
 	case len(f) == 5 && f[0] == "relay":
 		err = serveRelay(f[1], f[2], proxyauth.Credentials{Username: f[3], Password: f[4]})
+	case len(f) == 4 && f[0] == "flood":
+		var n int
+		if n, err = strconv.Atoi(f[3]); err == nil {
+			err = serveFlood(f[1], f[2], n)
+		}
 	default:
 		err = fmt.Errorf("unknown helper role %q", role)
 	}
@@ -133,22 +144,24 @@ func waitListening(b *testing.B, addr string) {
 
 // gwBroker is one broker process serving a gateway.
 type gwBroker struct {
-	gw, rest, ops string
-	pid           int
+	gw, rest, ops, pprof string
+	pid                  int
 }
 
-func startGatewayBroker(b *testing.B, ns string, r *proc.Redis, tokenFile string) *gwBroker {
+// uncapped are the flags of a gateway no cap may refuse a tunnel: one
+// Squid takes every tunnel, 5,000 idle ones from one address.
+var uncapped = []string{"--lease-cap", "0", "--target-lease-cap", "0", "--token-max-leases", "0", "--gateway-token-max-tunnels", "0",
+	"--gateway-max-conns", "0", "--gateway-max-conns-per-source", "0", "--gateway-idle-timeout", "10m"}
+
+func startGatewayBroker(b *testing.B, ns string, r *proc.Redis, tokenFile string, extra ...string) *gwBroker {
 	kc, err := env.WriteKubeconfig(b.TempDir())
 	require.NoError(b, err)
-	g, h, ops, gw := proc.FreePort(b), proc.FreePort(b), proc.FreePort(b), proc.FreePort(b)
-	p := proc.Start(b, "broker", proc.Build(b, pkgPath), "--kubeconfig", kc, "--namespace", ns, "--redis-addrs", r.Addr,
-		"--grpc-addr", proc.Addr(g), "--http-addr", proc.Addr(h), "--ops-addr", proc.Addr(ops), "--log-level", "warn",
-		"--token-file", tokenFile, "--gateway-addr", proc.Addr(gw), "--egress-allowance-cidrs", proc.SuiteAllowance,
-		// One Squid takes every tunnel: no cap may refuse one.
-		"--lease-cap", "0", "--target-lease-cap", "0", "--token-max-leases", "0", "--gateway-token-max-tunnels", "0",
-		"--gateway-idle-timeout", "10m")
+	g, h, ops, gw, pp := proc.FreePort(b), proc.FreePort(b), proc.FreePort(b), proc.FreePort(b), proc.FreePort(b)
+	p := proc.Start(b, "broker", proc.Build(b, pkgPath), append([]string{"--kubeconfig", kc, "--namespace", ns, "--redis-addrs", r.Addr,
+		"--grpc-addr", proc.Addr(g), "--http-addr", proc.Addr(h), "--ops-addr", proc.Addr(ops), "--log-level", "warn", "--pprof-bind-address", proc.Addr(pp),
+		"--token-file", tokenFile, "--gateway-addr", proc.Addr(gw), "--egress-allowance-cidrs", proc.SuiteAllowance}, extra...)...)
 	proc.WaitHTTP(b, p, "http://"+proc.Addr(ops)+"/readyz", 60*time.Second)
-	return &gwBroker{gw: proc.Addr(gw), rest: "http://" + proc.Addr(h), ops: "http://" + proc.Addr(ops), pid: p.Cmd.Process.Pid}
+	return &gwBroker{gw: proc.Addr(gw), rest: "http://" + proc.Addr(h), ops: "http://" + proc.Addr(ops), pprof: "http://" + proc.Addr(pp), pid: p.Cmd.Process.Pid}
 }
 
 func (g *gwBroker) metric(b *testing.B, name string) float64 {
@@ -186,7 +199,8 @@ func BenchmarkGateway(b *testing.B) {
 	tokenFile := filepath.Join(b.TempDir(), "tokens")
 	const token = "bench-gateway-token"
 	require.NoError(b, os.WriteFile(tokenFile, []byte("bench:"+token+"\n"), 0o600))
-	gws := []*gwBroker{startGatewayBroker(b, ns, r, tokenFile), startGatewayBroker(b, ns, r, tokenFile)}
+	ttl := []string{"--gateway-lease-ttl", gwLeaseTTL.String(), "--min-ttl", gwLeaseTTL.String()}
+	gws := []*gwBroker{startGatewayBroker(b, ns, r, tokenFile, append(ttl, uncapped...)...), startGatewayBroker(b, ns, r, tokenFile, append(ttl, uncapped...)...)}
 	auth := []string{"Authorization", "Bearer " + token}
 	require.Eventually(b, func() bool {
 		ps, _ := rest.Do(b, "GET", gws[0].rest+"/v1/proxies", "", auth...).JSON["proxies"].([]any)
@@ -399,7 +413,13 @@ func BenchmarkGateway(b *testing.B) {
 	}, 60*time.Second, 100*time.Millisecond)
 	time.Sleep(2 * time.Second) // the tunnels' first read deadlines are set; nothing else moves
 	after := gws[0].rss(b) + gws[1].rss(b)
+	// Their leases (a gwLeaseTTL each) are renewed as they come due, a
+	// third of the TTL old, in rounds: hold them through a few.
+	r0 := renewalStats(b, gws[0])
+	time.Sleep(2 * gwLeaseTTL)
+	r1 := renewalStats(b, gws[0])
 	closeAll(conns)
+	pexpire := pexpireBaseline(b, r.Addr, gwIdleTunnels/2)
 
 	// Every lease the gateways took is released: the API shows none live.
 	live := 0
@@ -420,10 +440,54 @@ func BenchmarkGateway(b *testing.B) {
 	fmt.Printf("gateway ttfb first proxy dead p50 %.2f ms healthy %.2f ms %.2f (%d of %d tunnels retried)\n",
 		p50(byAttempts["2"]), p50(healthyT), p50(byAttempts["2"])/p50(healthyT), len(byAttempts["2"]), gwTTFBSamples)
 	fmt.Printf("gateway idle tunnels %d %.1f KiB/tunnel\n", gwIdleTunnels, float64(after-before)/gwIdleTunnels/1024)
+	renewed, seconds, rounds := r1.renewed-r0.renewed, r1.seconds-r0.seconds, r1.rounds-r0.rounds
+	all := time.Duration(seconds / renewed * gwIdleTunnels / 2 * float64(time.Second))
+	fmt.Printf("gateway renewal of %d tunnels' leases: %.0f renewed in %.0f rounds, %.0f ms a round; all at once would take %.0f ms of the %.0f ms budget (ttl/3), %.1f x a baseline of as many PEXPIREs, 64 at a time, %.0f ms; %.0f deferred, %.0f failed\n",
+		gwIdleTunnels/2, renewed, rounds, seconds/rounds*1000, float64(all.Milliseconds()), float64((gwLeaseTTL / 3).Milliseconds()),
+		float64(all)/float64(pexpire), float64(pexpire.Milliseconds()), r1.deferred-r0.deferred, r1.failed-r0.failed)
 	fmt.Printf("gateway leaked leases %d\n", live+int(created-released))
 	b.Logf("%d clients, %d KiB bodies, %s per round, two rounds each way; ttfb over %d new tunnels each way, one at a time; idle tunnels on two gateways (%d each), RSS %d -> %d MiB; leases created %.0f, released %.0f",
 		gwBenchClients, gwBenchBody>>10, gwBenchPhase, gwTTFBSamples, gwIdleTunnels/2, before>>20, after>>20, created, released)
 	if live != 0 || created != released {
 		b.Fatalf("the gateways left %d leases live (created %.0f, released %.0f)", live, created, released)
 	}
+}
+
+// renewals are a gateway's renewal counters.
+type renewals struct{ renewed, deferred, failed, seconds, rounds float64 }
+
+func renewalStats(b *testing.B, g *gwBroker) renewals {
+	m, err := promtext.Scrape(nil, g.ops+"/metrics")
+	require.NoError(b, err)
+	return renewals{m[`proxy_operator_broker_gateway_renewals_total{result="renewed"}`], m[`proxy_operator_broker_gateway_renewals_total{result="deferred"}`],
+		m[`proxy_operator_broker_gateway_renewals_total{result="failed"}`], m["proxy_operator_broker_gateway_renewal_round_seconds_sum"],
+		m["proxy_operator_broker_gateway_renewal_round_seconds_count"]}
+}
+
+// pexpireBaseline is how long n PEXPIREs of as many keys take, 64 at a
+// time from one client, on the same Redis: the least a round renewing n
+// leases could cost.
+func pexpireBaseline(b *testing.B, addr string, n int) time.Duration {
+	rdb := redis.NewClient(&redis.Options{Addr: addr, PoolSize: 64})
+	defer func() { _ = rdb.Close() }()
+	ctx := context.Background()
+	for i := range n {
+		require.NoError(b, rdb.Set(ctx, fmt.Sprintf("bench:pexpire:%d", i), "x", time.Minute).Err())
+	}
+	work := make(chan int)
+	var wg sync.WaitGroup
+	start := time.Now()
+	for range 64 {
+		wg.Go(func() {
+			for i := range work {
+				_ = rdb.PExpire(ctx, fmt.Sprintf("bench:pexpire:%d", i), time.Minute).Err()
+			}
+		})
+	}
+	for i := range n {
+		work <- i
+	}
+	close(work)
+	wg.Wait()
+	return time.Since(start)
 }

@@ -98,15 +98,22 @@ func newGatewayFleet(t *testing.T, extra ...string) *gwFleet {
 func squidProxy(t testing.TB, ns, name, ip string, attrs map[string]string) *proc.Squid {
 	t.Helper()
 	sq := proc.StartSquidWithAuth(t, ip, "squid-user", "pass-of-"+name)
-	px := env.ReadyProxy(t, ns, name, ip, int32(sq.Port), attrs, true)
+	proxyOf(t, ns, name, sq, "pass-of-"+name, attrs)
+	return sq
+}
+
+// proxyOf makes sq, whose password for squid-user is password, the
+// Ready, healthy Proxy name of ns, with a Secret holding the credentials.
+func proxyOf(t testing.TB, ns, name string, sq *proc.Squid, password string, attrs map[string]string) {
+	t.Helper()
+	px := env.ReadyProxy(t, ns, name, sq.Host, int32(sq.Port), attrs, true)
 	require.NoError(t, env.Client.Create(context.Background(), &corev1.Secret{
 		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name + "-creds", Labels: map[string]string{v1.LabelProxyCredentials: "true"}},
-		Data:       map[string][]byte{"username": []byte("squid-user"), "password": []byte("pass-of-" + name)},
+		Data:       map[string][]byte{"username": []byte("squid-user"), "password": []byte(password)},
 	}))
 	patch := client.MergeFrom(px.DeepCopy())
 	px.Spec.CredentialsSecretRef = &v1.LocalSecretRef{Name: name + "-creds"}
 	require.NoError(t, env.Client.Patch(context.Background(), px, patch))
-	return sq
 }
 
 // waitLeasable waits until the broker lists both proxies.

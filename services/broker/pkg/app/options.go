@@ -83,6 +83,7 @@ func (o *Options) Register(fs *flag.FlagSet) {
 	fs.StringVar(&o.Gateway.DNS, "gateway-dns", "", "host:port of the DNS server the gateway resolves destinations with; empty means the system's resolver")
 	fs.IntVar(&o.Gateway.Retries, "gateway-retries", g.Retries, "how many more proxies a gateway request tries when the leased one fails on its own hop (no answer, credentials refused, its own error) before any byte reached the client, 0-4")
 	fs.StringVar(&o.Gateway.TLSAddr, "gateway-tls-addr", "", "address of the gateway served over TLS (an HTTPS proxy: curl --proxy https://, urllib3, Chromium, Node), with --tls-cert-file's certificate; empty means off")
+	fs.DurationVar(&o.Gateway.CapacityWait, "gateway-capacity-wait", g.CapacityWait, "how long a gateway request waits for a lease slot when every matching proxy, the target or the token is at its lease cap, before it is refused (0: refused at once)")
 	fs.IntVar(&o.Gateway.MaxConns, "gateway-max-conns", g.MaxConns, "most client connections the gateway holds at once, tunnels included; past it a new one is answered 503 GATEWAY_BUSY at once (0: no limit)")
 	fs.IntVar(&o.Gateway.MaxConnsPerSource, "gateway-max-conns-per-source", g.MaxConnsPerSource, "most client connections from one address; past it a new one is answered 429 SOURCE_CONN_CAP at once (0: no limit)")
 	fs.IntVar(&o.Gateway.TokenMaxTunnels, "gateway-token-max-tunnels", g.TokenMaxTunnels, "most tunnels and requests the callers of one token may have open on each broker's gateway (0: no limit)")

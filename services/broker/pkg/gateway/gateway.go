@@ -29,6 +29,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"google.golang.org/grpc/metadata"
@@ -88,6 +89,12 @@ func New(log *slog.Logger, o Options, l Leaser, tok *auth.Token) (*Gateway, erro
 		return nil, ErrNoCertificate
 	}
 	o.Resolver = o.resolver()
+	// A tunnel holds two descriptors: a bound past the process's limit
+	// would have accept fail first, on the lease API's ports too.
+	var nofile syscall.Rlimit
+	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &nofile); err == nil && o.MaxConns > 0 && uint64(2*o.MaxConns+1024) > nofile.Cur {
+		log.Warn("--gateway-max-conns is above what the process's descriptor limit holds (two per tunnel, and room for the rest)", "maxConns", o.MaxConns, "nofile", nofile.Cur)
+	}
 	g := &Gateway{o: o, log: log, leaser: l, tok: tok, conns: map[net.Conn]*tunnel{}, perSource: map[netip.Addr]int{}}
 	var err error
 	if g.ln, err = net.Listen("tcp", o.Addr); err != nil {
@@ -556,7 +563,7 @@ func (g *Gateway) report(r *request, id string, o faults.Result, statusCode int)
 	ctx, cancel := r.afterwards()
 	defer cancel()
 	latency := min(time.Since(r.started).Milliseconds(), 3_600_000)
-	if _, err := g.leaser.ReportLease(ctx, &leasev1.ReportLeaseRequest{LeaseId: id, Result: string(o), StatusCode: int32(statusCode), LatencyMs: int32(latency)}); err != nil {
+	if _, err := g.leaser.ReportLease(ctx, &leasev1.ReportLeaseRequest{LeaseId: id, Target: r.host, Result: string(o), StatusCode: int32(statusCode), LatencyMs: int32(latency)}); err != nil {
 		reportFailed.Inc()
 		g.log.Debug("gateway report failed", "token", r.caller, "lease", id, "err", err)
 	}

@@ -31,11 +31,13 @@ var (
 		Help: "Tunnels the gateway ended itself, by why: idle (no byte either way), stalled (a side stopped reading: a write waited an idle timeout), deadline (--gateway-tunnel-timeout), lease (it could not be renewed: the proxy left, or the token was revoked), shutdown."}, []string{"why"})
 	renewRounds = prometheus.NewHistogram(prometheus.HistogramOpts{Name: "proxy_operator_broker_gateway_renewal_round_seconds",
 		Help: "How long each round renewing the due leases of live tunnels took; bounded by a third of --gateway-lease-ttl.", Buckets: prometheus.ExponentialBuckets(0.001, 4, 9)})
+	capacityWaits = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "proxy_operator_broker_gateway_capacity_waits_total",
+		Help: "Requests that found every lease slot taken and waited (--gateway-capacity-wait), by how the wait ended: leased or refused."}, []string{"outcome"})
 	reportFailed = prometheus.NewCounter(prometheus.CounterOpts{Name: "proxy_operator_broker_gateway_report_failures_total",
 		Help: "Outcome reports the gateway could not make."})
 )
 
 // Collectors are the gateway's metrics.
 func Collectors() []prometheus.Collector {
-	return []prometheus.Collector{requests, tunnelsOpen, tunnelBytes, outcomes, egressDenied, tokenCapped, releaseFailed, reportFailed, renewals, retries, connsOpen, connsRefused, tlsFailed, tunnelEnds, renewRounds}
+	return []prometheus.Collector{requests, tunnelsOpen, tunnelBytes, outcomes, egressDenied, tokenCapped, releaseFailed, reportFailed, renewals, retries, connsOpen, connsRefused, tlsFailed, tunnelEnds, renewRounds, capacityWaits}
 }

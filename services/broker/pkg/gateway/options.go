@@ -22,6 +22,9 @@ type Options struct {
 	// request head encrypted on the way in) with TLS's certificate.
 	TLSAddr string
 	TLS     *tls.Config
+	// CapacityWait is how long a request waits for a lease slot when
+	// every one it could take is held (0: refused at once).
+	CapacityWait time.Duration
 	// MaxConns bounds the client connections open at once, and
 	// MaxConnsPerSource those from one address (0: no bound): past
 	// either a new connection is refused at once, before anything of it
@@ -70,7 +73,7 @@ type Resolver interface {
 
 // DefaultOptions are what the broker's flags default to.
 var DefaultOptions = Options{HeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute, TunnelTimeout: time.Hour, LeaseTTL: time.Minute,
-	DialTimeout: 10 * time.Second, MaxHeaderBytes: 16 << 10, TokenMaxTunnels: 1000, Retries: 2, MaxConns: 20000, MaxConnsPerSource: 2000}
+	DialTimeout: 10 * time.Second, MaxHeaderBytes: 16 << 10, TokenMaxTunnels: 1000, Retries: 2, MaxConns: 4000, MaxConnsPerSource: 1000, CapacityWait: time.Second}
 
 // ErrNoCertificate is the refusal to serve TLS without a certificate.
 var ErrNoCertificate = errors.New("--gateway-tls-addr needs --tls-cert-file and --tls-key-file: the certificate it serves")
@@ -92,6 +95,8 @@ func (o Options) Validate() error {
 		return fmt.Errorf("--gateway-retries %d must be between 0 and %d", o.Retries, maxRetries)
 	case o.TokenMaxTunnels < 0:
 		return errors.New("--gateway-token-max-tunnels must not be negative")
+	case o.CapacityWait < 0 || o.CapacityWait > o.TunnelTimeout:
+		return fmt.Errorf("--gateway-capacity-wait %s must be between 0 and --gateway-tunnel-timeout", o.CapacityWait)
 	case o.MaxConns < 0 || o.MaxConnsPerSource < 0:
 		return errors.New("--gateway-max-conns and --gateway-max-conns-per-source must not be negative")
 	}

@@ -98,8 +98,7 @@ func (g *Gateway) through(r *request, req *http.Request, c net.Conn) (hop, *try,
 	// that failed costs only a lease (held, it weighs on the next pick),
 	// within a budget of two per attempt.
 	for n, leased := 1, 0; n <= 1+g.o.Retries && leased < 2*(1+g.o.Retries); leased++ {
-		lease, err := g.leaser.CreateLease(r.ctx, &leasev1.CreateLeaseRequest{Namespace: r.opts.namespace, Selector: r.opts.selector,
-			Target: r.host, SessionKey: r.opts.session, TtlSeconds: int32(g.o.LeaseTTL.Seconds())})
+		lease, err := g.lease(r, last == nil)
 		if err != nil {
 			if last != nil {
 				// No other proxy qualifies now: what the client needs to
@@ -143,6 +142,39 @@ func (g *Gateway) through(r *request, req *http.Request, c net.Conn) (hop, *try,
 	}
 	return hop{}, nil, last
 }
+
+// lease leases a proxy for r. A refusal for want of a free lease slot
+// (every matching proxy at its lease cap, the target or the token at
+// theirs) is waited out for up to CapacityWait when wait is set: the
+// slot a client's last tunnel held is freed a moment after the client
+// moved on to its next, so a busy fleet refuses nothing it could serve a
+// few milliseconds later.
+func (g *Gateway) lease(r *request, wait bool) (*leasev1.CreateLeaseResponse, error) {
+	req := &leasev1.CreateLeaseRequest{Namespace: r.opts.namespace, Selector: r.opts.selector,
+		Target: r.host, SessionKey: r.opts.session, TtlSeconds: int32(g.o.LeaseTTL.Seconds())}
+	deadline := time.Now().Add(g.o.CapacityWait)
+	pause := 2 * time.Millisecond
+	waited := false
+	for {
+		lease, err := g.leaser.CreateLease(r.ctx, req)
+		if err == nil || !wait || !slotWait[refusal(err).reason] || !time.Now().Add(pause).Before(deadline) {
+			if waited {
+				capacityWaits.WithLabelValues(map[bool]string{true: "leased", false: "refused"}[err == nil]).Inc()
+			}
+			return lease, err
+		}
+		waited = true
+		select {
+		case <-time.After(pause):
+		case <-r.ctx.Done():
+			return nil, r.ctx.Err()
+		}
+		pause = min(2*pause, 50*time.Millisecond)
+	}
+}
+
+// slotWait are the refusals a lease slot freeing cures.
+var slotWait = map[string]bool{"ALL_AT_CAP": true, "ALL_COOLING_DOWN_OR_AT_CAP": true, "TARGET_AT_CAP": true, "TOKEN_LEASE_CAP": true}
 
 // open has t's proxy open a tunnel to the checked addresses, one after
 // another while the proxy says it could not reach one (a site with an
