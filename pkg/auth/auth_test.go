@@ -124,3 +124,38 @@ func check(t *Token, header string) error {
 	_, err := t.Check(header)
 	return err
 }
+
+// A token line ending in scope=gateway is accepted by the gateway (its
+// calls carry ViaGateway) and refused by the lease API, by name; the
+// rest of the line is the token, and other tokens are unaffected.
+func TestGatewayScopedTokens(t *testing.T) {
+	tok := Static("crawl-gw:gw-secret scope=gateway", "team:api-secret", "odd:has space")
+	call := func(ctx context.Context, token string) (string, error) {
+		ctx, err := tok.checkContext(metadata.NewIncomingContext(ctx, metadata.Pairs("authorization", "Bearer "+token)))
+		return Caller(ctx), err
+	}
+	for _, tc := range []struct {
+		name, token string
+		gateway     bool
+		caller      string
+		code        codes.Code
+	}{
+		{"gateway token at the API", "gw-secret", false, "", codes.PermissionDenied},
+		{"gateway token through the gateway", "gw-secret", true, "crawl-gw", codes.OK},
+		{"the scope is not part of the token", "gw-secret scope=gateway", true, "", codes.Unauthenticated},
+		{"API token at the API", "api-secret", false, "team", codes.OK},
+		{"API token through the gateway", "api-secret", true, "team", codes.OK},
+		{"another option is part of the token", "has space", false, "odd", codes.OK},
+	} {
+		ctx := context.Background()
+		if tc.gateway {
+			ctx = ViaGateway(ctx)
+		}
+		caller, err := call(ctx, tc.token)
+		assert.Equal(t, tc.code, status.Code(err), "%s: %v", tc.name, err)
+		assert.Equal(t, tc.caller, caller, tc.name)
+		if tc.code == codes.PermissionDenied {
+			assert.Contains(t, status.Convert(err).Message(), `token "crawl-gw" is limited to the proxy gateway`)
+		}
+	}
+}

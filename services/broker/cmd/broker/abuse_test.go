@@ -365,3 +365,20 @@ func TestGatewayPassesExpectContinue(t *testing.T) {
 	assert.Zero(t, received.Load(), "the refused body was not sent")
 	f.waitNoLeases()
 }
+
+// A request that finds every lease slot taken waits for one
+// (--gateway-capacity-wait) rather than being refused: a client's last
+// tunnel frees its slot a moment after the client moved on.
+func TestGatewayWaitsForALeaseSlot(t *testing.T) {
+	f := newGatewayFleet(t, "--lease-cap", "1", "--gateway-capacity-wait", "10s")
+	to := hostOf(f.echo.URL)
+	first, _ := tunnel(t, f.gw, basic("", gwToken), to)
+	tunnel(t, f.gw, basic("", gwToken), to)
+	go func() {
+		time.Sleep(500 * time.Millisecond)
+		_ = first.Close()
+	}()
+	_, resp := tunnel(t, f.gw, basic("", gwToken), to)
+	assert.NotEmpty(t, resp.Header.Get("X-Egress-Proxies-Lease"), "the third tunnel got the first one's slot")
+	assert.Equal(t, 1.0, f.b.metrics()[`proxy_operator_broker_gateway_capacity_waits_total{outcome="leased"}`])
+}

@@ -398,7 +398,8 @@ func TestGatewayRefusals(t *testing.T) {
 // The target's own limits reach the client as 429 with Retry-After, and
 // one token's tunnels are bounded on each gateway.
 func TestGatewayLimits(t *testing.T) {
-	f := newGatewayFleet(t, "--target-lease-cap", "1", "--gateway-token-max-tunnels", "2", "--gateway-idle-timeout", "1s")
+	// No wait for a slot: the refusals are answered at once.
+	f := newGatewayFleet(t, "--target-lease-cap", "1", "--gateway-token-max-tunnels", "2", "--gateway-idle-timeout", "1s", "--gateway-capacity-wait", "0")
 	auth := basic("attr.pool=gw", gwToken)
 	open, _ := tunnel(t, f.gw, auth, f.echo.Listener.Addr().String())
 	resp := f.raw(t, fmt.Sprintf("CONNECT %s HTTP/1.1\r\n%s\r\n\r\n", f.echo.Listener.Addr(), auth))

@@ -425,15 +425,30 @@ func (g *Gateway) handle(c net.Conn, br *bufio.Reader, req *http.Request) bool {
 		return false
 	}
 	id := t.lease.GetLeaseId()
-	defer g.release(r, id)
 	md, _ := metadata.FromIncomingContext(r.ctx)
 	g.renewer.hold(id, md, func() { _ = c.Close() })
 	defer g.renewer.drop(id)
 	if r.kind == "connect" {
+		defer g.release(r, id)
 		g.splice(c, br, r, t, h)
 		return false
 	}
-	return g.relay(c, req, r, t, h)
+	more, res, code := g.relay(c, req, r, t, h)
+	// The answer is out: an ok report and the release need not hold up
+	// the connection's next request. Any other report lands first, so the
+	// next lease for the site already sees what this one earned.
+	if res != faults.OK {
+		g.report(r, id, res, code)
+	}
+	g.wg.Add(1)
+	go func() {
+		defer g.wg.Done()
+		if res == faults.OK {
+			g.report(r, id, res, code)
+		}
+		g.release(r, id)
+	}()
+	return more
 }
 
 // proxyBasicAuth reads Proxy-Authorization: Basic.
@@ -647,9 +662,9 @@ func flush(w io.Writer, br *bufio.Reader) error {
 }
 
 // relay passes the site's answer to a plain-HTTP request back, naming
-// the lease, and reports it as the fault table judges it. It says whether
-// the client connection may carry another request.
-func (g *Gateway) relay(c net.Conn, req *http.Request, r *request, t *try, h hop) bool {
+// the lease. It says whether the client connection may carry another
+// request, and what to report: the answer as the fault table judges it.
+func (g *Gateway) relay(c net.Conn, req *http.Request, r *request, t *try, h hop) (bool, faults.Result, int) {
 	resp := h.resp
 	defer func() { _ = h.up.Close(); _ = resp.Body.Close() }()
 	c = bounded{Conn: c, idle: g.o.IdleTimeout, deadline: r.started.Add(g.o.TunnelTimeout)}
@@ -662,10 +677,9 @@ func (g *Gateway) relay(c net.Conn, req *http.Request, r *request, t *try, h hop
 		head, _ := io.ReadAll(io.LimitReader(resp.Body, int64(faults.MarkerWindow())))
 		res := faults.Response(resp.StatusCode, resp.Header, head)
 		if a, ok := errorPage(r, resp.StatusCode, res); ok {
-			g.report(r, t.lease.GetLeaseId(), res, resp.StatusCode)
 			t.tag(&a)
 			g.answer(c, r.kind, a)
-			return false
+			return false, res, resp.StatusCode
 		}
 		body = io.MultiReader(bytes.NewReader(head), resp.Body)
 	}
@@ -680,8 +694,7 @@ func (g *Gateway) relay(c net.Conn, req *http.Request, r *request, t *try, h hop
 	resp.Close = !keepAlive
 	err := resp.Write(c)
 	requests.WithLabelValues(r.kind, strconv.Itoa(resp.StatusCode)).Inc()
-	g.report(r, t.lease.GetLeaseId(), faults.Response(resp.StatusCode, resp.Header, sniffed.head), resp.StatusCode)
-	return err == nil && keepAlive && !resp.Close
+	return err == nil && keepAlive && !resp.Close, faults.Response(resp.StatusCode, resp.Header, sniffed.head), resp.StatusCode
 }
 
 // hopByHop are the headers one connection's ends use, never forwarded.

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net/netip"
 	"os"
 	"strconv"
 	"strings"
@@ -127,5 +128,26 @@ func TestRefusalTableIsPublished(t *testing.T) {
 		}
 		assert.Contains(t, row, strconv.Itoa(v.code), "%s's status", reason)
 		assert.Contains(t, row, fmt.Sprintf("| %s | %t |", v.fault, v.retry), "%s's fault and retryable", reason)
+	}
+}
+
+// A CONNECT tries a name's addresses families alternating from the first,
+// at most maxAddrs of them.
+func TestTryOrderAlternatesFamilies(t *testing.T) {
+	for _, tc := range []struct{ in, want string }{
+		{"192.0.2.1", "192.0.2.1"},
+		{"2001:db8::1 2001:db8::2 192.0.2.1", "2001:db8::1 192.0.2.1 2001:db8::2"},
+		{"192.0.2.1 192.0.2.2 192.0.2.3 192.0.2.4 192.0.2.5", "192.0.2.1 192.0.2.2 192.0.2.3 192.0.2.4"},
+		{"2001:db8::1 192.0.2.1 192.0.2.2 192.0.2.3 2001:db8::2", "2001:db8::1 192.0.2.1 2001:db8::2 192.0.2.2"},
+	} {
+		r := &request{}
+		for _, a := range strings.Fields(tc.in) {
+			r.addrs = append(r.addrs, netip.MustParseAddr(a))
+		}
+		var got []string
+		for _, a := range r.tryOrder() {
+			got = append(got, a.String())
+		}
+		assert.Equal(t, tc.want, strings.Join(got, " "), tc.in)
 	}
 }
