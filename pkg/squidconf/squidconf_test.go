@@ -35,7 +35,7 @@ func TestAProxyIsNotAWayIn(t *testing.T) {
 	egress, err := netpolicy.ParseEgress(netpolicy.DefaultEgressDenyCIDRs+","+netpolicy.DefaultClusterCIDRs, "127.0.0.2/32", netpolicy.DefaultEgressPorts, netpolicy.DefaultEgressTLSPorts)
 	require.NoError(t, err)
 	creds := proxyauth.Credentials{Username: "ep-lease", Password: "s3cret"}
-	squid := proc.StartSquidWithEgress(t, "127.0.0.1", proc.FreePort(t), creds, egress)
+	squid := proc.StartSquidWithEgress(t, "127.0.0.1", 0, creds, egress)
 	proxy := &url.URL{Scheme: "http", User: url.UserPassword(creds.Username, creds.Password), Host: squid.Addr}
 	c := &http.Client{Transport: &http.Transport{Proxy: http.ProxyURL(proxy), TLSClientConfig: &tls.Config{InsecureSkipVerify: true}}} //nolint:gosec // the test target's own certificate
 

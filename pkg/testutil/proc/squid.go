@@ -1,11 +1,15 @@
 package proc
 
 import (
+	"bytes"
+	"errors"
 	"fmt"
+	"net"
 	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"testing"
 	"time"
 
@@ -46,12 +50,12 @@ func SquidBinary(t T) string {
 // StartSquid starts Squid on host (a 127.0.0.0/8 address) and a free port.
 func StartSquid(t T, host string, denyAll bool) *Squid {
 	t.Helper()
-	return StartSquidAt(t, host, FreePort(t), denyAll)
+	return StartSquidAt(t, host, 0, denyAll)
 }
 
-// StartSquidAt starts Squid on host:port: an open proxy (no credentials,
-// no egress policy), or with denyAll one whose policy denies every
-// destination.
+// StartSquidAt starts Squid on host:port (0: a free one): an open proxy
+// (no credentials, no egress policy), or with denyAll one whose policy
+// denies every destination.
 func StartSquidAt(t T, host string, port int, denyAll bool) *Squid {
 	t.Helper()
 	var egress netpolicy.Egress
@@ -70,10 +74,10 @@ func StartSquidAt(t T, host string, port int, denyAll bool) *Squid {
 // proxy, or a Managed one that is not an open proxy.
 func StartSquidWithAuth(t T, host, user, password string) *Squid {
 	t.Helper()
-	return StartSquidWithAuthAt(t, host, FreePort(t), user, password)
+	return StartSquidWithAuthAt(t, host, 0, user, password)
 }
 
-// StartSquidWithAuthAt is StartSquidWithAuth on host:port.
+// StartSquidWithAuthAt is StartSquidWithAuth on host:port (0: a free one).
 func StartSquidWithAuthAt(t T, host string, port int, user, password string) *Squid {
 	t.Helper()
 	return StartSquidWithEgress(t, host, port, proxyauth.Credentials{Username: user, Password: password}, SuiteEgress())
@@ -90,8 +94,8 @@ func SuiteEgress() netpolicy.Egress {
 	return e
 }
 
-// StartSquidWithEgress starts Squid on host:port with squidconf's config:
-// creds asked for, egress enforced.
+// StartSquidWithEgress starts Squid on host:port (0: a free one) with
+// squidconf's config: creds asked for, egress enforced.
 func StartSquidWithEgress(t T, host string, port int, creds proxyauth.Credentials, egress netpolicy.Egress) *Squid {
 	t.Helper()
 	return startSquid(t, host, port, func(c *squidconf.Config) {
@@ -106,6 +110,11 @@ func StartSquidWithEgress(t T, host string, port int, creds proxyauth.Credential
 // startSquid starts Squid with squidconf's config, which conf completes.
 // Every suite Squid egresses from the address it listens on and logs each
 // request to AccessLog.
+//
+// A free port is free on 127.0.0.1 when FreePort hands it out, yet
+// host:port can still be held by an outgoing connection from host (another
+// Squid's egress picks its source port from the same ephemeral range), and
+// Squid then exits at once: with port 0 a taken port means another one.
 func startSquid(t T, host string, port int, conf func(*squidconf.Config)) *Squid {
 	t.Helper()
 	if tb, ok := t.(testing.TB); ok {
@@ -119,27 +128,80 @@ func startSquid(t T, host string, port int, conf func(*squidconf.Config)) *Squid
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = os.RemoveAll(dir) })
-	s := &Squid{Host: host, Port: port, Dir: dir, t: t}
-	s.Addr = fmt.Sprintf("%s:%d", host, s.Port)
-	if err := os.Chmod(s.Dir, 0o777); err != nil {
+	if err := os.Chmod(dir, 0o777); err != nil {
 		t.Fatal(err)
 	}
-	s.AccessLog = filepath.Join(s.Dir, "access.log")
-	c := squidconf.Config{Listen: s.Addr, Dir: s.Dir, AccessLog: s.AccessLog, OutgoingAddress: host, ConnectTimeout: 5 * time.Second}
-	conf(&c)
-	if err := os.WriteFile(filepath.Join(s.Dir, "squid.conf"), []byte(c.String()), 0o644); err != nil {
-		t.Fatal(err)
+	s := &Squid{Host: host, Dir: dir, AccessLog: filepath.Join(dir, "access.log"), t: t}
+	for attempt := 1; ; attempt++ {
+		s.Port = port
+		if port == 0 {
+			s.Port = FreePort(t)
+		}
+		s.Addr = net.JoinHostPort(host, strconv.Itoa(s.Port))
+		c := squidconf.Config{Listen: s.Addr, Dir: s.Dir, AccessLog: s.AccessLog, OutgoingAddress: host, ConnectTimeout: 5 * time.Second}
+		conf(&c)
+		if err := os.WriteFile(filepath.Join(s.Dir, "squid.conf"), []byte(c.String()), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		err := s.start()
+		if err == nil {
+			return s
+		}
+		if port != 0 || !errors.Is(err, errPortTaken) || attempt == 5 {
+			t.Fatalf("%v", err)
+		}
+		t.Logf("%v; trying another port", err)
 	}
-	s.Start()
-	return s
 }
+
+var errPortTaken = errors.New("port taken")
 
 // Start (re)starts Squid with the same config, address and port.
 func (s *Squid) Start() {
 	s.t.Helper()
+	var err error
+	// A restart at a fixed port waits out an outgoing connection that
+	// holds it: those end within the suites' timeouts.
+	for attempt := 1; attempt <= 5; attempt++ {
+		if err = s.start(); err == nil || !errors.Is(err, errPortTaken) {
+			break
+		}
+		time.Sleep(time.Second)
+	}
+	if err != nil {
+		s.t.Fatalf("%v", err)
+	}
+}
+
+// start runs Squid and waits until it accepts connections, or says why
+// not from its cache log: errPortTaken when it could not bind its port.
+func (s *Squid) start() error {
+	cacheLog := filepath.Join(s.Dir, "cache.log")
 	_ = os.Remove(filepath.Join(s.Dir, "squid.pid"))
+	_ = os.Remove(cacheLog)
 	s.Proc = Start(s.t, "squid-"+s.Addr, SquidBinary(s.t), "-N", "-f", filepath.Join(s.Dir, "squid.conf"))
-	WaitTCP(s.t, s.Addr, 20*time.Second)
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		c, err := net.DialTimeout("tcp", s.Addr, time.Second)
+		if err == nil {
+			_ = c.Close()
+			return nil
+		}
+		exited := s.Proc.Exited()
+		if exited || time.Now().After(deadline) {
+			s.Proc.Kill()
+			log, _ := os.ReadFile(cacheLog)
+			if bytes.Contains(log, []byte("Address already in use")) {
+				return fmt.Errorf("squid could not bind %s: %w", s.Addr, errPortTaken)
+			}
+			how := "did not accept connections within 20s"
+			if exited {
+				how = "exited"
+			}
+			return fmt.Errorf("squid on %s %s (last dial: %v); cache.log:\n%s", s.Addr, how, err, log)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
 }
 
 // Kill stops Squid with SIGKILL.

@@ -8,9 +8,10 @@
 //
 // Options travel in the proxy user name, the API token in the password
 // (docs/api.md, "The gateway"). Every destination is resolved here and
-// checked against the egress policy before a lease is taken; a CONNECT
-// goes to the very address that was checked, so a name that resolves
-// differently a moment later (DNS rebinding) cannot get round it.
+// checked against the egress policy before a lease is taken; the proxy
+// is only ever given the checked address (a plain request rides a
+// CONNECT tunnel to it), so a name that resolves differently at the proxy
+// (DNS rebinding) cannot get round the check.
 package gateway
 
 import (
