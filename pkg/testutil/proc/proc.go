@@ -6,6 +6,7 @@ package proc
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"net/http"
@@ -13,6 +14,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -229,20 +231,61 @@ func WaitHTTP(t T, p *Process, url string, d time.Duration) {
 	}
 }
 
-// WaitTCP polls addr until it accepts a connection or d passes.
-func WaitTCP(t T, addr string, d time.Duration) {
-	t.Helper()
+// errPortTaken is a server's exit because its port was held: a port
+// FreePort hands out is free on 127.0.0.1 at that moment, yet an outgoing
+// connection (whose source port comes from the same ephemeral range) can
+// take it before the server binds.
+var errPortTaken = errors.New("port taken")
+
+// waitListening polls addr until it accepts a connection; if p exits or d
+// passes first, it kills p and says why from log (what p wrote, read
+// then): errPortTaken when that names the bind failure.
+func waitListening(p *Process, addr string, d time.Duration, log func() string) error {
 	deadline := time.Now().Add(d)
 	for {
 		c, err := net.DialTimeout("tcp", addr, time.Second)
 		if err == nil {
 			_ = c.Close()
-			return
+			return nil
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s did not accept connections within %s: %v", addr, d, err)
+		exited := p.Exited()
+		if exited || time.Now().After(deadline) {
+			p.Kill()
+			out := log()
+			if strings.Contains(out, "Address already in use") {
+				return fmt.Errorf("%s could not bind %s: %w", p.Name, addr, errPortTaken)
+			}
+			how := fmt.Sprintf("did not accept connections on %s within %s", addr, d)
+			if exited {
+				how = "exited before accepting connections on " + addr
+			}
+			return fmt.Errorf("%s %s (last dial: %v); its log:\n%s", p.Name, how, err, out)
 		}
 		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// startListening starts a server on a port of pick's choosing until it
+// listens and returns that port: a taken port means another one from
+// pick, a few times over (a restart at a fixed port, whose pick returns it
+// again, waits a second for the connection holding it to end).
+func startListening(t T, pick func() int, start func(port int) error) int {
+	t.Helper()
+	last := 0
+	for attempt := 1; ; attempt++ {
+		port := pick()
+		if port == last {
+			time.Sleep(time.Second)
+		}
+		last = port
+		err := start(port)
+		if err == nil {
+			return port
+		}
+		if !errors.Is(err, errPortTaken) || attempt == 5 {
+			t.Fatalf("%v", err)
+		}
+		t.Logf("%v; trying again", err)
 	}
 }
 

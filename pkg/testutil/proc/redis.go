@@ -43,15 +43,21 @@ func StartRedis(t T, aof bool, args ...string) *Redis {
 	if tb, ok := t.(testing.TB); ok {
 		RequireProcesses(tb)
 	}
-	r := &Redis{Port: FreePort(t), Dir: t.TempDir(), AOF: aof, Args: args, t: t}
-	r.Addr = Addr(r.Port)
-	r.Start()
+	r := &Redis{Dir: t.TempDir(), AOF: aof, Args: args, t: t}
+	startListening(t, func() int { return FreePort(t) }, func(port int) error {
+		r.Port, r.Addr = port, Addr(port)
+		return r.start()
+	})
 	return r
 }
 
 // Start (re)starts the server on the same port and directory.
 func (r *Redis) Start() {
 	r.t.Helper()
+	startListening(r.t, func() int { return r.Port }, func(int) error { return r.start() })
+}
+
+func (r *Redis) start() error {
 	args := []string{"--port", strconv.Itoa(r.Port), "--bind", "127.0.0.1", "--dir", r.Dir,
 		"--save", "", "--protected-mode", "no", "--daemonize", "no", "--logfile", ""}
 	if r.AOF {
@@ -60,7 +66,7 @@ func (r *Redis) Start() {
 		args = append(args, "--appendonly", "no")
 	}
 	r.Proc = Start(r.t, fmt.Sprintf("redis-%d", r.Port), RedisBinary(r.t), append(args, r.Args...)...)
-	WaitTCP(r.t, r.Addr, 10*time.Second)
+	return waitListening(r.Proc, r.Addr, 10*time.Second, r.Proc.Log)
 }
 
 // StartSentinels starts n Redis Sentinels (redis-server --sentinel) on
@@ -72,16 +78,17 @@ func StartSentinels(t T, master, primaryAddr string, n int, extra ...string) []s
 	host, port, _ := net.SplitHostPort(primaryAddr)
 	var addrs []string
 	for range n {
-		p := FreePort(t)
 		dir := t.TempDir()
-		conf := filepath.Join(dir, "sentinel.conf")
-		body := fmt.Sprintf("port %d\nbind 127.0.0.1\nprotected-mode no\ndir %s\nsentinel monitor %s %s %s %d\n", p, dir, master, host, port, n/2+1) +
-			fmt.Sprintf("sentinel down-after-milliseconds %s 1000\nsentinel failover-timeout %s 5000\n", master, master) + strings.Join(extra, "\n") + "\n"
-		if err := os.WriteFile(conf, []byte(body), 0o600); err != nil {
-			t.Fatal(err)
-		}
-		Start(t, fmt.Sprintf("sentinel-%d", p), RedisBinary(t), conf, "--sentinel")
-		WaitTCP(t, Addr(p), 10*time.Second)
+		p := startListening(t, func() int { return FreePort(t) }, func(p int) error {
+			conf := filepath.Join(dir, "sentinel.conf")
+			body := fmt.Sprintf("port %d\nbind 127.0.0.1\nprotected-mode no\ndir %s\nsentinel monitor %s %s %s %d\n", p, dir, master, host, port, n/2+1) +
+				fmt.Sprintf("sentinel down-after-milliseconds %s 1000\nsentinel failover-timeout %s 5000\n", master, master) + strings.Join(extra, "\n") + "\n"
+			if err := os.WriteFile(conf, []byte(body), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			sentinel := Start(t, fmt.Sprintf("sentinel-%d", p), RedisBinary(t), conf, "--sentinel")
+			return waitListening(sentinel, Addr(p), 10*time.Second, sentinel.Log)
+		})
 		addrs = append(addrs, Addr(p))
 	}
 	return addrs

@@ -1,9 +1,6 @@
 package proc
 
 import (
-	"bytes"
-	"errors"
-	"fmt"
 	"net"
 	"net/netip"
 	"os"
@@ -110,11 +107,6 @@ func StartSquidWithEgress(t T, host string, port int, creds proxyauth.Credential
 // startSquid starts Squid with squidconf's config, which conf completes.
 // Every suite Squid egresses from the address it listens on and logs each
 // request to AccessLog.
-//
-// A free port is free on 127.0.0.1 when FreePort hands it out, yet
-// host:port can still be held by an outgoing connection from host (another
-// Squid's egress picks its source port from the same ephemeral range), and
-// Squid then exits at once: with port 0 a taken port means another one.
 func startSquid(t T, host string, port int, conf func(*squidconf.Config)) *Squid {
 	t.Helper()
 	if tb, ok := t.(testing.TB); ok {
@@ -132,76 +124,39 @@ func startSquid(t T, host string, port int, conf func(*squidconf.Config)) *Squid
 		t.Fatal(err)
 	}
 	s := &Squid{Host: host, Dir: dir, AccessLog: filepath.Join(dir, "access.log"), t: t}
-	for attempt := 1; ; attempt++ {
-		s.Port = port
-		if port == 0 {
-			s.Port = FreePort(t)
-		}
-		s.Addr = net.JoinHostPort(host, strconv.Itoa(s.Port))
+	pick := func() int { return port }
+	if port == 0 {
+		pick = func() int { return FreePort(t) }
+	}
+	startListening(t, pick, func(port int) error {
+		s.Port, s.Addr = port, net.JoinHostPort(host, strconv.Itoa(port))
 		c := squidconf.Config{Listen: s.Addr, Dir: s.Dir, AccessLog: s.AccessLog, OutgoingAddress: host, ConnectTimeout: 5 * time.Second}
 		conf(&c)
 		if err := os.WriteFile(filepath.Join(s.Dir, "squid.conf"), []byte(c.String()), 0o644); err != nil {
 			t.Fatal(err)
 		}
-		err := s.start()
-		if err == nil {
-			return s
-		}
-		if port != 0 || !errors.Is(err, errPortTaken) || attempt == 5 {
-			t.Fatalf("%v", err)
-		}
-		t.Logf("%v; trying another port", err)
-	}
+		return s.start()
+	})
+	return s
 }
-
-var errPortTaken = errors.New("port taken")
 
 // Start (re)starts Squid with the same config, address and port.
 func (s *Squid) Start() {
 	s.t.Helper()
-	var err error
-	// A restart at a fixed port waits out an outgoing connection that
-	// holds it: those end within the suites' timeouts.
-	for attempt := 1; attempt <= 5; attempt++ {
-		if err = s.start(); err == nil || !errors.Is(err, errPortTaken) {
-			break
-		}
-		time.Sleep(time.Second)
-	}
-	if err != nil {
-		s.t.Fatalf("%v", err)
-	}
+	startListening(s.t, func() int { return s.Port }, func(int) error { return s.start() })
 }
 
-// start runs Squid and waits until it accepts connections, or says why
-// not from its cache log: errPortTaken when it could not bind its port.
+// start runs Squid and waits until it listens; Squid says why it did not
+// in its cache log, not on stderr.
 func (s *Squid) start() error {
 	cacheLog := filepath.Join(s.Dir, "cache.log")
 	_ = os.Remove(filepath.Join(s.Dir, "squid.pid"))
 	_ = os.Remove(cacheLog)
 	s.Proc = Start(s.t, "squid-"+s.Addr, SquidBinary(s.t), "-N", "-f", filepath.Join(s.Dir, "squid.conf"))
-	deadline := time.Now().Add(20 * time.Second)
-	for {
-		c, err := net.DialTimeout("tcp", s.Addr, time.Second)
-		if err == nil {
-			_ = c.Close()
-			return nil
-		}
-		exited := s.Proc.Exited()
-		if exited || time.Now().After(deadline) {
-			s.Proc.Kill()
-			log, _ := os.ReadFile(cacheLog)
-			if bytes.Contains(log, []byte("Address already in use")) {
-				return fmt.Errorf("squid could not bind %s: %w", s.Addr, errPortTaken)
-			}
-			how := "did not accept connections within 20s"
-			if exited {
-				how = "exited"
-			}
-			return fmt.Errorf("squid on %s %s (last dial: %v); cache.log:\n%s", s.Addr, how, err, log)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	return waitListening(s.Proc, s.Addr, 20*time.Second, func() string {
+		b, _ := os.ReadFile(cacheLog)
+		return string(b)
+	})
 }
 
 // Kill stops Squid with SIGKILL.
