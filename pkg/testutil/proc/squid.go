@@ -112,6 +112,21 @@ func startSquid(t T, host string, port int, conf func(*squidconf.Config)) *Squid
 	if tb, ok := t.(testing.TB); ok {
 		RequireProcesses(tb)
 	}
+	s := newSquid(t, host)
+	pick := func() int { return port }
+	if port == 0 {
+		pick = func() int { return FreePort(t) }
+	}
+	startListening(t, pick, func(port int) error {
+		s.configure(port, conf)
+		return s.start()
+	})
+	return s
+}
+
+// newSquid is a Squid on host with its directory made, not yet configured.
+func newSquid(t T, host string) *Squid {
+	t.Helper()
 	// Squid drops privileges to its own user when started as root, so its
 	// directory must sit where that user can reach it: not under the test's
 	// private temp dir.
@@ -123,21 +138,17 @@ func startSquid(t T, host string, port int, conf func(*squidconf.Config)) *Squid
 	if err := os.Chmod(dir, 0o777); err != nil {
 		t.Fatal(err)
 	}
-	s := &Squid{Host: host, Dir: dir, AccessLog: filepath.Join(dir, "access.log"), t: t}
-	pick := func() int { return port }
-	if port == 0 {
-		pick = func() int { return FreePort(t) }
+	return &Squid{Host: host, Dir: dir, AccessLog: filepath.Join(dir, "access.log"), t: t}
+}
+
+// configure writes the config for port, which conf completes.
+func (s *Squid) configure(port int, conf func(*squidconf.Config)) {
+	s.Port, s.Addr = port, net.JoinHostPort(s.Host, strconv.Itoa(port))
+	c := squidconf.Config{Listen: s.Addr, Dir: s.Dir, AccessLog: s.AccessLog, OutgoingAddress: s.Host, ConnectTimeout: 5 * time.Second}
+	conf(&c)
+	if err := os.WriteFile(filepath.Join(s.Dir, "squid.conf"), []byte(c.String()), 0o644); err != nil {
+		s.t.Fatal(err)
 	}
-	startListening(t, pick, func(port int) error {
-		s.Port, s.Addr = port, net.JoinHostPort(host, strconv.Itoa(port))
-		c := squidconf.Config{Listen: s.Addr, Dir: s.Dir, AccessLog: s.AccessLog, OutgoingAddress: host, ConnectTimeout: 5 * time.Second}
-		conf(&c)
-		if err := os.WriteFile(filepath.Join(s.Dir, "squid.conf"), []byte(c.String()), 0o644); err != nil {
-			t.Fatal(err)
-		}
-		return s.start()
-	})
-	return s
 }
 
 // Start (re)starts Squid with the same config, address and port.
