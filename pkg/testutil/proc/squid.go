@@ -7,6 +7,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -172,3 +173,32 @@ func (s *Squid) start() error {
 
 // Kill stops Squid with SIGKILL.
 func (s *Squid) Kill() { s.Proc.Kill() }
+
+// Logged waits up to 5 s for Squid's access log to hold every one of
+// lines (substrings) and returns the log. Squid writes a request's line
+// when its transaction ends, and the readiness check's bare connection
+// writes one too, so a test waits for the lines it asserts, never for a
+// count of lines.
+func (s *Squid) Logged(lines ...string) string {
+	s.t.Helper()
+	var log string
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		b, _ := os.ReadFile(s.AccessLog)
+		log = string(b)
+		missing := ""
+		for _, l := range lines {
+			if !strings.Contains(log, l) {
+				missing = l
+				break
+			}
+		}
+		if missing == "" {
+			return log
+		}
+		if time.Now().After(deadline) {
+			s.t.Fatalf("squid %s never logged %q; its access log:\n%s", s.Addr, missing, log)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
