@@ -118,52 +118,80 @@ func (t *Token) Value() string {
 	return ""
 }
 
-// Check verifies "Bearer <token>" from an Authorization value and returns
-// the name of the token it holds ("" when no token is configured), a
-// token limited to the gateway included: the gateway checks its clients
-// with it.
-func (t *Token) Check(authorization string) (name string, err error) {
-	n, err := t.check(authorization)
-	return n.name, err
+// Holder is who holds a token: its line's name, and whether the line
+// limits it to the gateway.
+type Holder struct {
+	Name        string
+	GatewayOnly bool
 }
 
-func (t *Token) check(authorization string) (named, error) {
-	want := t.tokens()
-	if len(want) == 0 {
-		return named{}, nil
-	}
-	got, ok := strings.CutPrefix(authorization, "Bearer ")
-	if !ok || got == "" {
-		return named{}, status.Error(codes.Unauthenticated, "missing bearer token: send the header \"Authorization: Bearer <token>\"")
-	}
-	// Every token is compared, so the time taken does not say which
-	// matched.
+// Lookup finds the holder of token, comparing it with every token in
+// constant time, so the time taken does not say which matched.
+func (t *Token) Lookup(token string) (Holder, bool) {
 	match := -1
+	want := t.tokens()
 	for i, w := range want {
-		if subtle.ConstantTimeCompare([]byte(got), w.tok) == 1 {
+		if subtle.ConstantTimeCompare([]byte(token), w.tok) == 1 {
 			match = i
 		}
 	}
 	if match < 0 {
-		return named{}, status.Error(codes.Unauthenticated, "invalid bearer token")
+		return Holder{}, false
 	}
-	return want[match], nil
+	return Holder{Name: want[match].name, GatewayOnly: want[match].gatewayOnly}, true
 }
 
-func (t *Token) checkContext(ctx context.Context) (context.Context, error) {
-	// One key, not the whole map: FromIncomingContext copies every key.
-	v := metadata.ValueFromIncomingContext(ctx, "authorization")
-	if len(v) == 0 {
-		v = []string{""}
+// Verify implements Verifier: a call of any method with any token in the
+// file, but one limited to the gateway.
+func (t *Token) Verify(ctx context.Context, _, token string) (context.Context, error) {
+	h, ok := t.Lookup(token)
+	if !ok {
+		return ctx, ErrInvalidToken
 	}
-	n, err := t.check(v[0])
-	if err != nil || n.name == "" {
+	if h.GatewayOnly && !IsViaGateway(ctx) {
+		return ctx, status.Errorf(codes.PermissionDenied, "token %q is limited to the proxy gateway (%s in the token file): it cannot call the lease API", h.Name, scopeGateway)
+	}
+	return WithCaller(ctx, h.Name), nil
+}
+
+// ErrInvalidToken answers a token no one holds.
+var ErrInvalidToken = status.Error(codes.Unauthenticated, "invalid bearer token")
+
+// A Verifier says who holds a bearer token, and whether they may call a
+// method with it.
+type Verifier interface {
+	// Enabled reports whether calls must carry a token; when false every
+	// call passes unauthenticated.
+	Enabled() bool
+	// Verify returns ctx for a call of method (a gRPC full method name)
+	// made with token, its holder named in it (Caller), or an
+	// Unauthenticated or PermissionDenied status error that says why.
+	Verify(ctx context.Context, method, token string) (context.Context, error)
+}
+
+// BearerToken is the token of an Authorization value "Bearer <token>".
+func BearerToken(authorization string) (string, error) {
+	got, ok := strings.CutPrefix(authorization, "Bearer ")
+	if !ok || got == "" {
+		return "", status.Error(codes.Unauthenticated, "missing bearer token: send the header \"Authorization: Bearer <token>\"")
+	}
+	return got, nil
+}
+
+func verify(ctx context.Context, v Verifier, method string) (context.Context, error) {
+	if v == nil || !v.Enabled() || ctx.Value(verifiedKey{}) != nil {
+		return ctx, nil
+	}
+	// One key, not the whole map: FromIncomingContext copies every key.
+	var authorization string
+	if a := metadata.ValueFromIncomingContext(ctx, "authorization"); len(a) > 0 {
+		authorization = a[0]
+	}
+	tok, err := BearerToken(authorization)
+	if err != nil {
 		return ctx, err
 	}
-	if n.gatewayOnly && ctx.Value(gatewayKey{}) == nil {
-		return ctx, status.Errorf(codes.PermissionDenied, "token %q is limited to the proxy gateway (%s in the token file): it cannot call the lease API", n.name, scopeGateway)
-	}
-	return WithCaller(ctx, n.name), nil
+	return v.Verify(ctx, method, tok)
 }
 
 type gatewayKey struct{}
@@ -174,6 +202,20 @@ type gatewayKey struct{}
 func ViaGateway(ctx context.Context) context.Context {
 	return context.WithValue(ctx, gatewayKey{}, true)
 }
+
+type verifiedKey struct{}
+
+// Verified marks ctx, in process, as already authenticated as the caller
+// it names: the gateway's release of a tunnel's own lease, which must go
+// through even once the credential that opened it is removed (else the
+// lease would hold its proxy until its TTL). Nothing that comes over a
+// network can carry the mark.
+func Verified(ctx context.Context) context.Context {
+	return context.WithValue(ctx, verifiedKey{}, true)
+}
+
+// IsViaGateway reports whether ctx carries ViaGateway's mark.
+func IsViaGateway(ctx context.Context) bool { return ctx.Value(gatewayKey{}) != nil }
 
 type callerKey struct{}
 
@@ -189,11 +231,11 @@ func Caller(ctx context.Context) string {
 	return name
 }
 
-// UnaryInterceptor rejects unauthenticated unary calls and puts the
-// caller's name in the context of the others.
-func (t *Token) UnaryInterceptor() grpc.UnaryServerInterceptor {
-	return func(ctx context.Context, req any, _ *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
-		ctx, err := t.checkContext(ctx)
+// UnaryInterceptor rejects the unary calls v refuses and names the
+// caller in the context of the others.
+func UnaryInterceptor(v Verifier) grpc.UnaryServerInterceptor {
+	return func(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
+		ctx, err := verify(ctx, v, info.FullMethod)
 		if err != nil {
 			return nil, err
 		}
@@ -201,11 +243,11 @@ func (t *Token) UnaryInterceptor() grpc.UnaryServerInterceptor {
 	}
 }
 
-// StreamInterceptor rejects unauthenticated streams and puts the caller's
-// name in the context of the others.
-func (t *Token) StreamInterceptor() grpc.StreamServerInterceptor {
-	return func(srv any, ss grpc.ServerStream, _ *grpc.StreamServerInfo, h grpc.StreamHandler) error {
-		ctx, err := t.checkContext(ss.Context())
+// StreamInterceptor rejects the streams v refuses and names the caller in
+// the context of the others.
+func StreamInterceptor(v Verifier) grpc.StreamServerInterceptor {
+	return func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, h grpc.StreamHandler) error {
+		ctx, err := verify(ss.Context(), v, info.FullMethod)
 		if err != nil {
 			return err
 		}

@@ -2,7 +2,6 @@ package kube
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -97,7 +96,7 @@ func (c ProxyCredentials) Of(ctx context.Context, r CredentialsRef) (proxyauth.C
 	case r.Secret == "":
 		return proxyauth.Credentials{}, nil
 	case c.Secrets == nil:
-		return proxyauth.Credentials{}, errors.New("no credentials Secret cache")
+		return proxyauth.Credentials{}, fmt.Errorf("Secret %s/%s: no credentials Secret is read here (the broker's --credentials-secrets=false: the chart's secretNamespaces is empty); keep it in a namespace listed there", r.Namespace, r.Secret)
 	}
 	if err := CheckSecretNamespace(c.Namespaces, r.Namespace, r.Secret); err != nil {
 		return proxyauth.Credentials{}, err

@@ -55,7 +55,7 @@ func TestProxyCredentialsOf(t *testing.T) {
 		{"external: the Secret's", src, external("bought"), proxyauth.Credentials{Username: "u", Password: "p"}, nil},
 		{"missing Secret", src, external("gone"), proxyauth.Credentials{}, []string{ns + "/gone", v1.LabelProxyCredentials}},
 		{"Secret without a password", src, external("half"), proxyauth.Credentials{}, []string{ns + "/half", `"password"`}},
-		{"no Secret reader", kube.ProxyCredentials{Key: key}, external("bought"), proxyauth.Credentials{}, []string{"no credentials Secret cache"}},
+		{"no Secret reader", kube.ProxyCredentials{Key: key}, external("bought"), proxyauth.Credentials{}, []string{"no credentials Secret is read here", "--credentials-secrets=false"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			got, err := tc.src.Of(t.Context(), kube.CredentialsRefOf(tc.px))

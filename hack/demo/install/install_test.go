@@ -144,7 +144,7 @@ func TestRBACIsLeastPrivilege(t *testing.T) {
 	for _, n := range []string{ns, "team-b"} {
 		_ = env.Client.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: n}})
 	}
-	for _, u := range render(t, "--set", "secretNamespaces={team-b}") {
+	for _, u := range render(t, "--set", "secretNamespaces={team-b}", "--set", "tenants[0].name=team-a", "--set", "tenants[0].namespaces={team-a}") {
 		switch u.GetKind() {
 		case "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding":
 			require.NoError(t, env.Client.Patch(ctx, u, client.Apply, client.FieldOwner("chart-test"), client.ForceOwnership), u.GetName())
@@ -169,12 +169,26 @@ func TestRBACIsLeastPrivilege(t *testing.T) {
 		{"ep-broker", "watch", "crawl.example.com", "targetpolicies", "", "team-a", true, ""},
 		{"ep-broker", "update", "crawl.example.com", "targetpolicies", "", "team-a", false, ""},
 		{"ep-broker", "create", "events.k8s.io", "events", "", "team-a", false, ""},
-		// Secrets read-only, and only in the release's namespace and the
-		// secretNamespaces listed (team-b here): External proxies'
-		// credentials (its cache narrows the watch to those labelled
-		// for it). kube-system's, or any other namespace's, never.
-		{"ep-broker", "watch", "", "secrets", "", ns, true, ""},
+		// Secrets read-only, and only in the secretNamespaces listed
+		// (team-b here): External proxies' credentials (its cache
+		// narrows the watch to those labelled for it). In the release's
+		// namespace only the tenants' credentials, by name: never the
+		// KVM SSH key or Helm's release Secrets. kube-system's, or any
+		// other namespace's, never.
 		{"ep-broker", "watch", "", "secrets", "", "team-b", true, ""},
+		{"ep-broker", "get", "", "secrets", "", ns, true, "ep-tenant-team-a"},
+		{"ep-broker", "get", "", "secrets", "", ns, false, "kvm-ssh"},
+		{"ep-broker", "get", "", "secrets", "", ns, false, "sh.helm.release.v1.ep.v1"},
+		{"ep-broker", "get", "", "secrets", "", ns, false, "ep-discovery-token"},
+		{"ep-broker", "list", "", "secrets", "", ns, false, ""},
+		{"ep-broker", "watch", "", "secrets", "", ns, false, ""},
+		{"ep-broker", "get", "", "secrets", "", "team-b", true, ""},
+		// Tenants: read in the release's namespace, their status written.
+		{"ep-broker", "watch", "crawl.example.com", "tenants", "", ns, true, ""},
+		{"ep-broker", "patch", "crawl.example.com", "tenants", "status", ns, true, ""},
+		{"ep-broker", "update", "crawl.example.com", "tenants", "", ns, false, ""},
+		{"ep-broker", "create", "crawl.example.com", "tenants", "", ns, false, ""},
+		{"ep-broker", "list", "crawl.example.com", "tenants", "", "team-a", false, ""},
 		{"ep-broker", "list", "", "secrets", "", "team-a", false, ""},
 		{"ep-broker", "list", "", "secrets", "", "kube-system", false, ""},
 		{"ep-broker", "list", "", "secrets", "", "", false, ""},
@@ -232,6 +246,11 @@ func TestRBACIsLeastPrivilege(t *testing.T) {
 		{"ep-crds", "delete", "apiextensions.k8s.io", "customresourcedefinitions", "", "", false, "proxies.crawl.example.com"},
 		{"ep-crds", "list", "crawl.example.com", "proxies", "", "", false, ""},
 		{"ep-crds", "get", "", "secrets", "", ns, false, ""},
+		// ... and the release's Tenants, in its namespace only.
+		{"ep-crds", "create", "crawl.example.com", "tenants", "", ns, true, ""},
+		{"ep-crds", "delete", "crawl.example.com", "tenants", "", ns, true, ""},
+		{"ep-crds", "delete", "crawl.example.com", "tenants", "", "team-a", false, ""},
+		{"ep-crds", "patch", "crawl.example.com", "tenants", "status", ns, false, ""},
 	}
 	for _, c := range cases {
 		sar := &authorizationv1.SubjectAccessReview{Spec: authorizationv1.SubjectAccessReviewSpec{

@@ -327,7 +327,7 @@ func loadFleet(b *testing.B, r *proc.Redis, prefix, target string, fleet []store
 				if _, err := st.Report(ctx, store.Report{LeaseID: l.ID, Outcome: store.RateLimited, Target: target, Policy: store.FixedCooldown(time.Hour)}); err != nil {
 					failed.set(err)
 				}
-				if _, err := st.Release(ctx, l.ID); err != nil {
+				if _, err := st.Release(ctx, l.ID, ""); err != nil {
 					failed.set(err)
 				}
 			}

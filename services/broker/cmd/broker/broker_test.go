@@ -430,7 +430,7 @@ func TestNoTokenServesUnauthenticatedAndWarns(t *testing.T) {
 	f := newFleet(t)
 	b := startBroker(t, f, proc.StartRedis(t, false))
 	assert.Equal(t, 200, b.do("GET", "/v1/proxies", "").Status)
-	assert.Contains(t, b.p.Log(), "NO TOKEN CONFIGURED")
+	assert.Contains(t, b.p.Log(), "NO CREDENTIALS CONFIGURED")
 }
 
 // With an exporter configured, a lease over REST and one over gRPC leave

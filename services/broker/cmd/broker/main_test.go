@@ -24,7 +24,7 @@ func TestBadFlagsExitNonZero(t *testing.T) {
 	proc.BadFlag(t, "broker-bad-level", bin, []string{"--log-level", "loud"}, "--log-level", "want debug, info, warn or error")
 	proc.BadFlag(t, "broker-stray-arg", bin, []string{"stray"}, `unexpected argument "stray"`)
 	proc.BadFlag(t, "broker-bad-ttl", bin, []string{"--default-ttl", "2h"}, "--default-ttl 2h0m0s must be between")
-	proc.BadFlag(t, "broker-open-gateway", bin, []string{"--gateway-addr", "127.0.0.1:0"}, "--gateway-addr needs --token-file: without a token the gateway would be an open proxy")
+	proc.BadFlag(t, "broker-open-gateway", bin, []string{"--gateway-addr", "127.0.0.1:0"}, "--gateway-addr needs --token-file or --tenant-namespace: without credentials the gateway would be an open proxy")
 	proc.BadFlag(t, "broker-long-gateway-leases", bin, []string{"--gateway-addr", "127.0.0.1:0", "--token-file", "/dev/null", "--gateway-lease-ttl", "2h"}, "--gateway-lease-ttl 2h0m0s must be between --min-ttl 10s and --max-ttl 1h0m0s")
 	proc.BadFlag(t, "broker-bad-egress", bin, []string{"--egress-deny-cidrs", "10.0.0.0/33"}, "--egress-deny-cidrs", "is not a CIDR")
 	proc.BadFlag(t, "broker-bad-token", bin, []string{"--token-file", "/nonexistent/token", "--kubeconfig", "/dev/null"}, "--token-file", "/nonexistent/token")

@@ -8,6 +8,7 @@ import (
 	"context"
 	"crypto/tls"
 	"errors"
+	"fmt"
 	"log/slog"
 	"os"
 	"strings"
@@ -15,6 +16,8 @@ import (
 
 	"github.com/redis/go-redis/extra/redisotel/v9"
 	"github.com/redis/go-redis/v9"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/egress-proxies/egress-proxies/pkg/auth"
 	"github.com/egress-proxies/egress-proxies/pkg/certs"
@@ -29,6 +32,7 @@ import (
 	"github.com/egress-proxies/egress-proxies/services/broker/pkg/policy"
 	"github.com/egress-proxies/egress-proxies/services/broker/pkg/server"
 	"github.com/egress-proxies/egress-proxies/services/broker/pkg/store"
+	"github.com/egress-proxies/egress-proxies/services/broker/pkg/tenant"
 )
 
 // Name is the broker's name in logs and flags' environment variables.
@@ -41,10 +45,17 @@ func Run(ctx context.Context, env service.Env, o Options) error {
 	if err != nil {
 		return service.UsageError{Err: err}
 	}
-	if !tok.Enabled() {
-		log.Warn("NO TOKEN CONFIGURED: the lease API serves every caller UNAUTHENTICATED, and leases carry no proxy credentials; set --token-file (BROKER_TOKEN_FILE) to a mounted Secret")
+	tenants := &tenant.Registry{File: tok, Log: log}
+	var tenantClient client.Client
+	if o.TenantNamespace != "" {
+		if tenantClient, err = watchTenants(ctx, o, tenants); err != nil {
+			return err
+		}
 	}
-	o.Leases.ShareCredentials = tok.Enabled()
+	if !tenants.Enabled() {
+		log.Warn("NO CREDENTIALS CONFIGURED: the lease API serves every caller UNAUTHENTICATED, and leases carry no proxy credentials; set --token-file (BROKER_TOKEN_FILE) to a mounted Secret, or --tenant-namespace")
+	}
+	o.Leases.ShareCredentials = tenants.Enabled()
 	rdb, err := redisClient(ctx, log, o, env.Tracing)
 	if err != nil {
 		return err
@@ -56,6 +67,10 @@ func Run(ctx context.Context, env service.Env, o Options) error {
 	// more make smaller batches, which cost Redis more per lease
 	// (decision 115).
 	st.Pipeline(ctx, 2)
+	if tenantClient != nil {
+		w := &tenant.StatusWriter{Client: tenantClient, Registry: tenants, Leases: st.TenantLeases, Interval: tenant.DefaultStatusInterval, Log: log}
+		go w.Run(ctx)
+	}
 
 	inv, idx, err := watchProxies(ctx, o, st, env)
 	if err != nil {
@@ -73,7 +88,7 @@ func Run(ctx context.Context, env service.Env, o Options) error {
 	svc := leases.New(inv, st, idx, pol, o.Leases)
 	go svc.RunWatches(ctx)
 	srv, err := server.New(ctx, log, server.Options{GRPCAddr: o.GRPCAddr, HTTPAddr: o.HTTPAddr, MaxBodyBytes: o.MaxBody, MaxRecvBytes: 1 << 20, Tracing: env.Tracing, TLS: serverTLS, Limits: o.Limits},
-		svc, tok)
+		svc, tenants)
 	if err != nil {
 		return service.UsageError{Err: err}
 	}
@@ -84,7 +99,7 @@ func Run(ctx context.Context, env service.Env, o Options) error {
 		o.Gateway.TLS = serverTLS.Clone()
 		o.Gateway.TLS.NextProtos = []string{"http/1.1"}
 	}
-	waitGateway, err := serveGateway(ctx, log, o, srv, tok)
+	waitGateway, err := serveGateway(ctx, log, o, srv, tenants)
 	if err != nil {
 		return err
 	}
@@ -92,7 +107,7 @@ func Run(ctx context.Context, env service.Env, o Options) error {
 	if err != nil {
 		return err
 	}
-	log.Info("starting", "commit", version.Commit, "leaseCap", o.Leases.LeaseCap, "cooldown", o.Policy.CooldownBase, "banAware", o.Leases.BanAware, "auth", tok.Enabled(), "tls", serverTLS != nil, "gateway", o.Gateway.Addr)
+	log.Info("starting", "commit", version.Commit, "leaseCap", o.Leases.LeaseCap, "cooldown", o.Policy.CooldownBase, "banAware", o.Leases.BanAware, "auth", tenants.Enabled(), "tenantNamespace", o.TenantNamespace, "tls", serverTLS != nil, "gateway", o.Gateway.Addr)
 	serveErr := srv.Serve(ctx)
 	return errors.Join(serveErr, waitGateway(), waitOps())
 }
@@ -100,11 +115,11 @@ func Run(ctx context.Context, env service.Env, o Options) error {
 // serveGateway serves the HTTP proxy gateway when --gateway-addr is set,
 // leasing through the servers' in-process LeaseService; the returned func
 // waits until it stopped and released every lease it held.
-func serveGateway(ctx context.Context, log *slog.Logger, o Options, srv *server.Servers, tok *auth.Token) (func() error, error) {
+func serveGateway(ctx context.Context, log *slog.Logger, o Options, srv *server.Servers, v auth.Verifier) (func() error, error) {
 	if o.Gateway.Addr == "" {
 		return func() error { return nil }, nil
 	}
-	gw, err := gateway.New(log, o.Gateway, srv.InProcess, tok)
+	gw, err := gateway.New(log, o.Gateway, srv.InProcess, v)
 	if err != nil {
 		return nil, service.UsageError{Err: err}
 	}
@@ -176,9 +191,30 @@ func watchProxies(ctx context.Context, o Options, st *store.Store, env service.E
 	if err != nil {
 		return nil, nil, service.Usagef("--kubeconfig: %v", err)
 	}
-	idx := &index.Maintainer{Store: st, Log: env.Log, Scope: o.Namespace, SecretNamespaces: o.secretNamespaces, Resync: o.IndexResync, Idle: o.IndexIdle, MaxIndexes: o.MaxIndexes}
+	idx := &index.Maintainer{Store: st, Log: env.Log, Scope: o.Namespace, SecretNamespaces: o.secretNamespaces, NoSecrets: !o.CredentialsSecrets, Resync: o.IndexResync, Idle: o.IndexIdle, MaxIndexes: o.MaxIndexes}
 	inv, err := idx.Start(ctx, cfg)
 	return inv, idx, err
+}
+
+// watchTenants keeps tenants current from the Tenants in
+// --tenant-namespace, whose credentials it reads Secret by Secret (the
+// brokers may get those Secrets and list none); it returns the client
+// that reads them, which writes the Tenants' status too.
+func watchTenants(ctx context.Context, o Options, tenants *tenant.Registry) (client.Client, error) {
+	cfg, err := kube.RestConfig(o.Kubeconfig)
+	if err != nil {
+		return nil, service.Usagef("--kubeconfig: %v", err)
+	}
+	c, err := cache.New(cfg, cache.Options{Scheme: kube.NewScheme(), DefaultNamespaces: map[string]cache.Config{o.TenantNamespace: {}}})
+	if err != nil {
+		return nil, fmt.Errorf("creating the Tenant informer: %w", err)
+	}
+	direct, err := client.New(cfg, client.Options{Scheme: kube.NewScheme()})
+	if err != nil {
+		return nil, fmt.Errorf("creating the Secret reader: %w", err)
+	}
+	go func() { _ = c.Start(ctx) }()
+	return direct, tenants.Watch(ctx, c, direct, tenant.DefaultReread)
 }
 
 // serveOps serves /healthz, /readyz (Redis answers, the inventory and
@@ -186,7 +222,7 @@ func watchProxies(ctx context.Context, o Options, st *store.Store, env service.E
 // them to stop.
 func serveOps(ctx context.Context, o Options, env service.Env, st *store.Store, inv *inventory.Inventory, pol *policy.Policies) (func() error, error) {
 	ops := service.NewOps()
-	ops.Registry.MustRegister(append(append(append(append(leases.Collectors(), server.Collectors()...), index.Collectors()...), store.Collectors()...), gateway.Collectors()...)...)
+	ops.Registry.MustRegister(append(append(append(append(append(leases.Collectors(), server.Collectors()...), index.Collectors()...), store.Collectors()...), gateway.Collectors()...), tenant.Collectors()...)...)
 	ops.Registry.MustRegister(store.FleetCollector(st))
 	ops.AddReadyCheck("redis", st.Ping)
 	ops.AddReadyCheck("inventory", func(context.Context) error {

@@ -7,6 +7,8 @@ import (
 	"regexp"
 	"time"
 
+	"k8s.io/apimachinery/pkg/util/validation"
+
 	"github.com/egress-proxies/egress-proxies/pkg/kube"
 	"github.com/egress-proxies/egress-proxies/pkg/netpolicy"
 	"github.com/egress-proxies/egress-proxies/pkg/proxyauth"
@@ -40,6 +42,7 @@ type Options struct {
 	RedisPrefix               string
 	RedisWait                 store.Wait
 	TokenFile                 string
+	TenantNamespace           string
 	TLSCert                   string
 	TLSKey                    string
 	// CredentialsKeyFile: the controller's key Managed proxies'
@@ -54,6 +57,8 @@ type Options struct {
 	// SecretNamespaces: where Proxies' credentials Secrets are read.
 	SecretNamespaces string
 	secretNamespaces []string
+	// CredentialsSecrets: read External proxies' credentials Secrets.
+	CredentialsSecrets bool
 	// Gateway is the proxy listener's; off while its Addr is empty.
 	Gateway     gateway.Options
 	EgressFlags netpolicy.EgressFlags
@@ -91,6 +96,7 @@ func (o *Options) Register(fs *flag.FlagSet) {
 	fs.StringVar(&o.Kubeconfig, "kubeconfig", "", "kubeconfig file; empty means in-cluster config or $KUBECONFIG")
 	fs.StringVar(&o.Namespace, "namespace", "", "serve only Proxies of this namespace; empty means all")
 	fs.StringVar(&o.SecretNamespaces, "secret-namespaces", "", kube.SecretNamespacesFlag)
+	fs.BoolVar(&o.CredentialsSecrets, "credentials-secrets", true, "read the Secrets External proxies name for their credentials (labelled crawl.example.com/proxy-credentials=true, in --secret-namespaces); false reads none, and leases carry only Managed proxies' credentials (--proxy-credentials-key-file)")
 	fs.StringVar(&o.RedisAddrs, "redis-addrs", "127.0.0.1:6379", "Redis address; several comma-separated for Cluster, or Sentinels with --redis-master-name")
 	fs.StringVar(&o.RedisMaster, "redis-master-name", "", "Sentinel master name (makes --redis-addrs Sentinel addresses)")
 	fs.StringVar(&o.RedisPasswordFile, "redis-password-file", "", "file holding the Redis password, re-read when it changes (each new connection uses the current one): a mounted Secret, never a flag or an environment variable")
@@ -106,7 +112,8 @@ func (o *Options) Register(fs *flag.FlagSet) {
 	fs.DurationVar(&o.IndexResync, "index-resync", index.DefaultResync, "how often every selector index is checked against the inventory")
 	fs.DurationVar(&o.IndexIdle, "index-idle", index.DefaultIdle, "how long a selector index nobody leases from is kept")
 	fs.IntVar(&o.MaxIndexes, "max-indexes", index.DefaultMaxIndexes, "most selector indexes kept at once (distinct namespace and selector pairs in use); the least recently used go first")
-	fs.StringVar(&o.TokenFile, "token-file", "", "file holding the bearer token clients must send; empty serves unauthenticated")
+	fs.StringVar(&o.TokenFile, "token-file", "", "file of bearer tokens, one \"name:token\" per line: each line is a tenant of that name with every namespace and verb (the bootstrap); empty, with no --tenant-namespace, serves unauthenticated")
+	fs.StringVar(&o.TenantNamespace, "tenant-namespace", "", "namespace whose Tenants (credentials in Secrets, namespaces, verbs, quotas) may call; empty: only --token-file's")
 	fs.StringVar(&o.TLSCert, "tls-cert-file", "", "PEM certificate the gRPC and REST ports serve (re-read when it changes, so cert-manager can rotate it); empty serves plaintext")
 	fs.StringVar(&o.TLSKey, "tls-key-file", "", "PEM key of --tls-cert-file")
 	fs.StringVar(&o.CredentialsKeyFile, "proxy-credentials-key-file", "", "the controller's --proxy-credentials-key-file, so leases of Managed proxies carry their credentials")
@@ -129,10 +136,11 @@ func (o *Options) Register(fs *flag.FlagSet) {
 	fs.IntVar(&o.Leases.LeaseCap, "lease-cap", d.LeaseCap, "most live leases per proxy (0: no cap)")
 	fs.Int64Var(&o.MaxBody, "max-body-bytes", 64<<10, "largest REST request body")
 	fs.Float64Var(&o.Leases.Faults.MaxFraction, "quarantine-max-fraction", d.Faults.MaxFraction, "largest share of a selector's proxies quarantined at once; past it quarantine holds (action QUARANTINE_HELD, alert EgressProxiesQuarantineHeld) and leasing goes on, as MachineHealthCheck's maxUnhealthy (1: no limit)")
-	fs.IntVar(&o.Leases.TokenMaxLeases, "token-max-leases", d.TokenMaxLeases, "most live leases the callers of one named token hold together, fleet-wide (0: no cap)")
-	fs.Float64Var(&o.Leases.TokenReportRate, "token-report-rate", d.TokenReportRate, "outcome reports per second one named token may send to each broker (0: no limit)")
-	fs.IntVar(&o.Leases.TokenMaxWatches, "token-max-watches", d.TokenMaxWatches, "most WatchProxies streams (gRPC and REST) the callers of one named token may hold open on each broker (0: no cap)")
-	fs.IntVar(&o.Leases.TokenReportBurst, "token-report-burst", d.TokenReportBurst, "reports one named token may send at once, above --token-report-rate")
+	fs.IntVar(&o.Leases.TokenMaxLeases, "token-max-leases", d.TokenMaxLeases, "most live leases one tenant holds, fleet-wide (0: no cap); a Tenant's spec.quotas.maxLeases overrides it")
+	fs.Float64Var(&o.Leases.TokenReportRate, "token-report-rate", d.TokenReportRate, "outcome reports per second one tenant may send to each broker (0: no limit); a Tenant's spec.quotas.reportsPerSecond overrides it")
+	fs.IntVar(&o.Leases.TokenMaxWatches, "token-max-watches", d.TokenMaxWatches, "most WatchProxies streams (gRPC and REST) one tenant may hold open on each broker (0: no cap); a Tenant's spec.quotas.maxWatches overrides it")
+	fs.IntVar(&o.Leases.TokenReportBurst, "token-report-burst", d.TokenReportBurst, "reports one tenant may send at once, above --token-report-rate")
+	fs.IntVar(&o.Leases.TokenMaxSelectors, "token-max-selectors", d.TokenMaxSelectors, "most distinct selectors one tenant leases with on each broker within --index-idle; a lease on a new one past it is refused, so one tenant cannot evict everyone's indexes (0: no cap); a Tenant's spec.quotas.maxSelectors overrides it")
 }
 
 var hashTag = regexp.MustCompile(`\{[^{}]+\}`)
@@ -159,8 +167,10 @@ func (o *Options) Validate() error {
 		return errors.New("--lease-cap must not be negative")
 	case l.Faults.MaxFraction <= 0 || l.Faults.MaxFraction > 1:
 		return fmt.Errorf("--quarantine-max-fraction %g must be above 0 and at most 1", l.Faults.MaxFraction)
-	case l.TokenMaxLeases < 0 || l.TokenReportRate < 0 || l.TokenReportBurst < 0 || l.TokenMaxWatches < 0:
-		return errors.New("--token-max-leases, --token-report-rate, --token-report-burst and --token-max-watches must not be negative")
+	case l.TokenMaxLeases < 0 || l.TokenReportRate < 0 || l.TokenReportBurst < 0 || l.TokenMaxWatches < 0 || l.TokenMaxSelectors < 0:
+		return errors.New("--token-max-leases, --token-report-rate, --token-report-burst, --token-max-watches and --token-max-selectors must not be negative")
+	case o.TenantNamespace != "" && len(validation.IsDNS1123Label(o.TenantNamespace)) > 0:
+		return fmt.Errorf("--tenant-namespace %q is not a namespace name", o.TenantNamespace)
 	case o.RedisUsername != "" && o.RedisPasswordFile == "":
 		return errors.New("--redis-username needs --redis-password-file")
 	case o.RedisSentinelUsername != "" && o.RedisSentinelPasswordFile == "":
@@ -186,7 +196,7 @@ func (o *Options) Validate() error {
 		if t := o.Gateway.LeaseTTL; t < l.MinTTL || t > l.MaxTTL {
 			return fmt.Errorf("--gateway-lease-ttl %s must be between --min-ttl %s and --max-ttl %s", t, l.MinTTL, l.MaxTTL)
 		}
-		if o.TokenFile == "" {
+		if o.TokenFile == "" && o.TenantNamespace == "" {
 			return gateway.ErrOpenProxy
 		}
 		if o.Gateway.TLSAddr != "" && o.TLSCert == "" {

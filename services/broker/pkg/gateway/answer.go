@@ -108,7 +108,8 @@ func needAuth(why string) answer {
 
 // paced are the refusals about the target or the caller, which waiting
 // cures: 429. Every other refusal says no proxy qualifies: 503.
-var paced = map[string]bool{"TARGET_PACED": true, "TARGET_AT_CAP": true, "TOKEN_LEASE_CAP": true, "TOKEN_REPORT_RATE": true}
+var paced = map[string]bool{"TARGET_PACED": true, "TARGET_AT_CAP": true, "TOKEN_LEASE_CAP": true, "TOKEN_REPORT_RATE": true,
+	"TENANT_LEASE_RATE": true, "TENANT_SELECTOR_BUDGET": true}
 
 // refusal is the answer for a lease API error.
 func refusal(err error) answer {
@@ -120,8 +121,11 @@ func refusal(err error) answer {
 	switch st.Code() {
 	case codes.Unauthenticated:
 		return needAuth(st.Message())
-	case codes.InvalidArgument, codes.AlreadyExists, codes.PermissionDenied:
+	case codes.InvalidArgument, codes.AlreadyExists:
 		a.code, a.fault, a.retry = http.StatusBadRequest, faults.Caller, false
+	case codes.PermissionDenied:
+		// Outside the tenant: its verbs, namespaces or selector.
+		a.code, a.fault, a.retry = http.StatusForbidden, faults.Caller, false
 	case codes.ResourceExhausted:
 		a.code = http.StatusServiceUnavailable
 		if paced[a.reason] {

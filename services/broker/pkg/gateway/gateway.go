@@ -33,7 +33,9 @@ import (
 	"syscall"
 	"time"
 
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
 
 	"github.com/egress-proxies/egress-proxies/pkg/auth"
 	"github.com/egress-proxies/egress-proxies/pkg/faults"
@@ -41,6 +43,7 @@ import (
 	"github.com/egress-proxies/egress-proxies/pkg/netpolicy"
 	"github.com/egress-proxies/egress-proxies/pkg/proxyauth"
 	"github.com/egress-proxies/egress-proxies/services/broker/pkg/leases"
+	"github.com/egress-proxies/egress-proxies/services/broker/pkg/tenant"
 )
 
 // Leaser is the part of the lease API the gateway calls, in process;
@@ -59,14 +62,14 @@ type Gateway struct {
 	o      Options
 	log    *slog.Logger
 	leaser Leaser
-	tok    *auth.Token
+	auth   auth.Verifier
 	ln     net.Listener
 	tlsLn  net.Listener // nil without Options.TLSAddr
 
-	// perToken counts each token's tunnels and requests in flight.
-	perToken sync.Map // name -> *atomic.Int64
-	mu       sync.Mutex
-	conns    map[net.Conn]*tunnel // open client connections; the tunnel once spliced
+	// perTenant counts each tenant's tunnels and requests in flight.
+	perTenant sync.Map // name -> *atomic.Int64
+	mu        sync.Mutex
+	conns     map[net.Conn]*tunnel // open client connections; the tunnel once spliced
 	// perSource counts the open connections from each address.
 	perSource map[netip.Addr]int
 	closing   bool
@@ -75,12 +78,13 @@ type Gateway struct {
 }
 
 // ErrOpenProxy is the refusal to serve without a token.
-var ErrOpenProxy = errors.New("--gateway-addr needs --token-file: without a token the gateway would be an open proxy")
+var ErrOpenProxy = errors.New("--gateway-addr needs --token-file or --tenant-namespace: without credentials the gateway would be an open proxy")
 
-// New binds the listener. The gateway refuses to run without a token: it
-// would be an open proxy into the fleet.
-func New(log *slog.Logger, o Options, l Leaser, tok *auth.Token) (*Gateway, error) {
-	if !tok.Enabled() {
+// New binds the listener; v says whose each proxy password is. The
+// gateway refuses to run without credentials: it would be an open proxy
+// into the fleet.
+func New(log *slog.Logger, o Options, l Leaser, v auth.Verifier) (*Gateway, error) {
+	if !v.Enabled() {
 		return nil, ErrOpenProxy
 	}
 	if err := o.Validate(); err != nil {
@@ -96,7 +100,7 @@ func New(log *slog.Logger, o Options, l Leaser, tok *auth.Token) (*Gateway, erro
 	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &nofile); err == nil && o.MaxConns > 0 && uint64(2*o.MaxConns+1024) > nofile.Cur {
 		log.Warn("--gateway-max-conns is above what the process's descriptor limit holds (two per tunnel, and room for the rest)", "maxConns", o.MaxConns, "nofile", nofile.Cur)
 	}
-	g := &Gateway{o: o, log: log, leaser: l, tok: tok, conns: map[net.Conn]*tunnel{}, perSource: map[netip.Addr]int{}}
+	g := &Gateway{o: o, log: log, leaser: l, auth: v, conns: map[net.Conn]*tunnel{}, perSource: map[netip.Addr]int{}}
 	var err error
 	if g.ln, err = net.Listen("tcp", o.Addr); err != nil {
 		return nil, fmt.Errorf("--gateway-addr %s: %w", o.Addr, err)
@@ -356,8 +360,10 @@ func (g *Gateway) answer(c net.Conn, kind string, a answer) {
 
 // request is one CONNECT or plain-HTTP request, authenticated.
 type request struct {
-	kind    string // "connect" or "http"
-	caller  string
+	kind   string // "connect" or "http"
+	caller string
+	// tenant is the caller's, as verified when the request arrived.
+	tenant  context.Context
 	ctx     context.Context
 	host    string
 	port    uint16
@@ -379,11 +385,17 @@ func (g *Gateway) handle(c net.Conn, br *bufio.Reader, req *http.Request) bool {
 		g.answer(c, r.kind, needAuth("no proxy credentials"))
 		return false
 	}
-	var err error
-	if r.caller, err = g.tok.Check("Bearer " + pass); err != nil {
+	tctx, err := g.auth.Verify(auth.ViaGateway(context.Background()), tenant.GatewayMethod, pass)
+	switch {
+	case status.Code(err) == codes.Unauthenticated:
 		g.answer(c, r.kind, needAuth("invalid proxy password"))
 		return false
+	case err != nil:
+		g.answer(c, r.kind, refusal(err))
+		return false
 	}
+	who := tenant.From(tctx)
+	r.caller, r.tenant = who.Name, tctx
 	if r.opts, err = parseUser(user); err != nil {
 		g.answer(c, r.kind, deny("BAD_OPTIONS", err.Error()))
 		return false
@@ -392,9 +404,9 @@ func (g *Gateway) handle(c net.Conn, br *bufio.Reader, req *http.Request) bool {
 		g.answer(c, r.kind, deny("BAD_DESTINATION", err.Error()))
 		return false
 	}
-	if !g.takeSlot(r.caller) {
+	if n, source, ok := g.takeSlot(who); !ok {
 		g.answer(c, r.kind, withRetryAfter(deny("TOKEN_TUNNEL_CAP",
-			fmt.Sprintf("token %q holds its %d tunnels on this gateway (--gateway-token-max-tunnels); close one or wait", r.caller, g.o.TokenMaxTunnels)), time.Second))
+			fmt.Sprintf("tenant %q holds its %d tunnels on this gateway (%s); close one or wait", r.caller, n, source)), time.Second))
 		return false
 	}
 	// A refusal frees the slot before it is answered: a client that
@@ -554,11 +566,12 @@ func (r *request) tryOrder() []netip.Addr {
 
 // afterwards is a context for a call about r's lease once r's own may
 // have ended (the tunnel outlived its deadline, the client left): r's
-// credentials, and a bound of its own.
+// tenant as verified when r arrived, so its lease is released and its
+// last outcome reported even once its credential is removed, and a bound
+// of its own. Renewals verify the credential again (renew.go).
 func (r *request) afterwards() (context.Context, context.CancelFunc) {
-	md, _ := metadata.FromIncomingContext(r.ctx)
-	ctx, cancel := context.WithTimeout(auth.ViaGateway(context.Background()), 10*time.Second)
-	return leases.Observed(metadata.NewIncomingContext(ctx, md)), cancel
+	ctx, cancel := context.WithTimeout(auth.Verified(r.tenant), 10*time.Second)
+	return leases.Observed(ctx), cancel
 }
 
 // release ends the lease, whatever happened to the client.
@@ -628,6 +641,9 @@ func (g *Gateway) splice(c net.Conn, br *bufio.Reader, r *request, t *try, h hop
 	tunnelsOpen.Dec()
 	tunnelBytes.WithLabelValues("sent").Add(float64(sent))
 	tunnelBytes.WithLabelValues("received").Add(float64(received))
+	who := tenant.Label(r.caller)
+	tenant.GatewayBytes.WithLabelValues(who, "sent").Add(float64(sent))
+	tenant.GatewayBytes.WithLabelValues(who, "received").Add(float64(received))
 	if received > 0 && clean {
 		g.report(r, t.lease.GetLeaseId(), faults.OK, 0)
 	}
@@ -712,26 +728,30 @@ func removeHopByHop(h http.Header) {
 	}
 }
 
-// takeSlot counts a tunnel against its token's limit.
-func (g *Gateway) takeSlot(caller string) bool {
-	if g.o.TokenMaxTunnels == 0 {
-		return true
+// takeSlot counts a tunnel against its tenant's limit: its Tenant's
+// maxTunnels, else the flag's; it says which when the limit is reached.
+func (g *Gateway) takeSlot(t *tenant.Tenant) (limit int, source string, ok bool) {
+	limit, source = g.o.TokenMaxTunnels, "--gateway-token-max-tunnels"
+	if t.Quotas.MaxTunnels > 0 {
+		limit, source = t.Quotas.MaxTunnels, "its Tenant's spec.quotas.maxTunnels"
 	}
-	v, _ := g.perToken.LoadOrStore(caller, new(atomic.Int64))
-	if v.(*atomic.Int64).Add(1) > int64(g.o.TokenMaxTunnels) {
+	v, ok := g.perTenant.Load(t.Name)
+	if !ok {
+		v, _ = g.perTenant.LoadOrStore(t.Name, new(atomic.Int64))
+	}
+	if n := v.(*atomic.Int64).Add(1); limit > 0 && n > int64(limit) {
 		v.(*atomic.Int64).Add(-1)
-		tokenCapped.WithLabelValues(caller).Inc()
-		return false
+		tokenCapped.WithLabelValues(t.Name).Inc()
+		return limit, source, false
 	}
-	return true
+	tenant.Tunnels.WithLabelValues(tenant.Label(t.Name)).Inc()
+	return limit, source, true
 }
 
 func (g *Gateway) freeSlot(caller string) {
-	if g.o.TokenMaxTunnels == 0 {
-		return
-	}
-	if v, ok := g.perToken.Load(caller); ok {
+	if v, ok := g.perTenant.Load(caller); ok {
 		v.(*atomic.Int64).Add(-1)
+		tenant.Tunnels.WithLabelValues(tenant.Label(caller)).Dec()
 	}
 }
 

@@ -16,6 +16,7 @@ import (
 	"log/slog"
 	"sort"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -31,9 +32,10 @@ import (
 type Selector struct {
 	// Scope is the broker's --namespace: brokers serving different
 	// namespaces may share a Redis, and must not share indexes.
-	Scope     string            `json:"scope,omitempty"`
-	Namespace string            `json:"namespace,omitempty"`
-	Labels    map[string]string `json:"selector,omitempty"`
+	Scope string `json:"scope,omitempty"`
+	// Namespaces, sorted, are where its proxies may be; nil: every one.
+	Namespaces []string          `json:"namespaces,omitempty"`
+	Labels     map[string]string `json:"selector,omitempty"`
 }
 
 // Key names the selector's index: equal selectors have equal keys, on
@@ -46,7 +48,9 @@ func (s Selector) Key() string {
 	}
 	sort.Strings(labels)
 	h := sha256.New()
-	buf := strconv.AppendQuote(strconv.AppendQuote(make([]byte, 0, 128), s.Scope), s.Namespace)
+	// One namespace quotes as the single namespace of earlier versions
+	// did, so their indexes keep their keys.
+	buf := strconv.AppendQuote(strconv.AppendQuote(make([]byte, 0, 128), s.Scope), strings.Join(s.Namespaces, ","))
 	for _, k := range labels {
 		buf = strconv.AppendQuote(strconv.AppendQuote(buf, k), s.Labels[k])
 	}
@@ -56,7 +60,7 @@ func (s Selector) Key() string {
 
 // Matches reports whether p belongs in the selector's index.
 func (s Selector) Matches(p inventory.Proxy) bool {
-	return p.Leasable && p.Matches(s.Namespace, s.Labels)
+	return p.Leasable && p.Matches(s.Namespaces, s.Labels)
 }
 
 // Defaults for Maintainer.
@@ -76,6 +80,8 @@ type Maintainer struct {
 	// SecretNamespaces are where the inventory reads Proxies' credentials
 	// Secrets (all when empty).
 	SecretNamespaces []string
+	// NoSecrets: the inventory reads no Secret (--credentials-secrets=false).
+	NoSecrets bool
 	// Resync is how often every index is checked against the inventory
 	// and the state of deleted proxies is dropped; Idle is how long an
 	// unused index lives; MaxIndexes bounds how many exist at once (each
@@ -152,6 +158,20 @@ func (m *Maintainer) Ensure(ctx context.Context, sel Selector) (string, error) {
 	return key, err
 }
 
+// Holds reports whether this broker knows sel's index already: a lease
+// on it builds nothing.
+func (m *Maintainer) Holds(sel Selector) bool {
+	m.init()
+	sel.Scope = m.Scope
+	m.mu.RLock()
+	_, ok := m.known[sel.Key()]
+	m.mu.RUnlock()
+	return ok
+}
+
+// IdleTime is how long an unused index lives.
+func (m *Maintainer) IdleTime() time.Duration { return m.Idle }
+
 // Forget drops what this broker knows of an index (the store no longer
 // has it), so the next Ensure rebuilds it.
 func (m *Maintainer) Forget(key string) {
@@ -163,7 +183,7 @@ func (m *Maintainer) Forget(key string) {
 
 func (m *Maintainer) members(sel Selector) []store.Member {
 	var out []store.Member
-	for _, p := range m.Inv.Select(sel.Namespace, sel.Labels, nil, true) {
+	for _, p := range m.Inv.Select(sel.Namespaces, sel.Labels, nil, true) {
 		out = append(out, member(p))
 	}
 	return out
@@ -179,7 +199,7 @@ func member(p inventory.Proxy) store.Member {
 // has arrived.
 func (m *Maintainer) Start(ctx context.Context, cfg *rest.Config) (*inventory.Inventory, error) {
 	m.Inv = inventory.New(m.Changed)
-	if err := m.Inv.Run(ctx, cfg, m.Scope, m.SecretNamespaces); err != nil {
+	if err := m.Inv.Run(ctx, cfg, m.Scope, m.SecretNamespaces, !m.NoSecrets); err != nil {
 		return nil, err
 	}
 	go m.Run(ctx)

@@ -25,15 +25,17 @@ var env *testenv.Env
 func TestMain(m *testing.M) { os.Exit(testenv.Main(m, &env)) }
 
 func TestKeyIsCanonical(t *testing.T) {
-	a := index.Selector{Scope: "s", Namespace: "n", Labels: map[string]string{"geo": "eu", "tier": "a"}}
-	b := index.Selector{Scope: "s", Namespace: "n", Labels: map[string]string{"tier": "a", "geo": "eu"}}
+	a := index.Selector{Scope: "s", Namespaces: []string{"n"}, Labels: map[string]string{"geo": "eu", "tier": "a"}}
+	b := index.Selector{Scope: "s", Namespaces: []string{"n"}, Labels: map[string]string{"tier": "a", "geo": "eu"}}
 	assert.Equal(t, a.Key(), b.Key(), "label order does not matter")
 	for _, other := range []index.Selector{
-		{Scope: "t", Namespace: "n", Labels: a.Labels},
-		{Scope: "s", Namespace: "m", Labels: a.Labels},
-		{Scope: "s", Namespace: "n", Labels: map[string]string{"geo": "eu"}},
-		{Scope: "s", Namespace: "n", Labels: map[string]string{"geo": "eu", "tier": "b"}},
-		{Scope: "s", Namespace: "n", Labels: map[string]string{"geo": "eutier", "": "a"}},
+		{Scope: "t", Namespaces: []string{"n"}, Labels: a.Labels},
+		{Scope: "s", Namespaces: []string{"m"}, Labels: a.Labels},
+		{Scope: "s", Namespaces: []string{"m", "n"}, Labels: a.Labels},
+		{Scope: "s", Labels: a.Labels},
+		{Scope: "s", Namespaces: []string{"n"}, Labels: map[string]string{"geo": "eu"}},
+		{Scope: "s", Namespaces: []string{"n"}, Labels: map[string]string{"geo": "eu", "tier": "b"}},
+		{Scope: "s", Namespaces: []string{"n"}, Labels: map[string]string{"geo": "eutier", "": "a"}},
 	} {
 		assert.NotEqual(t, a.Key(), other.Key(), "%+v", other)
 	}

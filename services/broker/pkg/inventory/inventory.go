@@ -81,16 +81,17 @@ func (p *Proxy) NotLeasable() (reason, why string) {
 	}
 }
 
-// Selected reports whether p is in namespace (any, when empty), its
-// attributes contain every selector pair, and its health is healthy (any,
-// when nil): what a list, a page and a watch select.
-func (p *Proxy) Selected(namespace string, selector map[string]string, healthy *bool) bool {
-	return p.Matches(namespace, selector) && (healthy == nil || p.Healthy == *healthy)
+// Selected reports whether p is in one of namespaces (any, when nil),
+// its attributes contain every selector pair, and its health is healthy
+// (any, when nil): what a list, a page and a watch select.
+func (p *Proxy) Selected(namespaces []string, selector map[string]string, healthy *bool) bool {
+	return p.Matches(namespaces, selector) && (healthy == nil || p.Healthy == *healthy)
 }
 
-// Matches reports whether p's attributes contain every selector pair.
-func (p *Proxy) Matches(namespace string, selector map[string]string) bool {
-	if namespace != "" && p.Namespace != namespace {
+// Matches reports whether p is in one of namespaces (any, when nil) and
+// its attributes contain every selector pair.
+func (p *Proxy) Matches(namespaces []string, selector map[string]string) bool {
+	if namespaces != nil && !slices.Contains(namespaces, p.Namespace) {
 		return false
 	}
 	for k, v := range selector {
@@ -180,13 +181,16 @@ func (i *Inventory) notify(uid string) {
 	}
 }
 
-// Run watches Proxies (in namespace, or all when empty), and their
-// credentials Secrets in secretNamespaces (all when empty), until ctx
-// ends. It returns once the informer is running; Synced turns true after
-// the first full list.
-func (i *Inventory) Run(ctx context.Context, cfg *rest.Config, namespace string, secretNamespaces []string) error {
-	// The Secrets proxies name for their credentials, and only those.
-	opts := cache.Options{Scheme: kube.NewScheme(), ByObject: kube.CredentialSecrets(secretNamespaces)}
+// Run watches Proxies (in namespace, or all when empty), and with
+// readSecrets their credentials Secrets in secretNamespaces (all when
+// empty), until ctx ends. It returns once the informer is running;
+// Synced turns true after the first full list.
+func (i *Inventory) Run(ctx context.Context, cfg *rest.Config, namespace string, secretNamespaces []string, readSecrets bool) error {
+	opts := cache.Options{Scheme: kube.NewScheme()}
+	if readSecrets {
+		// The Secrets proxies name for their credentials, and only those.
+		opts.ByObject = kube.CredentialSecrets(secretNamespaces)
+	}
 	i.Credentials.Namespaces = secretNamespaces
 	if namespace != "" {
 		opts.DefaultNamespaces = map[string]cache.Config{namespace: {}}
@@ -205,10 +209,12 @@ func (i *Inventory) Run(ctx context.Context, cfg *rest.Config, namespace string,
 	)); err != nil {
 		return err
 	}
-	if _, err := c.GetInformer(ctx, &corev1.Secret{}); err != nil {
-		return fmt.Errorf("getting the credentials Secret informer: %w", err)
+	if readSecrets {
+		if _, err := c.GetInformer(ctx, &corev1.Secret{}); err != nil {
+			return fmt.Errorf("getting the credentials Secret informer: %w", err)
+		}
+		i.Credentials.Secrets = c
 	}
-	i.Credentials.Secrets = c
 	i.cache = c
 	go func() { _ = c.Start(ctx) }()
 	go func() {
@@ -254,18 +260,18 @@ func (i *Inventory) Delete(uid string) {
 	i.notify(uid)
 }
 
-// Page returns up to limit proxies matching namespace and selector (and
+// Page returns up to limit proxies matching namespaces and selector (and
 // health, when healthy is set) whose IDs sort after after, in ID order,
 // and whether more match beyond them. It reads only as far as the page
 // reaches.
-func (i *Inventory) Page(namespace string, selector map[string]string, healthy *bool, after string, limit int) ([]Proxy, bool) {
+func (i *Inventory) Page(namespaces []string, selector map[string]string, healthy *bool, after string, limit int) ([]Proxy, bool) {
 	i.mu.RLock()
 	defer i.mu.RUnlock()
 	k := sort.Search(len(i.byID), func(k int) bool { return i.byID[k].id > after })
 	out := make([]Proxy, 0, min(limit, len(i.byID)-k))
 	for ; k < len(i.byID); k++ {
 		p := i.proxies[i.byID[k].uid]
-		if !p.Selected(namespace, selector, healthy) {
+		if !p.Selected(namespaces, selector, healthy) {
 			continue
 		}
 		if len(out) == limit {
@@ -279,13 +285,13 @@ func (i *Inventory) Page(namespace string, selector map[string]string, healthy *
 // Synced reports whether the first full list has arrived.
 func (i *Inventory) Synced() bool { return i.synced.Load() }
 
-// Select returns the proxies matching namespace and selector (and health,
+// Select returns the proxies matching namespaces and selector (and health,
 // when healthy is set), sorted by id.
-func (i *Inventory) Select(namespace string, selector map[string]string, healthy *bool, leasableOnly bool) []Proxy {
+func (i *Inventory) Select(namespaces []string, selector map[string]string, healthy *bool, leasableOnly bool) []Proxy {
 	i.mu.RLock()
 	out := make([]Proxy, 0, len(i.proxies))
 	for _, p := range i.proxies {
-		if !p.Selected(namespace, selector, healthy) || (leasableOnly && !p.Leasable) {
+		if !p.Selected(namespaces, selector, healthy) || (leasableOnly && !p.Leasable) {
 			continue
 		}
 		out = append(out, p)

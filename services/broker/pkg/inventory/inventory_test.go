@@ -77,9 +77,9 @@ func TestSelectAndChanges(t *testing.T) {
 		}
 		return out
 	}
-	assert.Equal(t, []string{"ns/a", "ns/c", "other/b"}, ids(inv.Select("", nil, nil, false)), "sorted by id")
-	assert.Equal(t, []string{"ns/a", "ns/c"}, ids(inv.Select("", map[string]string{"geo": "eu"}, nil, false)))
-	assert.Equal(t, []string{"other/b"}, ids(inv.Select("other", nil, nil, true)))
+	assert.Equal(t, []string{"ns/a", "ns/c", "other/b"}, ids(inv.Select(nil, nil, nil, false)), "sorted by id")
+	assert.Equal(t, []string{"ns/a", "ns/c"}, ids(inv.Select(nil, map[string]string{"geo": "eu"}, nil, false)))
+	assert.Equal(t, []string{"other/b"}, ids(inv.Select([]string{"other"}, nil, nil, true)))
 	inv.Delete("uid-a")
 	_, ok := inv.Get("uid-a")
 	assert.False(t, ok)

@@ -9,11 +9,11 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
-	"github.com/egress-proxies/egress-proxies/pkg/auth"
 	leasev1 "github.com/egress-proxies/egress-proxies/pkg/gen/egressproxies/lease/v1"
 	"github.com/egress-proxies/egress-proxies/services/broker/internal/brokertest"
 	"github.com/egress-proxies/egress-proxies/services/broker/pkg/leases"
 	"github.com/egress-proxies/egress-proxies/services/broker/pkg/policy"
+	"github.com/egress-proxies/egress-proxies/services/broker/pkg/tenant"
 )
 
 // One token cannot sink the fleet: its reports count only for the targets
@@ -29,8 +29,8 @@ func TestOneTokenCannotSinkTheFleet(t *testing.T) {
 	for _, ip := range []string{"127.0.0.111", "127.0.0.112", "127.0.0.113"} {
 		s.Proxy(t, "p"+ip[len(ip)-1:], ip, nil)
 	}
-	greedy := auth.WithCaller(context.Background(), "greedy")
-	other := auth.WithCaller(context.Background(), "other")
+	greedy := tenant.With(context.Background(), &tenant.Tenant{Name: "greedy"})
+	other := tenant.With(context.Background(), &tenant.Tenant{Name: "other"})
 
 	l, err := svc.CreateLease(greedy, &leasev1.CreateLeaseRequest{Target: "shop.example"})
 	require.NoError(t, err)
@@ -44,8 +44,8 @@ func TestOneTokenCannotSinkTheFleet(t *testing.T) {
 	code, reason := reasonOf(err)
 	assert.Equal(t, codes.ResourceExhausted, code)
 	assert.Equal(t, "TOKEN_LEASE_CAP", reason)
-	assert.Contains(t, status.Convert(err).Message(), `token "greedy" holds 2 live leases`)
-	_, err = svc.CreateLease(other, &leasev1.CreateLeaseRequest{})
+	assert.Contains(t, status.Convert(err).Message(), `tenant "greedy" holds 2 live leases, its cap of 2: release some first (--token-max-leases)`)
+	lo, err := svc.CreateLease(other, &leasev1.CreateLeaseRequest{})
 	assert.NoError(t, err, "another token is not held to greedy's cap")
 
 	// The refused report above took one of the burst; two are left.
@@ -57,6 +57,6 @@ func TestOneTokenCannotSinkTheFleet(t *testing.T) {
 	code, reason = reasonOf(err)
 	assert.Equal(t, codes.ResourceExhausted, code)
 	assert.Equal(t, "TOKEN_REPORT_RATE", reason)
-	_, err = svc.ReportLease(other, &leasev1.ReportLeaseRequest{LeaseId: l.GetLeaseId(), Result: "ok"})
+	_, err = svc.ReportLease(other, &leasev1.ReportLeaseRequest{LeaseId: lo.GetLeaseId(), Result: "ok"})
 	assert.NoError(t, err, "the rate is per token")
 }

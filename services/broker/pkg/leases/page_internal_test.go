@@ -40,7 +40,7 @@ func TestPageSizes(t *testing.T) {
 			for {
 				c, err := readCursor(req)
 				require.NoError(t, err)
-				ps, more := inv.Page("", nil, nil, c.after, c.size)
+				ps, more := inv.Page(nil, nil, nil, c.after, c.size)
 				next := c.next(ps, more)
 				require.Equal(t, matches[seen].ID, ps[0].ID, "pages follow one another")
 				seen += len(ps)

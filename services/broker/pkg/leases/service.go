@@ -22,12 +22,12 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 	"k8s.io/apimachinery/pkg/util/validation"
 
-	"github.com/egress-proxies/egress-proxies/pkg/auth"
 	leasev1 "github.com/egress-proxies/egress-proxies/pkg/gen/egressproxies/lease/v1"
 	"github.com/egress-proxies/egress-proxies/services/broker/pkg/index"
 	"github.com/egress-proxies/egress-proxies/services/broker/pkg/inventory"
 	"github.com/egress-proxies/egress-proxies/services/broker/pkg/policy"
 	"github.com/egress-proxies/egress-proxies/services/broker/pkg/store"
+	"github.com/egress-proxies/egress-proxies/services/broker/pkg/tenant"
 )
 
 // Config bounds leases.
@@ -48,23 +48,27 @@ type Config struct {
 	// broker sets it only when callers must present a bearer token, so
 	// credentials never leave over an API anyone can call.
 	ShareCredentials bool
-	// TokenMaxLeases is the most live leases the callers of one named
-	// token hold together, fleet-wide (0: no cap); TokenReportRate and
-	// TokenReportBurst bound each token's outcome reports per second on
-	// each broker (0: no limit). One leaked or buggy token can then
-	// neither hold the fleet nor report it into cooldowns.
+	// TokenMaxLeases is the most live leases one tenant holds,
+	// fleet-wide (0: no cap); TokenReportRate and TokenReportBurst bound
+	// each tenant's outcome reports per second on each broker (0: no
+	// limit). One leaked or buggy credential can then neither hold the
+	// fleet nor report it into cooldowns. A Tenant's spec.quotas override
+	// them, and set the quotas that have no flag.
 	TokenMaxLeases   int
 	TokenReportRate  float64
 	TokenReportBurst int
-	// TokenMaxWatches is the most WatchProxies streams the callers of one
-	// named token hold open on each broker (0: no cap).
+	// TokenMaxWatches is the most WatchProxies streams one tenant holds
+	// open on each broker (0: no cap).
 	TokenMaxWatches int
+	// TokenMaxSelectors is the most distinct selectors one tenant leases
+	// with on each broker within an index's idle time (0: no cap).
+	TokenMaxSelectors int
 }
 
 // DefaultConfig is what the flags default to.
 var DefaultConfig = Config{DefaultTTL: 5 * time.Minute, MinTTL: 10 * time.Second, MaxTTL: time.Hour, LeaseCap: 10, BanAware: true,
 	Faults:         store.Faults{Targets: 3, Window: 10 * time.Minute, Period: 30 * time.Minute, MaxFraction: 0.3},
-	TokenMaxLeases: 10000, TokenReportRate: 200, TokenReportBurst: 400, TokenMaxWatches: 64}
+	TokenMaxLeases: 10000, TokenReportRate: 200, TokenReportBurst: 400, TokenMaxWatches: 64, TokenMaxSelectors: 64}
 
 // DefaultPolicy is what the flags default to where no TargetPolicy matches.
 var DefaultPolicy = policy.Target{Policy: store.Policy{CooldownBase: 15 * time.Minute, CooldownMax: 4 * time.Hour, CooldownWindow: time.Hour,
@@ -78,16 +82,16 @@ type Service struct {
 	idx   *index.Maintainer
 	pol   *policy.Policies
 	cfg   Config
-	// reporters holds each token's report limiter (name -> *rate.Limiter).
+	// reporters holds each tenant's report limiter (name -> *rate.Limiter).
 	reporters sync.Map
+	selectors *selectorBudget
 	hub       *hub
 }
 
 // New returns a Service.
 func New(inv *inventory.Inventory, st *store.Store, idx *index.Maintainer, pol *policy.Policies, cfg Config) *Service {
-	s := &Service{inv: inv, store: st, idx: idx, pol: pol, cfg: cfg}
+	s := &Service{inv: inv, store: st, idx: idx, pol: pol, cfg: cfg, selectors: newSelectorBudget(idx.IdleTime())}
 	s.hub = newHub(inv, s.views)
-	s.hub.maxPerCaller = cfg.TokenMaxWatches
 	return s
 }
 
@@ -102,32 +106,60 @@ func Observed(ctx context.Context) context.Context {
 	return context.WithValue(ctx, observedKey{}, true)
 }
 
-// allowReport takes one of the caller's reports from its token's budget,
-// or says how long to wait.
+// quota is one limit on a tenant, and where it is set, for refusals.
+type quota struct {
+	n      int
+	source string
+}
+
+// limit is a tenant's quota when its Tenant sets one (field of
+// spec.quotas), else the flag's.
+func limit(set int, field string, flagValue int, flag string) quota {
+	if set > 0 {
+		return quota{set, "its Tenant's spec.quotas." + field}
+	}
+	return quota{flagValue, flag}
+}
+
+// allowReport takes one of the caller's reports from its tenant's
+// budget, or says how long to wait.
 func (s *Service) allowReport(ctx context.Context) error {
-	caller := auth.Caller(ctx)
-	if s.cfg.TokenReportRate <= 0 || caller == "" || ctx.Value(observedKey{}) != nil {
+	t := tenant.From(ctx)
+	if t.Name == "" || ctx.Value(observedKey{}) != nil {
 		return nil
 	}
-	l, ok := s.reporters.Load(caller)
-	if !ok {
-		l, _ = s.reporters.LoadOrStore(caller, rate.NewLimiter(rate.Limit(s.cfg.TokenReportRate), max(s.cfg.TokenReportBurst, 1)))
+	perSec, source := s.cfg.TokenReportRate, fmt.Sprintf("--token-report-rate %g/s", s.cfg.TokenReportRate)
+	burst := max(s.cfg.TokenReportBurst, 1)
+	if n := t.Quotas.ReportsPerSecond; n > 0 {
+		perSec, burst, source = float64(n), 2*n, fmt.Sprintf("its Tenant's spec.quotas.reportsPerSecond %d/s", n)
 	}
-	r := l.(*rate.Limiter).Reserve()
+	if perSec <= 0 {
+		return nil
+	}
+	l, ok := s.reporters.Load(t.Name)
+	if !ok {
+		l, _ = s.reporters.LoadOrStore(t.Name, rate.NewLimiter(rate.Limit(perSec), burst))
+	}
+	lim := l.(*rate.Limiter)
+	if lim.Limit() != rate.Limit(perSec) || lim.Burst() != burst {
+		lim.SetLimit(rate.Limit(perSec)) // the Tenant's quota changed
+		lim.SetBurst(burst)
+	}
+	r := lim.Reserve()
 	wait := r.Delay()
 	if wait == 0 {
 		return nil
 	}
 	r.Cancel()
-	tokenLimited.WithLabelValues(caller, "reports").Inc()
-	st := status.New(codes.ResourceExhausted, fmt.Sprintf("token %q is over its report rate (--token-report-rate %g/s): slow down", caller, s.cfg.TokenReportRate))
-	st, _ = st.WithDetails(&errdetails.ErrorInfo{Reason: "TOKEN_REPORT_RATE", Domain: ErrorDomain, Metadata: map[string]string{"token": caller}},
+	tokenLimited.WithLabelValues(t.Name, "reports").Inc()
+	st := status.New(codes.ResourceExhausted, fmt.Sprintf("tenant %q is over its report rate (%s): slow down", t.Name, source))
+	st, _ = st.WithDetails(&errdetails.ErrorInfo{Reason: "TOKEN_REPORT_RATE", Domain: ErrorDomain, Metadata: map[string]string{"token": t.Name}},
 		&errdetails.RetryInfo{RetryDelay: durationpb.New(wait)})
 	return st.Err()
 }
 
 // ErrorDomain is the domain of the ErrorInfo details the service returns.
-const ErrorDomain = "egress-proxies.broker"
+const ErrorDomain = tenant.ErrorDomain
 
 var (
 	leaseIDPattern = regexp.MustCompile(`^[0-9a-f]{32}$`)
@@ -230,12 +262,24 @@ func (s *Service) credentials(ctx context.Context, p inventory.Proxy) *leasev1.P
 }
 
 // storeError maps store errors to the documented codes.
-func storeError(err error) error {
+func storeError(err error) error { return storeErrorFrom(err, "") }
+
+func withSource(msg, source string) string {
+	if source == "" {
+		return msg
+	}
+	return msg + " (" + source + ")"
+}
+
+// storeErrorFrom is storeError for a CreateLease, whose quota refusals
+// name where the quota is set (source).
+func storeErrorFrom(err error, source string) error {
 	var refused store.Refusal
 	var un *store.UnavailableError
 	var reused *store.RequestReusedError
 	var wrong *store.WrongTargetError
 	var capped *store.CallerCapError
+	var paced *store.CallerRateError
 	switch {
 	case errors.Is(err, store.ErrLeaseNotFound):
 		return status.Error(codes.NotFound, "lease not found or expired")
@@ -243,9 +287,15 @@ func storeError(err error) error {
 		return invalid("target", "%s", wrong.Error())
 	case errors.As(err, &capped):
 		tokenLimited.WithLabelValues(capped.Caller, "leases").Inc()
-		st := status.New(codes.ResourceExhausted, capped.Error())
+		st := status.New(codes.ResourceExhausted, withSource(capped.Error(), source))
 		st, _ = st.WithDetails(&errdetails.ErrorInfo{Reason: "TOKEN_LEASE_CAP", Domain: ErrorDomain, Metadata: map[string]string{"token": capped.Caller}},
 			&errdetails.RetryInfo{RetryDelay: durationpb.New(time.Second)})
+		return st.Err()
+	case errors.As(err, &paced):
+		tokenLimited.WithLabelValues(paced.Caller, "leases_per_minute").Inc()
+		st := status.New(codes.ResourceExhausted, withSource(paced.Error(), source))
+		st, _ = st.WithDetails(&errdetails.ErrorInfo{Reason: "TENANT_LEASE_RATE", Domain: ErrorDomain, Metadata: map[string]string{"token": paced.Caller}},
+			&errdetails.RetryInfo{RetryDelay: durationpb.New(paced.Wait)})
 		return st.Err()
 	case errors.Is(err, store.ErrFull):
 		storeFull.Inc()
@@ -304,7 +354,11 @@ func (s *Service) ListProxies(ctx context.Context, req *leasev1.ListProxiesReque
 	if err != nil {
 		return nil, err
 	}
-	ps, more := s.inv.Page(req.GetNamespace(), req.GetSelector(), req.Healthy, c.after, c.size)
+	ns, sel, err := tenant.From(ctx).Scope(req.GetNamespace(), req.GetSelector())
+	if err != nil {
+		return nil, err
+	}
+	ps, more := s.inv.Page(ns, sel, req.Healthy, c.after, c.size)
 	next := c.next(ps, more)
 	uids := make([]string, len(ps))
 	for i, p := range ps {
@@ -345,11 +399,21 @@ func (s *Service) CreateLease(ctx context.Context, req *leasev1.CreateLeaseReque
 	if err := s.checkSynced(); err != nil {
 		return nil, err
 	}
-	sel := index.Selector{Namespace: req.GetNamespace(), Labels: req.GetSelector()}
+	t := tenant.From(ctx)
+	ns, labels, err := t.Scope(req.GetNamespace(), req.GetSelector())
+	if err != nil {
+		return nil, err
+	}
+	sel := index.Selector{Namespaces: ns, Labels: labels}
 	target := strings.ToLower(req.GetTarget())
-	caller := auth.Caller(ctx)
-	a := store.Acquire{Target: target, Cap: s.cfg.LeaseCap, TTL: ttl, LeaseID: store.NewLeaseID(), RequestID: req.GetRequestId(),
-		PerTarget: s.cfg.BanAware, Session: scopedSession(caller, req.GetSessionKey()), Caller: caller, CallerCap: s.cfg.TokenMaxLeases}
+	leases := limit(t.Quotas.MaxLeases, "maxLeases", s.cfg.TokenMaxLeases, "--token-max-leases")
+	perMinute := limit(t.Quotas.LeasesPerMinute, "leasesPerMinute", 0, "")
+	a := store.Acquire{Target: target, Cap: s.cfg.LeaseCap, TTL: ttl, LeaseID: store.NewLeaseID(), RequestID: tenant.Scoped(ctx, req.GetRequestId()),
+		PerTarget: s.cfg.BanAware, Session: tenant.Scoped(ctx, req.GetSessionKey()), Caller: t.Name, CallerCap: leases.n, CallerRate: perMinute.n}
+	source := leases.source
+	if err := s.selectors.take(t, sel, limit(t.Quotas.MaxSelectors, "maxSelectors", s.cfg.TokenMaxSelectors, "--token-max-selectors"), s.idx.Holds); err != nil {
+		return nil, err
+	}
 	if a.PerTarget {
 		a.TargetCap = s.pol.For(target).MaxConcurrentLeases
 	}
@@ -363,6 +427,10 @@ func (s *Service) CreateLease(ctx context.Context, req *leasev1.CreateLeaseReque
 			return nil, storeError(err)
 		}
 		l, err := s.store.Acquire(ctx, a)
+		var rated *store.CallerRateError
+		if errors.As(err, &rated) {
+			source = perMinute.source
+		}
 		var stale *store.StaleIndexError
 		var none *store.NoCandidateError
 		switch {
@@ -385,7 +453,7 @@ func (s *Service) CreateLease(ctx context.Context, req *leasev1.CreateLeaseReque
 			}
 			return nil, storeError(none)
 		case err != nil:
-			return nil, storeError(err)
+			return nil, storeErrorFrom(err, source)
 		}
 		p, ok := s.inv.Get(l.Proxy)
 		if ok && p.Leasable {
@@ -395,7 +463,7 @@ func (s *Service) CreateLease(ctx context.Context, req *leasev1.CreateLeaseReque
 		}
 		// The index still holds a proxy this broker has seen leave the
 		// leasable set: hand the lease back, fix the index, pick again.
-		if _, err := s.store.Release(ctx, l.ID); err != nil {
+		if _, err := s.store.Release(ctx, l.ID, t.Name); err != nil {
 			return nil, storeError(err)
 		}
 		if err := s.idx.Apply(ctx, l.Proxy); err != nil {
@@ -411,7 +479,7 @@ func (s *Service) CreateLease(ctx context.Context, req *leasev1.CreateLeaseReque
 // stopped) and the leasable ones in quarantine.
 func (s *Service) explainEmpty(ctx context.Context, sel index.Selector, none *store.NoCandidateError) error {
 	var leasable []string
-	for _, p := range s.inv.Select(sel.Namespace, sel.Labels, nil, false) {
+	for _, p := range s.inv.Select(sel.Namespaces, sel.Labels, nil, false) {
 		if p.HealthStale {
 			none.Stale++
 		}
@@ -441,6 +509,9 @@ func (s *Service) RenewLease(ctx context.Context, req *leasev1.RenewLeaseRequest
 	l, err := s.store.Get(ctx, req.GetLeaseId())
 	if err != nil {
 		return nil, storeError(err)
+	}
+	if t := tenant.From(ctx); l.Owner != t.Name {
+		return nil, notOwner(t, l.ID)
 	}
 	until, lost := s.renewable(l)
 	if lost == nil {
@@ -496,7 +567,11 @@ func (s *Service) ReleaseLease(ctx context.Context, req *leasev1.ReleaseLeaseReq
 	if err := checkLeaseID(req.GetLeaseId()); err != nil {
 		return nil, err
 	}
-	released, err := s.store.Release(ctx, req.GetLeaseId())
+	t := tenant.From(ctx)
+	released, err := s.store.Release(ctx, req.GetLeaseId(), t.Name)
+	if errors.Is(err, store.ErrNotOwner) {
+		return nil, notOwner(t, req.GetLeaseId())
+	}
 	if err != nil {
 		return nil, storeError(err)
 	}
@@ -516,17 +591,25 @@ func (s *Service) ReportLease(ctx context.Context, req *leasev1.ReportLeaseReque
 	if err := s.allowReport(ctx); err != nil {
 		return nil, err
 	}
+	t := tenant.From(ctx)
 	target := strings.ToLower(req.GetTarget())
 	if target == "" {
 		l, err := s.store.Get(ctx, req.GetLeaseId())
 		if err != nil {
 			return nil, storeError(err)
 		}
+		if l.Owner != t.Name {
+			return nil, notOwner(t, l.ID)
+		}
 		if target = l.Target; target == "" && s.needsTarget(outcome) {
 			return nil, invalid("target", "is required for %s when the lease was created without one", outcome)
 		}
 	}
-	return s.report(ctx, store.Report{LeaseID: req.GetLeaseId(), Outcome: outcome, Target: target}, req.GetStatusCode(), req.GetLatencyMs())
+	v, err := s.report(ctx, store.Report{LeaseID: req.GetLeaseId(), Owner: t.Name, Outcome: outcome, Target: target}, req.GetStatusCode(), req.GetLatencyMs())
+	if errors.Is(err, store.ErrNotOwner) {
+		return nil, notOwner(t, req.GetLeaseId())
+	}
+	return v, err
 }
 
 // ReportSession implements LeaseService.
@@ -545,10 +628,10 @@ func (s *Service) ReportSession(ctx context.Context, req *leasev1.ReportSessionR
 	if err := s.allowReport(ctx); err != nil {
 		return nil, err
 	}
-	r := store.Report{Session: scopedSession(auth.Caller(ctx), req.GetSessionKey()), Outcome: outcome, Target: strings.ToLower(req.GetTarget())}
+	r := store.Report{Session: tenant.Scoped(ctx, req.GetSessionKey()), Outcome: outcome, Target: strings.ToLower(req.GetTarget())}
 	v, err := s.report(ctx, r, req.GetStatusCode(), req.GetLatencyMs())
 	if status.Code(err) == codes.NotFound {
-		return nil, status.Errorf(codes.NotFound, "session %q has had no lease for target %q in the last 10 minutes (or was taken with another token)", req.GetSessionKey(), r.Target)
+		return nil, status.Errorf(codes.NotFound, "session %q has had no lease for target %q in the last 10 minutes (or was another tenant's)", req.GetSessionKey(), r.Target)
 	}
 	if err != nil {
 		return nil, err
@@ -557,14 +640,10 @@ func (s *Service) ReportSession(ctx context.Context, req *leasev1.ReportSessionR
 		CooldownShared: v.CooldownShared, QuarantinedUntil: v.QuarantinedUntil, PacePerSecond: v.PacePerSecond, Actions: v.Actions, Policy: v.Policy}, nil
 }
 
-// scopedSession is a session key as the store keeps it: each token's
-// sessions apart, so one caller can neither join nor report on another's
-// session by guessing its key ('/' is not allowed in a key).
-func scopedSession(caller, key string) string {
-	if key == "" || caller == "" {
-		return key
-	}
-	return caller + "/" + key
+// notOwner refuses a call on a lease another tenant holds. Lease ids are
+// 128 random bits: a caller naming another's has it from that tenant.
+func notOwner(t *tenant.Tenant, id string) error {
+	return t.Denied("TENANT_LEASE", "lease %s is another tenant's: only the tenant that took a lease renews, reports on or releases it", id)
 }
 
 // report applies r (its lease's or session's target resolved) under the
@@ -582,10 +661,14 @@ func (s *Service) report(ctx context.Context, r store.Report, statusCode, latenc
 		}
 	}
 	v, err := s.store.Report(ctx, r)
+	if errors.Is(err, store.ErrNotOwner) {
+		return nil, err // the caller names the tenant
+	}
 	if err != nil {
 		return nil, storeError(err)
 	}
 	observeReport(outcome, statusCode, latencyMs, v.Actions)
+	tenant.Outcomes.WithLabelValues(tenant.Label(tenant.From(ctx).Name), string(outcome)).Inc()
 	return &leasev1.ReportLeaseResponse{
 		CooldownStart: timestamp(v.CooldownStart), CooldownUntil: timestamp(v.CooldownEnd),
 		CooldownLevel: int32(v.CooldownLevel), CooldownShared: int32(v.CooldownShared),
@@ -629,6 +712,7 @@ func (s *Service) ListRefusals(ctx context.Context, req *leasev1.ListRefusalsReq
 	case window < time.Second || window > maxRefusalWindow:
 		return nil, invalid("windowSeconds", "must be between 1 and %d (got %d)", int(maxRefusalWindow.Seconds()), req.GetWindowSeconds())
 	}
+	t := tenant.From(ctx)
 	counts, err := s.store.Refusals(ctx, window, time.Now())
 	if err != nil {
 		return nil, storeError(err)
@@ -639,7 +723,10 @@ func (s *Service) ListRefusals(ctx context.Context, req *leasev1.ListRefusalsReq
 		if err := json.Unmarshal([]byte(def), &sel); err != nil {
 			continue // not an index this broker version wrote
 		}
-		resp.Selectors = append(resp.Selectors, &leasev1.SelectorRefusals{Namespace: sel.Namespace, Selector: sel.Labels, Refused: n})
+		if !t.SeesAll(sel.Namespaces) {
+			continue // another tenant's demand is not this one's to see
+		}
+		resp.Selectors = append(resp.Selectors, &leasev1.SelectorRefusals{Namespace: strings.Join(sel.Namespaces, ","), Selector: sel.Labels, Refused: n})
 	}
 	sort.Slice(resp.Selectors, func(i, j int) bool {
 		a, b := resp.Selectors[i], resp.Selectors[j]

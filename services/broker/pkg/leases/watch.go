@@ -15,9 +15,9 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
-	"github.com/egress-proxies/egress-proxies/pkg/auth"
 	leasev1 "github.com/egress-proxies/egress-proxies/pkg/gen/egressproxies/lease/v1"
 	"github.com/egress-proxies/egress-proxies/services/broker/pkg/inventory"
+	"github.com/egress-proxies/egress-proxies/services/broker/pkg/tenant"
 )
 
 // WatchBacklog is how many batches of changes a watch may have unsent
@@ -27,13 +27,13 @@ const WatchBacklog = 256
 
 // filter is what one watch asks for.
 type filter struct {
-	namespace string
-	selector  map[string]string
-	healthy   *bool
+	namespaces []string
+	selector   map[string]string
+	healthy    *bool
 }
 
 func (f filter) matches(p inventory.Proxy) bool {
-	return p.Selected(f.namespace, f.selector, f.healthy)
+	return p.Selected(f.namespaces, f.selector, f.healthy)
 }
 
 // sameView says whether a watcher sees a and b alike.
@@ -68,9 +68,6 @@ type hub struct {
 	// by UID.
 	views func(context.Context, []inventory.Proxy) (map[string]*leasev1.Proxy, error)
 	log   *slog.Logger
-
-	// maxPerCaller bounds the watches one token holds (0: no bound).
-	maxPerCaller int
 
 	mu sync.Mutex
 	// ready: told holds the inventory (taken once it synced); stopped:
@@ -111,7 +108,7 @@ func (h *hub) readyLocked() bool {
 		h.dirtyMu.Lock()
 		clear(h.dirty)
 		h.dirtyMu.Unlock()
-		for _, p := range h.inv.Select("", nil, nil, false) {
+		for _, p := range h.inv.Select(nil, nil, nil, false) {
 			h.told[p.UID] = p
 		}
 		h.ready = true
@@ -210,15 +207,15 @@ func (h *hub) send(ctx context.Context) error {
 
 // subscribe opens a watch and returns the set it starts from, sorted by
 // id; every change after that set comes on the watch's events.
-func (h *hub) subscribe(f filter, caller string) (*watch, []inventory.Proxy, error) {
+func (h *hub) subscribe(f filter, caller string, limit quota) (*watch, []inventory.Proxy, error) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if !h.readyLocked() {
 		return nil, nil, status.Error(codes.Unavailable, "the broker has not synced the fleet yet, or is stopping")
 	}
-	if h.maxPerCaller > 0 && caller != "" && h.perCaller[caller] >= h.maxPerCaller {
+	if limit.n > 0 && caller != "" && h.perCaller[caller] >= limit.n {
 		tokenLimited.WithLabelValues(caller, "watches").Inc()
-		st := status.New(codes.ResourceExhausted, fmt.Sprintf("token %q holds its %d watches on this broker (--token-max-watches); end one, or share one watch among a process's callers", caller, h.maxPerCaller))
+		st := status.New(codes.ResourceExhausted, fmt.Sprintf("tenant %q holds its %d watches on this broker (%s); end one, or share one watch among a process's callers", caller, limit.n, limit.source))
 		st, _ = st.WithDetails(&errdetails.ErrorInfo{Reason: "TOKEN_WATCH_CAP", Domain: ErrorDomain, Metadata: map[string]string{"token": caller}})
 		return nil, nil, st.Err()
 	}
@@ -295,7 +292,13 @@ func (s *Service) WatchProxies(req *leasev1.WatchProxiesRequest, stream grpc.Ser
 	if err := s.checkSynced(); err != nil {
 		return err
 	}
-	w, first, err := s.hub.subscribe(filter{namespace: req.GetNamespace(), selector: req.GetSelector(), healthy: req.Healthy}, auth.Caller(stream.Context()))
+	t := tenant.From(stream.Context())
+	ns, sel, err := t.Scope(req.GetNamespace(), req.GetSelector())
+	if err != nil {
+		return err
+	}
+	w, first, err := s.hub.subscribe(filter{namespaces: ns, selector: sel, healthy: req.Healthy}, t.Name,
+		limit(t.Quotas.MaxWatches, "maxWatches", s.cfg.TokenMaxWatches, "--token-max-watches"))
 	if err != nil {
 		return err
 	}

@@ -27,9 +27,9 @@ func TestAWatchThatFallsBehindIsEndedAndTheOthersGoOn(t *testing.T) {
 		return out, nil
 	})
 	h.ready = true // as if the inventory had synced, empty
-	stuck, _, err := h.subscribe(filter{}, "")
+	stuck, _, err := h.subscribe(filter{}, "", quota{})
 	require.NoError(t, err)
-	reader, _, err := h.subscribe(filter{}, "")
+	reader, _, err := h.subscribe(filter{}, "", quota{})
 	require.NoError(t, err)
 	for i := range WatchBacklog + 1 {
 		inv.Set(inventory.Proxy{UID: "u", ID: "ns/p", Healthy: i%2 == 0})
@@ -68,7 +68,7 @@ func TestAChangeIsRecordedDuringAFanOut(t *testing.T) {
 		return out, nil
 	})
 	h.ready = true
-	w, _, err := h.subscribe(filter{}, "")
+	w, _, err := h.subscribe(filter{}, "", quota{})
 	require.NoError(t, err)
 	h.mu.Lock() // a fan-out in progress
 	recorded := make(chan struct{})

@@ -13,11 +13,11 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
-	"github.com/egress-proxies/egress-proxies/pkg/auth"
 	leasev1 "github.com/egress-proxies/egress-proxies/pkg/gen/egressproxies/lease/v1"
 	"github.com/egress-proxies/egress-proxies/services/broker/internal/brokertest"
 	"github.com/egress-proxies/egress-proxies/services/broker/pkg/leases"
 	"github.com/egress-proxies/egress-proxies/services/broker/pkg/policy"
+	"github.com/egress-proxies/egress-proxies/services/broker/pkg/tenant"
 )
 
 // stream is a WatchProxies server stream as gRPC gives one to a handler:
@@ -32,7 +32,7 @@ type stream struct {
 }
 
 func newStream(caller string, stuck bool) *stream {
-	ctx, cancel := context.WithCancel(auth.WithCaller(context.Background(), caller))
+	ctx, cancel := context.WithCancel(tenant.With(context.Background(), &tenant.Tenant{Name: caller}))
 	return &stream{ctx: ctx, cancel: cancel, got: make(chan *leasev1.WatchProxiesResponse, 64), stuck: stuck}
 }
 
@@ -131,7 +131,7 @@ func TestWatchesAreCappedPerToken(t *testing.T) {
 	code, reason := reasonOf(err)
 	assert.Equal(t, codes.ResourceExhausted, code)
 	assert.Equal(t, "TOKEN_WATCH_CAP", reason)
-	assert.Contains(t, status.Convert(err).Message(), `token "team" holds its 2 watches`)
+	assert.Contains(t, status.Convert(err).Message(), `tenant "team" holds its 2 watches on this broker (--token-max-watches)`)
 
 	other := newStream("other-team", false)
 	dOther := watch(svc, other)

@@ -36,8 +36,10 @@ import (
 
 	"github.com/egress-proxies/egress-proxies/pkg/auth"
 	leasev1 "github.com/egress-proxies/egress-proxies/pkg/gen/egressproxies/lease/v1"
+	"github.com/egress-proxies/egress-proxies/pkg/leaseclient"
 	"github.com/egress-proxies/egress-proxies/pkg/openapi"
 	"github.com/egress-proxies/egress-proxies/pkg/service"
+	"github.com/egress-proxies/egress-proxies/services/broker/pkg/tenant"
 )
 
 // Options configure the listeners.
@@ -71,11 +73,21 @@ var callsByToken = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "proxy_
 // Collectors are the server's metrics.
 func Collectors() []prometheus.Collector { return []prometheus.Collector{grpcMetrics, callsByToken} }
 
-// countByCaller counts each authenticated call under its token's name.
+// countByCaller counts each authenticated call under its tenant's name,
+// and each refusal by its reason.
 func countByCaller(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
 	resp, err := h(ctx, req)
-	if caller := auth.Caller(ctx); caller != "" {
+	caller := auth.Caller(ctx)
+	if caller != "" {
 		callsByToken.WithLabelValues(caller, path.Base(info.FullMethod), status.Code(err).String()).Inc()
+	}
+	if err != nil {
+		st := status.Convert(err)
+		reason, _ := leaseclient.Details(st)
+		if reason == "" {
+			reason = st.Code().String()
+		}
+		tenant.Refusals.WithLabelValues(tenant.Label(caller), reason).Inc()
 	}
 	return resp, err
 }
@@ -179,7 +191,7 @@ type Servers struct {
 }
 
 // New binds both listeners (a bad address fails at once) and wires svc.
-func New(ctx context.Context, log *slog.Logger, o Options, svc leasev1.LeaseServiceServer, tok *auth.Token) (*Servers, error) {
+func New(ctx context.Context, log *slog.Logger, o Options, svc leasev1.LeaseServiceServer, v auth.Verifier) (*Servers, error) {
 	gln, err := net.Listen("tcp", o.GRPCAddr)
 	if err != nil {
 		return nil, fmt.Errorf("--grpc-addr %s: %w", o.GRPCAddr, err)
@@ -189,8 +201,8 @@ func New(ctx context.Context, log *slog.Logger, o Options, svc leasev1.LeaseServ
 		_ = gln.Close()
 		return nil, fmt.Errorf("--http-addr %s: %w", o.HTTPAddr, err)
 	}
-	ic := chain(grpcMetrics.UnaryServerInterceptor(), tok.UnaryInterceptor(), countByCaller)
-	sic := chainStream(grpcMetrics.StreamServerInterceptor(), tok.StreamInterceptor())
+	ic := chain(grpcMetrics.UnaryServerInterceptor(), auth.UnaryInterceptor(v), countByCaller)
+	sic := chainStream(grpcMetrics.StreamServerInterceptor(), auth.StreamInterceptor(v))
 	opts := []grpc.ServerOption{
 		// Calls run on reused goroutines whose stacks have already grown,
 		// rather than a new goroutine per call growing its stack through the

@@ -6,8 +6,9 @@
 -- each h, target, cap (0: none), ttl_ms, lease_id, random, request_id,
 -- fingerprint, target_cap (0: none), session, per_target ('1': count the
 -- target's live leases, honour its cap and pacing, keep sessions), caller
--- (the token's name; '' for none), caller_cap (its most live leases, 0:
--- none); each is decided in turn, as if alone, and answered with one of:
+-- (the tenant's name; '' for none), caller_cap (its most live leases, 0:
+-- none), caller_rate (its most leases a minute, fleet-wide, 0: none);
+-- each is decided in turn, as if alone, and answered with one of:
 -- {'ok', proxy, expires_ms, load, lease_id, moved}: the lease (a
 --   retry of a committed call, by lease id or request id, returns the same
 --   one); moved is 1 when the session's proxy no longer qualified;
@@ -16,9 +17,10 @@
 --   the index disagrees with the proxy's cooldowns (the caller rebuilds it);
 -- {'tcap', live} when the target has its cap of live leases;
 -- {'paced', retry_ms, rate} when the target's pace allows no lease now;
--- {'ccap', live} when the caller holds its cap of live leases.
-local function one(h, target, cap, ttl, id, rnd, req, fp, tcap, sess, per_target, caller, ccap)
-cap, ttl, rnd, tcap, ccap = tonumber(cap), tonumber(ttl), tonumber(rnd), tonumber(tcap), tonumber(ccap)
+-- {'ccap', live} when the caller holds its cap of live leases;
+-- {'crate', wait_ms} when the caller took its leases this minute.
+local function one(h, target, cap, ttl, id, rnd, req, fp, tcap, sess, per_target, caller, ccap, crate)
+cap, ttl, rnd, tcap, ccap, crate = tonumber(cap), tonumber(ttl), tonumber(rnd), tonumber(tcap), tonumber(ccap), tonumber(crate)
 per_target = per_target == '1'
 local now = NOW
 
@@ -48,6 +50,14 @@ if caller ~= '' and ccap > 0 then
   local n = tonumber(redis.call('HGET', K.Tokens, caller) or '0')
   if n >= ccap then
     return {'ccap', n}
+  end
+end
+-- A fixed window per minute: the count is one key, read and bumped here.
+local rk
+if caller ~= '' and crate > 0 then
+  rk = K.TenantRate .. caller .. ':' .. math.floor(now / 60000)
+  if tonumber(redis.call('GET', rk) or '0') >= crate then
+    return {'crate', 60000 - now % 60000}
   end
 end
 local ix, cx = K.Index .. h, K.CoolingIndex .. h .. ':' .. target
@@ -216,6 +226,10 @@ end
 if caller ~= '' then
   f[#f + 1], f[#f + 2] = 'tok', caller
   redis.call('HINCRBY', K.Tokens, caller, 1)
+end
+if rk then
+  redis.call('INCR', rk)
+  redis.call('PEXPIRE', rk, 120000)
 end
 if per_target and sess ~= '' then
   f[#f + 1], f[#f + 2] = 'sess', sess

@@ -48,9 +48,9 @@ func TestABatchIsOneScriptCallAndEachCallItsOwnDecision(t *testing.T) {
 	acquire := func() *call {
 		// index, target, cap 1, ttl, lease id, random, no request id,
 		// fingerprint, target cap, session, per target, caller, caller cap
-		return &call{sc: acquireScript, args: []any{"ix", "", 1, 60000, NewLeaseID(), 7, "", "", 0, "", "0", "", 0}}
+		return &call{sc: acquireScript, args: []any{"ix", "", 1, 60000, NewLeaseID(), 7, "", "", 0, "", "0", "", 0, 0}}
 	}
-	calls := []*call{acquire(), acquire(), {sc: releaseScript, args: []any{NewLeaseID()}}, acquire()}
+	calls := []*call{acquire(), acquire(), {sc: releaseScript, args: []any{NewLeaseID(), ""}}, acquire()}
 	evalshas := func() int64 {
 		stats, err := rdb.Info(ctx, "commandstats").Result()
 		require.NoError(t, err)
@@ -64,7 +64,7 @@ func TestABatchIsOneScriptCallAndEachCallItsOwnDecision(t *testing.T) {
 		return n
 	}
 	// Redis loads the scripts (a first call of each is refused NOSCRIPT).
-	s.exec(ctx, []*call{{sc: acquireScript, args: []any{"nix", "", 1, 60000, NewLeaseID(), 7, "", "", 0, "", "0", "", 0}}, {sc: releaseScript, args: []any{NewLeaseID()}}})
+	s.exec(ctx, []*call{{sc: acquireScript, args: []any{"nix", "", 1, 60000, NewLeaseID(), 7, "", "", 0, "", "0", "", 0, 0}}, {sc: releaseScript, args: []any{NewLeaseID(), ""}}})
 	before := evalshas()
 	s.exec(ctx, calls)
 	assert.Equal(t, int64(2), evalshas()-before, "three acquires and a release: one script call each")

@@ -20,6 +20,8 @@ var (
 		"Proxies quarantined after error reports on several targets, fleet-wide (aggregate with max).", nil, nil)
 	pacedDesc = prometheus.NewDesc("proxy_operator_broker_target_pace_rate",
 		"Leases per second a paced target is held to, fleet-wide, one series per paced target (aggregate with max).", []string{"target"}, nil)
+	tenantLeasesDesc = prometheus.NewDesc("proxy_operator_broker_tenant_live_leases",
+		"Live leases by the tenant holding them, fleet-wide: what its maxLeases quota counts (aggregate with max).", []string{"tenant"}, nil)
 	redisUpDesc = prometheus.NewDesc("proxy_operator_broker_redis_up",
 		"1 when this broker's scrape-time read of Redis succeeded, else 0 (it cannot lease then).", nil, nil)
 )
@@ -34,6 +36,23 @@ type Fleet struct {
 	Quarantines int64
 	// Paced maps each paced target to its rate, leases/s.
 	Paced map[string]float64
+	// TenantLeases counts live leases by the tenant holding them.
+	TenantLeases map[string]int64
+}
+
+// TenantLeases reads the live leases of each tenant holding any.
+func (s *Store) TenantLeases(ctx context.Context) (map[string]int64, error) {
+	m, err := s.rdb.HGetAll(ctx, s.key(KeyTokens)).Result()
+	if err != nil {
+		return nil, wrap(err)
+	}
+	out := make(map[string]int64, len(m))
+	for name, v := range m {
+		if n, _ := strconv.ParseInt(v, 10, 64); n > 0 {
+			out[name] = n
+		}
+	}
+	return out, nil
 }
 
 // Fleet reads the live lease counts (the high half of each proxy's score),
@@ -44,7 +63,7 @@ type Fleet struct {
 // window) is left out, though only a lease or report for its target
 // clears it.
 func (s *Store) Fleet(ctx context.Context) (Fleet, error) {
-	var scores, namespaces, paced *redis.MapStringStringCmd
+	var scores, namespaces, paced, tenants *redis.MapStringStringCmd
 	var due, quarantines *redis.IntCmd
 	if _, err := s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
 		scores = p.HGetAll(ctx, s.key(KeyScore))
@@ -52,11 +71,17 @@ func (s *Store) Fleet(ctx context.Context) (Fleet, error) {
 		due = p.ZCard(ctx, s.key(KeyDue))
 		quarantines = p.HLen(ctx, s.key(KeyQuarantine))
 		paced = p.HGetAll(ctx, s.key(KeyPaced))
+		tenants = p.HGetAll(ctx, s.key(KeyTokens))
 		return nil
 	}); err != nil {
 		return Fleet{}, wrap(err)
 	}
-	f := Fleet{Leases: map[string]int64{}, Quarantines: quarantines.Val(), Paced: map[string]float64{}}
+	f := Fleet{Leases: map[string]int64{}, Quarantines: quarantines.Val(), Paced: map[string]float64{}, TenantLeases: map[string]int64{}}
+	for name, v := range tenants.Val() {
+		if n, _ := strconv.ParseInt(v, 10, 64); n > 0 {
+			f.TenantLeases[name] = n
+		}
+	}
 	if err := s.livePaces(ctx, paced.Val(), f.Paced); err != nil {
 		return Fleet{}, err
 	}
@@ -87,6 +112,7 @@ func (c fleetCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- redisUpDesc
 	ch <- quarantinesDesc
 	ch <- pacedDesc
+	ch <- tenantLeasesDesc
 }
 
 func (c fleetCollector) Collect(ch chan<- prometheus.Metric) {
@@ -100,6 +126,9 @@ func (c fleetCollector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(redisUpDesc, prometheus.GaugeValue, 1)
 	for ns, n := range f.Leases {
 		ch <- prometheus.MustNewConstMetric(liveLeasesDesc, prometheus.GaugeValue, float64(n), ns)
+	}
+	for name, n := range f.TenantLeases {
+		ch <- prometheus.MustNewConstMetric(tenantLeasesDesc, prometheus.GaugeValue, float64(n), name)
 	}
 	ch <- prometheus.MustNewConstMetric(cooldownsDesc, prometheus.GaugeValue, float64(f.Cooldowns))
 	ch <- prometheus.MustNewConstMetric(quarantinesDesc, prometheus.GaugeValue, float64(f.Quarantines))

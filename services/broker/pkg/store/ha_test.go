@@ -82,7 +82,7 @@ func (tr *traffic) step(ctx context.Context, rng *rand.Rand) error {
 		}
 		tr.mu.Unlock()
 		if id != "" {
-			if _, err := tr.st.Release(ctx, id); err != nil {
+			if _, err := tr.st.Release(ctx, id, ""); err != nil {
 				// Unavailable says nothing of whether Redis applied it:
 				// the lease is neither counted live nor released.
 				tr.mu.Lock()

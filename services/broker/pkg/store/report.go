@@ -130,6 +130,9 @@ type Report struct {
 	// Session is the (caller-scoped) session key a report without a
 	// LeaseID names.
 	Session string
+	// Owner is the reporting tenant's name: a report on a lease another
+	// tenant holds fails with ErrNotOwner.
+	Owner   string
 	Outcome Outcome
 	// Target the report is about (the lease's own when the caller gave none).
 	Target string
@@ -178,7 +181,7 @@ func (s *Store) Report(ctx context.Context, r Report) (*Verdict, error) {
 	p, f := r.Policy, r.Faults
 	res, err := s.run(ctx, reportScript, r.LeaseID, string(r.Outcome), r.Target,
 		p.CooldownBase.Milliseconds(), p.CooldownMax.Milliseconds(), p.CooldownWindow.Milliseconds(), p.MaxCoolingFraction,
-		p.PacingInitial, p.PacingMin, p.PacingMax, f.Window.Milliseconds(), f.Targets, f.Period.Milliseconds(), rand.Float64(), f.MaxFraction, r.Session).Slice()
+		p.PacingInitial, p.PacingMin, p.PacingMax, f.Window.Milliseconds(), f.Targets, f.Period.Milliseconds(), rand.Float64(), f.MaxFraction, r.Session, r.Owner).Slice()
 	if err != nil {
 		return nil, wrap(err)
 	}

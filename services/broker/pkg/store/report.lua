@@ -7,7 +7,8 @@
 -- initial, min, max (leases/s), error window_ms,
 -- error targets (0: never quarantine), quarantine_ms, random in [0, 1),
 -- max quarantined fraction (0 or 1: no limit), session (with lease_id '':
--- the report is on the session's last lease for target).
+-- the report is on the session's last lease for target), owner (the
+-- reporting tenant: a lease another tenant holds fails with "EPOWNER").
 -- Returns {} when the lease is gone, else {cooldown start_ms, end_ms,
 -- level, proxies sharing it, quarantine end_ms, pace rate ('' unpaced),
 -- actions...}. A report counts only for its lease's target: a lease taken
@@ -19,10 +20,13 @@ local fraction = tonumber(ARGV[7])
 local pinit, pmin, pmax = tonumber(ARGV[8]), tonumber(ARGV[9]), tonumber(ARGV[10])
 local ewindow, etargets, qperiod = tonumber(ARGV[11]), tonumber(ARGV[12]), tonumber(ARGV[13])
 local rnd, qfraction = tonumber(ARGV[14]), tonumber(ARGV[15])
-local sess = ARGV[16]
+local sess, owner = ARGV[16], ARGV[17]
 local now, l
 if id ~= '' then
   now, l = open_lease(id)
+  if l and (l[10] or '') ~= owner then
+    return redis.error_reply('EPOWNER')
+  end
 else
   -- A report on a session: its last lease for the target, live or
   -- ended within the session's linger.

@@ -1,6 +1,7 @@
 package store_test
 
 import (
+	"errors"
 	"fmt"
 	"strings"
 	"testing"
@@ -88,11 +89,11 @@ func TestACallerHoldsAtMostItsCap(t *testing.T) {
 	var capped *store.CallerCapError
 	require.ErrorAs(t, err, &capped)
 	assert.Equal(t, store.CallerCapError{Caller: "team-a", Cap: 2, Live: 2}, *capped)
-	assert.Contains(t, err.Error(), `token "team-a" holds 2 live leases`)
+	assert.Contains(t, err.Error(), `tenant "team-a" holds 2 live leases`)
 	_, err = acquire("team-b", time.Hour)
 	require.NoError(t, err, "another token has its own count")
 
-	_, err = f.st.Release(f.ctx, a1.ID)
+	_, err = f.st.Release(f.ctx, a1.ID, "team-a")
 	require.NoError(t, err)
 	_, err = acquire("team-a", time.Hour)
 	require.NoError(t, err, "a release frees a place")
@@ -101,6 +102,62 @@ func TestACallerHoldsAtMostItsCap(t *testing.T) {
 	require.NoError(t, err, "so does an expiry")
 	_, err = acquire("team-a", time.Hour)
 	require.ErrorAs(t, err, &capped)
+}
+
+// A lease is its tenant's: another's release and report are refused and
+// change nothing; its owner's work.
+func TestALeaseIsItsTenants(t *testing.T) {
+	f := newFixture(t)
+	f.index("ix", uids(2)...)
+	l, err := f.st.Acquire(f.ctx, store.Acquire{Index: "ix", TTL: time.Hour, LeaseID: store.NewLeaseID(), Caller: "team-a"})
+	require.NoError(t, err)
+	got, err := f.st.Get(f.ctx, l.ID)
+	require.NoError(t, err)
+	assert.Equal(t, "team-a", got.Owner)
+
+	released, err := f.st.Release(f.ctx, l.ID, "team-b")
+	assert.ErrorIs(t, err, store.ErrNotOwner)
+	assert.False(t, released)
+	_, err = f.st.Report(f.ctx, store.Report{LeaseID: l.ID, Owner: "team-b", Outcome: store.Blocked, Target: "shop.example", Policy: store.FixedCooldown(time.Hour)})
+	assert.ErrorIs(t, err, store.ErrNotOwner)
+	st, err := f.st.States(f.ctx, "shop.example", []string{l.Proxy})
+	require.NoError(t, err)
+	assert.Equal(t, 1, st[l.Proxy].Load, "the lease lives on")
+	assert.True(t, st[l.Proxy].CooldownUntil.IsZero(), "and another tenant's report cooled nothing")
+
+	_, err = f.st.Report(f.ctx, store.Report{LeaseID: l.ID, Owner: "team-a", Outcome: store.OK, Target: "shop.example", Policy: store.FixedCooldown(time.Hour)})
+	require.NoError(t, err)
+	released, err = f.st.Release(f.ctx, l.ID, "team-a")
+	require.NoError(t, err)
+	assert.True(t, released)
+}
+
+// A tenant takes at most its leases a minute, across brokers (one count
+// in Redis); the refusal says when the next minute starts, and other
+// tenants are not counted against it.
+func TestACallerTakesAtMostItsLeasesAMinute(t *testing.T) {
+	f := newFixture(t)
+	f.index("ix", uids(10)...)
+	acquire := func(caller string) error {
+		_, err := f.st.Acquire(f.ctx, store.Acquire{Index: "ix", TTL: time.Hour, LeaseID: store.NewLeaseID(), Caller: caller, CallerRate: 3})
+		return err
+	}
+	var refused *store.CallerRateError
+	for n := 0; ; n++ {
+		err := acquire("team-a")
+		if errors.As(err, &refused) {
+			// A minute may have turned during the loop: at most twice 3.
+			assert.GreaterOrEqual(t, n, 3)
+			assert.LessOrEqual(t, n, 6)
+			break
+		}
+		require.NoError(t, err)
+	}
+	assert.Equal(t, "team-a", refused.Caller)
+	assert.Positive(t, refused.Wait)
+	assert.LessOrEqual(t, refused.Wait, time.Minute)
+	assert.Contains(t, refused.Error(), `tenant "team-a" took its 3 leases this minute`)
+	require.NoError(t, acquire("team-b"), "another tenant has its own count")
 }
 
 // A full Redis (maxmemory, noeviction) refuses a new lease with ErrFull,
@@ -146,7 +203,7 @@ func TestAFullRedisRefusesNewLeasesAndStillEndsThem(t *testing.T) {
 		assert.Contains(t, err.Error(), "maxmemory")
 		break
 	}
-	ok, err := st.Release(f.ctx, kept.ID)
+	ok, err := st.Release(f.ctx, kept.ID, "")
 	require.NoError(t, err, "a release runs on a full Redis")
 	assert.True(t, ok)
 

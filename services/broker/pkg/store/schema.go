@@ -124,8 +124,11 @@ var (
 		Holds: "the ix and cx keys (stems S.Index, S.CoolingIndex) holding the proxy, to move it when its load changes", Permanent: untilDropped,
 		Writers: []string{"join.lua", "report.lua", "leave.lua"}}
 	KeyTokens = Key{Name: "Tokens", Pattern: "tok", Type: "hash",
-		Holds: "token name -> its live leases (the per-token lease cap)", Permanent: "one per prefix; a field per token with a live lease",
+		Holds: "tenant name -> its live leases (the per-tenant lease cap)", Permanent: "one per prefix; a field per tenant with a live lease",
 		Writers: []string{"acquire.lua", "lib.lua end_lease"}}
+	KeyTenantRate = Key{Name: "TenantRate", Pattern: "tr:<tenant>:<minute>", Type: "string",
+		Holds: "leases the tenant took in that minute (its leasesPerMinute quota)", Expires: "2 minutes",
+		Writers: []string{"acquire.lua"}}
 	KeySeq = Key{Name: "Seq", Pattern: "seq", Type: "string",
 		Holds: "the counter slot numbers are drawn from", Permanent: "one per prefix",
 		Writers: []string{"join.lua"}}
@@ -139,7 +142,7 @@ var Schema = []Key{
 	KeyLease, KeyProxyLeases, KeyDue, KeyRequest, KeyScore, KeyNamespace, KeyAddress,
 	KeyCooling, KeyCooldownKey, KeyFiled, KeyCooldown, KeyTarget, KeyPaced, KeySession,
 	KeyErrors, KeyQuarantine, KeyRejoin, KeyIndexes, KeyIndexUse, KeyIndex, KeyCoolingIndex,
-	KeyCoolingTargets, KeyHolders, KeyTokens, KeySeq, KeyRefused,
+	KeyCoolingTargets, KeyHolders, KeyTokens, KeyTenantRate, KeySeq, KeyRefused,
 }
 
 // luaKeys is the prelude of every script: P, the prefix (KEYS[1] is

@@ -52,9 +52,9 @@ var (
 	//go:embed loads.lua
 	loadsSrc string
 
-	acquireScript = batched(grows, 13, acquireSrc)
+	acquireScript = batched(grows, 14, acquireSrc)
 	renewScript   = script(shrinks, renewSrc)
-	releaseScript = batched(shrinks, 1, releaseSrc)
+	releaseScript = batched(shrinks, 2, releaseSrc)
 	getScript     = script(reads, getSrc)
 	reportScript  = script(grows, reportSrc)
 	joinScript    = script(grows, joinSrc)
@@ -190,7 +190,19 @@ type CallerCapError struct {
 }
 
 func (e *CallerCapError) Error() string {
-	return fmt.Sprintf("token %q holds %d live leases, its cap (--token-max-leases %d): release some first", e.Caller, e.Live, e.Cap)
+	return fmt.Sprintf("tenant %q holds %d live leases, its cap of %d: release some first", e.Caller, e.Live, e.Cap)
+}
+
+// CallerRateError: the caller took its leases for this minute.
+type CallerRateError struct {
+	Caller string
+	Rate   int
+	// Wait is how long until the next minute.
+	Wait time.Duration
+}
+
+func (e *CallerRateError) Error() string {
+	return fmt.Sprintf("tenant %q took its %d leases this minute; the next minute starts in %s", e.Caller, e.Rate, e.Wait.Round(time.Millisecond))
 }
 
 // ErrFull: Redis is at its maxmemory (noeviction) and refuses anything
@@ -435,8 +447,9 @@ type Lease struct {
 	Proxy   string
 	Target  string
 	Expires time.Time
-	// Addr is the proxy's ip:port when the lease was granted (set by Get).
-	Addr string
+	// Addr is the proxy's ip:port when the lease was granted, and Owner
+	// the tenant holding it (set by Get).
+	Addr, Owner string
 	// Load is the proxy's live lease count including this lease (set by
 	// Acquire only).
 	Load int
@@ -467,6 +480,8 @@ func wrap(err error) error {
 		return err
 	}
 	switch {
+	case redis.HasErrorPrefix(err, "EPOWNER"):
+		return ErrNotOwner
 	case redis.HasErrorPrefix(err, "EPTARGET"):
 		return &WrongTargetError{Leased: strings.TrimPrefix(err.Error(), "EPTARGET ")}
 	case redis.HasErrorPrefix(err, "OOM"):
@@ -523,11 +538,11 @@ type Acquire struct {
 	// Session, when set, leases the proxy of the session's live leases
 	// while it qualifies (in the index, below Cap, not cooling down).
 	Session string
-	// Caller names the token the lease is taken with ("" for none, which
+	// Caller names the tenant the lease is taken for ("" for none, which
 	// no cap applies to); it may hold at most CallerCap live leases (0: no
-	// cap).
-	Caller    string
-	CallerCap int
+	// cap) and take CallerRate leases a minute, fleet-wide (0: no limit).
+	Caller                string
+	CallerCap, CallerRate int
 }
 
 // Acquire atomically leases the least-loaded proxy of the index that is
@@ -540,7 +555,7 @@ func (s *Store) Acquire(ctx context.Context, a Acquire) (*Lease, error) {
 	var rnd [8]byte
 	_, _ = rand.Read(rnd[:])
 	res, err := s.run(ctx, acquireScript, a.Index, a.Target, a.Cap, a.TTL.Milliseconds(), a.LeaseID,
-		binary.BigEndian.Uint64(rnd[:])>>12, a.RequestID, a.Fingerprint, a.TargetCap, a.Session, flag(a.PerTarget), a.Caller, a.CallerCap).Slice()
+		binary.BigEndian.Uint64(rnd[:])>>12, a.RequestID, a.Fingerprint, a.TargetCap, a.Session, flag(a.PerTarget), a.Caller, a.CallerCap, a.CallerRate).Slice()
 	if err != nil {
 		return nil, wrap(err)
 	}
@@ -560,6 +575,8 @@ func (s *Store) Acquire(ctx context.Context, a Acquire) (*Lease, error) {
 		return nil, &TargetCapError{Target: a.Target, Cap: a.TargetCap}
 	case "ccap":
 		return nil, &CallerCapError{Caller: a.Caller, Cap: a.CallerCap, Live: int(res[1].(int64))}
+	case "crate":
+		return nil, &CallerRateError{Caller: a.Caller, Rate: a.CallerRate, Wait: time.Duration(res[1].(int64)) * time.Millisecond}
 	case "paced":
 		rate, _ := strconv.ParseFloat(res[2].(string), 64)
 		return nil, &PacedError{Target: a.Target, Rate: rate, Wait: time.Duration(res[1].(int64)) * time.Millisecond}
@@ -576,7 +593,7 @@ func (s *Store) Get(ctx context.Context, id string) (*Lease, error) {
 	if len(res) == 0 {
 		return nil, ErrLeaseNotFound
 	}
-	return &Lease{ID: id, Proxy: res[0].(string), Target: res[1].(string), Expires: time.UnixMilli(res[2].(int64)), Addr: res[3].(string)}, nil
+	return &Lease{ID: id, Proxy: res[0].(string), Target: res[1].(string), Expires: time.UnixMilli(res[2].(int64)), Addr: res[3].(string), Owner: res[4].(string)}, nil
 }
 
 // ErrPastUntil: a renewal's until had passed, by Redis's clock.
@@ -607,17 +624,24 @@ func (s *Store) Renew(ctx context.Context, l *Lease, ttl time.Duration, until ti
 	return &r, nil
 }
 
-// Release ends a lease; releasing an unknown lease is not an error.
-// It reports whether a live lease was released.
-func (s *Store) Release(ctx context.Context, id string) (bool, error) {
+// Release ends a lease owner holds; releasing an unknown lease is not an
+// error, one another tenant holds is ErrNotOwner. It reports whether a
+// live lease was released.
+func (s *Store) Release(ctx context.Context, id, owner string) (bool, error) {
 	ctx, span := s.tracer.Start(ctx, "store.Release")
 	defer span.End()
-	n, err := s.run(ctx, releaseScript, id).Int64()
-	if err != nil {
+	n, err := s.run(ctx, releaseScript, id, owner).Int64()
+	switch {
+	case err != nil:
 		return false, wrap(err)
+	case n < 0:
+		return false, ErrNotOwner
 	}
 	return n == 1, nil
 }
+
+// ErrNotOwner: the lease is another tenant's.
+var ErrNotOwner = errors.New("the lease is another tenant's")
 
 // batch bounds the arguments of one script call.
 const batch = 500

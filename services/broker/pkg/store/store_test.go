@@ -158,7 +158,7 @@ func TestAcquireMatchesAModel(t *testing.T) {
 			i := rng.IntN(len(ids))
 			id := ids[i]
 			ids = append(ids[:i], ids[i+1:]...)
-			ok, err := f.st.Release(f.ctx, id)
+			ok, err := f.st.Release(f.ctx, id, "")
 			require.NoError(t, err)
 			require.True(t, ok)
 			load[leases[id]]--
@@ -198,7 +198,7 @@ func TestTiesAreUniform(t *testing.T) {
 	for range rounds {
 		l := f.mustAcquire("ix", "t", 0)
 		seen[l.Proxy]++
-		_, err := f.st.Release(f.ctx, l.ID)
+		_, err := f.st.Release(f.ctx, l.ID, "")
 		require.NoError(t, err)
 	}
 	require.Len(t, seen, 4, "only the four free proxies: %v", seen)
@@ -216,10 +216,10 @@ func (f *fixture) coolDown(uid, target string) {
 		if l.Proxy == uid {
 			_, err := f.cool(l.ID, target)
 			require.NoError(f.t, err)
-			_, _ = f.st.Release(f.ctx, l.ID)
+			_, _ = f.st.Release(f.ctx, l.ID, "")
 			return
 		}
-		defer func() { _, _ = f.st.Release(f.ctx, l.ID) }()
+		defer func() { _, _ = f.st.Release(f.ctx, l.ID, "") }()
 	}
 	f.t.Fatalf("never leased %s", uid)
 }
@@ -235,7 +235,7 @@ func TestAcquireIsIdempotent(t *testing.T) {
 		require.NoError(t, err)
 		assert.Equal(t, first.Proxy, again.Proxy)
 		assert.Equal(t, 1, again.Load, "the retry took no second slot")
-		_, _ = f.st.Release(f.ctx, first.ID)
+		_, _ = f.st.Release(f.ctx, first.ID, "")
 	})
 	t.Run("by request id", func(t *testing.T) {
 		a := store.Acquire{Index: "ix", TTL: time.Hour, LeaseID: store.NewLeaseID(), RequestID: "req-1", Fingerprint: "fp"}
@@ -253,7 +253,7 @@ func TestAcquireIsIdempotent(t *testing.T) {
 		require.ErrorAs(t, err, &reused)
 		assert.Equal(t, first.ID, reused.LeaseID)
 
-		ok, err := f.st.Release(f.ctx, first.ID)
+		ok, err := f.st.Release(f.ctx, first.ID, "")
 		require.NoError(t, err)
 		require.True(t, ok)
 		a.Fingerprint = "fp"
@@ -283,7 +283,7 @@ func TestRetryAfterReadTimeoutLeavesNoPhantom(t *testing.T) {
 	// retry happened, so hand the lease back and stall again.
 	for try := 0; dials.Load() == 0 && try < 5; try++ {
 		if l != nil {
-			_, _ = f.st.Release(f.ctx, l.ID)
+			_, _ = f.st.Release(f.ctx, l.ID, "")
 		}
 		_, err := st.Acquire(f.ctx, store.Acquire{Index: "none", LeaseID: store.NewLeaseID()}) // connected, script loaded
 		require.ErrorIs(t, err, store.ErrNoIndex)
@@ -399,7 +399,7 @@ func TestRenew(t *testing.T) {
 	_, err = f.st.Renew(f.ctx, &other, time.Hour, time.Time{})
 	require.ErrorIs(t, err, store.ErrLeaseNotFound, "a lease is renewed only on its own proxy")
 
-	_, err = f.st.Release(f.ctx, l.ID)
+	_, err = f.st.Release(f.ctx, l.ID, "")
 	require.NoError(t, err)
 	_, err = f.st.Renew(f.ctx, got, time.Hour, time.Time{})
 	require.ErrorIs(t, err, store.ErrLeaseNotFound)
@@ -455,7 +455,7 @@ func TestForgetDropsEverythingAboutAProxy(t *testing.T) {
 	for _, d := range due {
 		assert.NotContains(t, d, mine.ID, "no expiry left for the ended lease")
 	}
-	ok, err := f.st.Release(f.ctx, mine.ID)
+	ok, err := f.st.Release(f.ctx, mine.ID, "")
 	require.NoError(t, err)
 	assert.False(t, ok, "the lease ended when its proxy was forgotten")
 	for range 3 {
@@ -510,7 +510,7 @@ func TestCoolingDeepInTheIndex(t *testing.T) {
 		l := leaseOn(uid, 1)
 		_, err := f.cool(l.ID, "t")
 		require.NoError(t, err)
-		ok, err := f.st.Release(f.ctx, l.ID)
+		ok, err := f.st.Release(f.ctx, l.ID, "")
 		require.NoError(t, err)
 		require.True(t, ok)
 	}
@@ -534,7 +534,7 @@ func TestCoolingDeepInTheIndex(t *testing.T) {
 	for range 5 {
 		l := f.mustAcquire("all", "t", 0)
 		assert.Equal(t, "uid-012", l.Proxy, "the least-loaded proxy not cooling down")
-		_, _ = f.st.Release(f.ctx, l.ID)
+		_, _ = f.st.Release(f.ctx, l.ID, "")
 	}
 	// With a cap of 13, uid-012 (load 12) is the only one below it.
 	l := f.mustAcquire("all", "t", 13)
@@ -543,7 +543,7 @@ func TestCoolingDeepInTheIndex(t *testing.T) {
 	var nc *store.NoCandidateError
 	require.ErrorAs(t, err, &nc)
 	assert.Equal(t, store.NoCandidateError{Candidates: 130, CoolingDown: 111, AtCap: 19}, *nc)
-	_, _ = f.st.Release(f.ctx, l.ID)
+	_, _ = f.st.Release(f.ctx, l.ID, "")
 
 	// Only the level at 40 is left free for "t" once 12..29 cool down too:
 	// one member in a hundred.
@@ -553,7 +553,7 @@ func TestCoolingDeepInTheIndex(t *testing.T) {
 	for range 5 {
 		l := f.mustAcquire("all", "t", 0)
 		assert.Equal(t, "uid-129", l.Proxy)
-		_, _ = f.st.Release(f.ctx, l.ID)
+		_, _ = f.st.Release(f.ctx, l.ID, "")
 	}
 }
 
@@ -578,7 +578,7 @@ func TestFleetCountsLeasesAndCooldowns(t *testing.T) {
 	assert.Equal(t, map[string]int64{"ns": 3}, fl.Leases)
 	assert.Equal(t, int64(2), fl.Cooldowns)
 
-	_, err = f.st.Release(f.ctx, a.ID)
+	_, err = f.st.Release(f.ctx, a.ID, "")
 	require.NoError(t, err)
 	fl, err = f.st.Fleet(f.ctx)
 	require.NoError(t, err)
@@ -760,7 +760,7 @@ func TestTargetCapCountsLiveLeases(t *testing.T) {
 	_, err = lease(time.Hour)
 	require.NoError(t, err, "another target has its own count")
 	a.Target = "t"
-	ok, err := f.st.Release(f.ctx, l1.ID)
+	ok, err := f.st.Release(f.ctx, l1.ID, "")
 	require.NoError(t, err)
 	require.True(t, ok)
 	_, err = lease(time.Hour)

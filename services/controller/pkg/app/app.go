@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
@@ -26,6 +27,7 @@ import (
 	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
+	v1 "github.com/egress-proxies/egress-proxies/pkg/api/v1alpha1"
 	"github.com/egress-proxies/egress-proxies/pkg/auth"
 	"github.com/egress-proxies/egress-proxies/pkg/certs"
 	"github.com/egress-proxies/egress-proxies/pkg/kube"
@@ -40,6 +42,7 @@ import (
 	"github.com/egress-proxies/egress-proxies/services/controller/pkg/leaseview"
 	"github.com/egress-proxies/egress-proxies/services/controller/pkg/metrics"
 	"github.com/egress-proxies/egress-proxies/services/controller/pkg/providers"
+	"github.com/egress-proxies/egress-proxies/services/controller/pkg/tenants"
 	"github.com/egress-proxies/egress-proxies/services/controller/pkg/uninstall"
 )
 
@@ -51,8 +54,8 @@ const Name = "controller"
 func Run(ctx context.Context, env service.Env, o Options) error {
 	log := env.Log
 	ctrl.SetLogger(logr.FromSlogHandler(log.Handler()))
-	if o.ApplyCRDs != "" {
-		return runApplyCRDs(ctx, log, o)
+	if o.ApplyCRDs != "" || o.ApplyTenants != "" {
+		return runApplyHook(ctx, log, o)
 	}
 	if o.Uninstall {
 		return runUninstall(ctx, log, o)
@@ -177,12 +180,22 @@ func runUninstall(ctx context.Context, log *slog.Logger, o Options) error {
 	return (&uninstall.Cleaner{Client: c, Log: log, Timeout: o.UninstallTimeout, Poll: 2 * time.Second}).Run(ctx)
 }
 
-// runApplyCRDs is the pre-install and pre-upgrade hook: it applies the
-// chart's CRDs, which then belong to no release (package crds says why).
-func runApplyCRDs(ctx context.Context, log *slog.Logger, o Options) error {
-	defs, err := crds.Load(o.ApplyCRDs)
-	if err != nil {
-		return service.Usagef("%v", err)
+// runApplyHook is the pre-install and pre-upgrade hook: it applies the
+// chart's CRDs, which then belong to no release (package crds says why),
+// then the Tenants the release declares (package tenants says why here).
+func runApplyHook(ctx context.Context, log *slog.Logger, o Options) error {
+	var defs []*unstructured.Unstructured
+	var declared []v1.Tenant
+	var err error
+	if o.ApplyCRDs != "" {
+		if defs, err = crds.Load(o.ApplyCRDs); err != nil {
+			return service.Usagef("%v", err)
+		}
+	}
+	if o.ApplyTenants != "" {
+		if declared, err = tenants.Load(o.ApplyTenants); err != nil {
+			return service.Usagef("--apply-tenants: %v", err)
+		}
 	}
 	c, err := hookClient(o)
 	if err != nil {
@@ -190,7 +203,13 @@ func runApplyCRDs(ctx context.Context, log *slog.Logger, o Options) error {
 	}
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 	defer cancel()
-	return crds.Apply(ctx, c, log, defs)
+	if err := crds.Apply(ctx, c, log, defs); err != nil {
+		return err
+	}
+	if o.ApplyTenants == "" {
+		return nil
+	}
+	return tenants.Sync(ctx, c, log, o.TenantNamespace, o.Release, declared)
 }
 
 // hookClient is the API client of the chart's hooks, which run the

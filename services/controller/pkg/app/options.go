@@ -24,6 +24,9 @@ type Options struct {
 	// ApplyCRDs is a directory of CRDs to apply instead of running (the
 	// chart's pre-install and pre-upgrade hook).
 	ApplyCRDs string
+	// ApplyTenants is a file of the Tenants a release declares, applied
+	// (after the CRDs) in TenantNamespace, labelled for Release.
+	ApplyTenants, TenantNamespace, Release string
 	// CredentialsKeyFile holds the key Managed proxies' credentials are
 	// derived from; credentialsKey is what it held.
 	CredentialsKeyFile string
@@ -75,6 +78,9 @@ func (o *Options) Register(fs *flag.FlagSet) {
 	fs.StringVar(&o.Kubeconfig, "kubeconfig", "", "kubeconfig file; empty means in-cluster config or $KUBECONFIG")
 	fs.StringVar(&o.CredentialsKeyFile, "proxy-credentials-key-file", "", "file holding the key (32 bytes or more) each Managed proxy's credentials are derived from: its instance asks every client for them, the probers and the brokers' leases give them; empty makes Managed instances open proxies")
 	fs.BoolVar(&o.Uninstall, "uninstall", false, "instead of running, delete every ProxyPool and Proxy in the cluster and wait until their instances are deleted (the chart's pre-delete hook; the controller must still run)")
+	fs.StringVar(&o.ApplyTenants, "apply-tenants", "", "instead of running (after --apply-crds, when given), server-side apply the Tenants in this YAML file in --tenant-namespace, labelled for --release, and delete the release's Tenants it no longer lists")
+	fs.StringVar(&o.TenantNamespace, "tenant-namespace", "", "with --apply-tenants: the brokers' namespace")
+	fs.StringVar(&o.Release, "release", "", "with --apply-tenants: the Helm release whose Tenants these are")
 	fs.StringVar(&o.ApplyCRDs, "apply-crds", "", "instead of running, server-side apply every CustomResourceDefinition in this directory and wait until each is Established (the chart's pre-install and pre-upgrade hook)")
 	fs.DurationVar(&o.UninstallTimeout, "uninstall-timeout", 10*time.Minute, "with --uninstall, how long to wait for the Proxies to go before failing with what is left")
 	fs.StringVar(&o.MetricsAddr, "metrics-bind-address", ":8080", "address of /metrics")
@@ -136,9 +142,12 @@ const (
 // Validate names the first bad flag and parses the deny list and the
 // providers config.
 func (o *Options) Validate() error {
-	if o.ApplyCRDs != "" {
-		if o.Uninstall {
-			return errors.New("--apply-crds contradicts --uninstall: choose one")
+	if o.ApplyCRDs != "" || o.ApplyTenants != "" {
+		switch {
+		case o.Uninstall:
+			return errors.New("--apply-crds and --apply-tenants contradict --uninstall: choose one")
+		case o.ApplyTenants != "" && (o.TenantNamespace == "" || o.Release == ""):
+			return errors.New("--apply-tenants needs --tenant-namespace and --release")
 		}
 		return nil // nothing else runs
 	}

@@ -505,7 +505,7 @@ func (h *Hub) Start(ctx context.Context) error {
 	}
 	opts := []grpc.ServerOption{
 		grpc.StatsHandler(otelgrpc.NewServerHandler()),
-		grpc.ChainStreamInterceptor(grpcMetrics.StreamServerInterceptor(), h.opts.Token.StreamInterceptor()),
+		grpc.ChainStreamInterceptor(grpcMetrics.StreamServerInterceptor(), auth.StreamInterceptor(h.opts.Token)),
 		grpc.KeepaliveParams(keepalive.ServerParameters{Time: 10 * time.Second, Timeout: 5 * time.Second}),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 5 * time.Second, PermitWithoutStream: true}),
 	}

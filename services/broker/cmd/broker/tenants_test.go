@@ -1,0 +1,276 @@
+package main
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"net/url"
+	"sort"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	v1 "github.com/egress-proxies/egress-proxies/pkg/api/v1alpha1"
+	leasev1 "github.com/egress-proxies/egress-proxies/pkg/gen/egressproxies/lease/v1"
+	"github.com/egress-proxies/egress-proxies/pkg/leaseclient"
+	"github.com/egress-proxies/egress-proxies/pkg/testenv"
+	"github.com/egress-proxies/egress-proxies/pkg/testutil/proc"
+	"github.com/egress-proxies/egress-proxies/pkg/testutil/rest"
+)
+
+// tenantFleet is a broker serving two tenants, each with a Squid proxy in
+// a namespace of its own, declared by Tenant objects in a third.
+type tenantFleet struct {
+	t          *testing.T
+	b          *broker
+	gw         string
+	tenants    string            // the Tenants' namespace
+	ns         map[string]string // tenant -> its proxies' namespace
+	tokens     map[string]string // tenant -> its token
+	squid      map[string]*proc.Squid
+	echo       *httptest.Server
+	redis      *proc.Redis
+	kubeconfig string
+}
+
+func newTenantFleet(t *testing.T) *tenantFleet {
+	testenv.Require(t)
+	f := &tenantFleet{t: t, tenants: env.Namespace(t, "tenants"), ns: map[string]string{}, tokens: map[string]string{}, squid: map[string]*proc.Squid{}}
+	f.echo = httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		ip, _, _ := net.SplitHostPort(r.RemoteAddr)
+		_, _ = io.WriteString(w, ip)
+	}))
+	t.Cleanup(f.echo.Close)
+	for i, name := range []string{"team-a", "team-b"} {
+		f.ns[name] = env.Namespace(t, name)
+		f.squid[name] = squidProxy(t, f.ns[name], "p", fmt.Sprintf("127.0.8.%d", 11+i), map[string]string{"pool": "shared"})
+		f.tokens[name] = "token-of-" + name
+		f.secret(name+"-v1", f.tokens[name])
+	}
+	f.tenant("team-a", v1.TenantSpec{Namespaces: []string{f.ns["team-a"]},
+		Verbs: []v1.TenantVerb{v1.VerbList, v1.VerbWatch, v1.VerbLease, v1.VerbReport, v1.VerbGateway}})
+	f.tenant("team-b", v1.TenantSpec{Namespaces: []string{f.ns["team-b"]},
+		Verbs:  []v1.TenantVerb{v1.VerbList, v1.VerbLease, v1.VerbGateway},
+		Quotas: v1.TenantQuotas{MaxLeases: ptr.To[int32](2), MaxSelectors: ptr.To[int32](2)}})
+
+	kc, err := env.WriteKubeconfig(t.TempDir())
+	require.NoError(t, err)
+	f.kubeconfig, f.redis, f.gw = kc, proc.StartRedis(t, false), proc.Addr(proc.FreePort(t))
+	f.b = &broker{t: t, args: []string{"--kubeconfig", kc, "--redis-addrs", f.redis.Addr, "--tenant-namespace", f.tenants,
+		"--gateway-addr", f.gw, "--egress-allowance-cidrs", proc.SuiteAllowance}}
+	f.b.start()
+	for name := range f.ns {
+		require.Eventually(t, func() bool { return len(f.list(name, "")) == 1 }, 30*time.Second, 50*time.Millisecond, "%s never saw its proxy", name)
+	}
+	return f
+}
+
+func (f *tenantFleet) secret(name, token string) {
+	f.t.Helper()
+	require.NoError(f.t, env.Client.Create(context.Background(), &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: f.tenants, Name: name},
+		StringData: map[string]string{"token": token}}))
+}
+
+func (f *tenantFleet) tenant(name string, spec v1.TenantSpec) {
+	f.t.Helper()
+	spec.Credentials = []v1.TenantCredential{{Name: name + "-v1"}}
+	require.NoError(f.t, env.Client.Create(context.Background(), &v1.Tenant{ObjectMeta: metav1.ObjectMeta{Namespace: f.tenants, Name: name}, Spec: spec}))
+}
+
+func (f *tenantFleet) as(tenant, method, path, body string) rest.Reply {
+	f.t.Helper()
+	return f.b.do(method, path, body, "Authorization", "Bearer "+f.tokens[tenant])
+}
+
+// list is the ids of the proxies tenant lists.
+func (f *tenantFleet) list(tenant, query string) []string {
+	f.t.Helper()
+	r := f.as(tenant, "GET", "/v1/proxies"+query, "")
+	if r.Status != http.StatusOK {
+		return nil
+	}
+	var ids []string
+	ps, _ := r.JSON["proxies"].([]any)
+	for _, p := range ps {
+		ids = append(ids, p.(map[string]any)["id"].(string))
+	}
+	sort.Strings(ids)
+	return ids
+}
+
+func refusedFor(t *testing.T, r rest.Reply, reason, message string) {
+	t.Helper()
+	assert.Equal(t, http.StatusForbidden, r.Status, string(r.Body))
+	assert.Contains(t, string(r.Body), reason)
+	assert.Contains(t, string(r.Body), message)
+}
+
+func (f *tenantFleet) dial(tenant string) *leaseclient.Client {
+	f.t.Helper()
+	c, err := leaseclient.Dial(f.b.grpc, leaseclient.WithToken(f.tokens[tenant]))
+	require.NoError(f.t, err)
+	f.t.Cleanup(func() { _ = c.Close() })
+	return c
+}
+
+// Each tenant lists, watches and leases only its own namespaces' proxies,
+// is refused another's namespace by name, and cannot touch another's
+// lease; request ids collide harmlessly; the verbs it lacks are refused.
+func TestTenantsSeeAndLeaseOnlyTheirOwn(t *testing.T) {
+	f := newTenantFleet(t)
+	a, b := f.ns["team-a"], f.ns["team-b"]
+	assert.Equal(t, []string{a + "/p"}, f.list("team-a", ""), "no namespace named: the tenant's own")
+	assert.Equal(t, []string{b + "/p"}, f.list("team-b", ""))
+	refusedFor(t, f.as("team-a", "GET", "/v1/proxies?namespace="+b, ""), "TENANT_NAMESPACE",
+		fmt.Sprintf(`tenant \"team-a\" (Tenant %s/team-a): namespace \"%s\" is outside its namespaces (%s)`, f.tenants, b, a))
+	assert.Equal(t, http.StatusUnauthorized, f.b.do("GET", "/v1/proxies", "").Status, "tenants watched: no credential, no call")
+
+	// The same request id from two tenants: each its own lease, of its own.
+	la := f.as("team-a", "POST", "/v1/leases", `{"requestId":"crawl-1","ttlSeconds":60}`)
+	lb := f.as("team-b", "POST", "/v1/leases", `{"requestId":"crawl-1","ttlSeconds":60}`)
+	require.Equal(t, http.StatusOK, la.Status, string(la.Body))
+	require.Equal(t, http.StatusOK, lb.Status, string(lb.Body))
+	idA, idB := la.JSON["leaseID"].(string), lb.JSON["leaseID"].(string)
+	assert.NotEqual(t, idA, idB)
+	assert.Equal(t, a+"/p", la.JSON["proxy"].(map[string]any)["id"])
+	assert.Equal(t, b+"/p", lb.JSON["proxy"].(map[string]any)["id"])
+	again := f.as("team-a", "POST", "/v1/leases", `{"requestId":"crawl-1","ttlSeconds":60}`)
+	assert.Equal(t, idA, again.JSON["leaseID"], "a retry is still answered with its own tenant's lease")
+	refusedFor(t, f.as("team-a", "POST", "/v1/leases", `{"namespace":"`+b+`","ttlSeconds":60}`), "TENANT_NAMESPACE", "is outside its namespaces")
+
+	// Another tenant's lease: neither renewed, reported on nor released.
+	refusedFor(t, f.as("team-b", "POST", "/v1/leases/"+idA+"/renew", `{"ttlSeconds":60}`), "TENANT_LEASE", "lease "+idA+" is another tenant's")
+	refusedFor(t, f.as("team-b", "DELETE", "/v1/leases/"+idA, ""), "TENANT_LEASE", "is another tenant's")
+	refusedFor(t, f.as("team-a", "POST", "/v1/leases/"+idB+"/report", `{"result":"blocked","target":"shop.example"}`), "TENANT_LEASE", "is another tenant's")
+	refusedFor(t, f.as("team-b", "POST", "/v1/leases/"+idB+"/report", `{"result":"ok"}`), "TENANT_VERB", `may not report (its verbs: gateway, lease, list)`)
+	assert.Equal(t, 1, int(f.as("team-a", "GET", "/v1/proxies", "").JSON["proxies"].([]any)[0].(map[string]any)["leaseCount"].(float64)), "team-a's lease lives on")
+	for tenant, id := range map[string]string{"team-a": idA, "team-b": idB} {
+		r := f.as(tenant, "DELETE", "/v1/leases/"+id, "")
+		assert.Equal(t, http.StatusNoContent, r.Status, string(r.Body))
+	}
+
+	// The watch: its own proxies only; another namespace refused; a
+	// tenant without the verb refused.
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	stream, err := f.dial("team-a").API().WatchProxies(ctx, &leasev1.WatchProxiesRequest{})
+	require.NoError(t, err)
+	first, err := stream.Recv()
+	require.NoError(t, err)
+	var seen []string
+	for _, e := range first.GetEvents() {
+		seen = append(seen, e.GetProxy().GetId())
+	}
+	assert.Equal(t, []string{a + "/p"}, seen)
+	other, err := f.dial("team-a").API().WatchProxies(ctx, &leasev1.WatchProxiesRequest{Namespace: b})
+	require.NoError(t, err)
+	_, err = other.Recv()
+	assert.Equal(t, codes.PermissionDenied, status.Code(err), "%v", err)
+	none, err := f.dial("team-b").API().WatchProxies(ctx, &leasev1.WatchProxiesRequest{})
+	require.NoError(t, err)
+	_, err = none.Recv()
+	assert.Equal(t, codes.PermissionDenied, status.Code(err), "%v", err)
+	assert.Contains(t, status.Convert(err).Message(), "may not watch")
+
+	// Quotas: team-b's two leases, then two selectors.
+	for range 2 {
+		require.Equal(t, http.StatusOK, f.as("team-b", "POST", "/v1/leases", `{"ttlSeconds":60}`).Status)
+	}
+	capped := f.as("team-b", "POST", "/v1/leases", `{"ttlSeconds":60}`)
+	assert.Equal(t, http.StatusTooManyRequests, capped.Status, string(capped.Body))
+	assert.Contains(t, string(capped.Body), `holds 2 live leases, its cap of 2: release some first (its Tenant's spec.quotas.maxLeases)`)
+	assert.Equal(t, http.StatusOK, f.as("team-a", "POST", "/v1/leases", `{"ttlSeconds":60}`).Status, "team-b's cap is not team-a's")
+
+	// Each tenant's usage, by name.
+	m := f.b.metrics()
+	assert.Equal(t, 2.0, m[`proxy_operator_broker_tenant_live_leases{tenant="team-b"}`])
+	assert.Equal(t, 1.0, m[`proxy_operator_broker_tenant_live_leases{tenant="team-a"}`])
+	assert.Equal(t, 1.0, m[`proxy_operator_broker_tenant_refusals_total{reason="TOKEN_LEASE_CAP",tenant="team-b"}`])
+	assert.Equal(t, 2.0, m[`proxy_operator_broker_tenant_refusals_total{reason="TENANT_NAMESPACE",tenant="team-a"}`], "the list and the lease")
+	assert.Equal(t, 2.0, m[`proxy_operator_broker_tenant_refusals_total{reason="TENANT_LEASE",tenant="team-b"}`])
+	assert.Equal(t, 2.0, m[`proxy_operator_broker_tenant_refusals_total{reason="TENANT_VERB",tenant="team-b"}`], "the report and the watch")
+}
+
+// The gateway leases from the tenant's own namespaces when its user
+// names none, refuses another's namespace, and ends the tunnels of a
+// credential removed from its Tenant; the tenant's rotated-in credential
+// keeps working throughout.
+func TestTenantsThroughTheGateway(t *testing.T) {
+	f := newTenantFleet(t)
+	pool := f.echo.Client().Transport.(*http.Transport).TLSClientConfig.RootCAs
+	via := func(user, token string) *http.Client {
+		return &http.Client{Timeout: 20 * time.Second, Transport: &http.Transport{DisableKeepAlives: true, TLSClientConfig: &tls.Config{RootCAs: pool},
+			Proxy: http.ProxyURL(&url.URL{Scheme: "http", User: url.UserPassword(user, token), Host: f.gw})}}
+	}
+	// works says whether a tunnel with token reaches the site (a refused
+	// CONNECT is an error to Go's client).
+	works := func(token string) bool {
+		resp, err := via("", token).Get(f.echo.URL)
+		if err != nil {
+			return false
+		}
+		_ = resp.Body.Close()
+		return resp.StatusCode == http.StatusOK
+	}
+	for tenant, sq := range f.squid {
+		for range 4 {
+			code, body, _ := get(t, via("", f.tokens[tenant]), f.echo.URL)
+			require.Equal(t, http.StatusOK, code, body)
+			assert.Equal(t, sq.Host, body, "%s was served by its own proxy", tenant)
+		}
+	}
+	for tenant := range f.squid {
+		// The outcome is reported as the tunnel ends, after the client
+		// has its answer.
+		require.Eventually(t, func() bool {
+			return f.b.metrics()[`proxy_operator_broker_tenant_outcomes_total{result="ok",tenant="`+tenant+`"}`] == 4
+		}, 10*time.Second, 20*time.Millisecond, tenant)
+		assert.Positive(t, f.b.metrics()[`proxy_operator_broker_tenant_gateway_bytes_total{direction="received",tenant="`+tenant+`"}`], tenant)
+	}
+	resp := rawTo(t, f.gw, "CONNECT "+hostOf(f.echo.URL)+" HTTP/1.1\r\n"+basic("namespace="+f.ns["team-b"], f.tokens["team-a"])+"\r\n\r\n")
+	body, _ := io.ReadAll(resp.Body)
+	assert.Equal(t, http.StatusForbidden, resp.StatusCode, string(body))
+	assert.Equal(t, "TENANT_NAMESPACE", resp.Header.Get("X-Egress-Proxies-Reason"))
+
+	// Rotation: a second credential, a tunnel on each, the first removed.
+	f.secret("team-a-v2", "second-token-of-team-a")
+	var tn v1.Tenant
+	require.NoError(t, env.Client.Get(context.Background(), client.ObjectKey{Namespace: f.tenants, Name: "team-a"}, &tn))
+	tn.Spec.Credentials = append(tn.Spec.Credentials, v1.TenantCredential{Name: "team-a-v2"})
+	require.NoError(t, env.Client.Update(context.Background(), &tn))
+	require.Eventually(t, func() bool { return works("second-token-of-team-a") }, 15*time.Second, 100*time.Millisecond, "the second credential never worked")
+	assert.True(t, works(f.tokens["team-a"]), "both credentials work at once")
+	oldTunnel, _ := tunnel(t, f.gw, basic("", f.tokens["team-a"]), hostOf(f.echo.URL))
+	newTunnel, _ := tunnel(t, f.gw, basic("", "second-token-of-team-a"), hostOf(f.echo.URL))
+	tn.Spec.Credentials = tn.Spec.Credentials[1:]
+	require.NoError(t, env.Client.Update(context.Background(), &tn))
+	require.Eventually(t, func() bool { return !works(f.tokens["team-a"]) }, 15*time.Second, 100*time.Millisecond, "the removed credential still works")
+	resp = rawTo(t, f.gw, "CONNECT "+hostOf(f.echo.URL)+" HTTP/1.1\r\n"+basic("", f.tokens["team-a"])+"\r\n\r\n")
+	assert.Equal(t, http.StatusProxyAuthRequired, resp.StatusCode)
+	assert.True(t, works("second-token-of-team-a"), "the credential kept works")
+	// The removed credential's tunnel ends at its lease's next renewal;
+	// the kept one's lives.
+	require.NoError(t, oldTunnel.SetReadDeadline(time.Now().Add(30*time.Second)))
+	_, err := oldTunnel.Read(make([]byte, 1))
+	assert.ErrorIs(t, err, io.EOF, "the removed credential's tunnel was ended")
+	require.Eventually(t, func() bool {
+		return f.b.metrics()[`proxy_operator_broker_tenant_live_leases{tenant="team-a"}`] == 1
+	}, 10*time.Second, 20*time.Millisecond, "the ended tunnel's lease was released, though its credential is gone")
+	require.NoError(t, newTunnel.SetReadDeadline(time.Now().Add(100*time.Millisecond)))
+	_, err = newTunnel.Read(make([]byte, 1))
+	var ne net.Error
+	assert.True(t, errors.As(err, &ne) && ne.Timeout(), "the kept credential's tunnel lives: %v", err)
+}

@@ -1,0 +1,78 @@
+package leases
+
+import (
+	"fmt"
+	"sync"
+	"time"
+
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	"github.com/egress-proxies/egress-proxies/services/broker/pkg/index"
+	"github.com/egress-proxies/egress-proxies/services/broker/pkg/tenant"
+)
+
+// selectorBudget bounds the selectors each tenant brings in: each new
+// selector builds an index every lease change then updates, and the
+// least recently used index is evicted past --max-indexes, so a tenant
+// leasing with a new selector in a loop would slow and evict everyone's.
+// A selector counts against the tenant that first leased with it on
+// this broker, until it has gone unused for an index's idle time; one
+// whose index exists already costs nothing and is not counted.
+type selectorBudget struct {
+	idle time.Duration
+	mu   sync.Mutex
+	// used is each tenant's selectors (by key) and when each was last
+	// leased with.
+	used map[string]map[string]time.Time
+}
+
+func newSelectorBudget(idle time.Duration) *selectorBudget {
+	return &selectorBudget{idle: idle, used: map[string]map[string]time.Time{}}
+}
+
+// take counts sel against t, or refuses it when t holds its budget of
+// selectors (q) and sel is new; holds says whether sel's index exists.
+func (b *selectorBudget) take(t *tenant.Tenant, sel index.Selector, q quota, holds func(index.Selector) bool) error {
+	if q.n <= 0 || t.Name == "" {
+		return nil
+	}
+	key, now := sel.Key(), time.Now()
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	mine := b.used[t.Name]
+	if _, ok := mine[key]; ok {
+		mine[key] = now
+		return nil
+	}
+	if holds(sel) {
+		return nil
+	}
+	if mine == nil {
+		mine = map[string]time.Time{}
+		b.used[t.Name] = mine
+	}
+	if len(mine) >= q.n {
+		oldest := now
+		for k, at := range mine {
+			if now.Sub(at) > b.idle {
+				delete(mine, k)
+			} else if at.Before(oldest) {
+				oldest = at
+			}
+		}
+		if len(mine) >= q.n {
+			tokenLimited.WithLabelValues(t.Name, "selectors").Inc()
+			wait := b.idle - now.Sub(oldest)
+			st := status.New(codes.ResourceExhausted, fmt.Sprintf("tenant %q leases with %d distinct selectors on this broker, its budget (%s): reuse one of them, or wait %s for the oldest to lapse",
+				t.Name, len(mine), q.source, wait.Round(time.Second)))
+			st, _ = st.WithDetails(&errdetails.ErrorInfo{Reason: "TENANT_SELECTOR_BUDGET", Domain: ErrorDomain, Metadata: map[string]string{"token": t.Name}},
+				&errdetails.RetryInfo{RetryDelay: durationpb.New(wait)})
+			return st.Err()
+		}
+	}
+	mine[key] = now
+	return nil
+}

@@ -1,0 +1,318 @@
+package tenant
+
+import (
+	"context"
+	"crypto/subtle"
+	"fmt"
+	"log/slog"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/types"
+	toolscache "k8s.io/client-go/tools/cache"
+	crcache "sigs.k8s.io/controller-runtime/pkg/cache"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	v1 "github.com/egress-proxies/egress-proxies/pkg/api/v1alpha1"
+	"github.com/egress-proxies/egress-proxies/pkg/auth"
+	leasev1 "github.com/egress-proxies/egress-proxies/pkg/gen/egressproxies/lease/v1"
+)
+
+// verbOf is the verb each LeaseService method needs. A LeaseService
+// method missing here is refused to everyone: a new method is closed
+// until it is given a verb.
+var verbOf = map[string]Verb{
+	leasev1.LeaseService_ListProxies_FullMethodName:   List,
+	leasev1.LeaseService_ListRefusals_FullMethodName:  List,
+	leasev1.LeaseService_WatchProxies_FullMethodName:  Watch,
+	leasev1.LeaseService_CreateLease_FullMethodName:   Lease,
+	leasev1.LeaseService_RenewLease_FullMethodName:    Lease,
+	leasev1.LeaseService_ReleaseLease_FullMethodName:  Lease,
+	leasev1.LeaseService_ReportLease_FullMethodName:   Report,
+	leasev1.LeaseService_ReportSession_FullMethodName: Report,
+	GatewayMethod: Gateway,
+}
+
+// GatewayMethod is what the proxy gateway verifies its clients' proxy
+// passwords for: a tunnel.
+const GatewayMethod = "gateway"
+
+var leaseService = "/" + leasev1.LeaseService_ServiceDesc.ServiceName + "/"
+
+// DefaultReread is how often the credentials Secrets are read again: how
+// long a rotated or removed credential takes to count.
+const DefaultReread = 10 * time.Second
+
+// Registry finds the tenant of a bearer token among the token file's
+// lines and the Tenant objects' credentials; it is the broker's
+// auth.Verifier.
+type Registry struct {
+	// File is the token file (nil: none).
+	File *auth.Token
+	Log  *slog.Logger
+
+	snap atomic.Pointer[snapshot]
+	// watching: Tenants are read, so calls need a credential even while
+	// none is declared.
+	watching atomic.Bool
+	// files caches the token file's tenants by line (name and scope), so
+	// a call allocates none.
+	files sync.Map
+	// seen is when each tenant last called (name -> *atomic.Int64, Unix
+	// seconds): its status's lastSeen.
+	seen sync.Map
+}
+
+// snapshot is the Tenant objects as last read, replaced whole.
+type snapshot struct {
+	creds   []credential
+	tenants []Declared
+}
+
+// credential is one token a Tenant's Secret held when last read.
+type credential struct {
+	token  []byte
+	tenant *Tenant
+}
+
+// Declared is a Tenant object as the registry last read it: the tenant,
+// and which of its credentials could not be read.
+type Declared struct {
+	Object  *v1.Tenant
+	Tenant  *Tenant
+	Missing []string
+	// tokens are the credentials' tokens in spec order (nil: unread).
+	tokens [][]byte
+}
+
+// Enabled implements auth.Verifier: calls need a token once the file or
+// a Tenant holds one.
+func (r *Registry) Enabled() bool {
+	return r != nil && (r.watching.Load() || r.File.Enabled())
+}
+
+// Lookup is the tenant holding token, every credential compared in
+// constant time.
+func (r *Registry) Lookup(token string) (*Tenant, bool) {
+	var found *Tenant
+	if s := r.snap.Load(); s != nil {
+		for _, c := range s.creds {
+			if subtle.ConstantTimeCompare([]byte(token), c.token) == 1 {
+				found = c.tenant
+			}
+		}
+	}
+	h, inFile := r.File.Lookup(token)
+	switch {
+	case found != nil:
+		return found, true
+	case !inFile:
+		return nil, false
+	}
+	if t, ok := r.files.Load(h); ok {
+		return t.(*Tenant), true
+	}
+	t, _ := r.files.LoadOrStore(h, fromFile(h))
+	return t.(*Tenant), true
+}
+
+// Verify implements auth.Verifier: the tenant holding token, if it may
+// call method.
+func (r *Registry) Verify(ctx context.Context, method, token string) (context.Context, error) {
+	t, ok := r.Lookup(token)
+	if !ok {
+		return ctx, auth.ErrInvalidToken
+	}
+	r.touch(t.Name)
+	var err error
+	if v, ok := verbOf[method]; ok {
+		err = t.Allow(ctx, v)
+	} else if strings.HasPrefix(method, leaseService) {
+		err = t.Denied("TENANT_VERB", "method %s has no verb: no tenant may call it", method)
+	}
+	if err != nil {
+		// Counted here: the call never reaches the interceptors that
+		// count the others.
+		Refusals.WithLabelValues(Label(t.Name), "TENANT_VERB").Inc()
+		return ctx, err
+	}
+	return With(ctx, t), nil
+}
+
+func (r *Registry) touch(name string) {
+	now := time.Now().Unix()
+	v, ok := r.seen.Load(name)
+	if !ok {
+		v, _ = r.seen.LoadOrStore(name, new(atomic.Int64))
+	}
+	if s := v.(*atomic.Int64); s.Load() != now {
+		s.Store(now)
+	}
+}
+
+// LastSeen is when the tenant named name last called this broker (zero:
+// not since it started).
+func (r *Registry) LastSeen(name string) time.Time {
+	if v, ok := r.seen.Load(name); ok {
+		return time.Unix(v.(*atomic.Int64).Load(), 0)
+	}
+	return time.Time{}
+}
+
+// Declared are the Tenant objects as last read (nil before Watch).
+func (r *Registry) Declared() []Declared {
+	if s := r.snap.Load(); s != nil {
+		return s.tenants
+	}
+	return nil
+}
+
+// Watch keeps the registry current from the Tenants in c (a cache of the
+// brokers' namespace) and their credentials Secrets, read with secrets
+// (a client that reads each by name: the brokers may get only those), on
+// every Tenant change and every reread, until ctx ends. It returns once
+// the first read is done.
+func (r *Registry) Watch(ctx context.Context, c crcache.Cache, secrets client.Reader, reread time.Duration) error {
+	r.watching.Store(true)
+	inf, err := c.GetInformer(ctx, &v1.Tenant{})
+	if err != nil {
+		return fmt.Errorf("getting the Tenant informer: %w", err)
+	}
+	changed := make(chan struct{}, 1)
+	poke := func() {
+		select {
+		case changed <- struct{}{}:
+		default:
+		}
+	}
+	if _, err := inf.AddEventHandler(toolscache.ResourceEventHandlerFuncs{
+		AddFunc: func(any) { poke() }, DeleteFunc: func(any) { poke() },
+		// A status write (every broker's, every 30 s) changes no
+		// generation: it is read at the next reread.
+		UpdateFunc: func(a, b any) {
+			if ao, ok := a.(*v1.Tenant); !ok || ao.Generation != b.(*v1.Tenant).Generation {
+				poke()
+			}
+		},
+	}); err != nil {
+		return err
+	}
+	syncCtx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	if !c.WaitForCacheSync(syncCtx) {
+		return fmt.Errorf("the Tenants did not sync within a minute (is the Tenant CRD installed, and may the broker list Tenants?): %w", syncCtx.Err())
+	}
+	read := func() {
+		if err := r.read(ctx, c, secrets); err != nil {
+			r.Log.Warn("reading the Tenants", "err", err)
+		}
+	}
+	read()
+	go func() {
+		t := time.NewTicker(reread)
+		defer t.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-changed:
+			case <-t.C:
+			}
+			read()
+		}
+	}()
+	return nil
+}
+
+// read builds a new snapshot. A Secret that cannot be read for a reason
+// that may pass (the API server unreachable) keeps the token last read
+// from it; one that is gone, or lacks its key, is dropped: a removed
+// credential stops working within one reread.
+func (r *Registry) read(ctx context.Context, c crcache.Cache, secrets client.Reader) error {
+	var list v1.TenantList
+	if err := c.List(ctx, &list); err != nil {
+		return err
+	}
+	prev := map[string][]byte{}
+	if s := r.snap.Load(); s != nil {
+		for _, d := range s.tenants {
+			for i, cr := range d.Object.Spec.Credentials {
+				if tok := d.tokens[i]; tok != nil {
+					prev[credentialKey(d.Object, cr)] = tok
+				}
+			}
+		}
+	}
+	next := &snapshot{}
+	for i := range list.Items {
+		o := list.Items[i].DeepCopy()
+		d := Declared{Object: o, Tenant: FromObject(o)}
+		d.tokens = make([][]byte, len(o.Spec.Credentials))
+		for k, cr := range o.Spec.Credentials {
+			tok, err := readCredential(ctx, secrets, o, cr)
+			if err != nil && !apierrors.IsNotFound(err) && !isMissingKey(err) && prev[credentialKey(o, cr)] != nil {
+				r.Log.Warn("keeping a tenant's credential as last read", "tenant", o.Name, "secret", credentialKey(o, cr), "err", err)
+				tok, err = prev[credentialKey(o, cr)], nil
+			}
+			if err != nil {
+				d.Missing = append(d.Missing, fmt.Sprintf("%s: %v", credentialKey(o, cr), err))
+				continue
+			}
+			d.tokens[k] = tok
+			next.creds = append(next.creds, credential{token: tok, tenant: d.Tenant})
+		}
+		next.tenants = append(next.tenants, d)
+	}
+	r.snap.Store(next)
+	return nil
+}
+
+func credentialKey(o *v1.Tenant, c v1.TenantCredential) string {
+	ns := c.Namespace
+	if ns == "" {
+		ns = o.Namespace
+	}
+	return ns + "/" + c.Name + "[" + keyOf(c) + "]"
+}
+
+func keyOf(c v1.TenantCredential) string {
+	if c.Key == "" {
+		return "token"
+	}
+	return c.Key
+}
+
+type missingKeyError struct{ key string }
+
+func (e *missingKeyError) Error() string {
+	return fmt.Sprintf("the Secret has no key %q, or it is empty", e.key)
+}
+
+func isMissingKey(err error) bool {
+	_, ok := err.(*missingKeyError)
+	return ok
+}
+
+// readCredential reads one credential, its token trimmed as a token
+// file's lines are.
+func readCredential(ctx context.Context, secrets client.Reader, o *v1.Tenant, c v1.TenantCredential) ([]byte, error) {
+	ns := c.Namespace
+	if ns == "" {
+		ns = o.Namespace
+	}
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	var s corev1.Secret
+	if err := secrets.Get(ctx, types.NamespacedName{Namespace: ns, Name: c.Name}, &s); err != nil {
+		return nil, err
+	}
+	tok := []byte(strings.TrimSpace(string(s.Data[keyOf(c)])))
+	if len(tok) == 0 {
+		return nil, &missingKeyError{keyOf(c)}
+	}
+	return tok, nil
+}

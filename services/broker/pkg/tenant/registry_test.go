@@ -1,0 +1,154 @@
+package tenant_test
+
+import (
+	"context"
+	"log/slog"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	v1 "github.com/egress-proxies/egress-proxies/pkg/api/v1alpha1"
+	"github.com/egress-proxies/egress-proxies/pkg/auth"
+	"github.com/egress-proxies/egress-proxies/pkg/testenv"
+	"github.com/egress-proxies/egress-proxies/services/broker/pkg/tenant"
+)
+
+var env *testenv.Env
+
+func TestMain(m *testing.M) { os.Exit(testenv.Main(m, &env)) }
+
+func secret(t *testing.T, ns, name, token string) {
+	t.Helper()
+	s := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name}, StringData: map[string]string{"token": token}}
+	require.NoError(t, env.Client.Create(context.Background(), s))
+}
+
+// watch runs a registry over the Tenants of ns, rereading every 50ms.
+func watch(t *testing.T, ns string, file *auth.Token) *tenant.Registry {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	c, err := cache.New(env.Config, cache.Options{Scheme: env.Scheme, DefaultNamespaces: map[string]cache.Config{ns: {}}})
+	require.NoError(t, err)
+	go func() { _ = c.Start(ctx) }()
+	reg := &tenant.Registry{File: file, Log: slog.Default()}
+	require.NoError(t, reg.Watch(ctx, c, env.Client, 50*time.Millisecond))
+	return reg
+}
+
+func holder(reg *tenant.Registry, token string) string {
+	if t, ok := reg.Lookup(token); ok {
+		return t.Name
+	}
+	return ""
+}
+
+// A rotation: the second credential is added, both work, the first is
+// removed, and only the second works; a credential whose Secret changes
+// takes the new token; a missing Secret is reported, and the tenant's
+// other credential still works. At no step is a live credential refused.
+func TestCredentialsRotateWithoutAGap(t *testing.T) {
+	testenv.Require(t)
+	ctx := context.Background()
+	ns := env.Namespace(t, "tenants")
+	secret(t, ns, "team-a-v1", "alpha-one\n")
+	tn := &v1.Tenant{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "team-a"},
+		Spec: v1.TenantSpec{Namespaces: []string{"crawl-a"}, Credentials: []v1.TenantCredential{{Name: "team-a-v1"}}}}
+	require.NoError(t, env.Client.Create(ctx, tn))
+	reg := watch(t, ns, auth.Static("root:root-secret"))
+	require.True(t, reg.Enabled())
+	assert.Equal(t, "team-a", holder(reg, "alpha-one"), "the token is trimmed as a file's lines are")
+	assert.Equal(t, "root", holder(reg, "root-secret"), "the token file still works")
+
+	secret(t, ns, "team-a-v2", "alpha-two")
+	tn.Spec.Credentials = append(tn.Spec.Credentials, v1.TenantCredential{Name: "team-a-v2"})
+	require.NoError(t, env.Client.Update(ctx, tn))
+	require.Eventually(t, func() bool { return holder(reg, "alpha-two") == "team-a" }, 5*time.Second, 10*time.Millisecond)
+	assert.Equal(t, "team-a", holder(reg, "alpha-one"), "both credentials live at once")
+
+	tn.Spec.Credentials = tn.Spec.Credentials[1:]
+	require.NoError(t, env.Client.Update(ctx, tn))
+	require.Eventually(t, func() bool { return holder(reg, "alpha-one") == "" }, 5*time.Second, 10*time.Millisecond, "the removed credential stops working")
+	assert.Equal(t, "team-a", holder(reg, "alpha-two"))
+
+	// The Secret's content rotates in place.
+	var s corev1.Secret
+	require.NoError(t, env.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: "team-a-v2"}, &s))
+	s.Data["token"] = []byte("alpha-three")
+	require.NoError(t, env.Client.Update(ctx, &s))
+	require.Eventually(t, func() bool { return holder(reg, "alpha-three") == "team-a" }, 5*time.Second, 10*time.Millisecond)
+	assert.Empty(t, holder(reg, "alpha-two"))
+
+	// A credential whose Secret is missing is named; the other works.
+	tn.Spec.Credentials = append(tn.Spec.Credentials, v1.TenantCredential{Name: "team-a-v3", Key: "password"})
+	require.NoError(t, env.Client.Update(ctx, tn))
+	require.Eventually(t, func() bool {
+		d := reg.Declared()
+		return len(d) == 1 && len(d[0].Missing) == 1
+	}, 5*time.Second, 10*time.Millisecond)
+	assert.Contains(t, reg.Declared()[0].Missing[0], ns+"/team-a-v3[password]")
+	assert.Equal(t, "team-a", holder(reg, "alpha-three"))
+
+	// A deleted Tenant's credentials stop working; the registry still
+	// wants a credential (it does not fall open).
+	require.NoError(t, env.Client.Delete(ctx, tn))
+	require.Eventually(t, func() bool { return holder(reg, "alpha-three") == "" }, 5*time.Second, 10*time.Millisecond)
+	assert.True(t, reg.Enabled())
+}
+
+// With Tenants watched and none declared, calls still need a credential.
+func TestNoTenantIsNotOpen(t *testing.T) {
+	testenv.Require(t)
+	reg := watch(t, env.Namespace(t, "no-tenants"), nil)
+	assert.True(t, reg.Enabled())
+	_, ok := reg.Lookup("")
+	assert.False(t, ok)
+}
+
+// The status says whether every credential was read, the tenant's live
+// leases and when it was last served; a credential gone turns Ready
+// False naming it.
+func TestStatusSaysReadyLeasesAndLastSeen(t *testing.T) {
+	testenv.Require(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	ns := env.Namespace(t, "tenant-status")
+	secret(t, ns, "team-a-v1", "alpha")
+	tn := &v1.Tenant{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "team-a"},
+		Spec: v1.TenantSpec{Namespaces: []string{"crawl-a"}, Credentials: []v1.TenantCredential{{Name: "team-a-v1"}}}}
+	require.NoError(t, env.Client.Create(ctx, tn))
+	reg := watch(t, ns, nil)
+	_, err := reg.Verify(ctx, "/grpc.health.v1.Health/Check", "alpha")
+	require.NoError(t, err)
+	w := &tenant.StatusWriter{Client: env.Client, Registry: reg, Interval: 50 * time.Millisecond, Log: slog.Default(),
+		Leases: func(context.Context) (map[string]int64, error) { return map[string]int64{"team-a": 3}, nil }}
+	go w.Run(ctx)
+
+	var got v1.Tenant
+	require.Eventually(t, func() bool {
+		require.NoError(t, env.Client.Get(ctx, client.ObjectKeyFromObject(tn), &got))
+		return got.Status.Leases == 3
+	}, 10*time.Second, 20*time.Millisecond)
+	assert.Equal(t, got.Generation, got.Status.ObservedGeneration)
+	require.NotNil(t, got.Status.LastSeen)
+	assert.WithinDuration(t, time.Now(), got.Status.LastSeen.Time, 2*time.Minute)
+	require.Len(t, got.Status.Conditions, 1)
+	assert.Equal(t, metav1.ConditionTrue, got.Status.Conditions[0].Status)
+
+	got.Spec.Credentials = append(got.Spec.Credentials, v1.TenantCredential{Name: "team-a-v2"})
+	require.NoError(t, env.Client.Update(ctx, &got))
+	require.Eventually(t, func() bool {
+		require.NoError(t, env.Client.Get(ctx, client.ObjectKeyFromObject(tn), &got))
+		return len(got.Status.Conditions) == 1 && got.Status.Conditions[0].Status == metav1.ConditionFalse
+	}, 10*time.Second, 20*time.Millisecond)
+	assert.Equal(t, v1.ReasonCredentialMissing, got.Status.Conditions[0].Reason)
+	assert.Contains(t, got.Status.Conditions[0].Message, ns+"/team-a-v2[token]")
+	assert.Equal(t, "team-a", holder(reg, "alpha"), "the other credential works")
+}

@@ -1,0 +1,92 @@
+package tenant
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"strings"
+	"time"
+
+	"k8s.io/apimachinery/pkg/api/equality"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	v1 "github.com/egress-proxies/egress-proxies/pkg/api/v1alpha1"
+)
+
+// DefaultStatusInterval is how often each broker writes the Tenants'
+// status.
+const DefaultStatusInterval = 30 * time.Second
+
+// StatusWriter keeps each Tenant's status: Ready (its credentials read),
+// its live leases fleet-wide, and when a broker last served it. Every
+// broker replica writes it, and all write the same: the leases are read
+// from the shared store, and lastSeen only moves forward, so replicas
+// that saw the tenant at different times never wind it back.
+type StatusWriter struct {
+	Client   client.Client
+	Registry *Registry
+	// Leases reads the live leases of every tenant holding any.
+	Leases   func(context.Context) (map[string]int64, error)
+	Interval time.Duration
+	Log      *slog.Logger
+}
+
+// Run writes the status every Interval until ctx ends.
+func (w *StatusWriter) Run(ctx context.Context) {
+	t := time.NewTicker(w.Interval)
+	defer t.Stop()
+	for {
+		if err := w.write(ctx); err != nil && ctx.Err() == nil {
+			w.Log.Warn("writing the Tenants' status", "err", err)
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+func (w *StatusWriter) write(ctx context.Context) error {
+	leases, err := w.Leases(ctx)
+	if err != nil {
+		return err
+	}
+	var errs []string
+	for _, d := range w.Registry.Declared() {
+		want := Status(d, leases[d.Tenant.Name], w.Registry.LastSeen(d.Tenant.Name))
+		if equality.Semantic.DeepEqual(want, d.Object.Status) {
+			continue
+		}
+		o := d.Object.DeepCopy()
+		o.Status = want
+		if err := w.Client.Status().Patch(ctx, o, client.MergeFrom(d.Object)); client.IgnoreNotFound(err) != nil {
+			errs = append(errs, fmt.Sprintf("%s: %v", d.Object.Name, err))
+		}
+	}
+	if len(errs) > 0 {
+		return fmt.Errorf("%s", strings.Join(errs, "; "))
+	}
+	return nil
+}
+
+// Status is what d's status should say, given its live leases and when
+// this broker last served it.
+func Status(d Declared, leases int64, seen time.Time) v1.TenantStatus {
+	s := *d.Object.Status.DeepCopy()
+	s.ObservedGeneration = d.Object.Generation
+	s.Leases = int32(min(leases, 1<<31-1))
+	if seen = seen.Truncate(time.Minute); !seen.IsZero() && (s.LastSeen == nil || s.LastSeen.Time.Before(seen)) {
+		s.LastSeen = &metav1.Time{Time: seen}
+	}
+	ready := metav1.Condition{Type: v1.ConditionReady, Status: metav1.ConditionTrue, Reason: v1.ReasonCredentialsRead,
+		Message: "every credential Secret was read", ObservedGeneration: d.Object.Generation}
+	if len(d.Missing) > 0 {
+		ready.Status, ready.Reason = metav1.ConditionFalse, v1.ReasonCredentialMissing
+		ready.Message = "unread, so refused: " + strings.Join(d.Missing, "; ")
+	}
+	meta.SetStatusCondition(&s.Conditions, ready)
+	return s
+}
