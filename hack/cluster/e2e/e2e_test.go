@@ -89,7 +89,7 @@ func TestInstalledAsUsersDeployIt(t *testing.T) {
 			return
 		}
 		// A cluster kept for the next run starts it clean.
-		for _, ns := range []string{targetNS, proxiesNS, crawlerNS, plain.ns, tlsInstall.ns} {
+		for _, ns := range []string{targetNS, proxiesNS, tenantBNS, crawlerNS, plain.ns, tlsInstall.ns} {
 			_, _ = h.kubectlOut("delete", "namespace", ns, "--ignore-not-found", "--wait=false")
 		}
 	})
@@ -100,6 +100,7 @@ func TestInstalledAsUsersDeployIt(t *testing.T) {
 	step("1. helm install: Deployments Available, Redis on its PVC, NetworkPolicies", func() { h.install(plain) })
 	step("2. a ProxyPool of 3 Squid pods Ready and Healthy through the real probe path", func() { h.poolUp(3) })
 	step("3. a crawler pod leases over REST, gRPC and the gateway, fetches, reports a ban", func() { h.crawl(plain) })
+	step("3b. two tenants' crawler pods at once: each leases only its own proxies", func() { h.tenants(plain) })
 	step("4. kubectl scale ppool up and down; a leased member drains; the GC deletes members", func() { h.scaleAndDrain(plain) })
 	step("5. probers scaled 1 → 3 → 1; controller leader and Redis deleted", func() { h.probersAndFaults(plain) })
 	step("6. helm test; helm upgrade rolls without losing leases", func() { h.testAndUpgrade(plain) })
@@ -185,6 +186,8 @@ prober:
 `, targetURL, probeInterval, targetClusterIP, crawlerNS)
 	if in.brokerCA != nil {
 		v += "broker:\n  tls: {enabled: true, source: existing, secretName: broker-tls}\n"
+	} else {
+		v += fmt.Sprintf("tenants:\n  - {name: team-a, namespaces: [%s]}\n  - {name: team-b, namespaces: [%s], quotas: {reportsPerSecond: 5}}\n", proxiesNS, tenantBNS)
 	}
 	f := filepath.Join(h.dir, in.ns+"-values.yaml")
 	require.NoError(h.t, os.WriteFile(f, []byte(v), 0o644))
@@ -232,13 +235,23 @@ func (h *harness) install(in *install) {
 	assert.Equal(t, "*2 $16 maxmemory-policy $10 noeviction", redisCommand(t, redisIP, password, "CONFIG GET maxmemory-policy"))
 
 	// Least privilege: neither service account may read Secrets outside
-	// the release's namespace (secretNamespaces is empty by default).
+	// the release's namespace (secretNamespaces is empty by default), and
+	// in it the broker only its tenants' credentials: not the KVM SSH
+	// key, not Helm's release.
+	can := func(sa string, args ...string) string {
+		out, _ := h.kubectlOut(append(append([]string{"auth", "can-i"}, args...), "--as", "system:serviceaccount:"+in.ns+":"+in.release+"-"+sa)...)
+		return strings.TrimSpace(out)
+	}
 	for _, sa := range []string{"broker", "controller"} {
-		as := "system:serviceaccount:" + in.ns + ":" + in.release + "-" + sa
-		out, _ := h.kubectlOut("auth", "can-i", "list", "secrets", "-n", "kube-system", "--as", as)
-		assert.Equal(t, "no", strings.TrimSpace(out), "%s may list Secrets in kube-system", sa)
-		out, _ = h.kubectlOut("auth", "can-i", "list", "secrets", "-n", in.ns, "--as", as)
-		assert.Equal(t, "yes", strings.TrimSpace(out), "%s reads Secrets in its own namespace", sa)
+		assert.Equal(t, "no", can(sa, "list", "secrets", "-n", "kube-system"), "%s may list Secrets in kube-system", sa)
+	}
+	assert.Equal(t, "yes", can("controller", "list", "secrets", "-n", in.ns), "the controller reads Secrets in its own namespace")
+	assert.Equal(t, "no", can("broker", "list", "secrets", "-n", in.ns), "the broker lists no Secret of the release namespace")
+	for _, secret := range []string{in.release + "-kvm-ssh", "kvm-ssh", "sh.helm.release.v1." + in.release + ".v1", in.release + "-redis"} {
+		assert.Equal(t, "no", can("broker", "get", "secret/"+secret, "-n", in.ns), "the broker may read Secret %s", secret)
+	}
+	if in.brokerCA == nil {
+		assert.Equal(t, "yes", can("broker", "get", "secret/"+in.release+"-tenant-team-a", "-n", in.ns), "the broker reads its tenants' credentials")
 	}
 }
 
@@ -395,53 +408,7 @@ func (h *harness) crawl(in *install) {
 		data["broker-ca.crt"] = in.brokerCA
 		args = append(args, "--broker-ca-file=/etc/crawler/broker-ca.crt")
 	}
-	argsJSON, err := json.Marshal(args)
-	require.NoError(t, err)
-	h.secret(crawlerNS, "crawler", corev1.SecretTypeOpaque, data)
-	job := "crawler-" + in.ns
-	_, _ = h.kubectlOut("delete", "job", job, "-n", crawlerNS, "--ignore-not-found", "--wait")
-	h.applyYAML(fmt.Sprintf(`
-apiVersion: batch/v1
-kind: Job
-metadata: {name: %[1]s, namespace: %[2]s}
-spec:
-  backoffLimit: 0
-  template:
-    spec:
-      restartPolicy: Never
-      automountServiceAccountToken: false
-      securityContext: {runAsNonRoot: true, runAsUser: 65532, seccompProfile: {type: RuntimeDefault}}
-      containers:
-        - name: crawler
-          image: %[3]s
-          args: %[4]s
-          securityContext: {allowPrivilegeEscalation: false, readOnlyRootFilesystem: true, capabilities: {drop: [ALL]}}
-          volumeMounts: [{name: crawler, mountPath: /etc/crawler, readOnly: true}]
-      volumes: [{name: crawler, secret: {secretName: crawler}}]
-`, job, crawlerNS, crawlerImage, argsJSON))
-	h.eventually(3*time.Minute, "the crawler Job to finish", func() error {
-		out, err := h.kubectlOut("get", "job", job, "-n", crawlerNS, "-o", "jsonpath={.status.succeeded}/{.status.failed}")
-		if err != nil {
-			return err
-		}
-		switch out {
-		case "1/":
-			return nil
-		case "/1":
-			logs, _ := h.kubectlOut("logs", "job/"+job, "-n", crawlerNS)
-			t.Fatalf("the crawler failed:\n%s", logs)
-		}
-		return fmt.Errorf("job status %q", out)
-	})
-	logs := h.mustKubectl("logs", "job/"+job, "-n", crawlerNS)
-	t.Logf("crawler:\n%s", logs)
-	seen := map[string][]map[string]any{}
-	for _, line := range strings.Split(logs, "\n") {
-		var m map[string]any
-		if json.Unmarshal([]byte(line), &m) == nil {
-			seen[fmt.Sprint(m["step"])] = append(seen[fmt.Sprint(m["step"])], m)
-		}
-	}
+	seen := h.runCrawlers(map[string]crawlerRun{"crawler-" + in.ns: {data, args}})["crawler-"+in.ns]
 	one := func(step string) map[string]any {
 		require.Len(t, seen[step], 1, "crawler step %s", step)
 		return seen[step][0]
@@ -488,6 +455,147 @@ spec:
 	assert.Contains(t, gwReport["answer"].(map[string]any)["actions"], "COOLDOWN_STARTED", "a report by session and target: %v", gwReport["answer"])
 	assert.NotEqual(t, ips[0], one("gateway-moved")["egressIP"], "the session moves off the proxy cooling for the target")
 	one("done")
+}
+
+// crawlerRun is one crawler Job: its Secret's data (mounted at
+// /etc/crawler) and its arguments.
+type crawlerRun struct {
+	data map[string][]byte
+	args []string
+}
+
+// runCrawlers runs crawler Jobs at once, each named by its key with a
+// Secret of the same name, waits for all to succeed, and returns each
+// one's JSON lines by step.
+func (h *harness) runCrawlers(runs map[string]crawlerRun) map[string]map[string][]map[string]any {
+	t := h.t
+	h.namespace(crawlerNS)
+	for job, run := range runs {
+		argsJSON, err := json.Marshal(run.args)
+		require.NoError(t, err)
+		_, _ = h.kubectlOut("delete", "job", job, "-n", crawlerNS, "--ignore-not-found", "--wait")
+		_, _ = h.kubectlOut("delete", "secret", job, "-n", crawlerNS, "--ignore-not-found")
+		h.secret(crawlerNS, job, corev1.SecretTypeOpaque, run.data)
+		h.applyYAML(fmt.Sprintf(`
+apiVersion: batch/v1
+kind: Job
+metadata: {name: %[1]s, namespace: %[2]s}
+spec:
+  backoffLimit: 0
+  template:
+    spec:
+      restartPolicy: Never
+      automountServiceAccountToken: false
+      securityContext: {runAsNonRoot: true, runAsUser: 65532, seccompProfile: {type: RuntimeDefault}}
+      containers:
+        - name: crawler
+          image: %[3]s
+          args: %[4]s
+          securityContext: {allowPrivilegeEscalation: false, readOnlyRootFilesystem: true, capabilities: {drop: [ALL]}}
+          volumeMounts: [{name: crawler, mountPath: /etc/crawler, readOnly: true}]
+      volumes: [{name: crawler, secret: {secretName: %[1]s}}]
+`, job, crawlerNS, crawlerImage, argsJSON))
+	}
+	out := map[string]map[string][]map[string]any{}
+	for job := range runs {
+		h.eventually(3*time.Minute, "crawler Job "+job+" to finish", func() error {
+			out, err := h.kubectlOut("get", "job", job, "-n", crawlerNS, "-o", "jsonpath={.status.succeeded}/{.status.failed}")
+			if err != nil {
+				return err
+			}
+			switch out {
+			case "1/":
+				return nil
+			case "/1":
+				logs, _ := h.kubectlOut("logs", "job/"+job, "-n", crawlerNS)
+				t.Fatalf("crawler %s failed:\n%s", job, logs)
+			}
+			return fmt.Errorf("job status %q", out)
+		})
+		logs := h.mustKubectl("logs", "job/"+job, "-n", crawlerNS)
+		t.Logf("%s:\n%s", job, logs)
+		seen := map[string][]map[string]any{}
+		for _, line := range strings.Split(logs, "\n") {
+			var m map[string]any
+			if json.Unmarshal([]byte(line), &m) == nil {
+				seen[fmt.Sprint(m["step"])] = append(seen[fmt.Sprint(m["step"])], m)
+			}
+		}
+		out[job] = seen
+	}
+	return out
+}
+
+// tenantBNS holds team-b's proxies; team-a's are proxiesNS's.
+const tenantBNS = "e2e-tenant-b"
+
+// tenants runs a crawler pod for each of the install's two tenants at
+// once, with the credentials the chart generated: each lists and leases
+// only its own namespace's proxies, naming none, and is refused the
+// other's.
+func (h *harness) tenants(in *install) {
+	t := h.t
+	h.namespace(tenantBNS)
+	h.applyYAML(fmt.Sprintf(`
+apiVersion: crawl.example.com/v1alpha1
+kind: ProxyPool
+metadata: {name: b, namespace: %s}
+spec:
+  replicas: 1
+  template:
+    spec:
+      provider: kubernetes
+      port: 3128
+      attributes: {geo: e2e}
+`, tenantBNS))
+	h.eventually(3*time.Minute, "team-b's proxy Ready and Healthy", func() error {
+		out, err := h.kubectlOut("get", "proxies", "-n", tenantBNS, "-o", `jsonpath={range .items[*]}{.status.conditions[?(@.type=="Ready")].status}{.status.conditions[?(@.type=="Healthy")].status} {end}`)
+		if err != nil || strings.TrimSpace(out) != "TrueTrue" {
+			return fmt.Errorf("proxies: %q %v", out, err)
+		}
+		return nil
+	})
+	for _, name := range []string{"team-a", "team-b"} {
+		ready := h.mustKubectl("get", "tenant", name, "-n", in.ns, "-o", `jsonpath={.status.conditions[?(@.type=="Ready")].status}`)
+		assert.Equal(t, "True", ready, "tenant %s read its credential", name)
+	}
+	run := func(tenant, other string, extra ...string) crawlerRun {
+		token := h.secretData(in.ns, in.release+"-tenant-"+tenant, "token")
+		require.NotEmpty(t, token, "the chart generated %s's credential", tenant)
+		return crawlerRun{data: map[string][]byte{"token": token, "target-ca.crt": h.targetTLS["ca.crt"]}, args: append([]string{
+			fmt.Sprintf("--rest=%s://%s-discovery-service.%s.svc:8090", in.scheme(), in.release, in.ns),
+			"--token-file=/etc/crawler/token", "--target=" + targetURL, "--target-ca-file=/etc/crawler/target-ca.crt",
+			"--tenant-for=10s", "--lease-target=tenants.e2e.example", "--other-namespace=" + other}, extra...)}
+	}
+	seen := h.runCrawlers(map[string]crawlerRun{
+		"tenant-a": run("team-a", tenantBNS),
+		"tenant-b": run("team-b", proxiesNS),
+	})
+	for job, own := range map[string]string{"tenant-a": proxiesNS, "tenant-b": tenantBNS} {
+		require.Len(t, seen[job]["tenant-list"], 1, job)
+		listed := seen[job]["tenant-list"][0]["proxies"].([]any)
+		require.NotEmpty(t, listed, job)
+		for _, id := range listed {
+			assert.True(t, strings.HasPrefix(id.(string), own+"/"), "%s listed %s", job, id)
+		}
+		assert.EqualValues(t, 403, seen[job]["tenant-other"][0]["status"], "%s is refused the other's namespace", job)
+		leases := seen[job]["tenant-leases"][0]
+		require.NotEmpty(t, leases["byProxy"], job)
+		for id := range leases["byProxy"].(map[string]any) {
+			assert.True(t, strings.HasPrefix(id, own+"/"), "%s leased %s", job, id)
+		}
+		assert.Empty(t, leases["refused"], "%s leased throughout, never refused", job)
+		assert.Greater(t, leases["leases"].(float64), 10.0, job)
+	}
+	// Gone before the next steps count the fleet.
+	h.mustKubectl("delete", "proxypool", "b", "-n", tenantBNS, "--wait=false")
+	h.eventually(2*time.Minute, "team-b's proxy deleted", func() error {
+		out, err := h.kubectlOut("get", "proxies", "-n", tenantBNS, "-o", "name")
+		if err != nil || strings.TrimSpace(out) != "" {
+			return fmt.Errorf("proxies left: %q %v", out, err)
+		}
+		return nil
+	})
 }
 
 // leaseAll takes n leases with no target from this host, one per proxy

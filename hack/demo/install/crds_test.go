@@ -54,9 +54,31 @@ func TestCRDsAreAppliedByAHookNotOwnedByTheRelease(t *testing.T) {
 	c := job.Containers[0]
 	assert.Contains(t, c.Args, "--apply-crds=/etc/egress-proxies/crds")
 	assert.True(t, strings.HasSuffix(c.Image, "egress-proxies-controller:0.1.0"), c.Image)
-	require.Len(t, c.VolumeMounts, 1)
+	require.Len(t, c.VolumeMounts, 2)
 	assert.Equal(t, "/etc/egress-proxies/crds", c.VolumeMounts[0].MountPath)
 	assert.Equal(t, "ep-crds", job.Volumes[0].ConfigMap.Name)
+
+	// Then the release's Tenants, from a ConfigMap of their own (the CRD
+	// directory holds only CRDs): none declared is an empty list, which
+	// deletes any the release made before.
+	assert.Subset(t, c.Args, []string{"--apply-tenants=/etc/egress-proxies/tenants/tenants.yaml", "--tenant-namespace=" + ns, "--release=ep"})
+	assert.Equal(t, "/etc/egress-proxies/tenants", c.VolumeMounts[1].MountPath)
+	assert.Equal(t, "ep-tenants", job.Volumes[1].ConfigMap.Name)
+	tenants := find(t, objs, "ConfigMap", "ep-tenants")
+	assert.Equal(t, "pre-install,pre-upgrade", tenants.GetAnnotations()["helm.sh/hook"])
+	assert.Less(t, tenants.GetAnnotations()["helm.sh/hook-weight"], hooks["Job"].GetAnnotations()["helm.sh/hook-weight"])
+	list, _, _ := unstructured.NestedString(tenants.Object, "data", "tenants.yaml")
+	assert.Equal(t, "[]", list)
+	declared := find(t, render(t, "--set", "tenants[0].name=team-a", "--set", "tenants[0].namespaces={crawl-a}", "--set", "tenants[0].quotas.gatewayBytesPerDay=50Gi",
+		"--set", "tenants[0].verbs={gateway}"), "ConfigMap", "ep-tenants")
+	list, _, _ = unstructured.NestedString(declared.Object, "data", "tenants.yaml")
+	assert.YAMLEq(t, `- metadata: {name: team-a}
+  spec:
+    credentials: [{name: ep-tenant-team-a}]
+    namespaces: [crawl-a]
+    verbs: [gateway]
+    quotas: {gatewayBytesPerDay: 50Gi}
+`, list)
 
 	for _, u := range render(t, "--set", "crds.enabled=false") {
 		assert.NotEqual(t, "ep-crds", u.GetName(), "crds.enabled=false renders no CRD hook (%s)", u.GetKind())

@@ -1,6 +1,7 @@
 package v1alpha1
 
 import (
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
@@ -111,8 +112,9 @@ type TenantCredential struct {
 	Key string `json:"key,omitempty"`
 }
 
-// TenantQuotas bound one tenant. Leases and leasesPerMinute hold across
-// the fleet (the brokers count them in Redis); the others on each broker.
+// TenantQuotas bound one tenant. MaxLeases, leasesPerMinute and
+// gatewayBytesPerDay hold across the fleet (the brokers count them in
+// Redis); the others on each broker.
 type TenantQuotas struct {
 	// MaxLeases caps the tenant's live leases, gateway tunnels' included.
 	// +kubebuilder:validation:Minimum=1
@@ -135,6 +137,12 @@ type TenantQuotas struct {
 	// +kubebuilder:validation:Minimum=1
 	// +optional
 	MaxWatches *int32 `json:"maxWatches,omitempty"`
+	// GatewayBytesPerDay caps the bytes the tenant's gateway tunnels carry
+	// (both ways) in a UTC day, across the brokers: a tunnel counts when
+	// it ends, and past the cap new tunnels are refused until midnight.
+	// +kubebuilder:validation:XValidation:rule="quantity(self).isGreaterThan(quantity('0'))",message="spec.quotas.gatewayBytesPerDay must be positive"
+	// +optional
+	GatewayBytesPerDay *resource.Quantity `json:"gatewayBytesPerDay,omitempty"`
 	// MaxSelectors caps the distinct selectors (namespace and attributes)
 	// the tenant leases with in an index's idle time: past it, a lease on
 	// a selector no index holds yet is refused, so one tenant cannot evict

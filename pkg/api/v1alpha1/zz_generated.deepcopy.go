@@ -797,6 +797,11 @@ func (in *TenantQuotas) DeepCopyInto(out *TenantQuotas) {
 		*out = new(int32)
 		**out = **in
 	}
+	if in.GatewayBytesPerDay != nil {
+		in, out := &in.GatewayBytesPerDay, &out.GatewayBytesPerDay
+		x := (*in).DeepCopy()
+		*out = &x
+	}
 	if in.MaxSelectors != nil {
 		in, out := &in.MaxSelectors, &out.MaxSelectors
 		*out = new(int32)

@@ -10,6 +10,11 @@
 // target, so its cooldowns are its own): a fetch, a refused way inside, a
 // session that keeps its proxy, a block seen inside TLS reported by
 // session, and the session moving off the cooled proxy.
+//
+// With --tenant-for, it is one tenant's crawler instead: it lists what it
+// sees, is refused another tenant's namespace, then leases (naming no
+// namespace, for --lease-target) for that long, each lease released; it
+// prints what it leased and was refused.
 package main
 
 import (
@@ -40,6 +45,9 @@ type config struct {
 	gateway                         string
 	targetURL, targetCA, namespace  string
 	selector                        map[string]string
+	// tenantFor, otherNamespace and leaseTarget: the tenant mode.
+	tenantFor                   time.Duration
+	otherNamespace, leaseTarget string
 }
 
 func main() {
@@ -54,6 +62,9 @@ func main() {
 	flag.StringVar(&c.targetCA, "target-ca-file", "", "CA of the target's certificate")
 	flag.StringVar(&c.namespace, "namespace", "", "namespace of the Proxies to lease")
 	flag.StringVar(&selector, "selector", "", "attributes to lease by, k=v,k=v")
+	flag.DurationVar(&c.tenantFor, "tenant-for", 0, "set: be one tenant's crawler for this long (see the package doc)")
+	flag.StringVar(&c.otherNamespace, "other-namespace", "", "with --tenant-for: a namespace that is another tenant's")
+	flag.StringVar(&c.leaseTarget, "lease-target", "", "with --tenant-for: the target its leases are for")
 	flag.Parse()
 	c.selector = map[string]string{}
 	for _, kv := range strings.Split(selector, ",") {
@@ -99,6 +110,9 @@ func run(ctx context.Context, c config) error {
 	}
 	r := &rest{base: strings.TrimSuffix(c.rest, "/"), token: token,
 		http: &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{TLSClientConfig: brokerTLS}}}
+	if c.tenantFor > 0 {
+		return r.asTenant(ctx, c)
+	}
 	if err := r.walk(ctx, c, target.Hostname(), targetRoots); err != nil {
 		return fmt.Errorf("REST: %w", err)
 	}
@@ -119,6 +133,43 @@ func run(ctx context.Context, c config) error {
 			return fmt.Errorf("gateway: %w", err)
 		}
 	}
+	return nil
+}
+
+// asTenant is one tenant's crawler (the package doc says what it does).
+func (r *rest) asTenant(ctx context.Context, c config) error {
+	var list struct {
+		Proxies []struct {
+			ID string `json:"id"`
+		} `json:"proxies"`
+	}
+	if _, err := r.call(ctx, http.MethodGet, "/v1/proxies", nil, &list); err != nil {
+		return err
+	}
+	var ids []string
+	for _, p := range list.Proxies {
+		ids = append(ids, p.ID)
+	}
+	emit(map[string]any{"step": "tenant-list", "proxies": ids})
+	code, err := r.call(ctx, http.MethodGet, "/v1/proxies?namespace="+c.otherNamespace, nil, nil)
+	emit(map[string]any{"step": "tenant-other", "status": code, "error": fmt.Sprint(err)})
+
+	leased, refused := map[string]int{}, map[string]int{}
+	n := 0
+	for end := time.Now().Add(c.tenantFor); time.Now().Before(end); {
+		var l restLease
+		if code, err := r.call(ctx, http.MethodPost, "/v1/leases", map[string]any{"target": c.leaseTarget, "ttlSeconds": 60}, &l); err != nil {
+			refused[fmt.Sprint(code)]++
+			time.Sleep(50 * time.Millisecond)
+			continue
+		}
+		n++
+		leased[l.Proxy.ID]++
+		if _, err := r.call(ctx, http.MethodDelete, "/v1/leases/"+l.LeaseID, nil, nil); err != nil {
+			return err
+		}
+	}
+	emit(map[string]any{"step": "tenant-leases", "leases": n, "byProxy": leased, "refused": refused})
 	return nil
 }
 

@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"path/filepath"
 	"sort"
 	"strings"
 	"sync"
@@ -22,12 +23,14 @@ import (
 	"github.com/stretchr/testify/require"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	v1 "github.com/egress-proxies/egress-proxies/pkg/api/v1alpha1"
+	"github.com/egress-proxies/egress-proxies/pkg/auth"
 	leasev1 "github.com/egress-proxies/egress-proxies/pkg/gen/egressproxies/lease/v1"
 	"github.com/egress-proxies/egress-proxies/pkg/leaseclient"
 	"github.com/egress-proxies/egress-proxies/pkg/testenv"
@@ -211,6 +214,72 @@ func startBenchBroker(b *testing.B, r *proc.Redis, leaseCap int, prefix string, 
 		return listed >= total
 	}, 120*time.Second, 500*time.Millisecond, "the broker never listed the %d proxies", total)
 	return bb
+}
+
+// selectorChurn is one tenant's lease p99 while another leases with a
+// new selector in a loop (each an index to build, and past --max-indexes
+// one to evict), with the selector budget (--token-max-selectors, 64 by
+// default) and without it, against the same tenant's p99 alone. Both
+// tenants are token-file lines of brokers of their own.
+func selectorChurn(b *testing.B, r *proc.Redis, phase func(*benchBroker, func() error, bool) benchRow) []benchRow {
+	ctx := context.Background()
+	tokens := filepath.Join(b.TempDir(), "tokens")
+	require.NoError(b, os.WriteFile(tokens, []byte("honest:honest-token\nchurn:churn-token\n"), 0o600))
+	honest, churner := auth.Static("honest-token").PerRPC(), auth.Static("churn-token").PerRPC()
+	measure := func(bb *benchBroker, churn bool) benchRow {
+		stop := make(chan struct{})
+		var wg sync.WaitGroup
+		var churned, refused atomic.Int64
+		if churn {
+			for w := range 4 {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					for i := 0; ; i++ {
+						select {
+						case <-stop:
+							return
+						default:
+						}
+						_, err := bb.api.CreateLease(ctx, &leasev1.CreateLeaseRequest{Namespace: "bench-1k", TtlSeconds: 600,
+							Selector: map[string]string{"churn": fmt.Sprintf("%d-%d", w, i)}}, churner)
+						churned.Add(1)
+						if r, _ := leaseclient.Details(status.Convert(err)); r == "TENANT_SELECTOR_BUDGET" {
+							refused.Add(1)
+						}
+					}
+				}()
+			}
+		}
+		row := phase(bb, func() error {
+			_, err := bb.api.CreateLease(ctx, &leasev1.CreateLeaseRequest{Namespace: "bench-1k", TtlSeconds: 600}, honest)
+			return err
+		}, true)
+		close(stop)
+		wg.Wait()
+		if churn {
+			b.Logf("the churning tenant made %d leases with new selectors, %d refused past its budget", churned.Load(), refused.Load())
+		}
+		return row
+	}
+	budget := startBenchBroker(b, r, 0, "{bench-tenants}:", "--token-file", tokens)
+	none := startBenchBroker(b, r, 0, "{bench-no-budget}:", "--token-file", tokens, "--token-max-selectors", "0")
+	var alone, with, without benchRow
+	for range 2 {
+		if row := measure(budget, false); alone.p99 == 0 || row.p99 < alone.p99 {
+			alone = row
+		}
+		if row := measure(budget, true); with.p99 == 0 || row.p99 < with.p99 {
+			with = row
+		}
+		if row := measure(none, true); without.p99 == 0 || row.p99 < without.p99 {
+			without = row
+		}
+	}
+	alone.name, alone.vs, alone.ratio = "gRPC lease, 1,000, one tenant of two (p99 ratio)", "itself", 1
+	with.name, with.vs, with.ratio, with.goal = "  same, the other leasing with a new selector in a loop (budget 64)", "alone", float64(with.p99)/float64(alone.p99), "≤ 1.5"
+	without.name, without.vs, without.ratio = "  same, no selector budget (--token-max-selectors=0)", "alone", float64(without.p99)/float64(alone.p99)
+	return []benchRow{alone, with, without}
 }
 
 // baseline is the minimal gRPC unary handler that runs one small Lua
@@ -542,6 +611,7 @@ func BenchmarkLeases(b *testing.B) {
 	loaded := phase(capped, leaseRelease(capped.api, req), false)
 	loaded.name, loaded.vs, loaded.ratio, loaded.goal = "  same, 30% cooling down for the target, 30% at the cap", "clean", loaded.rate/clean.rate, "≥ 0.80"
 	rows = append(rows, loaded)
+	rows = append(rows, selectorChurn(b, r, phase)...)
 	// Last, so neither the extra brokers and Redises nor the slow
 	// clients' leftovers weigh on the figures above.
 	rows = append(rows, durability(b, byFleet[1000], func(bb *benchBroker, rr *proc.Redis) benchRow {

@@ -11,6 +11,7 @@ import (
 	"net/http/httptest"
 	"net/url"
 	"sort"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -19,6 +20,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -64,7 +66,7 @@ func newTenantFleet(t *testing.T) *tenantFleet {
 		Verbs: []v1.TenantVerb{v1.VerbList, v1.VerbWatch, v1.VerbLease, v1.VerbReport, v1.VerbGateway}})
 	f.tenant("team-b", v1.TenantSpec{Namespaces: []string{f.ns["team-b"]},
 		Verbs:  []v1.TenantVerb{v1.VerbList, v1.VerbLease, v1.VerbGateway},
-		Quotas: v1.TenantQuotas{MaxLeases: ptr.To[int32](2), MaxSelectors: ptr.To[int32](2)}})
+		Quotas: v1.TenantQuotas{MaxLeases: ptr.To[int32](2), MaxSelectors: ptr.To[int32](2), GatewayBytesPerDay: ptr.To(resource.MustParse("1Ki"))}})
 
 	kc, err := env.WriteKubeconfig(t.TempDir())
 	require.NoError(t, err)
@@ -194,13 +196,24 @@ func TestTenantsSeeAndLeaseOnlyTheirOwn(t *testing.T) {
 	assert.Contains(t, string(capped.Body), `holds 2 live leases, its cap of 2: release some first (its Tenant's spec.quotas.maxLeases)`)
 	assert.Equal(t, http.StatusOK, f.as("team-a", "POST", "/v1/leases", `{"ttlSeconds":60}`).Status, "team-b's cap is not team-a's")
 
+	// team-b's selector budget (2): the plain selector it used and one
+	// more; a third new one is refused, one it has is not, and team-a's
+	// budget is its own.
+	assert.Equal(t, "TOKEN_LEASE_CAP", reason(f.as("team-b", "POST", "/v1/leases", `{"selector":{"pool":"shared"},"ttlSeconds":60}`)))
+	over := f.as("team-b", "POST", "/v1/leases", `{"selector":{"geo":"x"},"ttlSeconds":60}`)
+	assert.Equal(t, "TENANT_SELECTOR_BUDGET", reason(over), string(over.Body))
+	assert.Contains(t, string(over.Body), `leases with 2 distinct selectors on this broker, its budget (its Tenant's spec.quotas.maxSelectors)`)
+	assert.Equal(t, "TOKEN_LEASE_CAP", reason(f.as("team-b", "POST", "/v1/leases", `{"selector":{"pool":"shared"},"ttlSeconds":60}`)))
+	assert.Equal(t, "NO_MATCHING_PROXY", reason(f.as("team-a", "POST", "/v1/leases", `{"selector":{"geo":"x"},"ttlSeconds":60}`)))
+
 	// Each tenant's usage, by name.
 	m := f.b.metrics()
 	assert.Equal(t, 2.0, m[`proxy_operator_broker_tenant_live_leases{tenant="team-b"}`])
 	assert.Equal(t, 1.0, m[`proxy_operator_broker_tenant_live_leases{tenant="team-a"}`])
-	assert.Equal(t, 1.0, m[`proxy_operator_broker_tenant_refusals_total{reason="TOKEN_LEASE_CAP",tenant="team-b"}`])
+	assert.Equal(t, 3.0, m[`proxy_operator_broker_tenant_refusals_total{reason="TOKEN_LEASE_CAP",tenant="team-b"}`])
 	assert.Equal(t, 2.0, m[`proxy_operator_broker_tenant_refusals_total{reason="TENANT_NAMESPACE",tenant="team-a"}`], "the list and the lease")
 	assert.Equal(t, 2.0, m[`proxy_operator_broker_tenant_refusals_total{reason="TENANT_LEASE",tenant="team-b"}`])
+	assert.Equal(t, 1.0, m[`proxy_operator_broker_tenant_refusals_total{reason="TENANT_SELECTOR_BUDGET",tenant="team-b"}`])
 	assert.Equal(t, 2.0, m[`proxy_operator_broker_tenant_refusals_total{reason="TENANT_VERB",tenant="team-b"}`], "the report and the watch")
 }
 
@@ -225,27 +238,60 @@ func TestTenantsThroughTheGateway(t *testing.T) {
 		_ = resp.Body.Close()
 		return resp.StatusCode == http.StatusOK
 	}
+	// team-b's tunnels may carry 1 KiB a day: its first tunnel passes it.
+	tunnels := map[string]int{"team-a": 4, "team-b": 1}
 	for tenant, sq := range f.squid {
-		for range 4 {
+		for range tunnels[tenant] {
 			code, body, _ := get(t, via("", f.tokens[tenant]), f.echo.URL)
 			require.Equal(t, http.StatusOK, code, body)
 			assert.Equal(t, sq.Host, body, "%s was served by its own proxy", tenant)
 		}
 	}
-	for tenant := range f.squid {
+	for tenant, n := range tunnels {
 		// The outcome is reported as the tunnel ends, after the client
 		// has its answer.
 		require.Eventually(t, func() bool {
-			return f.b.metrics()[`proxy_operator_broker_tenant_outcomes_total{result="ok",tenant="`+tenant+`"}`] == 4
+			return f.b.metrics()[`proxy_operator_broker_tenant_outcomes_total{result="ok",tenant="`+tenant+`"}`] == float64(n)
 		}, 10*time.Second, 20*time.Millisecond, tenant)
 		assert.Positive(t, f.b.metrics()[`proxy_operator_broker_tenant_gateway_bytes_total{direction="received",tenant="`+tenant+`"}`], tenant)
 	}
+	var quota *http.Response
+	require.Eventually(t, func() bool { // counted as the tunnel ended
+		quota = rawTo(t, f.gw, "CONNECT "+hostOf(f.echo.URL)+" HTTP/1.1\r\n"+basic("", f.tokens["team-b"])+"\r\n\r\n")
+		return quota.StatusCode != http.StatusOK
+	}, 10*time.Second, 50*time.Millisecond)
+	body, _ := io.ReadAll(quota.Body)
+	assert.Equal(t, http.StatusTooManyRequests, quota.StatusCode, string(body))
+	assert.Equal(t, "TENANT_BYTES_QUOTA", quota.Header.Get("X-Egress-Proxies-Reason"))
+	assert.Contains(t, string(body), "its quota (its Tenant's spec.quotas.gatewayBytesPerDay 1024); it renews at 00:00 UTC")
+	assert.NotEmpty(t, quota.Header.Get("Retry-After"))
+	assert.True(t, works(f.tokens["team-a"]), "team-a's bytes are its own")
 	resp := rawTo(t, f.gw, "CONNECT "+hostOf(f.echo.URL)+" HTTP/1.1\r\n"+basic("namespace="+f.ns["team-b"], f.tokens["team-a"])+"\r\n\r\n")
-	body, _ := io.ReadAll(resp.Body)
+	body, _ = io.ReadAll(resp.Body)
 	assert.Equal(t, http.StatusForbidden, resp.StatusCode, string(body))
 	assert.Equal(t, "TENANT_NAMESPACE", resp.Header.Get("X-Egress-Proxies-Reason"))
 
-	// Rotation: a second credential, a tunnel on each, the first removed.
+	// Rotation: a second credential, a tunnel on each, the first removed;
+	// meanwhile a crawler calls the API without pause, moving to the new
+	// credential once it works, as a rotation runs: no call is refused.
+	var current atomic.Value
+	current.Store(f.tokens["team-a"])
+	stop, calls := make(chan struct{}), make(chan [2]int, 1)
+	go func() {
+		n, failed := 0, 0
+		for {
+			select {
+			case <-stop:
+				calls <- [2]int{n, failed}
+				return
+			default:
+			}
+			if r := f.b.do("GET", "/v1/proxies", "", "Authorization", "Bearer "+current.Load().(string)); r.Status != http.StatusOK {
+				failed++
+			}
+			n++
+		}
+	}()
 	f.secret("team-a-v2", "second-token-of-team-a")
 	var tn v1.Tenant
 	require.NoError(t, env.Client.Get(context.Background(), client.ObjectKey{Namespace: f.tenants, Name: "team-a"}, &tn))
@@ -253,6 +299,7 @@ func TestTenantsThroughTheGateway(t *testing.T) {
 	require.NoError(t, env.Client.Update(context.Background(), &tn))
 	require.Eventually(t, func() bool { return works("second-token-of-team-a") }, 15*time.Second, 100*time.Millisecond, "the second credential never worked")
 	assert.True(t, works(f.tokens["team-a"]), "both credentials work at once")
+	current.Store("second-token-of-team-a")
 	oldTunnel, _ := tunnel(t, f.gw, basic("", f.tokens["team-a"]), hostOf(f.echo.URL))
 	newTunnel, _ := tunnel(t, f.gw, basic("", "second-token-of-team-a"), hostOf(f.echo.URL))
 	tn.Spec.Credentials = tn.Spec.Credentials[1:]
@@ -261,6 +308,10 @@ func TestTenantsThroughTheGateway(t *testing.T) {
 	resp = rawTo(t, f.gw, "CONNECT "+hostOf(f.echo.URL)+" HTTP/1.1\r\n"+basic("", f.tokens["team-a"])+"\r\n\r\n")
 	assert.Equal(t, http.StatusProxyAuthRequired, resp.StatusCode)
 	assert.True(t, works("second-token-of-team-a"), "the credential kept works")
+	close(stop)
+	got := <-calls
+	assert.Positive(t, got[0])
+	assert.Zero(t, got[1], "of %d calls through the rotation, none was refused", got[0])
 	// The removed credential's tunnel ends at its lease's next renewal;
 	// the kept one's lives.
 	require.NoError(t, oldTunnel.SetReadDeadline(time.Now().Add(30*time.Second)))

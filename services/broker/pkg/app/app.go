@@ -99,6 +99,7 @@ func Run(ctx context.Context, env service.Env, o Options) error {
 		o.Gateway.TLS = serverTLS.Clone()
 		o.Gateway.TLS.NextProtos = []string{"http/1.1"}
 	}
+	o.Gateway.Meter = st
 	waitGateway, err := serveGateway(ctx, log, o, srv, tenants)
 	if err != nil {
 		return err

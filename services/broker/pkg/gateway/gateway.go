@@ -404,6 +404,10 @@ func (g *Gateway) handle(c net.Conn, br *bufio.Reader, req *http.Request) bool {
 		g.answer(c, r.kind, deny("BAD_DESTINATION", err.Error()))
 		return false
 	}
+	if a, ok := g.withinBytes(who); !ok {
+		g.answer(c, r.kind, a)
+		return false
+	}
 	if n, source, ok := g.takeSlot(who); !ok {
 		g.answer(c, r.kind, withRetryAfter(deny("TOKEN_TUNNEL_CAP",
 			fmt.Sprintf("tenant %q holds its %d tunnels on this gateway (%s); close one or wait", r.caller, n, source)), time.Second))
@@ -644,6 +648,7 @@ func (g *Gateway) splice(c net.Conn, br *bufio.Reader, r *request, t *try, h hop
 	who := tenant.Label(r.caller)
 	tenant.GatewayBytes.WithLabelValues(who, "sent").Add(float64(sent))
 	tenant.GatewayBytes.WithLabelValues(who, "received").Add(float64(received))
+	g.meter(r, sent+received)
 	if received > 0 && clean {
 		g.report(r, t.lease.GetLeaseId(), faults.OK, 0)
 	}
@@ -725,6 +730,40 @@ func removeHopByHop(h http.Header) {
 	}
 	for _, name := range hopByHop {
 		h.Del(name)
+	}
+}
+
+// withinBytes says whether t's tunnels may carry more today, or the
+// answer refusing one: its gatewayBytesPerDay is reached, until the
+// next UTC midnight. A store that cannot say lets the tunnel through:
+// leasing fails then anyway, and says why.
+func (g *Gateway) withinBytes(t *tenant.Tenant) (answer, bool) {
+	quota := t.Quotas.GatewayBytesPerDay
+	if quota <= 0 || g.o.Meter == nil {
+		return answer{}, true
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), g.o.DialTimeout)
+	defer cancel()
+	now := time.Now()
+	used, err := g.o.Meter.TenantBytes(ctx, t.Name, now)
+	if err != nil || used < quota {
+		return answer{}, true
+	}
+	midnight := now.UTC().Truncate(24 * time.Hour).Add(24 * time.Hour)
+	return withRetryAfter(deny("TENANT_BYTES_QUOTA", fmt.Sprintf("tenant %q carried %d bytes through the gateway today, its quota (its Tenant's spec.quotas.gatewayBytesPerDay %d); it renews at 00:00 UTC",
+		t.Name, used, quota)), midnight.Sub(now)), false
+}
+
+// meter counts a tunnel's bytes against its tenant's day, when it has a
+// byte quota.
+func (g *Gateway) meter(r *request, n int64) {
+	if g.o.Meter == nil || tenant.From(r.tenant).Quotas.GatewayBytesPerDay <= 0 {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if _, err := g.o.Meter.AddTenantBytes(ctx, r.caller, n, time.Now()); err != nil {
+		g.log.Warn("gateway could not count a tunnel's bytes against its tenant's day", "tenant", r.caller, "bytes", n, "err", err)
 	}
 }
 

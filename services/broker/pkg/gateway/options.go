@@ -64,6 +64,18 @@ type Options struct {
 	DNS string
 	// Resolver resolves destinations; nil means DNS's, or the system's.
 	Resolver Resolver
+	// Meter counts the bytes of the tunnels of tenants with a
+	// gatewayBytesPerDay quota, fleet-wide (the store); nil enforces no
+	// byte quota.
+	Meter Meter
+}
+
+// Meter counts each tenant's gateway bytes by UTC day.
+type Meter interface {
+	// AddTenantBytes counts n bytes at now, and returns the day's total.
+	AddTenantBytes(ctx context.Context, tenant string, n int64, now time.Time) (int64, error)
+	// TenantBytes is now's day's total.
+	TenantBytes(ctx context.Context, tenant string, now time.Time) (int64, error)
 }
 
 // Resolver resolves a host name (net.Resolver is one).

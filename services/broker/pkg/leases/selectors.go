@@ -5,11 +5,6 @@ import (
 	"sync"
 	"time"
 
-	"google.golang.org/genproto/googleapis/rpc/errdetails"
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
-	"google.golang.org/protobuf/types/known/durationpb"
-
 	"github.com/egress-proxies/egress-proxies/services/broker/pkg/index"
 	"github.com/egress-proxies/egress-proxies/services/broker/pkg/tenant"
 )
@@ -64,13 +59,9 @@ func (b *selectorBudget) take(t *tenant.Tenant, sel index.Selector, q quota, hol
 			}
 		}
 		if len(mine) >= q.n {
-			tokenLimited.WithLabelValues(t.Name, "selectors").Inc()
 			wait := b.idle - now.Sub(oldest)
-			st := status.New(codes.ResourceExhausted, fmt.Sprintf("tenant %q leases with %d distinct selectors on this broker, its budget (%s): reuse one of them, or wait %s for the oldest to lapse",
-				t.Name, len(mine), q.source, wait.Round(time.Second)))
-			st, _ = st.WithDetails(&errdetails.ErrorInfo{Reason: "TENANT_SELECTOR_BUDGET", Domain: ErrorDomain, Metadata: map[string]string{"token": t.Name}},
-				&errdetails.RetryInfo{RetryDelay: durationpb.New(wait)})
-			return st.Err()
+			return overQuota(t.Name, "selectors", "TENANT_SELECTOR_BUDGET", fmt.Sprintf("tenant %q leases with %d distinct selectors on this broker, its budget (%s): reuse one of them, or wait %s for the oldest to lapse",
+				t.Name, len(mine), q.source, wait.Round(time.Second)), wait)
 		}
 	}
 	mine[key] = now

@@ -18,6 +18,7 @@ import (
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/protoadapt"
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 	"k8s.io/apimachinery/pkg/util/validation"
@@ -151,10 +152,20 @@ func (s *Service) allowReport(ctx context.Context) error {
 		return nil
 	}
 	r.Cancel()
-	tokenLimited.WithLabelValues(t.Name, "reports").Inc()
-	st := status.New(codes.ResourceExhausted, fmt.Sprintf("tenant %q is over its report rate (%s): slow down", t.Name, source))
-	st, _ = st.WithDetails(&errdetails.ErrorInfo{Reason: "TOKEN_REPORT_RATE", Domain: ErrorDomain, Metadata: map[string]string{"token": t.Name}},
-		&errdetails.RetryInfo{RetryDelay: durationpb.New(wait)})
+	return overQuota(t.Name, "reports", "TOKEN_REPORT_RATE", fmt.Sprintf("tenant %q is over its report rate (%s): slow down", t.Name, source), wait)
+}
+
+// overQuota is the refusal of a call past one of its tenant's quotas
+// (limit, as tokenLimited counts it): RESOURCE_EXHAUSTED with reason,
+// naming the tenant, and when to retry (0: the caller must first end
+// something it holds).
+func overQuota(tenant, limit, reason, msg string, retry time.Duration) error {
+	tokenLimited.WithLabelValues(tenant, limit).Inc()
+	details := []protoadapt.MessageV1{&errdetails.ErrorInfo{Reason: reason, Domain: ErrorDomain, Metadata: map[string]string{"token": tenant}}}
+	if retry > 0 {
+		details = append(details, &errdetails.RetryInfo{RetryDelay: durationpb.New(retry)})
+	}
+	st, _ := status.New(codes.ResourceExhausted, msg).WithDetails(details...)
 	return st.Err()
 }
 
@@ -286,17 +297,9 @@ func storeErrorFrom(err error, source string) error {
 	case errors.As(err, &wrong):
 		return invalid("target", "%s", wrong.Error())
 	case errors.As(err, &capped):
-		tokenLimited.WithLabelValues(capped.Caller, "leases").Inc()
-		st := status.New(codes.ResourceExhausted, withSource(capped.Error(), source))
-		st, _ = st.WithDetails(&errdetails.ErrorInfo{Reason: "TOKEN_LEASE_CAP", Domain: ErrorDomain, Metadata: map[string]string{"token": capped.Caller}},
-			&errdetails.RetryInfo{RetryDelay: durationpb.New(time.Second)})
-		return st.Err()
+		return overQuota(capped.Caller, "leases", "TOKEN_LEASE_CAP", withSource(capped.Error(), source), time.Second)
 	case errors.As(err, &paced):
-		tokenLimited.WithLabelValues(paced.Caller, "leases_per_minute").Inc()
-		st := status.New(codes.ResourceExhausted, withSource(paced.Error(), source))
-		st, _ = st.WithDetails(&errdetails.ErrorInfo{Reason: "TENANT_LEASE_RATE", Domain: ErrorDomain, Metadata: map[string]string{"token": paced.Caller}},
-			&errdetails.RetryInfo{RetryDelay: durationpb.New(paced.Wait)})
-		return st.Err()
+		return overQuota(paced.Caller, "leases_per_minute", "TENANT_LEASE_RATE", withSource(paced.Error(), source), paced.Wait)
 	case errors.Is(err, store.ErrFull):
 		storeFull.Inc()
 		st := status.New(codes.ResourceExhausted, store.ErrFull.Error())

@@ -10,7 +10,6 @@ import (
 	"sync"
 	"time"
 
-	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -214,10 +213,8 @@ func (h *hub) subscribe(f filter, caller string, limit quota) (*watch, []invento
 		return nil, nil, status.Error(codes.Unavailable, "the broker has not synced the fleet yet, or is stopping")
 	}
 	if limit.n > 0 && caller != "" && h.perCaller[caller] >= limit.n {
-		tokenLimited.WithLabelValues(caller, "watches").Inc()
-		st := status.New(codes.ResourceExhausted, fmt.Sprintf("tenant %q holds its %d watches on this broker (%s); end one, or share one watch among a process's callers", caller, limit.n, limit.source))
-		st, _ = st.WithDetails(&errdetails.ErrorInfo{Reason: "TOKEN_WATCH_CAP", Domain: ErrorDomain, Metadata: map[string]string{"token": caller}})
-		return nil, nil, st.Err()
+		return nil, nil, overQuota(caller, "watches", "TOKEN_WATCH_CAP",
+			fmt.Sprintf("tenant %q holds its %d watches on this broker (%s); end one, or share one watch among a process's callers", caller, limit.n, limit.source), 0)
 	}
 	w := &watch{filter: f, caller: caller, events: make(chan []*leasev1.ProxyEvent, WatchBacklog), ended: make(chan struct{})}
 	h.watches[w] = struct{}{}

@@ -55,6 +55,34 @@ func (s *Store) TenantLeases(ctx context.Context) (map[string]int64, error) {
 	return out, nil
 }
 
+// day is t's UTC day, as the per-day keys name it.
+func day(t time.Time) string { return t.UTC().Format("2006-01-02") }
+
+// AddTenantBytes counts n bytes the tenant's gateway tunnels carried now,
+// and returns its count for the day.
+func (s *Store) AddTenantBytes(ctx context.Context, tenant string, n int64, now time.Time) (int64, error) {
+	k := s.key(KeyTenantBytes, tenant, day(now))
+	var total *redis.IntCmd
+	if _, err := s.rdb.TxPipelined(ctx, func(p redis.Pipeliner) error {
+		total = p.IncrBy(ctx, k, n)
+		p.Expire(ctx, k, 48*time.Hour)
+		return nil
+	}); err != nil {
+		return 0, wrap(err)
+	}
+	return total.Val(), nil
+}
+
+// TenantBytes is what the tenant's gateway tunnels carried on now's UTC
+// day.
+func (s *Store) TenantBytes(ctx context.Context, tenant string, now time.Time) (int64, error) {
+	n, err := s.rdb.Get(ctx, s.key(KeyTenantBytes, tenant, day(now))).Int64()
+	if errors.Is(err, redis.Nil) {
+		return 0, nil
+	}
+	return n, wrap(err)
+}
+
 // Fleet reads the live lease counts (the high half of each proxy's score),
 // the quarantines, the paced targets and the cooldowns (what is due that
 // is neither a lease nor a quarantine) in one round trip: a read of the

@@ -129,6 +129,9 @@ var (
 	KeyTenantRate = Key{Name: "TenantRate", Pattern: "tr:<tenant>:<minute>", Type: "string",
 		Holds: "leases the tenant took in that minute (its leasesPerMinute quota)", Expires: "2 minutes",
 		Writers: []string{"acquire.lua"}}
+	KeyTenantBytes = Key{Name: "TenantBytes", Pattern: "tb:<tenant>:<day>", Type: "string",
+		Holds: "bytes the tenant's gateway tunnels carried that UTC day (its gatewayBytesPerDay quota)", Expires: "2 days",
+		Writers: []string{"Store.AddTenantBytes"}}
 	KeySeq = Key{Name: "Seq", Pattern: "seq", Type: "string",
 		Holds: "the counter slot numbers are drawn from", Permanent: "one per prefix",
 		Writers: []string{"join.lua"}}
@@ -142,7 +145,7 @@ var Schema = []Key{
 	KeyLease, KeyProxyLeases, KeyDue, KeyRequest, KeyScore, KeyNamespace, KeyAddress,
 	KeyCooling, KeyCooldownKey, KeyFiled, KeyCooldown, KeyTarget, KeyPaced, KeySession,
 	KeyErrors, KeyQuarantine, KeyRejoin, KeyIndexes, KeyIndexUse, KeyIndex, KeyCoolingIndex,
-	KeyCoolingTargets, KeyHolders, KeyTokens, KeyTenantRate, KeySeq, KeyRefused,
+	KeyCoolingTargets, KeyHolders, KeyTokens, KeyTenantRate, KeyTenantBytes, KeySeq, KeyRefused,
 }
 
 // luaKeys is the prelude of every script: P, the prefix (KEYS[1] is

@@ -46,9 +46,11 @@ var allVerbs = []Verb{List, Watch, Lease, Report, Gateway}
 // defaultVerbs are a Tenant's that names none: the API, not the gateway.
 var defaultVerbs = []Verb{List, Watch, Lease, Report}
 
-// Quotas bound one tenant; 0 is the broker's flag of the same purpose.
+// Quotas bound one tenant; 0 is the broker's flag of the same purpose
+// (GatewayBytesPerDay has none: 0 is no cap).
 type Quotas struct {
 	MaxLeases, LeasesPerMinute, ReportsPerSecond, MaxTunnels, MaxWatches, MaxSelectors int
+	GatewayBytesPerDay                                                                 int64
 }
 
 // Tenant is one holder of credentials, as the broker enforces it.
@@ -95,6 +97,9 @@ func FromObject(o *v1.Tenant) *Tenant {
 	q := o.Spec.Quotas
 	t.Quotas = Quotas{MaxLeases: deref(q.MaxLeases), LeasesPerMinute: deref(q.LeasesPerMinute), ReportsPerSecond: deref(q.ReportsPerSecond),
 		MaxTunnels: deref(q.MaxTunnels), MaxWatches: deref(q.MaxWatches), MaxSelectors: deref(q.MaxSelectors)}
+	if q.GatewayBytesPerDay != nil {
+		t.Quotas.GatewayBytesPerDay = q.GatewayBytesPerDay.Value()
+	}
 	return t
 }
 
