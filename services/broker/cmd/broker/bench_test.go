@@ -195,7 +195,16 @@ func startBenchBroker(b *testing.B, r *proc.Redis, leaseCap int, prefix string, 
 	p := proc.Start(b, "broker", proc.Build(b, pkgPath), append([]string{"--kubeconfig", kc, "--redis-addrs", r.Addr, "--redis-key-prefix", prefix,
 		"--lease-cap", fmt.Sprint(leaseCap), "--grpc-addr", proc.Addr(g), "--http-addr", proc.Addr(h), "--ops-addr", proc.Addr(ops), "--log-level", "warn"}, extra...)...)
 	proc.WaitHTTP(b, p, "http://"+proc.Addr(ops)+"/readyz", 60*time.Second)
-	conn, err := grpc.NewClient(proc.Addr(g), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	// With a token file, the bench calls as its first line's tenant.
+	opts := []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}
+	for i, a := range extra {
+		if a == "--token-file" {
+			lines, err := os.ReadFile(extra[i+1])
+			require.NoError(b, err)
+			opts = append(opts, auth.Static(strings.Split(strings.TrimSpace(string(lines)), "\n")...).DialOption())
+		}
+	}
+	conn, err := grpc.NewClient(proc.Addr(g), opts...)
 	require.NoError(b, err)
 	b.Cleanup(func() { _ = conn.Close() })
 	bb := &benchBroker{api: leasev1.NewLeaseServiceClient(conn), rest: "http://" + proc.Addr(h), grpc: proc.Addr(g), pid: p.Cmd.Process.Pid}
@@ -225,8 +234,11 @@ func selectorChurn(b *testing.B, r *proc.Redis, phase func(*benchBroker, func() 
 	ctx := context.Background()
 	tokens := filepath.Join(b.TempDir(), "tokens")
 	require.NoError(b, os.WriteFile(tokens, []byte("honest:honest-token\nchurn:churn-token\n"), 0o600))
-	honest, churner := auth.Static("honest-token").PerRPC(), auth.Static("churn-token").PerRPC()
 	measure := func(bb *benchBroker, churn bool) benchRow {
+		conn, err := grpc.NewClient(bb.grpc, grpc.WithTransportCredentials(insecure.NewCredentials()), auth.Static("churn-token").DialOption())
+		require.NoError(b, err)
+		defer func() { _ = conn.Close() }()
+		churner := leasev1.NewLeaseServiceClient(conn)
 		stop := make(chan struct{})
 		var wg sync.WaitGroup
 		var churned, refused atomic.Int64
@@ -241,8 +253,8 @@ func selectorChurn(b *testing.B, r *proc.Redis, phase func(*benchBroker, func() 
 							return
 						default:
 						}
-						_, err := bb.api.CreateLease(ctx, &leasev1.CreateLeaseRequest{Namespace: "bench-1k", TtlSeconds: 600,
-							Selector: map[string]string{"churn": fmt.Sprintf("%d-%d", w, i)}}, churner)
+						_, err := churner.CreateLease(ctx, &leasev1.CreateLeaseRequest{Namespace: "bench-1k", TtlSeconds: 600,
+							Selector: map[string]string{"churn": fmt.Sprintf("%d-%d", w, i)}})
 						churned.Add(1)
 						if r, _ := leaseclient.Details(status.Convert(err)); r == "TENANT_SELECTOR_BUDGET" {
 							refused.Add(1)
@@ -252,7 +264,7 @@ func selectorChurn(b *testing.B, r *proc.Redis, phase func(*benchBroker, func() 
 			}
 		}
 		row := phase(bb, func() error {
-			_, err := bb.api.CreateLease(ctx, &leasev1.CreateLeaseRequest{Namespace: "bench-1k", TtlSeconds: 600}, honest)
+			_, err := bb.api.CreateLease(ctx, &leasev1.CreateLeaseRequest{Namespace: "bench-1k", TtlSeconds: 600})
 			return err
 		}, true)
 		close(stop)
@@ -262,8 +274,8 @@ func selectorChurn(b *testing.B, r *proc.Redis, phase func(*benchBroker, func() 
 		}
 		return row
 	}
-	budget := startBenchBroker(b, r, 0, "{bench-tenants}:", "--token-file", tokens)
-	none := startBenchBroker(b, r, 0, "{bench-no-budget}:", "--token-file", tokens, "--token-max-selectors", "0")
+	budget := startBenchBroker(b, r, 0, "{bench-tenants}:", "--token-file", tokens, "--token-max-leases", "0")
+	none := startBenchBroker(b, r, 0, "{bench-no-budget}:", "--token-file", tokens, "--token-max-leases", "0", "--token-max-selectors", "0")
 	var alone, with, without benchRow
 	for range 2 {
 		if row := measure(budget, false); alone.p99 == 0 || row.p99 < alone.p99 {
