@@ -81,11 +81,12 @@ type TenantSpec struct {
 	// +optional
 	Quotas TenantQuotas `json:"quotas,omitempty"`
 
-	// Trusted makes the tenant's rate_limited and blocked reports cool a
-	// proxy down for every tenant at once. An untrusted tenant's reports
-	// cool it for that tenant at once, and for every tenant only once the
-	// proxy's probes or another tenant agree: its false reports cost it,
-	// not the fleet.
+	// Trusted marks a tenant whose rate_limited and blocked reports may
+	// cool a proxy down for every tenant at once. Not enforced yet: today
+	// every tenant's reports do (bound to its own leases and targets, and
+	// to the quarantine and cooling fractions); weighting an untrusted
+	// tenant's reports until the proxy's probes or another tenant agree
+	// is the next step (docs/security.md, section 7).
 	// +optional
 	Trusted bool `json:"trusted,omitempty"`
 }
