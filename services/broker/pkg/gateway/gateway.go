@@ -408,9 +408,9 @@ func (g *Gateway) handle(c net.Conn, br *bufio.Reader, req *http.Request) bool {
 		g.answer(c, r.kind, a)
 		return false
 	}
-	if n, source, ok := g.takeSlot(who); !ok {
+	if limit, ok := g.takeSlot(who); !ok {
 		g.answer(c, r.kind, withRetryAfter(deny("TOKEN_TUNNEL_CAP",
-			fmt.Sprintf("tenant %q holds its %d tunnels on this gateway (%s); close one or wait", r.caller, n, source)), time.Second))
+			fmt.Sprintf("tenant %q holds its %d tunnels on this gateway (%s); close one or wait", r.caller, limit.N, limit.Source)), time.Second))
 		return false
 	}
 	// A refusal frees the slot before it is answered: a client that
@@ -769,22 +769,19 @@ func (g *Gateway) meter(r *request, n int64) {
 
 // takeSlot counts a tunnel against its tenant's limit: its Tenant's
 // maxTunnels, else the flag's; it says which when the limit is reached.
-func (g *Gateway) takeSlot(t *tenant.Tenant) (limit int, source string, ok bool) {
-	limit, source = g.o.TokenMaxTunnels, "--gateway-token-max-tunnels"
-	if t.Quotas.MaxTunnels > 0 {
-		limit, source = t.Quotas.MaxTunnels, "its Tenant's spec.quotas.maxTunnels"
-	}
+func (g *Gateway) takeSlot(t *tenant.Tenant) (tenant.Limit, bool) {
+	limit := tenant.LimitOf(t.Quotas.MaxTunnels, "maxTunnels", g.o.TokenMaxTunnels, "--gateway-token-max-tunnels")
 	v, ok := g.perTenant.Load(t.Name)
 	if !ok {
 		v, _ = g.perTenant.LoadOrStore(t.Name, new(atomic.Int64))
 	}
-	if n := v.(*atomic.Int64).Add(1); limit > 0 && n > int64(limit) {
+	if n := v.(*atomic.Int64).Add(1); limit.N > 0 && n > int64(limit.N) {
 		v.(*atomic.Int64).Add(-1)
 		tokenCapped.WithLabelValues(t.Name).Inc()
-		return limit, source, false
+		return limit, false
 	}
 	tenant.Tunnels.WithLabelValues(tenant.Label(t.Name)).Inc()
-	return limit, source, true
+	return limit, true
 }
 
 func (g *Gateway) freeSlot(caller string) {

@@ -30,8 +30,8 @@ func newSelectorBudget(idle time.Duration) *selectorBudget {
 
 // take counts sel against t, or refuses it when t holds its budget of
 // selectors (q) and sel is new; holds says whether sel's index exists.
-func (b *selectorBudget) take(t *tenant.Tenant, sel index.Selector, q quota, holds func(index.Selector) bool) error {
-	if q.n <= 0 || t.Name == "" {
+func (b *selectorBudget) take(t *tenant.Tenant, sel index.Selector, q tenant.Limit, holds func(index.Selector) bool) error {
+	if q.N <= 0 || t.Name == "" {
 		return nil
 	}
 	key, now := sel.Key(), time.Now()
@@ -49,7 +49,7 @@ func (b *selectorBudget) take(t *tenant.Tenant, sel index.Selector, q quota, hol
 		mine = map[string]time.Time{}
 		b.used[t.Name] = mine
 	}
-	if len(mine) >= q.n {
+	if len(mine) >= q.N {
 		oldest := now
 		for k, at := range mine {
 			if now.Sub(at) > b.idle {
@@ -58,10 +58,10 @@ func (b *selectorBudget) take(t *tenant.Tenant, sel index.Selector, q quota, hol
 				oldest = at
 			}
 		}
-		if len(mine) >= q.n {
+		if len(mine) >= q.N {
 			wait := b.idle - now.Sub(oldest)
 			return overQuota(t.Name, "selectors", "TENANT_SELECTOR_BUDGET", fmt.Sprintf("tenant %q leases with %d distinct selectors on this broker, its budget (%s): reuse one of them, or wait %s for the oldest to lapse",
-				t.Name, len(mine), q.source, wait.Round(time.Second)), wait)
+				t.Name, len(mine), q.Source, wait.Round(time.Second)), wait)
 		}
 	}
 	mine[key] = now

@@ -107,21 +107,6 @@ func Observed(ctx context.Context) context.Context {
 	return context.WithValue(ctx, observedKey{}, true)
 }
 
-// quota is one limit on a tenant, and where it is set, for refusals.
-type quota struct {
-	n      int
-	source string
-}
-
-// limit is a tenant's quota when its Tenant sets one (field of
-// spec.quotas), else the flag's.
-func limit(set int, field string, flagValue int, flag string) quota {
-	if set > 0 {
-		return quota{set, "its Tenant's spec.quotas." + field}
-	}
-	return quota{flagValue, flag}
-}
-
 // allowReport takes one of the caller's reports from its tenant's
 // budget, or says how long to wait.
 func (s *Service) allowReport(ctx context.Context) error {
@@ -409,12 +394,12 @@ func (s *Service) CreateLease(ctx context.Context, req *leasev1.CreateLeaseReque
 	}
 	sel := index.Selector{Namespaces: ns, Labels: labels}
 	target := strings.ToLower(req.GetTarget())
-	leases := limit(t.Quotas.MaxLeases, "maxLeases", s.cfg.TokenMaxLeases, "--token-max-leases")
-	perMinute := limit(t.Quotas.LeasesPerMinute, "leasesPerMinute", 0, "")
+	leases := tenant.LimitOf(t.Quotas.MaxLeases, "maxLeases", s.cfg.TokenMaxLeases, "--token-max-leases")
+	perMinute := tenant.LimitOf(t.Quotas.LeasesPerMinute, "leasesPerMinute", 0, "")
 	a := store.Acquire{Target: target, Cap: s.cfg.LeaseCap, TTL: ttl, LeaseID: store.NewLeaseID(), RequestID: tenant.Scoped(ctx, req.GetRequestId()),
-		PerTarget: s.cfg.BanAware, Session: tenant.Scoped(ctx, req.GetSessionKey()), Caller: t.Name, CallerCap: leases.n, CallerRate: perMinute.n}
-	source := leases.source
-	if err := s.selectors.take(t, sel, limit(t.Quotas.MaxSelectors, "maxSelectors", s.cfg.TokenMaxSelectors, "--token-max-selectors"), s.idx.Holds); err != nil {
+		PerTarget: s.cfg.BanAware, Session: tenant.Scoped(ctx, req.GetSessionKey()), Caller: t.Name, CallerCap: leases.N, CallerRate: perMinute.N}
+	source := leases.Source
+	if err := s.selectors.take(t, sel, tenant.LimitOf(t.Quotas.MaxSelectors, "maxSelectors", s.cfg.TokenMaxSelectors, "--token-max-selectors"), s.idx.Holds); err != nil {
 		return nil, err
 	}
 	if a.PerTarget {
@@ -432,7 +417,7 @@ func (s *Service) CreateLease(ctx context.Context, req *leasev1.CreateLeaseReque
 		l, err := s.store.Acquire(ctx, a)
 		var rated *store.CallerRateError
 		if errors.As(err, &rated) {
-			source = perMinute.source
+			source = perMinute.Source
 		}
 		var stale *store.StaleIndexError
 		var none *store.NoCandidateError

@@ -206,15 +206,15 @@ func (h *hub) send(ctx context.Context) error {
 
 // subscribe opens a watch and returns the set it starts from, sorted by
 // id; every change after that set comes on the watch's events.
-func (h *hub) subscribe(f filter, caller string, limit quota) (*watch, []inventory.Proxy, error) {
+func (h *hub) subscribe(f filter, caller string, limit tenant.Limit) (*watch, []inventory.Proxy, error) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if !h.readyLocked() {
 		return nil, nil, status.Error(codes.Unavailable, "the broker has not synced the fleet yet, or is stopping")
 	}
-	if limit.n > 0 && caller != "" && h.perCaller[caller] >= limit.n {
+	if limit.N > 0 && caller != "" && h.perCaller[caller] >= limit.N {
 		return nil, nil, overQuota(caller, "watches", "TOKEN_WATCH_CAP",
-			fmt.Sprintf("tenant %q holds its %d watches on this broker (%s); end one, or share one watch among a process's callers", caller, limit.n, limit.source), 0)
+			fmt.Sprintf("tenant %q holds its %d watches on this broker (%s); end one, or share one watch among a process's callers", caller, limit.N, limit.Source), 0)
 	}
 	w := &watch{filter: f, caller: caller, events: make(chan []*leasev1.ProxyEvent, WatchBacklog), ended: make(chan struct{})}
 	h.watches[w] = struct{}{}
@@ -295,7 +295,7 @@ func (s *Service) WatchProxies(req *leasev1.WatchProxiesRequest, stream grpc.Ser
 		return err
 	}
 	w, first, err := s.hub.subscribe(filter{namespaces: ns, selector: sel, healthy: req.Healthy}, t.Name,
-		limit(t.Quotas.MaxWatches, "maxWatches", s.cfg.TokenMaxWatches, "--token-max-watches"))
+		tenant.LimitOf(t.Quotas.MaxWatches, "maxWatches", s.cfg.TokenMaxWatches, "--token-max-watches"))
 	if err != nil {
 		return err
 	}

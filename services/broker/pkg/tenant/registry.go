@@ -100,8 +100,9 @@ func (r *Registry) Enabled() bool {
 func (r *Registry) Lookup(token string) (*Tenant, bool) {
 	var found *Tenant
 	if s := r.snap.Load(); s != nil {
+		tok := []byte(token)
 		for _, c := range s.creds {
-			if subtle.ConstantTimeCompare([]byte(token), c.token) == 1 {
+			if subtle.ConstantTimeCompare(tok, c.token) == 1 {
 				found = c.tenant
 			}
 		}
@@ -253,13 +254,14 @@ func (r *Registry) read(ctx context.Context, c crcache.Cache, secrets client.Rea
 		d := Declared{Object: o, Tenant: FromObject(o)}
 		d.tokens = make([][]byte, len(o.Spec.Credentials))
 		for k, cr := range o.Spec.Credentials {
+			key := credentialKey(o, cr)
 			tok, err := readCredential(ctx, secrets, o, cr)
-			if err != nil && !apierrors.IsNotFound(err) && !isMissingKey(err) && prev[credentialKey(o, cr)] != nil {
-				r.Log.Warn("keeping a tenant's credential as last read", "tenant", o.Name, "secret", credentialKey(o, cr), "err", err)
-				tok, err = prev[credentialKey(o, cr)], nil
+			if err != nil && !apierrors.IsNotFound(err) && !isMissingKey(err) && prev[key] != nil {
+				r.Log.Warn("keeping a tenant's credential as last read", "tenant", o.Name, "secret", key, "err", err)
+				tok, err = prev[key], nil
 			}
 			if err != nil {
-				d.Missing = append(d.Missing, fmt.Sprintf("%s: %v", credentialKey(o, cr), err))
+				d.Missing = append(d.Missing, fmt.Sprintf("%s: %v", key, err))
 				continue
 			}
 			d.tokens[k] = tok

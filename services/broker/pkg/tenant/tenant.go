@@ -53,6 +53,22 @@ type Quotas struct {
 	GatewayBytesPerDay                                                                 int64
 }
 
+// Limit is one quota a tenant is held to, and where it is set, for
+// refusals to name.
+type Limit struct {
+	N      int
+	Source string
+}
+
+// LimitOf is a tenant's quota: its Tenant's (set, spec.quotas.field)
+// when it sets one, else the broker's flag's.
+func LimitOf(set int, field string, flagValue int, flag string) Limit {
+	if set > 0 {
+		return Limit{set, "its Tenant's spec.quotas." + field}
+	}
+	return Limit{flagValue, flag}
+}
+
 // Tenant is one holder of credentials, as the broker enforces it.
 type Tenant struct {
 	// Name says who calls in logs, metrics and refusals, and keys the
