@@ -593,7 +593,7 @@ func (s *Service) ReportLease(ctx context.Context, req *leasev1.ReportLeaseReque
 			return nil, invalid("target", "is required for %s when the lease was created without one", outcome)
 		}
 	}
-	v, err := s.report(ctx, store.Report{LeaseID: req.GetLeaseId(), Owner: t.Name, Outcome: outcome, Target: target}, req.GetStatusCode(), req.GetLatencyMs())
+	v, err := s.report(ctx, store.Report{LeaseID: req.GetLeaseId(), Owner: t.Name, Trusted: t.Trusted, Outcome: outcome, Target: target}, req.GetStatusCode(), req.GetLatencyMs())
 	if errors.Is(err, store.ErrNotOwner) {
 		return nil, notOwner(t, req.GetLeaseId())
 	}
@@ -616,7 +616,8 @@ func (s *Service) ReportSession(ctx context.Context, req *leasev1.ReportSessionR
 	if err := s.allowReport(ctx); err != nil {
 		return nil, err
 	}
-	r := store.Report{Session: tenant.Scoped(ctx, req.GetSessionKey()), Outcome: outcome, Target: strings.ToLower(req.GetTarget())}
+	t := tenant.From(ctx)
+	r := store.Report{Session: tenant.Scoped(ctx, req.GetSessionKey()), Owner: t.Name, Trusted: t.Trusted, Outcome: outcome, Target: strings.ToLower(req.GetTarget())}
 	v, err := s.report(ctx, r, req.GetStatusCode(), req.GetLatencyMs())
 	if status.Code(err) == codes.NotFound {
 		return nil, status.Errorf(codes.NotFound, "session %q has had no lease for target %q in the last 10 minutes (or was another tenant's)", req.GetSessionKey(), r.Target)

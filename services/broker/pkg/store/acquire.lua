@@ -1,5 +1,6 @@
 -- Leases the least-loaded proxy of index h that is not cooling down for
--- target and is below cap, a uniformly random one among ties; with a
+-- target (for everyone, or for the caller by its own reports) and is
+-- below cap, a uniformly random one among ties; with a
 -- session key, the proxy the key last had while it still qualifies (the
 -- key lingers SESSION_LINGER past its last lease).
 -- Batched (see store.go's batched): ARGV holds any number of requests,
@@ -61,6 +62,14 @@ if caller ~= '' and crate > 0 then
   end
 end
 local ix, cx = K.Index .. h, K.CoolingIndex .. h .. ':' .. target
+-- The caller's own cooldowns for the target (lib.lua's MINE): members not
+-- cooling for everyone that its own reports cooled; nl of them.
+local mine, lx, nl = nil, nil, 0
+if caller ~= '' and target ~= '' then
+  mine = target .. MINE .. caller
+  lx = K.CoolingIndex .. h .. ':' .. mine
+  nl = redis.call('ZCARD', lx)
+end
 local counted = per_target and target ~= ''
 -- GCRA: a lease is due every 1000/rate ms, with up to a second's worth
 -- early (a burst of rate leases after a quiet second).
@@ -82,10 +91,23 @@ if counted then
   end
 end
 
+-- How many members of the cooling indexes score in [lo, hi].
+local function cooling_in(lo, hi)
+  local n = redis.call('ZCOUNT', cx, lo, hi)
+  if nl > 0 then
+    n = n + redis.call('ZCOUNT', lx, lo, hi)
+  end
+  return n
+end
+
+local function is_cooling(m)
+  return redis.call('ZSCORE', cx, m) or (nl > 0 and redis.call('ZSCORE', lx, m))
+end
+
 -- free(i): how many of the members ranked 0..i are not cooling (nc > 0).
 local function free(i)
   local sc = redis.call('ZRANGE', ix, i, i, 'WITHSCORES')[2]
-  return i + 1 - redis.call('ZCOUNT', cx, '-inf', sc)
+  return i + 1 - cooling_in('-inf', sc)
 end
 
 -- The smallest rank in [lo, hi] (hi below the index's size) with
@@ -115,7 +137,7 @@ local function tied_member(first, tied, cooling)
   for _ = 1, 8 do
     local r = first + math.random(0, tied - 1)
     local m = redis.call('ZRANGE', ix, r, r)[1]
-    if not redis.call('ZSCORE', cx, m) then
+    if not is_cooling(m) then
       return m
     end
   end
@@ -129,7 +151,7 @@ local function refusal(nc)
   if cap > 0 then
     full = redis.call('ZCOUNT', ix, num(cap * SHIFT), '+inf')
     if nc > 0 then
-      full = full - redis.call('ZCOUNT', cx, num(cap * SHIFT), '+inf')
+      full = full - cooling_in(num(cap * SHIFT), '+inf')
     end
   end
   return {'none', n, nc, full}
@@ -148,7 +170,7 @@ local function pick()
   end
   local nc = 0
   if target ~= '' then
-    nc = redis.call('ZCARD', cx)
+    nc = redis.call('ZCARD', cx) + nl
   end
   local first = 0
   for step = 1, 9 do
@@ -167,7 +189,7 @@ local function pick()
     local lo, hi = at[2], '(' .. num((level + 1) * SHIFT)
     local tied, cooling = redis.call('ZCOUNT', ix, lo, hi), 0
     if nc > 0 then
-      cooling = redis.call('ZCOUNT', cx, lo, hi)
+      cooling = cooling_in(lo, hi)
     end
     if tied > cooling then
       return tied_member(first, tied, cooling), nil
@@ -181,7 +203,11 @@ local function pick()
 end
 
 local function cooling(uid)
-  return target ~= '' and tonumber(redis.call('HGET', K.Cooling .. uid, target) or '0') > now
+  if target == '' then
+    return false
+  end
+  local c = redis.call('HMGET', K.Cooling .. uid, target, mine or target)
+  return tonumber(c[1] or '0') > now or tonumber(c[2] or '0') > now
 end
 
 -- The session's proxy, while it is in the index, below the cap and not

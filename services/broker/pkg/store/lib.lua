@@ -34,6 +34,25 @@ local function split(s)
   return string.sub(s, 1, i - 1), string.sub(s, i + 1)
 end
 
+-- A tenant's own cooldowns. An untrusted tenant's report cools a proxy
+-- for it alone until another tenant agrees (report.lua): such a cooldown
+-- is filed as the target '<target>#<tenant>' (host names hold no '#'),
+-- in cool:<uid>, the due set and a cooling index of its own,
+-- cx:<h>:<target>#<tenant>. That index holds only members not already
+-- cooling for everyone, so the tenant's pick counts both indexes and
+-- never a member twice.
+local MINE = '#'
+
+-- The fleet-wide target a tenant's own cooldown is about; nil for a
+-- fleet-wide one.
+local function base_of(t)
+  local i = string.find(t, MINE, 1, true)
+  if i then
+    return string.sub(t, 1, i - 1)
+  end
+  return nil
+end
+
 -- Changes uid's live lease count by delta and moves it to its new place in
 -- every index and cooling index holding it (in:<uid> lists their keys).
 -- Returns the new count.
@@ -56,16 +75,24 @@ local function add_load(uid, delta)
 end
 
 -- Puts uid in index h at its score, with its live cooldowns (cooling,
--- HGETALL of cool:<uid>).
+-- HGETALL of cool:<uid>); a tenant's own cooldown only while no
+-- fleet-wide one for its target holds (see MINE).
 local function join(uid, h, score, cooling, now)
   redis.call('ZADD', K.Index .. h, score, uid)
   redis.call('SADD', K.Holders .. uid, S.Index .. h)
+  local live = {}
   for j = 1, #cooling, 2 do
     if tonumber(cooling[j + 1]) > now then
-      local cx = S.CoolingIndex .. h .. ':' .. cooling[j]
+      live[cooling[j]] = true
+    end
+  end
+  for t in pairs(live) do
+    local base = base_of(t)
+    if not (base and live[base]) then
+      local cx = S.CoolingIndex .. h .. ':' .. t
       redis.call('ZADD', P .. cx, score, uid)
       redis.call('SADD', K.Holders .. uid, cx)
-      redis.call('SADD', K.CoolingTargets .. h, cooling[j])
+      redis.call('SADD', K.CoolingTargets .. h, t)
     end
   end
 end
@@ -81,6 +108,47 @@ local function leave(uid, h, targets)
   end
 end
 
+-- Puts uid in the cooling index for target of every index holding it.
+local function index_cooling(uid, target)
+  for _, k in ipairs(redis.call('SMEMBERS', K.Holders .. uid)) do
+    if k:sub(1, #S.Index) == S.Index then
+      local h = k:sub(#S.Index + 1)
+      local cx = S.CoolingIndex .. h .. ':' .. target
+      redis.call('ZADD', P .. cx, redis.call('ZSCORE', P .. k, uid), uid)
+      redis.call('SADD', K.Holders .. uid, cx)
+      redis.call('SADD', K.CoolingTargets .. h, target)
+    end
+  end
+end
+
+-- Takes uid out of the cooling index for target of every index holding it.
+local function unindex_cooling(uid, target)
+  for _, k in ipairs(redis.call('SMEMBERS', K.Holders .. uid)) do
+    if k:sub(1, #S.Index) == S.Index then
+      local h = k:sub(#S.Index + 1)
+      local cx = S.CoolingIndex .. h .. ':' .. target
+      redis.call('ZREM', P .. cx, uid)
+      redis.call('SREM', K.Holders .. uid, cx)
+      if redis.call('EXISTS', P .. cx) == 0 then
+        redis.call('SREM', K.CoolingTargets .. h, target)
+      end
+    end
+  end
+end
+
+-- The tenants' own cooldowns of uid for target (fields of cool:<uid>)
+-- that end after now.
+local function mine_for(uid, target, now)
+  local out, pre = {}, target .. MINE
+  local c = redis.call('HGETALL', K.Cooling .. uid)
+  for j = 1, #c, 2 do
+    if c[j]:sub(1, #pre) == pre and tonumber(c[j + 1]) > now then
+      out[#out + 1] = c[j]
+    end
+  end
+  return out
+end
+
 -- Keeps uid away from target until ends (or later, if it already cools
 -- down longer): into the cooling index of every index holding it.
 local function cool(uid, target, ends, now)
@@ -93,29 +161,28 @@ local function cool(uid, target, ends, now)
   if prev > now then
     return -- already in the cooling indexes
   end
-  for _, k in ipairs(redis.call('SMEMBERS', K.Holders .. uid)) do
-    if k:sub(1, #S.Index) == S.Index then
-      local h = k:sub(#S.Index + 1)
-      local cx = S.CoolingIndex .. h .. ':' .. target
-      redis.call('ZADD', P .. cx, redis.call('ZSCORE', P .. k, uid), uid)
-      redis.call('SADD', K.Holders .. uid, cx)
-      redis.call('SADD', K.CoolingTargets .. h, target)
+  local base = base_of(target)
+  if base then
+    if tonumber(redis.call('HGET', K.Cooling .. uid, base) or '0') > now then
+      return -- cooling for everyone: the fleet-wide index holds it
+    end
+  else
+    for _, t in ipairs(mine_for(uid, target, now)) do
+      unindex_cooling(uid, t)
     end
   end
+  index_cooling(uid, target)
 end
 
--- Stops uid cooling down for target: out of every cooling index.
-local function end_cooldown(uid, target)
+-- Stops uid cooling down for target: out of every cooling index; a
+-- tenant's own cooldown that outlasts a fleet-wide one goes back into
+-- its own index.
+local function end_cooldown(uid, target, now)
   redis.call('HDEL', K.Cooling .. uid, target)
-  for _, k in ipairs(redis.call('SMEMBERS', K.Holders .. uid)) do
-    if k:sub(1, #S.Index) == S.Index then
-      local h = k:sub(#S.Index + 1)
-      local cx = S.CoolingIndex .. h .. ':' .. target
-      redis.call('ZREM', P .. cx, uid)
-      redis.call('SREM', K.Holders .. uid, cx)
-      if redis.call('EXISTS', P .. cx) == 0 then
-        redis.call('SREM', K.CoolingTargets .. h, target)
-      end
+  unindex_cooling(uid, target)
+  if not base_of(target) then
+    for _, t in ipairs(mine_for(uid, target, now)) do
+      index_cooling(uid, t)
     end
   end
 end
@@ -208,7 +275,7 @@ local function drain(now, limit)
       local f = redis.call('HMGET', K.Lease .. a, 'ct', 'sess', 'tok')
       end_lease(a, b, f[1], f[2], f[3])
     elseif kind == 'c' then
-      end_cooldown(a, b)
+      end_cooldown(a, b, now)
     else
       unquarantine(a, now)
     end

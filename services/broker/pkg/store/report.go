@@ -132,7 +132,11 @@ type Report struct {
 	Session string
 	// Owner is the reporting tenant's name: a report on a lease another
 	// tenant holds fails with ErrNotOwner.
-	Owner   string
+	Owner string
+	// Trusted makes the owner's reports count for every tenant at once;
+	// an untrusted owner's count for itself until another tenant agrees
+	// (report.lua). Reports without an owner are trusted.
+	Trusted bool
 	Outcome Outcome
 	// Target the report is about (the lease's own when the caller gave none).
 	Target string
@@ -155,6 +159,9 @@ const (
 	ActionPacingEnded       = "PACING_ENDED"
 	ActionQuarantined       = "QUARANTINED"
 	ActionQuarantineHeld    = "QUARANTINE_HELD"
+	// ActionTenantOnly follows a cooldown that holds for the reporting
+	// tenant alone: it is untrusted and no other tenant agreed yet.
+	ActionTenantOnly = "TENANT_ONLY"
 )
 
 // Verdict is what a report did.
@@ -181,7 +188,7 @@ func (s *Store) Report(ctx context.Context, r Report) (*Verdict, error) {
 	p, f := r.Policy, r.Faults
 	res, err := s.run(ctx, reportScript, r.LeaseID, string(r.Outcome), r.Target,
 		p.CooldownBase.Milliseconds(), p.CooldownMax.Milliseconds(), p.CooldownWindow.Milliseconds(), p.MaxCoolingFraction,
-		p.PacingInitial, p.PacingMin, p.PacingMax, f.Window.Milliseconds(), f.Targets, f.Period.Milliseconds(), rand.Float64(), f.MaxFraction, r.Session, r.Owner).Slice()
+		p.PacingInitial, p.PacingMin, p.PacingMax, f.Window.Milliseconds(), f.Targets, f.Period.Milliseconds(), rand.Float64(), f.MaxFraction, r.Session, r.Owner, flag(r.Trusted)).Slice()
 	if err != nil {
 		return nil, wrap(err)
 	}

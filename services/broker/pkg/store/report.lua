@@ -8,7 +8,17 @@
 -- error targets (0: never quarantine), quarantine_ms, random in [0, 1),
 -- max quarantined fraction (0 or 1: no limit), session (with lease_id '':
 -- the report is on the session's last lease for target), owner (the
--- reporting tenant: a lease another tenant holds fails with "EPOWNER").
+-- reporting tenant: a lease another tenant holds fails with "EPOWNER"),
+-- trusted ('1': the owner's reports count for every tenant at once).
+--
+-- An untrusted tenant's reports weigh for itself first (lib.lua's MINE):
+-- its ban cools the proxy's exit for the target for it alone, until
+-- another tenant reports a ban on that exit and target within the memory
+-- window (then the ban is the fleet's, as a trusted one is); its error
+-- cools the proxy for the target for it alone, and counts toward
+-- quarantine only beside another tenant's errors or a trusted one's.
+-- An untrusted ok decays only its own record and leaves the pace alone.
+-- So one tenant's false reports cost that tenant, not the fleet.
 -- Returns {} when the lease is gone, else {cooldown start_ms, end_ms,
 -- level, proxies sharing it, quarantine end_ms, pace rate ('' unpaced),
 -- actions...}. A report counts only for its lease's target: a lease taken
@@ -21,6 +31,8 @@ local pinit, pmin, pmax = tonumber(ARGV[8]), tonumber(ARGV[9]), tonumber(ARGV[10
 local ewindow, etargets, qperiod = tonumber(ARGV[11]), tonumber(ARGV[12]), tonumber(ARGV[13])
 local rnd, qfraction = tonumber(ARGV[14]), tonumber(ARGV[15])
 local sess, owner = ARGV[16], ARGV[17]
+local trusted = ARGV[18] == '1' or owner == '' or target == ''
+local mine = target .. MINE .. owner
 local now, l
 if id ~= '' then
   now, l = open_lease(id)
@@ -56,10 +68,10 @@ end
 
 local ck = redis.call('HGET', K.CooldownKey, uid) or ('p:' .. uid)
 local cdk = K.Cooldown .. ck
--- The key's record for the target: the last cooldown's end, level and
--- start ("<end>|<level>|<start>").
-local function record()
-  local r = redis.call('HGET', cdk, target)
+-- The key's record for the target (or for the owner's own view of it,
+-- mine): the last cooldown's end, level and start ("<end>|<level>|<start>").
+local function record(t)
+  local r = redis.call('HGET', cdk, t)
   if not r then
     return nil
   end
@@ -116,10 +128,11 @@ local function guard_holds()
   return more > 0 and redis.call('ZCARD', cx) + more > math.max(1, math.floor(fraction * n))
 end
 
--- Cools ck down for the target: the base period, or, within the memory
--- window of the last cooldown's end, one level up: a uniformly random
--- period between the last level's and twice it, at most the maximum.
-local function cool_down(last_end, last_level)
+-- Cools ck down for t (the target, or the owner's own view of it): the
+-- base period, or, within the memory window of the last cooldown's end,
+-- one level up: a uniformly random period between the last level's and
+-- twice it, at most the maximum.
+local function cool_down(t, last_end, last_level)
   local level = 0
   if last_end and now - last_end <= window then
     level = math.min(last_level + 1, 40)
@@ -130,16 +143,72 @@ local function cool_down(last_end, last_level)
     d = math.min(maxd, lo + rnd * lo)
   end
   local ends = now + math.floor(d)
-  redis.call('HSET', cdk, target, ends .. '|' .. level .. '|' .. now)
+  redis.call('HSET', cdk, t, ends .. '|' .. level .. '|' .. now)
   if redis.call('PTTL', cdk) < ends - now + window then
     redis.call('PEXPIRE', cdk, ends - now + window)
   end
   local shared = sharing()
   for _, u in ipairs(shared) do
-    cool(u, target, ends, now)
+    cool(u, t, ends, now)
   end
   out[1], out[2], out[3], out[4] = now, ends, level, #shared
   did(level == 0 and 'COOLDOWN_STARTED' or 'COOLDOWN_ESCALATED')
+end
+
+-- Whether an untrusted owner's ban stands alone: no other tenant reported
+-- one on this exit and target within the memory window. claim:<ck> keeps
+-- per target the last lone reporter, or '*' once two tenants agreed:
+-- from then on, within the window, every tenant's ban there is the
+-- fleet's.
+local function alone()
+  if trusted then
+    return false
+  end
+  local ak = K.Claim .. ck
+  local c = redis.call('HGET', ak, target)
+  local who, at = nil, 0
+  if c then
+    who, at = split(c)
+  end
+  local agreed = who and who ~= owner and now - tonumber(at) <= window
+  redis.call('HSET', ak, target, (agreed and '*' or owner) .. '|' .. now)
+  redis.call('PEXPIRE', ak, window)
+  return not agreed
+end
+
+-- Cools ck down for the owner alone (its own view of the target).
+local function cool_mine()
+  local e, lv, st = record(mine)
+  if e and e > now then
+    out[1], out[2], out[3], out[4] = st, e, lv, #sharing()
+    did('COOLDOWN_ACTIVE')
+  else
+    cool_down(mine, e, lv)
+  end
+  did('TENANT_ONLY')
+end
+
+-- Whether the proxy's errors in the window (members "<target>", or
+-- "<target>#<tenant>" for an untrusted tenant's) are on enough targets,
+-- and reported by a trusted tenant or by two tenants.
+local function faulty(members)
+  local targets, tenants, nt, nn, sure = {}, {}, 0, 0, false
+  for _, m in ipairs(members) do
+    local t, who = m, nil
+    local i = string.find(m, MINE, 1, true)
+    if i then
+      t, who = string.sub(m, 1, i - 1), string.sub(m, i + 1)
+    end
+    if not targets[t] then
+      targets[t], nt = true, nt + 1
+    end
+    if not who then
+      sure = true
+    elseif not tenants[who] then
+      tenants[who], nn = true, nn + 1
+    end
+  end
+  return nt >= etargets and (sure or nn >= 2)
 end
 
 -- Whether quarantining one more member of the lease's index would put
@@ -161,12 +230,13 @@ local function quarantine_held()
 end
 
 if result == 'ok' then
-  local e, lv, st = record()
+  local t = trusted and target or mine
+  local e, lv, st = record(t)
   if e and lv > 0 then
-    redis.call('HSET', cdk, target, e .. '|' .. (lv - 1) .. '|' .. st)
+    redis.call('HSET', cdk, t, e .. '|' .. (lv - 1) .. '|' .. st)
     did('COOLDOWN_DECAYED')
   end
-  if rate then
+  if rate and trusted then
     -- Additive increase: about one lease/s more per second of ok reports
     -- at the current rate; below 1/s each ok doubles it.
     rate = rate + math.min(rate, 1 / rate)
@@ -179,8 +249,10 @@ if result == 'ok' then
       did('PACE_RAISED')
     end
   end
+elseif (result == 'rate_limited' or result == 'blocked') and alone() then
+  cool_mine()
 elseif result == 'rate_limited' or result == 'blocked' then
-  local e, lv, st = record()
+  local e, lv, st = record(target)
   if rate and result == 'rate_limited' then
     slow_down() -- the target throttles the fleet, not this proxy
   elseif e and e > now then
@@ -196,11 +268,11 @@ elseif result == 'rate_limited' or result == 'blocked' then
       did('PACING_STARTED')
     end
   else
-    cool_down(e, lv)
+    cool_down(target, e, lv)
   end
 elseif result == 'error' then
   local ek = K.Errors .. uid
-  redis.call('ZADD', ek, now, target)
+  redis.call('ZADD', ek, now, trusted and target or mine)
   redis.call('ZREMRANGEBYSCORE', ek, '-inf', now - ewindow)
   redis.call('PEXPIRE', ek, ewindow)
   -- A session does not stay on a proxy that failed it: its next lease
@@ -211,11 +283,14 @@ elseif result == 'error' then
       redis.call('HDEL', K.Session .. s, 'proxy')
     end
   end
+  if not trusted then
+    cool_mine() -- the owner's next lease for the target goes elsewhere
+  end
   local q = redis.call('HGET', K.Quarantine, uid)
   if q then
     local _, qe = split(q)
     out[5] = tonumber(qe)
-  elseif etargets > 0 and redis.call('ZCARD', ek) >= etargets then
+  elseif etargets > 0 and redis.call('ZCARD', ek) >= etargets and faulty(redis.call('ZRANGE', ek, 0, -1)) then
     if quarantine_held() then
       -- Like MachineHealthCheck's maxUnhealthy: this many faults at once
       -- say more about the reporters, or the network, than the proxies.

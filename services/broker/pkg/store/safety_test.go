@@ -240,3 +240,133 @@ func TestStatesApplyDueExpiries(t *testing.T) {
 	require.NoError(t, err, "an expiry due when the counts are read")
 	assert.Equal(t, 0, loads[all[0]])
 }
+
+// weighing is a fixture whose leases and reports are made as tenants.
+type weighing struct {
+	*fixture
+	p store.Policy
+	q store.Faults
+}
+
+// lease takes a lease for target as caller, on uid when it is given
+// (ties are drawn at random: the misses are released).
+func (w *weighing) lease(caller, target, uid string) (*store.Lease, error) {
+	for range 200 {
+		l, err := w.st.Acquire(w.ctx, store.Acquire{Index: "ix", Target: target, TTL: time.Hour, LeaseID: store.NewLeaseID(), Caller: caller, PerTarget: true})
+		if err != nil || uid == "" || l.Proxy == uid {
+			return l, err
+		}
+		_, err = w.st.Release(w.ctx, l.ID, caller)
+		require.NoError(w.t, err)
+	}
+	w.t.Fatalf("%s never leased %s", caller, uid)
+	return nil, nil
+}
+
+// report leases uid for target as caller and reports o on it.
+func (w *weighing) report(caller string, trusted bool, uid, target string, o store.Outcome) []string {
+	w.t.Helper()
+	l, err := w.lease(caller, target, uid)
+	require.NoError(w.t, err)
+	v, err := w.st.Report(w.ctx, store.Report{LeaseID: l.ID, Owner: caller, Trusted: trusted, Outcome: o, Target: target, Policy: w.p, Faults: w.q})
+	require.NoError(w.t, err)
+	_, err = w.st.Release(w.ctx, l.ID, caller)
+	require.NoError(w.t, err)
+	return v.Actions
+}
+
+// cooling is whether uid cools down for target for every tenant.
+func (w *weighing) cooling(uid, target string) bool {
+	st, err := w.st.States(w.ctx, target, []string{uid})
+	require.NoError(w.t, err)
+	return !st[uid].CooldownUntil.IsZero()
+}
+
+// An untrusted tenant's reports cost that tenant: its ban storm cools the
+// proxies for itself alone and paces nothing; a second tenant's ban on
+// the same exit, or a trusted tenant's, cools it for everyone. Its errors
+// quarantine nobody's proxy until another tenant's agree.
+func TestReportsWeighPerTenant(t *testing.T) {
+	w := &weighing{fixture: newFixture(t),
+		p: store.Policy{CooldownBase: time.Hour, CooldownMax: time.Hour, CooldownWindow: time.Hour, MaxCoolingFraction: 0.5, PacingInitial: 2, PacingMin: 1, PacingMax: 10},
+		q: store.Faults{Targets: 2, Window: time.Minute, Period: time.Hour}}
+	all := uids(4)
+	w.index("ix", all...)
+
+	for _, u := range all {
+		assert.Equal(t, []string{store.ActionCooldownStarted, store.ActionTenantOnly}, w.report("team-a", false, u, "t", store.Blocked), u)
+	}
+	_, err := w.lease("team-a", "t", "")
+	var none *store.NoCandidateError
+	require.ErrorAs(t, err, &none, "every proxy cools down for team-a")
+	assert.Equal(t, 4, none.CoolingDown)
+	fleet, err := w.st.Fleet(w.ctx)
+	require.NoError(t, err)
+	assert.Empty(t, fleet.Paced, "a storm of one tenant's reports paces nothing")
+	seen := map[string]bool{}
+	for range 40 {
+		l, err := w.lease("team-b", "t", "")
+		require.NoError(t, err, "team-b leases for t as before")
+		seen[l.Proxy] = true
+		_, err = w.st.Release(w.ctx, l.ID, "team-b")
+		require.NoError(t, err)
+	}
+	assert.Len(t, seen, 4, "from every proxy")
+	for _, u := range all {
+		assert.False(t, w.cooling(u, "t"), u)
+	}
+
+	// A second tenant agrees on uid-000: it cools down for everyone.
+	assert.Equal(t, []string{store.ActionCooldownStarted}, w.report("team-b", false, "uid-000", "t", store.Blocked))
+	assert.True(t, w.cooling("uid-000", "t"))
+	assert.False(t, w.cooling("uid-001", "t"))
+	// From then on, within the window, any tenant's ban on that exit and
+	// target is the fleet's; a trusted tenant's always is.
+	assert.Equal(t, []string{store.ActionCooldownStarted}, w.report("team-c", true, "uid-001", "u", store.Blocked))
+	assert.True(t, w.cooling("uid-001", "u"))
+
+	// Errors: team-a's on two targets quarantine nothing; team-b's one
+	// more agrees.
+	for _, target := range []string{"e1", "e2"} {
+		actions := w.report("team-a", false, "uid-002", target, store.Failed)
+		assert.Equal(t, []string{store.ActionCooldownStarted, store.ActionTenantOnly}, actions, target)
+	}
+	l, err := w.lease("team-a", "e1", "")
+	require.NoError(t, err)
+	assert.NotEqual(t, "uid-002", l.Proxy, "team-a's next lease for e1 goes elsewhere")
+	assert.Equal(t, []string{store.ActionCooldownStarted, store.ActionTenantOnly, store.ActionQuarantined}, w.report("team-b", false, "uid-002", "e1", store.Failed))
+}
+
+// A tenant's own cooldown that outlasts a fleet-wide one still holds for
+// that tenant when the fleet-wide one ends, and for nobody else.
+func TestATenantsOwnCooldownOutlastsTheFleets(t *testing.T) {
+	w := &weighing{fixture: newFixture(t), p: store.FixedCooldown(time.Hour)}
+	w.index("ix", "uid-000")
+	w.report("team-a", false, "uid-000", "t", store.RateLimited)
+	w.p = store.FixedCooldown(300 * time.Millisecond)
+	assert.Equal(t, []string{store.ActionCooldownStarted}, w.report("ops", true, "uid-000", "t", store.RateLimited))
+	var none *store.NoCandidateError
+	for _, caller := range []string{"team-a", "team-b"} {
+		_, err := w.lease(caller, "t", "")
+		require.ErrorAs(t, err, &none, caller)
+		assert.Equal(t, 1, none.CoolingDown, caller)
+	}
+	time.Sleep(400 * time.Millisecond)
+	_, err := w.lease("team-a", "t", "")
+	require.ErrorAs(t, err, &none, "team-a's own hour goes on")
+	assert.Equal(t, 1, none.CoolingDown)
+	_, err = w.lease("team-b", "t", "")
+	require.NoError(t, err, "the fleet's ended")
+}
+
+// An untrusted tenant's ok reports decay its own record and leave the
+// target's pace alone; a trusted one's raise it.
+func TestAnUntrustedOKLeavesThePaceAlone(t *testing.T) {
+	w := &weighing{fixture: newFixture(t),
+		p: store.Policy{CooldownBase: time.Hour, CooldownMax: time.Hour, CooldownWindow: time.Hour, MaxCoolingFraction: 0.5, PacingInitial: 100, PacingMin: 1, PacingMax: 1000}}
+	w.index("ix", uids(2)...)
+	assert.Equal(t, []string{store.ActionCooldownStarted}, w.report("ops", true, "uid-000", "t", store.RateLimited))
+	assert.Equal(t, []string{store.ActionGuardHeld, store.ActionPacingStarted}, w.report("ops", true, "uid-001", "t", store.RateLimited))
+	assert.Equal(t, []string{store.ActionNone}, w.report("team-a", false, "uid-001", "t", store.OK))
+	assert.Equal(t, []string{store.ActionPaceRaised}, w.report("ops", true, "uid-001", "t", store.OK))
+}

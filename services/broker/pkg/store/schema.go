@@ -73,7 +73,7 @@ var (
 		Holds: "uid -> ip:port", Permanent: "one per prefix; " + untilDropped + "'s field",
 		Writers: []string{"join.lua"}}
 	KeyCooling = Key{Name: "Cooling", Pattern: "cool:<uid>", Type: "hash",
-		Holds: "target -> end of the proxy's cooldown (from its cooldown key's)", Permanent: "each field leaves through Due at its end; " + untilDropped,
+		Holds: "target -> end of the proxy's cooldown (from its cooldown key's); target#tenant -> end of one an untrusted tenant's reports started for it alone", Permanent: "each field leaves through Due at its end; " + untilDropped,
 		Writers: []string{"report.lua", "join.lua"}}
 	KeyCooldownKey = Key{Name: "CooldownKey", Pattern: "key", Type: "hash",
 		Holds: `uid -> the key its cooldowns are kept under: "ip:<egress IP>", else "p:<uid>"`, Permanent: "one per prefix; " + untilDropped + "'s field",
@@ -82,9 +82,13 @@ var (
 		Holds: "the uids filed under a cooldown key (proxies sharing an egress IP cool down together)", Permanent: untilDropped,
 		Writers: []string{"join.lua"}}
 	KeyCooldown = Key{Name: "Cooldown", Pattern: "cd:<cooldownKey>", Type: "hash",
-		Holds:   `target -> "<end>|<level>|<start>" of the key's last cooldown (escalation, inheritance)`,
+		Holds:   `target (or target#tenant, a tenant's own) -> "<end>|<level>|<start>" of the key's last cooldown (escalation, inheritance)`,
 		Expires: "the memory window past its last cooldown's end",
 		Writers: []string{"report.lua", "join.lua (a proxy joining a cooling key inherits)"}}
+	KeyClaim = Key{Name: "Claim", Pattern: "claim:<cooldownKey>", Type: "hash",
+		Holds:   `target -> "<tenant>|<ms>" of the last untrusted tenant's lone ban report on the key, or "*|<ms>" once a second tenant agreed (report weighting)`,
+		Expires: "the memory window past its last report",
+		Writers: []string{"report.lua"}}
 	KeyTarget = Key{Name: "Target", Pattern: "t:<target>", Type: "hash",
 		Holds:     "n: live leases for the target; rate, tat, cut, until: its pace",
 		Permanent: "each field is deleted when it no longer says anything (no lease, the pace lapsed), and the key with its last",
@@ -97,7 +101,7 @@ var (
 		Expires: "none while a lease holds it; SESSION_LINGER (10 minutes) after its last lease ends",
 		Writers: []string{"acquire.lua", "lib.lua end_lease"}}
 	KeyErrors = Key{Name: "Errors", Pattern: "errs:<uid>", Type: "zset",
-		Holds: "target -> time of the proxy's error reports in the quarantine window", Expires: "the quarantine window after its last report",
+		Holds: "target (target#tenant from an untrusted tenant) -> time of the proxy's error reports in the quarantine window", Expires: "the quarantine window after its last report",
 		Writers: []string{"report.lua"}}
 	KeyQuarantine = Key{Name: "Quarantine", Pattern: "quar", Type: "hash",
 		Holds: `uid -> "<start>|<end>" of quarantined proxies`, Permanent: "one per prefix; a field leaves through Due at its end",
@@ -115,7 +119,7 @@ var (
 		Holds: "uid -> score: the leasable proxies a selector matches", Permanent: "deleted with its index (drop.lua)",
 		Writers: []string{"join.lua", "leave.lua", "lib.lua add_load"}}
 	KeyCoolingIndex = Key{Name: "CoolingIndex", Pattern: "cx:<index>:<target>", Type: "zset",
-		Holds: "the members of ix:<index> cooling down for the target, same scores", Permanent: "a member leaves as its cooldown ends (through Due); deleted with its index",
+		Holds: "the members of ix:<index> cooling down for the target, same scores; for target#tenant, those cooling for that tenant alone and not for everyone", Permanent: "a member leaves as its cooldown ends (through Due); deleted with its index",
 		Writers: []string{"report.lua", "join.lua"}}
 	KeyCoolingTargets = Key{Name: "CoolingTargets", Pattern: "cxs:<index>", Type: "set",
 		Holds: "the targets an index has a cooling index for", Permanent: "a member leaves with its last cooling index; deleted with its index",
@@ -143,7 +147,7 @@ var (
 // Schema is every key, in the order docs/api.md lists them.
 var Schema = []Key{
 	KeyLease, KeyProxyLeases, KeyDue, KeyRequest, KeyScore, KeyNamespace, KeyAddress,
-	KeyCooling, KeyCooldownKey, KeyFiled, KeyCooldown, KeyTarget, KeyPaced, KeySession,
+	KeyCooling, KeyCooldownKey, KeyFiled, KeyCooldown, KeyClaim, KeyTarget, KeyPaced, KeySession,
 	KeyErrors, KeyQuarantine, KeyRejoin, KeyIndexes, KeyIndexUse, KeyIndex, KeyCoolingIndex,
 	KeyCoolingTargets, KeyHolders, KeyTokens, KeyTenantRate, KeyTenantBytes, KeySeq, KeyRefused,
 }

@@ -102,7 +102,8 @@ func (f *fixture) leaseOn(key, uid string) *store.Lease {
 // TestAcquireMatchesAModel drives random acquires, releases and cooldowns
 // on two overlapping indexes and checks every answer against a plain
 // in-memory model of the rule: the least-loaded proxy not cooling down for
-// the target and below the cap, or a refusal that counts the cooling and
+// the target (for everyone, or for the caller by its own untrusted
+// reports) and below the cap, or a refusal that counts the cooling and
 // the full ones exactly.
 func TestAcquireMatchesAModel(t *testing.T) {
 	f := newFixture(t)
@@ -116,6 +117,12 @@ func TestAcquireMatchesAModel(t *testing.T) {
 	members := map[string][]string{"all": all, "even": even}
 	load := map[string]int{}
 	cooling := map[string]map[string]bool{"a": {}, "b": {}}
+	// Two untrusted tenants' own cooldowns, and per proxy and target the
+	// last lone reporter ("*" once two agreed); "" is no tenant (trusted).
+	callers := []string{"", "ta", "tb"}
+	mine := map[string]map[string]map[string]bool{"ta": {"a": {}, "b": {}}, "tb": {"a": {}, "b": {}}}
+	claims := map[string]string{}
+	owner := map[string]string{}
 	leases := map[string]string{}
 	bound := map[string]string{} // lease -> the target its reports count for
 	var ids []string
@@ -126,11 +133,12 @@ func TestAcquireMatchesAModel(t *testing.T) {
 		case op < 60:
 			key := []string{"all", "even"}[rng.IntN(2)]
 			target := []string{"", "a", "b"}[rng.IntN(3)]
+			caller := callers[rng.IntN(len(callers))]
 			best, cool, full := -1, 0, 0
 			var ties []string
 			for _, u := range members[key] {
 				switch {
-				case target != "" && cooling[target][u]:
+				case target != "" && (cooling[target][u] || caller != "" && mine[caller][target][u]):
 					cool++
 				case load[u] >= capacity:
 					full++
@@ -140,7 +148,7 @@ func TestAcquireMatchesAModel(t *testing.T) {
 					ties = append(ties, u)
 				}
 			}
-			l, err := f.acquire(key, target, capacity)
+			l, err := f.st.Acquire(f.ctx, store.Acquire{Index: key, Target: target, Cap: capacity, TTL: time.Hour, LeaseID: store.NewLeaseID(), Caller: caller})
 			if best == -1 {
 				var nc *store.NoCandidateError
 				require.ErrorAs(t, err, &nc, "step %d", step)
@@ -152,13 +160,14 @@ func TestAcquireMatchesAModel(t *testing.T) {
 			load[l.Proxy]++
 			require.Equal(t, load[l.Proxy], l.Load, "step %d", step)
 			leases[l.ID] = l.Proxy
+			owner[l.ID] = caller
 			bound[l.ID] = target
 			ids = append(ids, l.ID)
 		case op < 85 && len(ids) > 0:
 			i := rng.IntN(len(ids))
 			id := ids[i]
 			ids = append(ids[:i], ids[i+1:]...)
-			ok, err := f.st.Release(f.ctx, id, "")
+			ok, err := f.st.Release(f.ctx, id, owner[id])
 			require.NoError(t, err)
 			require.True(t, ok)
 			load[leases[id]]--
@@ -172,9 +181,19 @@ func TestAcquireMatchesAModel(t *testing.T) {
 				target = []string{"a", "b"}[rng.IntN(2)]
 				bound[id] = target
 			}
-			_, err := f.cool(id, target)
+			by, u := owner[id], leases[id]
+			_, err := f.st.Report(f.ctx, store.Report{LeaseID: id, Owner: by, Outcome: store.RateLimited, Target: target, Policy: hourLong})
 			require.NoError(t, err)
-			cooling[target][leases[id]] = true
+			switch c := claims[u+"/"+target]; {
+			case by == "":
+				cooling[target][u] = true
+			case c != "" && c != by:
+				claims[u+"/"+target] = "*"
+				cooling[target][u] = true
+			default:
+				claims[u+"/"+target] = by
+				mine[by][target][u] = true
+			}
 		}
 	}
 	loads, err := f.loads(all)
