@@ -532,7 +532,10 @@ const tenantBNS = "e2e-tenant-b"
 // tenants runs a crawler pod for each of the install's two tenants at
 // once, with the credentials the chart generated: each lists and leases
 // only its own namespace's proxies, naming none, and is refused the
-// other's.
+// other's. team-b reports every lease blocked, for the target team-a
+// leases for too: its storm cools its own proxy for itself alone
+// (neither tenant is trusted) and paces nothing, so team-a is never
+// refused.
 func (h *harness) tenants(in *install) {
 	t := h.t
 	h.namespace(tenantBNS)
@@ -569,7 +572,7 @@ spec:
 	}
 	seen := h.runCrawlers(map[string]crawlerRun{
 		"tenant-a": run("team-a", tenantBNS),
-		"tenant-b": run("team-b", proxiesNS),
+		"tenant-b": run("team-b", proxiesNS, "--report=blocked"),
 	})
 	for job, own := range map[string]string{"tenant-a": proxiesNS, "tenant-b": tenantBNS} {
 		require.Len(t, seen[job]["tenant-list"], 1, job)
@@ -584,8 +587,21 @@ spec:
 		for id := range leases["byProxy"].(map[string]any) {
 			assert.True(t, strings.HasPrefix(id, own+"/"), "%s leased %s", job, id)
 		}
-		assert.Empty(t, leases["refused"], "%s leased throughout, never refused", job)
-		assert.Greater(t, leases["leases"].(float64), 10.0, job)
+		if job == "tenant-a" {
+			assert.Empty(t, leases["refused"], "%s leased throughout, never refused", job)
+			assert.Greater(t, leases["leases"].(float64), 10.0, job)
+		}
+	}
+	storm := seen["tenant-b"]["tenant-leases"][0]
+	t.Logf("team-b's storm: %v", storm)
+	reports := storm["reports"].(map[string]any)
+	assert.EqualValues(t, 1, reports["COOLDOWN_STARTED,TENANT_ONLY"], "team-b's first block cools its proxy for itself: %v", reports)
+	for actions := range reports {
+		assert.Contains(t, actions, "TENANT_ONLY", "no report of team-b's is the fleet's: %v", reports)
+	}
+	assert.EqualValues(t, 1, storm["leases"], "its one proxy cools for team-b after its first report")
+	for code := range storm["refused"].(map[string]any) {
+		assert.Equal(t, "429", code, "then team-b is refused (ALL_COOLING_DOWN): %v", storm["refused"])
 	}
 	// Gone before the next steps count the fleet.
 	h.mustKubectl("delete", "proxypool", "b", "-n", tenantBNS, "--wait=false")

@@ -81,12 +81,13 @@ type TenantSpec struct {
 	// +optional
 	Quotas TenantQuotas `json:"quotas,omitempty"`
 
-	// Trusted marks a tenant whose rate_limited and blocked reports may
-	// cool a proxy down for every tenant at once. Not enforced yet: today
-	// every tenant's reports do (bound to its own leases and targets, and
-	// to the quarantine and cooling fractions); weighting an untrusted
-	// tenant's reports until the proxy's probes or another tenant agree
-	// is the next step (docs/security.md, section 7).
+	// Trusted makes the tenant's reports count for every tenant at once,
+	// as the token file's do. An untrusted tenant's rate_limited, blocked
+	// and error reports cool the proxy for the target for that tenant
+	// alone, until another tenant's ban on the same exit agrees; its
+	// errors quarantine a proxy only beside another tenant's; its ok
+	// leaves a target's pace alone. So its false reports cost itself,
+	// not the fleet (docs/security.md, section 7).
 	// +optional
 	Trusted bool `json:"trusted,omitempty"`
 }

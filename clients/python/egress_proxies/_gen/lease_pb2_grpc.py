@@ -104,7 +104,11 @@ class LeaseServiceServicer(object):
         what the broker did about it: rate_limited and blocked cool the
         proxy's exit IP down for the target (escalating on repeats) or, past
         the target's cooling limit, pace the target fleet-wide; error on
-        several targets quarantines the proxy; ok decays both.
+        several targets quarantines the proxy; ok decays both. A tenant that
+        is not trusted weighs for itself first: its rate_limited, blocked and
+        error cool the proxy for the target for that tenant alone
+        (TENANT_ONLY) until another tenant's ban on the same exit agrees, and
+        its errors quarantine only beside another tenant's.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -13,8 +13,9 @@
 //
 // With --tenant-for, it is one tenant's crawler instead: it lists what it
 // sees, is refused another tenant's namespace, then leases (naming no
-// namespace, for --lease-target) for that long, each lease released; it
-// prints what it leased and was refused.
+// namespace, for --lease-target) for that long, each lease released
+// (with --report, after reporting that result on it); it prints what it
+// leased, was refused and what its reports did.
 package main
 
 import (
@@ -46,8 +47,8 @@ type config struct {
 	targetURL, targetCA, namespace  string
 	selector                        map[string]string
 	// tenantFor, otherNamespace and leaseTarget: the tenant mode.
-	tenantFor                   time.Duration
-	otherNamespace, leaseTarget string
+	tenantFor                           time.Duration
+	otherNamespace, leaseTarget, report string
 }
 
 func main() {
@@ -65,6 +66,7 @@ func main() {
 	flag.DurationVar(&c.tenantFor, "tenant-for", 0, "set: be one tenant's crawler for this long (see the package doc)")
 	flag.StringVar(&c.otherNamespace, "other-namespace", "", "with --tenant-for: a namespace that is another tenant's")
 	flag.StringVar(&c.leaseTarget, "lease-target", "", "with --tenant-for: the target its leases are for")
+	flag.StringVar(&c.report, "report", "", "with --tenant-for: the result to report on every lease (blocked: a ban storm)")
 	flag.Parse()
 	c.selector = map[string]string{}
 	for _, kv := range strings.Split(selector, ",") {
@@ -154,7 +156,7 @@ func (r *rest) asTenant(ctx context.Context, c config) error {
 	code, err := r.call(ctx, http.MethodGet, "/v1/proxies?namespace="+c.otherNamespace, nil, nil)
 	emit(map[string]any{"step": "tenant-other", "status": code, "error": fmt.Sprint(err)})
 
-	leased, refused := map[string]int{}, map[string]int{}
+	leased, refused, actions := map[string]int{}, map[string]int{}, map[string]int{}
 	n := 0
 	for end := time.Now().Add(c.tenantFor); time.Now().Before(end); {
 		var l restLease
@@ -165,11 +167,20 @@ func (r *rest) asTenant(ctx context.Context, c config) error {
 		}
 		n++
 		leased[l.Proxy.ID]++
+		if c.report != "" {
+			var v struct {
+				Actions []string `json:"actions"`
+			}
+			if _, err := r.call(ctx, http.MethodPost, "/v1/leases/"+l.LeaseID+"/report", map[string]any{"result": c.report, "target": c.leaseTarget}, &v); err != nil {
+				return err
+			}
+			actions[strings.Join(v.Actions, ",")]++
+		}
 		if _, err := r.call(ctx, http.MethodDelete, "/v1/leases/"+l.LeaseID, nil, nil); err != nil {
 			return err
 		}
 	}
-	emit(map[string]any{"step": "tenant-leases", "leases": n, "byProxy": leased, "refused": refused})
+	emit(map[string]any{"step": "tenant-leases", "leases": n, "byProxy": leased, "refused": refused, "reports": actions})
 	return nil
 }
 

@@ -325,3 +325,54 @@ func TestTenantsThroughTheGateway(t *testing.T) {
 	var ne net.Error
 	assert.True(t, errors.As(err, &ne) && ne.Timeout(), "the kept credential's tunnel lives: %v", err)
 }
+
+// Reports weigh per tenant on a real broker: an untrusted tenant's block
+// cools its proxy for itself alone (its list shows the cooldown, another
+// tenant's does not and leases the proxy); a second tenant's block on
+// the same exit cools it for everyone; a trusted tenant's does at once.
+func TestTenantsReportsWeighForThemselves(t *testing.T) {
+	f := newTenantFleet(t)
+	a, b := f.ns["team-a"], f.ns["team-b"]
+	for _, name := range []string{"team-c", "ops"} {
+		f.tokens[name] = "token-of-" + name
+		f.secret(name+"-v1", f.tokens[name])
+	}
+	f.tenant("team-c", v1.TenantSpec{Namespaces: []string{"*"}})
+	f.tenant("ops", v1.TenantSpec{Namespaces: []string{"*"}, Trusted: true})
+	for _, name := range []string{"team-c", "ops"} {
+		require.Eventually(t, func() bool { return len(f.list(name, "")) == 2 }, 30*time.Second, 50*time.Millisecond, "%s never saw the proxies", name)
+	}
+	// cooling is whether tenant's list shows the proxy in ns cooling
+	// down for shop.example.
+	cooling := func(tenant, ns string) bool {
+		r := f.as(tenant, "GET", "/v1/proxies?target=shop.example&namespace="+ns, "")
+		require.Equal(t, http.StatusOK, r.Status, string(r.Body))
+		return r.JSON["proxies"].([]any)[0].(map[string]any)["cooldownUntil"] != nil
+	}
+	// block leases ns's proxy for shop.example as tenant, reports it
+	// blocked and returns the report's actions.
+	block := func(tenant, ns string) []any {
+		l := f.as(tenant, "POST", "/v1/leases", `{"namespace":"`+ns+`","target":"shop.example","ttlSeconds":60}`)
+		require.Equal(t, http.StatusOK, l.Status, string(l.Body))
+		id := l.JSON["leaseID"].(string)
+		r := f.as(tenant, "POST", "/v1/leases/"+id+"/report", `{"result":"blocked","target":"shop.example"}`)
+		require.Equal(t, http.StatusOK, r.Status, string(r.Body))
+		require.Equal(t, http.StatusNoContent, f.as(tenant, "DELETE", "/v1/leases/"+id, "").Status)
+		return r.JSON["actions"].([]any)
+	}
+
+	assert.Equal(t, []any{"COOLDOWN_STARTED", "TENANT_ONLY"}, block("team-a", a))
+	assert.True(t, cooling("team-a", a), "team-a's own view")
+	again := f.as("team-a", "POST", "/v1/leases", `{"target":"shop.example","ttlSeconds":60}`)
+	assert.Equal(t, "ALL_COOLING_DOWN", reason(again), string(again.Body))
+	assert.False(t, cooling("team-c", a), "not team-c's")
+	assert.False(t, cooling("ops", a))
+
+	assert.Equal(t, []any{"COOLDOWN_STARTED"}, block("team-c", a), "team-c agrees: the fleet's")
+	for _, tenant := range []string{"team-a", "team-c", "ops"} {
+		assert.True(t, cooling(tenant, a), tenant)
+	}
+	assert.Equal(t, []any{"COOLDOWN_STARTED"}, block("ops", b), "a trusted tenant's is the fleet's at once")
+	assert.True(t, cooling("team-c", b))
+	assert.True(t, cooling("team-b", b))
+}

@@ -392,7 +392,7 @@ func (m *Maintainer) check(ctx context.Context, key string) error {
 	}
 	// A quarantined proxy is out of its indexes on purpose: the join
 	// below only confirms it rejoins at the end, and is no repair.
-	states, err := m.Store.States(ctx, "", uids)
+	states, err := m.Store.States(ctx, "", "", uids)
 	if err != nil {
 		return err
 	}

@@ -342,7 +342,8 @@ func (s *Service) ListProxies(ctx context.Context, req *leasev1.ListProxiesReque
 	if err != nil {
 		return nil, err
 	}
-	ns, sel, err := tenant.From(ctx).Scope(req.GetNamespace(), req.GetSelector())
+	t := tenant.From(ctx)
+	ns, sel, err := t.Scope(req.GetNamespace(), req.GetSelector())
 	if err != nil {
 		return nil, err
 	}
@@ -352,7 +353,7 @@ func (s *Service) ListProxies(ctx context.Context, req *leasev1.ListProxiesReque
 	for i, p := range ps {
 		uids[i] = p.UID
 	}
-	states, err := s.store.States(ctx, req.GetTarget(), uids)
+	states, err := s.store.States(ctx, req.GetTarget(), t.Name, uids)
 	if err != nil {
 		return nil, storeError(err)
 	}
@@ -475,7 +476,7 @@ func (s *Service) explainEmpty(ctx context.Context, sel index.Selector, none *st
 			leasable = append(leasable, p.UID)
 		}
 	}
-	states, err := s.store.States(ctx, "", leasable)
+	states, err := s.store.States(ctx, "", "", leasable)
 	for _, st := range states {
 		if !st.QuarantinedUntil.IsZero() {
 			none.Quarantined++

@@ -217,7 +217,7 @@ func TestCreateLeaseNeverHandsOutAnUnleasableProxy(t *testing.T) {
 		_, err = svc.ReleaseLease(ctx, &leasev1.ReleaseLeaseRequest{LeaseId: l.GetLeaseId()})
 		require.NoError(t, err)
 	}
-	states, err := s.Store.States(ctx, "", []string{bad.UID})
+	states, err := s.Store.States(ctx, "", "", []string{bad.UID})
 	require.NoError(t, err)
 	assert.Zero(t, states[bad.UID].Load, "every lease on bad was handed back")
 }

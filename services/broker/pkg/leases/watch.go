@@ -270,7 +270,7 @@ func (s *Service) views(ctx context.Context, ps []inventory.Proxy) (map[string]*
 	for i, p := range ps {
 		uids[i] = p.UID
 	}
-	states, err := s.store.States(ctx, "", uids)
+	states, err := s.store.States(ctx, "", "", uids)
 	if err != nil {
 		return nil, err
 	}

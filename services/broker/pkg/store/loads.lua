@@ -1,11 +1,16 @@
 -- Live lease counts, quarantines (0: none) and, for a target, cooldown
 -- ends (0: none) of proxies, after applying what is due. ARGV: target
--- ('' for none), proxies... Returns {load, quarantine start, quarantine
+-- ('' for none), tenant (whose own cooldowns count too; '' for none),
+-- proxies... Returns {load, quarantine start, quarantine
 -- end, cooldown end} quadruples, flattened.
 local now = now_ms()
 drain(now, DRAIN)
 local target = ARGV[1]
-local uids = {unpack(ARGV, 2)}
+local mine = target
+if ARGV[2] ~= '' then
+  mine = target .. MINE .. ARGV[2]
+end
+local uids = {unpack(ARGV, 3)}
 local out = {}
 if #uids > 0 then
   local q = redis.call('HMGET', K.Quarantine, unpack(uids))
@@ -16,7 +21,8 @@ if #uids > 0 then
     end
     local cool = 0
     if target ~= '' then
-      cool = tonumber(redis.call('HGET', K.Cooling .. uids[i], target) or '0')
+      local c = redis.call('HMGET', K.Cooling .. uids[i], target, mine)
+      cool = math.max(tonumber(c[1] or '0'), tonumber(c[2] or '0'))
       if cool <= now then
         cool = 0
       end

@@ -120,7 +120,7 @@ func TestALeaseIsItsTenants(t *testing.T) {
 	assert.False(t, released)
 	_, err = f.st.Report(f.ctx, store.Report{LeaseID: l.ID, Owner: "team-b", Outcome: store.Blocked, Target: "shop.example", Policy: store.FixedCooldown(time.Hour)})
 	assert.ErrorIs(t, err, store.ErrNotOwner)
-	st, err := f.st.States(f.ctx, "shop.example", []string{l.Proxy})
+	st, err := f.st.States(f.ctx, "shop.example", "", []string{l.Proxy})
 	require.NoError(t, err)
 	assert.Equal(t, 1, st[l.Proxy].Load, "the lease lives on")
 	assert.True(t, st[l.Proxy].CooldownUntil.IsZero(), "and another tenant's report cooled nothing")
@@ -277,7 +277,7 @@ func (w *weighing) report(caller string, trusted bool, uid, target string, o sto
 
 // cooling is whether uid cools down for target for every tenant.
 func (w *weighing) cooling(uid, target string) bool {
-	st, err := w.st.States(w.ctx, target, []string{uid})
+	st, err := w.st.States(w.ctx, target, "", []string{uid})
 	require.NoError(w.t, err)
 	return !st[uid].CooldownUntil.IsZero()
 }

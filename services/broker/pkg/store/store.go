@@ -654,18 +654,19 @@ type State struct {
 	// reports on several targets put it in (zero: none).
 	QuarantinedSince, QuarantinedUntil time.Time
 	// CooldownUntil ends its cooldown for the target States was asked
-	// about (zero: none, or no target named).
+	// about (zero: none, or no target named): the fleet's, or the
+	// tenant's own if that ends later.
 	CooldownUntil time.Time
 }
 
 // States returns the state of each proxy (by UID); with a target, their
-// cooldowns for it too.
-func (s *Store) States(ctx context.Context, target string, proxies []string) (map[string]State, error) {
+// cooldowns for it too, as tenant sees them ("": the fleet's alone).
+func (s *Store) States(ctx context.Context, target, tenant string, proxies []string) (map[string]State, error) {
 	out := make(map[string]State, len(proxies))
 	for lo := 0; lo < len(proxies); lo += batch {
 		chunk := proxies[lo:min(lo+batch, len(proxies))]
-		args := make([]any, 0, len(chunk)+1)
-		args = append(args, target)
+		args := make([]any, 0, len(chunk)+2)
+		args = append(args, target, tenant)
 		for _, p := range chunk {
 			args = append(args, p)
 		}

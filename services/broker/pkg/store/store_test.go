@@ -61,7 +61,7 @@ func (f *fixture) cool(id, target string) (time.Time, error) {
 
 // loads is the live lease count of each proxy.
 func (f *fixture) loads(proxies []string) (map[string]int, error) {
-	st, err := f.st.States(f.ctx, "", proxies)
+	st, err := f.st.States(f.ctx, "", "", proxies)
 	out := map[string]int{}
 	for p, s := range st {
 		out[p] = s.Load
@@ -664,7 +664,7 @@ func TestQuarantineParksAndRestoresIndexMembership(t *testing.T) {
 	assert.Empty(t, f.report(x.ID, store.Failed, "x", hourLong, faults).QuarantinedUntil)
 	v := f.report(y.ID, store.Failed, "y", hourLong, faults)
 	assert.Equal(t, []string{store.ActionQuarantined}, v.Actions)
-	st, err := f.st.States(f.ctx, "", []string{bad})
+	st, err := f.st.States(f.ctx, "", "", []string{bad})
 	require.NoError(t, err)
 	assert.Equal(t, v.QuarantinedUntil, st[bad].QuarantinedUntil)
 
@@ -700,7 +700,7 @@ func TestQuarantineParksAndRestoresIndexMembership(t *testing.T) {
 		require.NotEqual(t, bad, l.Proxy, "its cooldown for t came back with it")
 	}
 	assert.True(t, leased[bad], "least-loaded reaches it again once it is back")
-	st, err = f.st.States(f.ctx, "", []string{bad})
+	st, err = f.st.States(f.ctx, "", "", []string{bad})
 	require.NoError(t, err)
 	assert.Zero(t, st[bad].QuarantinedUntil)
 }

@@ -109,7 +109,7 @@ type Proxy struct {
 	QuarantinedSince *timestamppb.Timestamp `protobuf:"bytes,9,opt,name=quarantined_since,json=quarantinedSince,proto3" json:"quarantined_since,omitempty"`
 	// cooldown_until is set, in a list naming a target, while the proxy
 	// cools down for that target: its exit IP was rate-limited or blocked
-	// there.
+	// there (for every tenant, or for the caller by its own reports).
 	CooldownUntil *timestamppb.Timestamp `protobuf:"bytes,10,opt,name=cooldown_until,json=cooldownUntil,proto3" json:"cooldown_until,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -1003,7 +1003,8 @@ type ReportLeaseResponse struct {
 	// actions the broker took, in order: COOLDOWN_STARTED,
 	// COOLDOWN_ESCALATED, COOLDOWN_ACTIVE, COOLDOWN_DECAYED, GUARD_HELD,
 	// PACING_STARTED, PACE_CUT, PACE_HELD, PACE_RAISED, PACING_ENDED,
-	// QUARANTINED, or NONE.
+	// QUARANTINED, QUARANTINE_HELD, or NONE; TENANT_ONLY follows a
+	// cooldown that holds for the reporting tenant alone.
 	Actions []string `protobuf:"bytes,7,rep,name=actions,proto3" json:"actions,omitempty"`
 	// policy is the TargetPolicy ("namespace/name") that decided, or empty
 	// for the broker's defaults.

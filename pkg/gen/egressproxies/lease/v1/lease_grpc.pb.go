@@ -54,7 +54,11 @@ type LeaseServiceClient interface {
 	// what the broker did about it: rate_limited and blocked cool the
 	// proxy's exit IP down for the target (escalating on repeats) or, past
 	// the target's cooling limit, pace the target fleet-wide; error on
-	// several targets quarantines the proxy; ok decays both.
+	// several targets quarantines the proxy; ok decays both. A tenant that
+	// is not trusted weighs for itself first: its rate_limited, blocked and
+	// error cool the proxy for the target for that tenant alone
+	// (TENANT_ONLY) until another tenant's ban on the same exit agrees, and
+	// its errors quarantine only beside another tenant's.
 	ReportLease(ctx context.Context, in *ReportLeaseRequest, opts ...grpc.CallOption) (*ReportLeaseResponse, error)
 	// ReportSession is ReportLease for a session key instead of a lease id:
 	// the outcome applies to the session's last lease for the target, live
@@ -198,7 +202,11 @@ type LeaseServiceServer interface {
 	// what the broker did about it: rate_limited and blocked cool the
 	// proxy's exit IP down for the target (escalating on repeats) or, past
 	// the target's cooling limit, pace the target fleet-wide; error on
-	// several targets quarantines the proxy; ok decays both.
+	// several targets quarantines the proxy; ok decays both. A tenant that
+	// is not trusted weighs for itself first: its rate_limited, blocked and
+	// error cool the proxy for the target for that tenant alone
+	// (TENANT_ONLY) until another tenant's ban on the same exit agrees, and
+	// its errors quarantine only beside another tenant's.
 	ReportLease(context.Context, *ReportLeaseRequest) (*ReportLeaseResponse, error)
 	// ReportSession is ReportLease for a session key instead of a lease id:
 	// the outcome applies to the session's last lease for the target, live

@@ -89,7 +89,7 @@ export type Proxy = Message<"egressproxies.lease.v1.Proxy"> & {
   /**
    * cooldown_until is set, in a list naming a target, while the proxy
    * cools down for that target: its exit IP was rate-limited or blocked
-   * there.
+   * there (for every tenant, or for the caller by its own reports).
    *
    * @generated from field: google.protobuf.Timestamp cooldown_until = 10;
    */
@@ -601,7 +601,8 @@ export type ReportLeaseResponse = Message<"egressproxies.lease.v1.ReportLeaseRes
    * actions the broker took, in order: COOLDOWN_STARTED,
    * COOLDOWN_ESCALATED, COOLDOWN_ACTIVE, COOLDOWN_DECAYED, GUARD_HELD,
    * PACING_STARTED, PACE_CUT, PACE_HELD, PACE_RAISED, PACING_ENDED,
-   * QUARANTINED, or NONE.
+   * QUARANTINED, QUARANTINE_HELD, or NONE; TENANT_ONLY follows a
+   * cooldown that holds for the reporting tenant alone.
    *
    * @generated from field: repeated string actions = 7;
    */
@@ -965,7 +966,11 @@ export const LeaseService: GenService<{
    * what the broker did about it: rate_limited and blocked cool the
    * proxy's exit IP down for the target (escalating on repeats) or, past
    * the target's cooling limit, pace the target fleet-wide; error on
-   * several targets quarantines the proxy; ok decays both.
+   * several targets quarantines the proxy; ok decays both. A tenant that
+   * is not trusted weighs for itself first: its rate_limited, blocked and
+   * error cool the proxy for the target for that tenant alone
+   * (TENANT_ONLY) until another tenant's ban on the same exit agrees, and
+   * its errors quarantine only beside another tenant's.
    *
    * @generated from rpc egressproxies.lease.v1.LeaseService.ReportLease
    */
