@@ -337,8 +337,9 @@ func TestTenantsReportsWeighForThemselves(t *testing.T) {
 		f.tokens[name] = "token-of-" + name
 		f.secret(name+"-v1", f.tokens[name])
 	}
-	f.tenant("team-c", v1.TenantSpec{Namespaces: []string{"*"}})
-	f.tenant("ops", v1.TenantSpec{Namespaces: []string{"*"}, Trusted: true})
+	// Both namespaces (the suite's other tests have proxies elsewhere).
+	f.tenant("team-c", v1.TenantSpec{Namespaces: []string{a, b}})
+	f.tenant("ops", v1.TenantSpec{Namespaces: []string{a, b}, Trusted: true})
 	for _, name := range []string{"team-c", "ops"} {
 		require.Eventually(t, func() bool { return len(f.list(name, "")) == 2 }, 30*time.Second, 50*time.Millisecond, "%s never saw the proxies", name)
 	}
