@@ -583,6 +583,7 @@ spec:
 		}
 		assert.EqualValues(t, 403, seen[job]["tenant-other"][0]["status"], "%s is refused the other's namespace", job)
 		leases := seen[job]["tenant-leases"][0]
+		t.Logf("%s: %v", job, leases)
 		require.NotEmpty(t, leases["byProxy"], job)
 		for id := range leases["byProxy"].(map[string]any) {
 			assert.True(t, strings.HasPrefix(id, own+"/"), "%s leased %s", job, id)
@@ -593,7 +594,6 @@ spec:
 		}
 	}
 	storm := seen["tenant-b"]["tenant-leases"][0]
-	t.Logf("team-b's storm: %v", storm)
 	reports := storm["reports"].(map[string]any)
 	assert.EqualValues(t, 1, reports["COOLDOWN_STARTED,TENANT_ONLY"], "team-b's first block cools its proxy for itself: %v", reports)
 	for actions := range reports {
