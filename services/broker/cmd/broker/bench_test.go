@@ -365,6 +365,48 @@ func startBaseline(b *testing.B, redisAddr string) baselines {
 	return baselines{grpc: leasev1.NewLeaseServiceClient(conn), gateway: serve(gw), raw: serve(raw)}
 }
 
+// ownCooldowns measures the contended lease (loadFleet's state, kept) as
+// a tenant's pick runs it: a broker on the same prefix, called with a
+// token-file tenant's credential, first with no cooldowns of the tenant's
+// own, then with 10% of the fleet, drawn at random, cooling for it alone
+// as an untrusted tenant's reports leave them (decision 127), so its pick
+// counts a second cooling index.
+func ownCooldowns(b *testing.B, r *proc.Redis, fleet []store.Member, target string, loaded benchRow, measure func(*benchBroker) benchRow) []benchRow {
+	ctx := context.Background()
+	tokens := filepath.Join(b.TempDir(), "tokens")
+	require.NoError(b, os.WriteFile(tokens, []byte("crawler:crawler-token\n"), 0o600))
+	bb := startBenchBroker(b, r, benchCap, "{bench-cap}:", "--token-file", tokens, "--token-max-leases", "0")
+	none := measure(bb)
+
+	rdb := redis.NewClient(&redis.Options{Addr: r.Addr})
+	defer func() { _ = rdb.Close() }()
+	st := store.New(rdb, "{bench-cap}:")
+	shuffled := append([]store.Member(nil), fleet...)
+	rand.New(rand.NewPCG(2, 2)).Shuffle(len(shuffled), func(i, j int) { shuffled[i], shuffled[j] = shuffled[j], shuffled[i] })
+	const private = `{"scope":"bench-own"}`
+	require.NoError(b, st.Join(ctx, private, shuffled[:len(fleet)/10], []string{"bench-own"}))
+	cooled := 0
+	for ; ; cooled++ {
+		l, err := st.Acquire(ctx, store.Acquire{Index: "bench-own", Target: target, TTL: time.Hour, LeaseID: store.NewLeaseID(), Caller: "crawler"})
+		if _, ok := err.(*store.NoCandidateError); ok {
+			break
+		}
+		require.NoError(b, err)
+		v, err := st.Report(ctx, store.Report{LeaseID: l.ID, Owner: "crawler", Outcome: store.Blocked, Target: target, Policy: store.FixedCooldown(time.Hour)})
+		require.NoError(b, err)
+		require.Contains(b, v.Actions, store.ActionTenantOnly)
+		_, err = st.Release(ctx, l.ID, "crawler")
+		require.NoError(b, err)
+	}
+	require.NoError(b, st.Drop(ctx, "bench-own"))
+	own := measure(bb)
+	b.Logf("the tenant's own cooldowns: %d of the %d proxies", cooled, len(fleet))
+	none.name, none.vs, none.ratio = "  same, called as a tenant (none of its own cooling)", "30% cooling", none.rate/loaded.rate
+	own.name, own.vs, own.ratio, own.goal = "  same, 10% of the fleet drawn at random cooling for that tenant alone", "none of its own", own.rate/none.rate, "≥ 0.85"
+	b.ReportMetric(own.rate/none.rate, "own-cooling/none")
+	return []benchRow{none, own}
+}
+
 // loadFleet puts the capped broker's 10,000 in the contended state: 30%
 // cooling down for target, 30% at the cap. It writes through the store
 // on private indexes, as leases from other crawlers would.
@@ -623,6 +665,9 @@ func BenchmarkLeases(b *testing.B) {
 	loaded := phase(capped, leaseRelease(capped.api, req), false)
 	loaded.name, loaded.vs, loaded.ratio, loaded.goal = "  same, 30% cooling down for the target, 30% at the cap", "clean", loaded.rate/clean.rate, "≥ 0.80"
 	rows = append(rows, loaded)
+	rows = append(rows, ownCooldowns(b, r, fleet, "example.com", loaded, func(bb *benchBroker) benchRow {
+		return phase(bb, leaseRelease(bb.api, req), false)
+	})...)
 	rows = append(rows, selectorChurn(b, r, phase)...)
 	// Last, so neither the extra brokers and Redises nor the slow
 	// clients' leftovers weigh on the figures above.
