@@ -258,7 +258,7 @@ func (s *Service) credentials(ctx context.Context, p inventory.Proxy) *leasev1.P
 }
 
 // storeError maps store errors to the documented codes.
-func storeError(err error) error { return storeErrorFrom(err, "") }
+func storeError(err error) error { return storeErrorFrom(err, tenant.Limit{}, tenant.Limit{}) }
 
 func withSource(msg, source string) string {
 	if source == "" {
@@ -268,8 +268,9 @@ func withSource(msg, source string) string {
 }
 
 // storeErrorFrom is storeError for a CreateLease, whose quota refusals
-// name where the quota is set (source).
-func storeErrorFrom(err error, source string) error {
+// name where the tenant's quota is set (leases: maxLeases, perMinute:
+// leasesPerMinute).
+func storeErrorFrom(err error, leases, perMinute tenant.Limit) error {
 	var refused store.Refusal
 	var un *store.UnavailableError
 	var reused *store.RequestReusedError
@@ -282,9 +283,9 @@ func storeErrorFrom(err error, source string) error {
 	case errors.As(err, &wrong):
 		return invalid("target", "%s", wrong.Error())
 	case errors.As(err, &capped):
-		return overQuota(capped.Caller, "leases", "TOKEN_LEASE_CAP", withSource(capped.Error(), source), time.Second)
+		return overQuota(capped.Caller, "leases", "TOKEN_LEASE_CAP", withSource(capped.Error(), leases.Source), time.Second)
 	case errors.As(err, &paced):
-		return overQuota(paced.Caller, "leases_per_minute", "TENANT_LEASE_RATE", withSource(paced.Error(), source), paced.Wait)
+		return overQuota(paced.Caller, "leases_per_minute", "TENANT_LEASE_RATE", withSource(paced.Error(), perMinute.Source), paced.Wait)
 	case errors.Is(err, store.ErrFull):
 		storeFull.Inc()
 		st := status.New(codes.ResourceExhausted, store.ErrFull.Error())
@@ -399,7 +400,6 @@ func (s *Service) CreateLease(ctx context.Context, req *leasev1.CreateLeaseReque
 	perMinute := tenant.LimitOf(t.Quotas.LeasesPerMinute, "leasesPerMinute", 0, "")
 	a := store.Acquire{Target: target, Cap: s.cfg.LeaseCap, TTL: ttl, LeaseID: store.NewLeaseID(), RequestID: tenant.Scoped(ctx, req.GetRequestId()),
 		PerTarget: s.cfg.BanAware, Session: tenant.Scoped(ctx, req.GetSessionKey()), Caller: t.Name, CallerCap: leases.N, CallerRate: perMinute.N}
-	source := leases.Source
 	if err := s.selectors.take(t, sel, tenant.LimitOf(t.Quotas.MaxSelectors, "maxSelectors", s.cfg.TokenMaxSelectors, "--token-max-selectors"), s.idx.Holds); err != nil {
 		return nil, err
 	}
@@ -416,10 +416,6 @@ func (s *Service) CreateLease(ctx context.Context, req *leasev1.CreateLeaseReque
 			return nil, storeError(err)
 		}
 		l, err := s.store.Acquire(ctx, a)
-		var rated *store.CallerRateError
-		if errors.As(err, &rated) {
-			source = perMinute.Source
-		}
 		var stale *store.StaleIndexError
 		var none *store.NoCandidateError
 		switch {
@@ -442,7 +438,7 @@ func (s *Service) CreateLease(ctx context.Context, req *leasev1.CreateLeaseReque
 			}
 			return nil, storeError(none)
 		case err != nil:
-			return nil, storeErrorFrom(err, source)
+			return nil, storeErrorFrom(err, leases, perMinute)
 		}
 		p, ok := s.inv.Get(l.Proxy)
 		if ok && p.Leasable {

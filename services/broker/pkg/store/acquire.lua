@@ -66,7 +66,7 @@ local ix, cx = K.Index .. h, K.CoolingIndex .. h .. ':' .. target
 -- cooling for everyone that its own reports cooled; nl of them.
 local mine, lx, nl = nil, nil, 0
 if caller ~= '' and target ~= '' then
-  mine = target .. MINE .. caller
+  mine = mine_of(target, caller)
   lx = K.CoolingIndex .. h .. ':' .. mine
   nl = redis.call('ZCARD', lx)
 end

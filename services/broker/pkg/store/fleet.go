@@ -46,13 +46,18 @@ func (s *Store) TenantLeases(ctx context.Context) (map[string]int64, error) {
 	if err != nil {
 		return nil, wrap(err)
 	}
+	return tenantLeases(m), nil
+}
+
+// tenantLeases parses the Tokens hash: the tenants holding a live lease.
+func tenantLeases(m map[string]string) map[string]int64 {
 	out := make(map[string]int64, len(m))
 	for name, v := range m {
 		if n, _ := strconv.ParseInt(v, 10, 64); n > 0 {
 			out[name] = n
 		}
 	}
-	return out, nil
+	return out
 }
 
 // day is t's UTC day, as the per-day keys name it.
@@ -104,12 +109,7 @@ func (s *Store) Fleet(ctx context.Context) (Fleet, error) {
 	}); err != nil {
 		return Fleet{}, wrap(err)
 	}
-	f := Fleet{Leases: map[string]int64{}, Quarantines: quarantines.Val(), Paced: map[string]float64{}, TenantLeases: map[string]int64{}}
-	for name, v := range tenants.Val() {
-		if n, _ := strconv.ParseInt(v, 10, 64); n > 0 {
-			f.TenantLeases[name] = n
-		}
-	}
+	f := Fleet{Leases: map[string]int64{}, Quarantines: quarantines.Val(), Paced: map[string]float64{}, TenantLeases: tenantLeases(tenants.Val())}
 	if err := s.livePaces(ctx, paced.Val(), f.Paced); err != nil {
 		return Fleet{}, err
 	}

@@ -43,14 +43,26 @@ end
 -- never a member twice.
 local MINE = '#'
 
+-- The key a tenant's own cooldowns for target are filed under.
+local function mine_of(target, tenant)
+  return target .. MINE .. tenant
+end
+
+-- The fleet-wide target and tenant of a tenant's own key; the target
+-- alone for a fleet-wide one.
+local function split_mine(t)
+  local i = string.find(t, MINE, 1, true)
+  if i then
+    return string.sub(t, 1, i - 1), string.sub(t, i + 1)
+  end
+  return t, nil
+end
+
 -- The fleet-wide target a tenant's own cooldown is about; nil for a
 -- fleet-wide one.
 local function base_of(t)
-  local i = string.find(t, MINE, 1, true)
-  if i then
-    return string.sub(t, 1, i - 1)
-  end
-  return nil
+  local base, tenant = split_mine(t)
+  return tenant and base
 end
 
 -- Changes uid's live lease count by delta and moves it to its new place in
@@ -139,7 +151,7 @@ end
 -- The tenants' own cooldowns of uid for target (fields of cool:<uid>)
 -- that end after now.
 local function mine_for(uid, target, now)
-  local out, pre = {}, target .. MINE
+  local out, pre = {}, mine_of(target, '')
   local c = redis.call('HGETALL', K.Cooling .. uid)
   for j = 1, #c, 2 do
     if c[j]:sub(1, #pre) == pre and tonumber(c[j + 1]) > now then

@@ -8,7 +8,7 @@ drain(now, DRAIN)
 local target = ARGV[1]
 local mine = target
 if ARGV[2] ~= '' then
-  mine = target .. MINE .. ARGV[2]
+  mine = mine_of(target, ARGV[2])
 end
 local uids = {unpack(ARGV, 3)}
 local out = {}

@@ -32,7 +32,7 @@ local ewindow, etargets, qperiod = tonumber(ARGV[11]), tonumber(ARGV[12]), tonum
 local rnd, qfraction = tonumber(ARGV[14]), tonumber(ARGV[15])
 local sess, owner = ARGV[16], ARGV[17]
 local trusted = ARGV[18] == '1' or owner == '' or target == ''
-local mine = target .. MINE .. owner
+local mine = mine_of(target, owner)
 local now, l
 if id ~= '' then
   now, l = open_lease(id)
@@ -176,12 +176,18 @@ local function alone()
   return not agreed
 end
 
+-- Answers with the cooldown found running (so racing reports cannot
+-- double it).
+local function running(st, e, lv)
+  out[1], out[2], out[3], out[4] = st, e, lv, #sharing()
+  did('COOLDOWN_ACTIVE')
+end
+
 -- Cools ck down for the owner alone (its own view of the target).
 local function cool_mine()
   local e, lv, st = record(mine)
   if e and e > now then
-    out[1], out[2], out[3], out[4] = st, e, lv, #sharing()
-    did('COOLDOWN_ACTIVE')
+    running(st, e, lv)
   else
     cool_down(mine, e, lv)
   end
@@ -194,11 +200,7 @@ end
 local function faulty(members)
   local targets, tenants, nt, nn, sure = {}, {}, 0, 0, false
   for _, m in ipairs(members) do
-    local t, who = m, nil
-    local i = string.find(m, MINE, 1, true)
-    if i then
-      t, who = string.sub(m, 1, i - 1), string.sub(m, i + 1)
-    end
+    local t, who = split_mine(m)
     if not targets[t] then
       targets[t], nt = true, nt + 1
     end
@@ -256,8 +258,7 @@ elseif result == 'rate_limited' or result == 'blocked' then
   if rate and result == 'rate_limited' then
     slow_down() -- the target throttles the fleet, not this proxy
   elseif e and e > now then
-    out[1], out[2], out[3], out[4] = st, e, lv, #sharing()
-    did('COOLDOWN_ACTIVE')
+    running(st, e, lv)
   elseif guard_holds() then
     did('GUARD_HELD')
     if rate then

@@ -343,7 +343,9 @@ func TestATenantsOwnCooldownOutlastsTheFleets(t *testing.T) {
 	w := &weighing{fixture: newFixture(t), p: store.FixedCooldown(time.Hour)}
 	w.index("ix", "uid-000")
 	w.report("team-a", false, "uid-000", "t", store.RateLimited)
-	w.p = store.FixedCooldown(300 * time.Millisecond)
+	// Long enough that the checks before its end pass on a busy machine;
+	// the sleep after them outlasts it whatever they took.
+	w.p = store.FixedCooldown(2 * time.Second)
 	assert.Equal(t, []string{store.ActionCooldownStarted}, w.report("ops", true, "uid-000", "t", store.RateLimited))
 	var none *store.NoCandidateError
 	for _, caller := range []string{"team-a", "team-b"} {
@@ -351,7 +353,7 @@ func TestATenantsOwnCooldownOutlastsTheFleets(t *testing.T) {
 		require.ErrorAs(t, err, &none, caller)
 		assert.Equal(t, 1, none.CoolingDown, caller)
 	}
-	time.Sleep(400 * time.Millisecond)
+	time.Sleep(2200 * time.Millisecond)
 	_, err := w.lease("team-a", "t", "")
 	require.ErrorAs(t, err, &none, "team-a's own hour goes on")
 	assert.Equal(t, 1, none.CoolingDown)

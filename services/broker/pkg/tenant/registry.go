@@ -274,11 +274,16 @@ func (r *Registry) read(ctx context.Context, c crcache.Cache, secrets client.Rea
 }
 
 func credentialKey(o *v1.Tenant, c v1.TenantCredential) string {
-	ns := c.Namespace
-	if ns == "" {
-		ns = o.Namespace
+	return secretOf(o, c).String() + "[" + keyOf(c) + "]"
+}
+
+// secretOf names the Secret holding c: in its own namespace, else the
+// Tenant's.
+func secretOf(o *v1.Tenant, c v1.TenantCredential) types.NamespacedName {
+	if c.Namespace != "" {
+		return types.NamespacedName{Namespace: c.Namespace, Name: c.Name}
 	}
-	return ns + "/" + c.Name + "[" + keyOf(c) + "]"
+	return types.NamespacedName{Namespace: o.Namespace, Name: c.Name}
 }
 
 func keyOf(c v1.TenantCredential) string {
@@ -302,14 +307,10 @@ func isMissingKey(err error) bool {
 // readCredential reads one credential, its token trimmed as a token
 // file's lines are.
 func readCredential(ctx context.Context, secrets client.Reader, o *v1.Tenant, c v1.TenantCredential) ([]byte, error) {
-	ns := c.Namespace
-	if ns == "" {
-		ns = o.Namespace
-	}
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	var s corev1.Secret
-	if err := secrets.Get(ctx, types.NamespacedName{Namespace: ns, Name: c.Name}, &s); err != nil {
+	if err := secrets.Get(ctx, secretOf(o, c), &s); err != nil {
 		return nil, err
 	}
 	tok := []byte(strings.TrimSpace(string(s.Data[keyOf(c)])))
