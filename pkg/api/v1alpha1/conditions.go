@@ -179,6 +179,12 @@ const (
 	// A ProxyPool sets it on members it takes out; anyone may set it on
 	// any Proxy.
 	AnnotationDrainDeadline = "crawl.example.com/drain-deadline"
+	// AnnotationCordoned set to "true" keeps the brokers from granting
+	// the Proxy new leases while its live leases run and renew as
+	// before; nothing is deleted, and removing it (`kubectl egress
+	// uncordon`) makes the proxy leasable again. A drain is a cordon with
+	// a deadline and, in a pool, a deletion after it.
+	AnnotationCordoned = "crawl.example.com/cordoned"
 	// AnnotationReplaces, on a pool member, names the member it was made
 	// to replace; AnnotationSlotRetries counts the failed members its slot
 	// has been through. The pool writes both.

@@ -43,6 +43,16 @@ type ProxyPoolSpec struct {
 	// +optional
 	MaxAge *metav1.Duration `json:"maxAge,omitempty"`
 
+	// RolloutAfter replaces, once it has passed, every member created
+	// before it, make-before-break within spec.strategy and
+	// spec.disruption: a rotation of the whole pool with no template
+	// change (`kubectl egress rotate` sets it to now), as a
+	// MachineDeployment's rolloutAfter does. Members made since stay.
+	// Creation times have whole seconds, so a member made in its second
+	// is not before it: `rotate` sets the next second.
+	// +optional
+	RolloutAfter *metav1.Time `json:"rolloutAfter,omitempty"`
+
 	// DistinctEgressIPs: when two members are seen with the same
 	// status.egressIP, the newer is replaced; a slot retries up to
 	// spec.remediation.maxRetries times, then stays and the pool says why.

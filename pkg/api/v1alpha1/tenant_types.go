@@ -6,12 +6,13 @@ import (
 )
 
 // TenantVerb is something a tenant may do with the brokers.
-// +kubebuilder:validation:Enum=list;watch;lease;report;gateway
+// +kubebuilder:validation:Enum=list;watch;lease;report;gateway;inspect
 type TenantVerb string
 
 // Tenant verbs.
 const (
-	// VerbList: ListProxies and ListRefusals.
+	// VerbList: ListProxies, ListRefusals, and ListLeases, ExplainProxy
+	// and ExplainTarget about its own leases and reports.
 	VerbList TenantVerb = "list"
 	// VerbWatch: WatchProxies.
 	VerbWatch TenantVerb = "watch"
@@ -24,6 +25,10 @@ const (
 	// reports and releases for them. A tenant with only this verb cannot
 	// call the lease API, whose leases carry proxies' credentials.
 	VerbGateway TenantVerb = "gateway"
+	// VerbInspect: ListLeases, ExplainProxy and ExplainTarget show every
+	// tenant's leases, cooldowns and reports on the proxies it may list,
+	// not only its own: an operator's or a console's credential.
+	VerbInspect TenantVerb = "inspect"
 )
 
 // AllNamespaces in spec.namespaces lets a tenant use every namespace's
@@ -71,7 +76,7 @@ type TenantSpec struct {
 	// report (everything but the gateway). ["gateway"] is a credential for
 	// the gateway only: sniffed from a proxy URL, it cannot call the API.
 	// +kubebuilder:validation:MinItems=1
-	// +kubebuilder:validation:MaxItems=5
+	// +kubebuilder:validation:MaxItems=6
 	// +listType=set
 	// +optional
 	Verbs []TenantVerb `json:"verbs,omitempty"`

@@ -322,6 +322,10 @@ func (in *ProxyPoolSpec) DeepCopyInto(out *ProxyPoolSpec) {
 		*out = new(v1.Duration)
 		**out = **in
 	}
+	if in.RolloutAfter != nil {
+		in, out := &in.RolloutAfter, &out.RolloutAfter
+		*out = (*in).DeepCopy()
+	}
 	if in.Remediation != nil {
 		in, out := &in.Remediation, &out.Remediation
 		*out = new(Remediation)

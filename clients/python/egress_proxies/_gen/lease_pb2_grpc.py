@@ -58,6 +58,21 @@ class LeaseServiceStub(object):
                 request_serializer=egressproxies_dot_lease_dot_v1_dot_lease__pb2.WatchProxiesRequest.SerializeToString,
                 response_deserializer=egressproxies_dot_lease_dot_v1_dot_lease__pb2.WatchProxiesResponse.FromString,
                 )
+        self.ListLeases = channel.unary_unary(
+                '/egressproxies.lease.v1.LeaseService/ListLeases',
+                request_serializer=egressproxies_dot_lease_dot_v1_dot_lease__pb2.ListLeasesRequest.SerializeToString,
+                response_deserializer=egressproxies_dot_lease_dot_v1_dot_lease__pb2.ListLeasesResponse.FromString,
+                )
+        self.ExplainProxy = channel.unary_unary(
+                '/egressproxies.lease.v1.LeaseService/ExplainProxy',
+                request_serializer=egressproxies_dot_lease_dot_v1_dot_lease__pb2.ExplainProxyRequest.SerializeToString,
+                response_deserializer=egressproxies_dot_lease_dot_v1_dot_lease__pb2.ExplainProxyResponse.FromString,
+                )
+        self.ExplainTarget = channel.unary_unary(
+                '/egressproxies.lease.v1.LeaseService/ExplainTarget',
+                request_serializer=egressproxies_dot_lease_dot_v1_dot_lease__pb2.ExplainTargetRequest.SerializeToString,
+                response_deserializer=egressproxies_dot_lease_dot_v1_dot_lease__pb2.ExplainTargetResponse.FromString,
+                )
 
 
 class LeaseServiceServicer(object):
@@ -147,6 +162,37 @@ class LeaseServiceServicer(object):
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListLeases(self, request, context):
+        """ListLeases lists live leases by proxy id, then lease id: who holds
+        what, since when, for which target and session. A tenant sees its
+        own; one with the inspect verb sees every tenant's on the proxies it
+        may list. Operators' tools read it (kubectl egress leases, the
+        console); crawlers keep their own leases.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ExplainProxy(self, request, context):
+        """ExplainProxy tells one proxy's story as the brokers see it: why it
+        takes no new leases, if it does not, its cooldowns by target with
+        their level and expiry, its quarantine and the error reports behind
+        it, and how many leases it holds. A tenant sees the fleet's cooldowns
+        and reports and its own; with inspect, every tenant's.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ExplainTarget(self, request, context):
+        """ExplainTarget is a target's view of the fleet: every proxy the caller
+        may list that is cooling down for it (which exits it pushed away, and
+        until when), its fleet-wide pace and its live leases.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_LeaseServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -189,6 +235,21 @@ def add_LeaseServiceServicer_to_server(servicer, server):
                     servicer.WatchProxies,
                     request_deserializer=egressproxies_dot_lease_dot_v1_dot_lease__pb2.WatchProxiesRequest.FromString,
                     response_serializer=egressproxies_dot_lease_dot_v1_dot_lease__pb2.WatchProxiesResponse.SerializeToString,
+            ),
+            'ListLeases': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListLeases,
+                    request_deserializer=egressproxies_dot_lease_dot_v1_dot_lease__pb2.ListLeasesRequest.FromString,
+                    response_serializer=egressproxies_dot_lease_dot_v1_dot_lease__pb2.ListLeasesResponse.SerializeToString,
+            ),
+            'ExplainProxy': grpc.unary_unary_rpc_method_handler(
+                    servicer.ExplainProxy,
+                    request_deserializer=egressproxies_dot_lease_dot_v1_dot_lease__pb2.ExplainProxyRequest.FromString,
+                    response_serializer=egressproxies_dot_lease_dot_v1_dot_lease__pb2.ExplainProxyResponse.SerializeToString,
+            ),
+            'ExplainTarget': grpc.unary_unary_rpc_method_handler(
+                    servicer.ExplainTarget,
+                    request_deserializer=egressproxies_dot_lease_dot_v1_dot_lease__pb2.ExplainTargetRequest.FromString,
+                    response_serializer=egressproxies_dot_lease_dot_v1_dot_lease__pb2.ExplainTargetResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -337,5 +398,56 @@ class LeaseService(object):
         return grpc.experimental.unary_stream(request, target, '/egressproxies.lease.v1.LeaseService/WatchProxies',
             egressproxies_dot_lease_dot_v1_dot_lease__pb2.WatchProxiesRequest.SerializeToString,
             egressproxies_dot_lease_dot_v1_dot_lease__pb2.WatchProxiesResponse.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def ListLeases(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(request, target, '/egressproxies.lease.v1.LeaseService/ListLeases',
+            egressproxies_dot_lease_dot_v1_dot_lease__pb2.ListLeasesRequest.SerializeToString,
+            egressproxies_dot_lease_dot_v1_dot_lease__pb2.ListLeasesResponse.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def ExplainProxy(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(request, target, '/egressproxies.lease.v1.LeaseService/ExplainProxy',
+            egressproxies_dot_lease_dot_v1_dot_lease__pb2.ExplainProxyRequest.SerializeToString,
+            egressproxies_dot_lease_dot_v1_dot_lease__pb2.ExplainProxyResponse.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def ExplainTarget(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(request, target, '/egressproxies.lease.v1.LeaseService/ExplainTarget',
+            egressproxies_dot_lease_dot_v1_dot_lease__pb2.ExplainTargetRequest.SerializeToString,
+            egressproxies_dot_lease_dot_v1_dot_lease__pb2.ExplainTargetResponse.FromString,
             options, channel_credentials,
             insecure, call_credentials, compression, wait_for_ready, timeout, metadata)

@@ -48,8 +48,11 @@ type Proxy struct {
 	// DrainDeadline is set while the Proxy is draining (its ProxyPool
 	// is taking it out): no new leases, and renewals end at the deadline.
 	DrainDeadline time.Time
-	// Leasable: Ready, healthy, not deleting, not draining, with an
-	// address.
+	// Cordoned: an operator asked for no new leases (AnnotationCordoned);
+	// live leases renew as before.
+	Cordoned bool
+	// Leasable: Ready, healthy, not deleting, not draining, not
+	// cordoned, with an address.
 	Leasable bool
 	// CredentialsRef decides the credentials its leases carry
 	// (Inventory.Credentials).
@@ -76,8 +79,10 @@ func (p *Proxy) NotLeasable() (reason, why string) {
 		return "PROXY_UNHEALTHY", "the proxy failed its health checks"
 	case !p.Ready:
 		return "PROXY_NOT_READY", "the proxy is not Ready"
-	default:
+	case p.Draining():
 		return ReasonDraining, "the proxy is draining: it takes no new leases and renews none past " + p.DrainDeadline.UTC().Format(time.RFC3339)
+	default:
+		return ReasonCordoned, "the proxy is cordoned (" + v1.AnnotationCordoned + "): it takes no new leases; `kubectl egress uncordon` ends that"
 	}
 }
 
@@ -102,13 +107,19 @@ func (p *Proxy) Matches(namespaces []string, selector map[string]string) bool {
 	return true
 }
 
-// ReasonDraining is NotLeasable's reason for a draining proxy.
-const ReasonDraining = "PROXY_DRAINING"
+// NotLeasable's reasons for a proxy an operator or its pool took out of
+// leasing while it still works: a draining one's leases renew up to its
+// deadline, a cordoned one's as before.
+const (
+	ReasonDraining = "PROXY_DRAINING"
+	ReasonCordoned = "PROXY_CORDONED"
+)
 
 func fromObject(px *v1.Proxy) Proxy {
 	ready := meta.IsStatusConditionTrue(px.Status.Conditions, v1.ConditionReady) && px.Status.Phase == v1.PhaseReady && px.Status.IP != ""
 	h := meta.FindStatusCondition(px.Status.Conditions, v1.ConditionHealthy)
 	drain, _ := px.DrainDeadline()
+	cordoned := px.Annotations[v1.AnnotationCordoned] == "true"
 	return Proxy{
 		CredentialsRef: kube.CredentialsRefOf(px),
 		UID:            string(px.UID), ID: px.Key(), Namespace: px.Namespace,
@@ -117,8 +128,8 @@ func fromObject(px *v1.Proxy) Proxy {
 		HealthStale:  h != nil && h.Status == metav1.ConditionUnknown && h.Reason == v1.ReasonProbeStale,
 		HealthySince: healthySince(px.Status.IsHealthy(), h, px.Status.LastHealthCheckTime),
 		Ready:        ready, Deleting: !px.DeletionTimestamp.IsZero(),
-		DrainDeadline: drain,
-		Leasable:      ready && px.Status.IsHealthy() && px.DeletionTimestamp.IsZero() && drain.IsZero(),
+		DrainDeadline: drain, Cordoned: cordoned,
+		Leasable: ready && px.Status.IsHealthy() && px.DeletionTimestamp.IsZero() && drain.IsZero() && !cordoned,
 	}
 }
 
@@ -299,6 +310,21 @@ func (i *Inventory) Select(namespaces []string, selector map[string]string, heal
 	i.mu.RUnlock()
 	sort.Slice(out, func(a, b int) bool { return out[a].ID < out[b].ID })
 	return out
+}
+
+// ByID returns the proxy named id ("namespace/name"): of a name's two
+// incarnations (the old one still being deleted), the new one.
+func (i *Inventory) ByID(id string) (Proxy, bool) {
+	i.mu.RLock()
+	defer i.mu.RUnlock()
+	var found Proxy
+	ok := false
+	for k := i.at(id, ""); k < len(i.byID) && i.byID[k].id == id; k++ {
+		if p := i.proxies[i.byID[k].uid]; !ok || found.Deleting {
+			found, ok = p, true
+		}
+	}
+	return found, ok
 }
 
 // Get returns one proxy by UID.

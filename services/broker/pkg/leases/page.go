@@ -42,6 +42,10 @@ func filterOf(req *leasev1.ListProxiesRequest) string {
 	for _, k := range keys {
 		buf = strconv.AppendQuote(strconv.AppendQuote(buf, k), req.GetSelector()[k])
 	}
+	return fingerprint(buf)
+}
+
+func fingerprint(buf []byte) string {
 	sum := sha256.Sum256(buf)
 	return hex.EncodeToString(sum[:8])
 }
@@ -59,14 +63,19 @@ type cursor struct {
 
 // readCursor checks the request's page fields.
 func readCursor(req *leasev1.ListProxiesRequest) (cursor, error) {
-	c := cursor{size: int(req.GetPageSize()), filter: filterOf(req)}
+	return newCursor(req.GetPageSize(), req.GetPageToken(), filterOf(req))
+}
+
+// newCursor checks a list's page size and token, the token bound to
+// filter, its other fields' fingerprint.
+func newCursor(size int32, tok, filter string) (cursor, error) {
+	c := cursor{size: int(size), filter: filter}
 	switch {
 	case c.size < 0:
 		return c, status.Errorf(codes.InvalidArgument, "page_size must not be negative, got %d", c.size)
 	case c.size == 0 || c.size > MaxPageSize:
 		c.size = MaxPageSize
 	}
-	tok := req.GetPageToken()
 	if tok == "" {
 		return c, nil
 	}
@@ -76,7 +85,7 @@ func readCursor(req *leasev1.ListProxiesRequest) (cursor, error) {
 	case err != nil || len(parts) != 3 || parts[0] != tokenVersion:
 		return c, status.Errorf(codes.InvalidArgument, "page_token %q is not a token this API gave", tok)
 	case parts[1] != c.filter:
-		return c, status.Error(codes.InvalidArgument, "page_token was given for other filters: namespace, selector, healthy and target must be those of the first page")
+		return c, status.Error(codes.InvalidArgument, "page_token was given for other filters: every field but the page's own must be as it was for the first page")
 	}
 	c.after = parts[2]
 	return c, nil

@@ -312,8 +312,10 @@ func storeErrorFrom(err error, leases, perMinute tenant.Limit) error {
 }
 
 func toProto(p inventory.Proxy, st store.State) *leasev1.Proxy {
+	reason, _ := p.NotLeasable()
 	return &leasev1.Proxy{Id: p.ID, Ip: p.IP, Port: p.Port, Attributes: p.Attributes, Healthy: p.Healthy, LeaseCount: int32(st.Load), EgressIp: p.EgressIP,
-		QuarantinedSince: timestamp(st.QuarantinedSince), QuarantinedUntil: timestamp(st.QuarantinedUntil), CooldownUntil: timestamp(st.CooldownUntil)}
+		QuarantinedSince: timestamp(st.QuarantinedSince), QuarantinedUntil: timestamp(st.QuarantinedUntil), CooldownUntil: timestamp(st.CooldownUntil),
+		NotLeasable: reason}
 }
 
 // timestamp is t, or nil when t is zero.
@@ -527,7 +529,7 @@ func (e *proxyLost) status() error {
 // renewable says whether l may be renewed, and until when: a draining
 // proxy's leases renew up to its drain deadline and no further (the store
 // holds them to it by Redis's clock), so the pool can delete it on time
-// without cutting a lease short.
+// without cutting a lease short; a cordoned one's renew as before.
 func (s *Service) renewable(l *store.Lease) (until time.Time, lost *proxyLost) {
 	p, ok := s.inv.Get(l.Proxy)
 	if !ok {
@@ -535,8 +537,9 @@ func (s *Service) renewable(l *store.Lease) (until time.Time, lost *proxyLost) {
 	}
 	reason, why := p.NotLeasable()
 	switch {
-	case reason == inventory.ReasonDraining && !p.DrainDeadline.IsZero():
+	case reason == inventory.ReasonDraining:
 		until = p.DrainDeadline
+	case reason == inventory.ReasonCordoned:
 	case reason != "":
 		return time.Time{}, &proxyLost{reason, why}
 	}

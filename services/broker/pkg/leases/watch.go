@@ -37,8 +37,10 @@ func (f filter) matches(p inventory.Proxy) bool {
 
 // sameView says whether a watcher sees a and b alike.
 func sameView(a, b inventory.Proxy) bool {
+	ra, _ := a.NotLeasable()
+	rb, _ := b.NotLeasable()
 	return a.ID == b.ID && a.IP == b.IP && a.Port == b.Port && a.EgressIP == b.EgressIP && a.Healthy == b.Healthy &&
-		maps.Equal(a.Attributes, b.Attributes)
+		ra == rb && maps.Equal(a.Attributes, b.Attributes)
 }
 
 // WatchSendTimeout bounds each batch's send to a watcher: one whose

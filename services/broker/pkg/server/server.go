@@ -168,6 +168,18 @@ func (p inProcess) ListRefusals(ctx context.Context, r *leasev1.ListRefusalsRequ
 	return invoke(ctx, p, leasev1.LeaseService_ListRefusals_FullMethodName, r, p.svc.ListRefusals)
 }
 
+func (p inProcess) ListLeases(ctx context.Context, r *leasev1.ListLeasesRequest) (*leasev1.ListLeasesResponse, error) {
+	return invoke(ctx, p, leasev1.LeaseService_ListLeases_FullMethodName, r, p.svc.ListLeases)
+}
+
+func (p inProcess) ExplainProxy(ctx context.Context, r *leasev1.ExplainProxyRequest) (*leasev1.ExplainProxyResponse, error) {
+	return invoke(ctx, p, leasev1.LeaseService_ExplainProxy_FullMethodName, r, p.svc.ExplainProxy)
+}
+
+func (p inProcess) ExplainTarget(ctx context.Context, r *leasev1.ExplainTargetRequest) (*leasev1.ExplainTargetResponse, error) {
+	return invoke(ctx, p, leasev1.LeaseService_ExplainTarget_FullMethodName, r, p.svc.ExplainTarget)
+}
+
 func (p inProcess) WatchProxies(r *leasev1.WatchProxiesRequest, stream grpc.ServerStreamingServer[leasev1.WatchProxiesResponse]) error {
 	info := &grpc.StreamServerInfo{FullMethod: leasev1.LeaseService_WatchProxies_FullMethodName, IsServerStream: true}
 	return p.sic(p.svc, stream, info, func(_ any, ss grpc.ServerStream) error {

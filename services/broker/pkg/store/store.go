@@ -298,7 +298,9 @@ func (s *Store) send(ctx context.Context) {
 
 // readOnly are the scripts whose effects need not reach a replica: a
 // lost drain is applied again from the replica's own due set.
-func readOnly(sc *redis.Script) bool { return sc == getScript || sc == loadsScript }
+func readOnly(sc *redis.Script) bool {
+	return sc == getScript || sc == loadsScript || sc == inspectScript
+}
 
 // exec makes one round trip of a batch of script calls, setting each
 // call's cmd. A script the server has not seen (a new, restarted or

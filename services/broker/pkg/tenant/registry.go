@@ -28,6 +28,9 @@ import (
 var verbOf = map[string]Verb{
 	leasev1.LeaseService_ListProxies_FullMethodName:   List,
 	leasev1.LeaseService_ListRefusals_FullMethodName:  List,
+	leasev1.LeaseService_ListLeases_FullMethodName:    List,
+	leasev1.LeaseService_ExplainProxy_FullMethodName:  List,
+	leasev1.LeaseService_ExplainTarget_FullMethodName: List,
 	leasev1.LeaseService_WatchProxies_FullMethodName:  Watch,
 	leasev1.LeaseService_CreateLease_FullMethodName:   Lease,
 	leasev1.LeaseService_RenewLease_FullMethodName:    Lease,

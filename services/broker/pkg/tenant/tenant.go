@@ -38,10 +38,11 @@ const (
 	Lease   = v1.VerbLease
 	Report  = v1.VerbReport
 	Gateway = v1.VerbGateway
+	Inspect = v1.VerbInspect
 )
 
 // allVerbs are the token file's tenants'.
-var allVerbs = []Verb{List, Watch, Lease, Report, Gateway}
+var allVerbs = []Verb{List, Watch, Lease, Report, Gateway, Inspect}
 
 // defaultVerbs are a Tenant's that names none: the API, not the gateway.
 var defaultVerbs = []Verb{List, Watch, Lease, Report}

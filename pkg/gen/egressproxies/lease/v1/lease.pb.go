@@ -111,6 +111,11 @@ type Proxy struct {
 	// cools down for that target: its exit IP was rate-limited or blocked
 	// there (for every tenant, or for the caller by its own reports).
 	CooldownUntil *timestamppb.Timestamp `protobuf:"bytes,10,opt,name=cooldown_until,json=cooldownUntil,proto3" json:"cooldown_until,omitempty"`
+	// not_leasable, when not empty, is why the proxy takes no new lease
+	// whatever the target: PROXY_UNHEALTHY, PROXY_HEALTH_STALE,
+	// PROXY_NOT_READY, PROXY_DELETING, PROXY_DRAINING or PROXY_CORDONED.
+	// A quarantine, a cooldown and the lease cap are in the fields above.
+	NotLeasable   string `protobuf:"bytes,11,opt,name=not_leasable,json=notLeasable,proto3" json:"not_leasable,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -213,6 +218,13 @@ func (x *Proxy) GetCooldownUntil() *timestamppb.Timestamp {
 		return x.CooldownUntil
 	}
 	return nil
+}
+
+func (x *Proxy) GetNotLeasable() string {
+	if x != nil {
+		return x.NotLeasable
+	}
+	return ""
 }
 
 // ListProxiesRequest filters the proxy list and asks for one page of it.
@@ -1537,11 +1549,757 @@ func (x *ProxyEvent) GetProxy() *Proxy {
 	return nil
 }
 
+// ListLeasesRequest filters the lease list and asks for one page of it.
+type ListLeasesRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// namespace, when set, keeps only leases on proxies in that namespace.
+	Namespace string `protobuf:"bytes,1,opt,name=namespace,proto3" json:"namespace,omitempty"`
+	// proxy_id, when set ("namespace/name"), keeps only that proxy's leases.
+	ProxyId string `protobuf:"bytes,2,opt,name=proxy_id,json=proxyID,proto3" json:"proxy_id,omitempty"`
+	// tenant, when set, keeps only leases that tenant holds.
+	Tenant string `protobuf:"bytes,3,opt,name=tenant,proto3" json:"tenant,omitempty"`
+	// page_size is the most leases one response holds: 0 means 500, more
+	// than 500 is taken as 500, negative is refused.
+	PageSize int32 `protobuf:"varint,4,opt,name=page_size,json=pageSize,proto3" json:"page_size,omitempty"`
+	// page_token is a previous response's next_page_token; the other
+	// fields must be as they were for the first page.
+	PageToken     string `protobuf:"bytes,5,opt,name=page_token,json=pageToken,proto3" json:"page_token,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListLeasesRequest) Reset() {
+	*x = ListLeasesRequest{}
+	mi := &file_egressproxies_lease_v1_lease_proto_msgTypes[20]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListLeasesRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListLeasesRequest) ProtoMessage() {}
+
+func (x *ListLeasesRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_egressproxies_lease_v1_lease_proto_msgTypes[20]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListLeasesRequest.ProtoReflect.Descriptor instead.
+func (*ListLeasesRequest) Descriptor() ([]byte, []int) {
+	return file_egressproxies_lease_v1_lease_proto_rawDescGZIP(), []int{20}
+}
+
+func (x *ListLeasesRequest) GetNamespace() string {
+	if x != nil {
+		return x.Namespace
+	}
+	return ""
+}
+
+func (x *ListLeasesRequest) GetProxyId() string {
+	if x != nil {
+		return x.ProxyId
+	}
+	return ""
+}
+
+func (x *ListLeasesRequest) GetTenant() string {
+	if x != nil {
+		return x.Tenant
+	}
+	return ""
+}
+
+func (x *ListLeasesRequest) GetPageSize() int32 {
+	if x != nil {
+		return x.PageSize
+	}
+	return 0
+}
+
+func (x *ListLeasesRequest) GetPageToken() string {
+	if x != nil {
+		return x.PageToken
+	}
+	return ""
+}
+
+// Lease is one live lease as ListLeases shows it.
+type Lease struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// lease_id names the lease.
+	LeaseId string `protobuf:"bytes,1,opt,name=lease_id,json=leaseID,proto3" json:"lease_id,omitempty"`
+	// proxy_id is the leased proxy's "namespace/name".
+	ProxyId string `protobuf:"bytes,2,opt,name=proxy_id,json=proxyID,proto3" json:"proxy_id,omitempty"`
+	// tenant that holds it ("" on a broker that needs no token).
+	Tenant string `protobuf:"bytes,3,opt,name=tenant,proto3" json:"tenant,omitempty"`
+	// target it was taken for, if any.
+	Target string `protobuf:"bytes,4,opt,name=target,proto3" json:"target,omitempty"`
+	// session_key it was taken with, if any, as the tenant gave it.
+	SessionKey string `protobuf:"bytes,5,opt,name=session_key,json=sessionKey,proto3" json:"session_key,omitempty"`
+	// granted_at is when it was granted.
+	GrantedAt *timestamppb.Timestamp `protobuf:"bytes,6,opt,name=granted_at,json=grantedAt,proto3" json:"granted_at,omitempty"`
+	// expires_at is when it ends unless renewed.
+	ExpiresAt     *timestamppb.Timestamp `protobuf:"bytes,7,opt,name=expires_at,json=expiresAt,proto3" json:"expires_at,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Lease) Reset() {
+	*x = Lease{}
+	mi := &file_egressproxies_lease_v1_lease_proto_msgTypes[21]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Lease) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Lease) ProtoMessage() {}
+
+func (x *Lease) ProtoReflect() protoreflect.Message {
+	mi := &file_egressproxies_lease_v1_lease_proto_msgTypes[21]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Lease.ProtoReflect.Descriptor instead.
+func (*Lease) Descriptor() ([]byte, []int) {
+	return file_egressproxies_lease_v1_lease_proto_rawDescGZIP(), []int{21}
+}
+
+func (x *Lease) GetLeaseId() string {
+	if x != nil {
+		return x.LeaseId
+	}
+	return ""
+}
+
+func (x *Lease) GetProxyId() string {
+	if x != nil {
+		return x.ProxyId
+	}
+	return ""
+}
+
+func (x *Lease) GetTenant() string {
+	if x != nil {
+		return x.Tenant
+	}
+	return ""
+}
+
+func (x *Lease) GetTarget() string {
+	if x != nil {
+		return x.Target
+	}
+	return ""
+}
+
+func (x *Lease) GetSessionKey() string {
+	if x != nil {
+		return x.SessionKey
+	}
+	return ""
+}
+
+func (x *Lease) GetGrantedAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.GrantedAt
+	}
+	return nil
+}
+
+func (x *Lease) GetExpiresAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.ExpiresAt
+	}
+	return nil
+}
+
+// ListLeasesResponse is one page of live leases, by proxy id then lease id.
+type ListLeasesResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// leases on this page.
+	Leases []*Lease `protobuf:"bytes,1,rep,name=leases,proto3" json:"leases,omitempty"`
+	// next_page_token, when not empty, asks for the next page.
+	NextPageToken string `protobuf:"bytes,2,opt,name=next_page_token,json=nextPageToken,proto3" json:"next_page_token,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListLeasesResponse) Reset() {
+	*x = ListLeasesResponse{}
+	mi := &file_egressproxies_lease_v1_lease_proto_msgTypes[22]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListLeasesResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListLeasesResponse) ProtoMessage() {}
+
+func (x *ListLeasesResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_egressproxies_lease_v1_lease_proto_msgTypes[22]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListLeasesResponse.ProtoReflect.Descriptor instead.
+func (*ListLeasesResponse) Descriptor() ([]byte, []int) {
+	return file_egressproxies_lease_v1_lease_proto_rawDescGZIP(), []int{22}
+}
+
+func (x *ListLeasesResponse) GetLeases() []*Lease {
+	if x != nil {
+		return x.Leases
+	}
+	return nil
+}
+
+func (x *ListLeasesResponse) GetNextPageToken() string {
+	if x != nil {
+		return x.NextPageToken
+	}
+	return ""
+}
+
+// ExplainProxyRequest names a proxy.
+type ExplainProxyRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// id is the proxy's "namespace/name".
+	Id            string `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ExplainProxyRequest) Reset() {
+	*x = ExplainProxyRequest{}
+	mi := &file_egressproxies_lease_v1_lease_proto_msgTypes[23]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ExplainProxyRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ExplainProxyRequest) ProtoMessage() {}
+
+func (x *ExplainProxyRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_egressproxies_lease_v1_lease_proto_msgTypes[23]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ExplainProxyRequest.ProtoReflect.Descriptor instead.
+func (*ExplainProxyRequest) Descriptor() ([]byte, []int) {
+	return file_egressproxies_lease_v1_lease_proto_rawDescGZIP(), []int{23}
+}
+
+func (x *ExplainProxyRequest) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+// Cooldown is one running cooldown of a proxy's exit for a target.
+type Cooldown struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// target the exit is cooling down for.
+	Target string `protobuf:"bytes,1,opt,name=target,proto3" json:"target,omitempty"`
+	// tenant is set when the cooldown holds for that tenant alone (its own
+	// reports started it, and no other tenant's agreed).
+	Tenant string `protobuf:"bytes,2,opt,name=tenant,proto3" json:"tenant,omitempty"`
+	// until is when it ends.
+	Until *timestamppb.Timestamp `protobuf:"bytes,3,opt,name=until,proto3" json:"until,omitempty"`
+	// since is when it started.
+	Since *timestamppb.Timestamp `protobuf:"bytes,4,opt,name=since,proto3" json:"since,omitempty"`
+	// level counts its doublings: 0 is the base period.
+	Level int32 `protobuf:"varint,5,opt,name=level,proto3" json:"level,omitempty"`
+	// key is what it is kept under: "ip:<egress IP>" (every proxy on that
+	// exit cools together) or "p:<uid>" before the exit is known.
+	Key           string `protobuf:"bytes,6,opt,name=key,proto3" json:"key,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Cooldown) Reset() {
+	*x = Cooldown{}
+	mi := &file_egressproxies_lease_v1_lease_proto_msgTypes[24]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Cooldown) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Cooldown) ProtoMessage() {}
+
+func (x *Cooldown) ProtoReflect() protoreflect.Message {
+	mi := &file_egressproxies_lease_v1_lease_proto_msgTypes[24]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Cooldown.ProtoReflect.Descriptor instead.
+func (*Cooldown) Descriptor() ([]byte, []int) {
+	return file_egressproxies_lease_v1_lease_proto_rawDescGZIP(), []int{24}
+}
+
+func (x *Cooldown) GetTarget() string {
+	if x != nil {
+		return x.Target
+	}
+	return ""
+}
+
+func (x *Cooldown) GetTenant() string {
+	if x != nil {
+		return x.Tenant
+	}
+	return ""
+}
+
+func (x *Cooldown) GetUntil() *timestamppb.Timestamp {
+	if x != nil {
+		return x.Until
+	}
+	return nil
+}
+
+func (x *Cooldown) GetSince() *timestamppb.Timestamp {
+	if x != nil {
+		return x.Since
+	}
+	return nil
+}
+
+func (x *Cooldown) GetLevel() int32 {
+	if x != nil {
+		return x.Level
+	}
+	return 0
+}
+
+func (x *Cooldown) GetKey() string {
+	if x != nil {
+		return x.Key
+	}
+	return ""
+}
+
+// ErrorReport is one error report counting toward a quarantine.
+type ErrorReport struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// target it was about.
+	Target string `protobuf:"bytes,1,opt,name=target,proto3" json:"target,omitempty"`
+	// tenant is set when an untrusted tenant reported it.
+	Tenant string `protobuf:"bytes,2,opt,name=tenant,proto3" json:"tenant,omitempty"`
+	// at is when it was reported.
+	At            *timestamppb.Timestamp `protobuf:"bytes,3,opt,name=at,proto3" json:"at,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ErrorReport) Reset() {
+	*x = ErrorReport{}
+	mi := &file_egressproxies_lease_v1_lease_proto_msgTypes[25]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ErrorReport) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ErrorReport) ProtoMessage() {}
+
+func (x *ErrorReport) ProtoReflect() protoreflect.Message {
+	mi := &file_egressproxies_lease_v1_lease_proto_msgTypes[25]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ErrorReport.ProtoReflect.Descriptor instead.
+func (*ErrorReport) Descriptor() ([]byte, []int) {
+	return file_egressproxies_lease_v1_lease_proto_rawDescGZIP(), []int{25}
+}
+
+func (x *ErrorReport) GetTarget() string {
+	if x != nil {
+		return x.Target
+	}
+	return ""
+}
+
+func (x *ErrorReport) GetTenant() string {
+	if x != nil {
+		return x.Tenant
+	}
+	return ""
+}
+
+func (x *ErrorReport) GetAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.At
+	}
+	return nil
+}
+
+// ExplainProxyResponse is the proxy's story.
+type ExplainProxyResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// proxy as ListProxies shows it, not_leasable included.
+	Proxy *Proxy `protobuf:"bytes,1,opt,name=proxy,proto3" json:"proxy,omitempty"`
+	// cooldowns running for the proxy's exit, soonest end first.
+	Cooldowns []*Cooldown `protobuf:"bytes,2,rep,name=cooldowns,proto3" json:"cooldowns,omitempty"`
+	// errors are the error reports in the quarantine window, newest first.
+	Errors []*ErrorReport `protobuf:"bytes,3,rep,name=errors,proto3" json:"errors,omitempty"`
+	// draining_until is the drain deadline while the proxy drains.
+	DrainingUntil *timestamppb.Timestamp `protobuf:"bytes,4,opt,name=draining_until,json=drainingUntil,proto3" json:"draining_until,omitempty"`
+	// cordoned is true while an operator keeps new leases off it.
+	Cordoned      bool `protobuf:"varint,5,opt,name=cordoned,proto3" json:"cordoned,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ExplainProxyResponse) Reset() {
+	*x = ExplainProxyResponse{}
+	mi := &file_egressproxies_lease_v1_lease_proto_msgTypes[26]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ExplainProxyResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ExplainProxyResponse) ProtoMessage() {}
+
+func (x *ExplainProxyResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_egressproxies_lease_v1_lease_proto_msgTypes[26]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ExplainProxyResponse.ProtoReflect.Descriptor instead.
+func (*ExplainProxyResponse) Descriptor() ([]byte, []int) {
+	return file_egressproxies_lease_v1_lease_proto_rawDescGZIP(), []int{26}
+}
+
+func (x *ExplainProxyResponse) GetProxy() *Proxy {
+	if x != nil {
+		return x.Proxy
+	}
+	return nil
+}
+
+func (x *ExplainProxyResponse) GetCooldowns() []*Cooldown {
+	if x != nil {
+		return x.Cooldowns
+	}
+	return nil
+}
+
+func (x *ExplainProxyResponse) GetErrors() []*ErrorReport {
+	if x != nil {
+		return x.Errors
+	}
+	return nil
+}
+
+func (x *ExplainProxyResponse) GetDrainingUntil() *timestamppb.Timestamp {
+	if x != nil {
+		return x.DrainingUntil
+	}
+	return nil
+}
+
+func (x *ExplainProxyResponse) GetCordoned() bool {
+	if x != nil {
+		return x.Cordoned
+	}
+	return false
+}
+
+// ExplainTargetRequest names a target.
+type ExplainTargetRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// target is a host name, as in CreateLease.
+	Target string `protobuf:"bytes,1,opt,name=target,proto3" json:"target,omitempty"`
+	// namespace, when set, keeps only proxies in that namespace.
+	Namespace     string `protobuf:"bytes,2,opt,name=namespace,proto3" json:"namespace,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ExplainTargetRequest) Reset() {
+	*x = ExplainTargetRequest{}
+	mi := &file_egressproxies_lease_v1_lease_proto_msgTypes[27]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ExplainTargetRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ExplainTargetRequest) ProtoMessage() {}
+
+func (x *ExplainTargetRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_egressproxies_lease_v1_lease_proto_msgTypes[27]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ExplainTargetRequest.ProtoReflect.Descriptor instead.
+func (*ExplainTargetRequest) Descriptor() ([]byte, []int) {
+	return file_egressproxies_lease_v1_lease_proto_rawDescGZIP(), []int{27}
+}
+
+func (x *ExplainTargetRequest) GetTarget() string {
+	if x != nil {
+		return x.Target
+	}
+	return ""
+}
+
+func (x *ExplainTargetRequest) GetNamespace() string {
+	if x != nil {
+		return x.Namespace
+	}
+	return ""
+}
+
+// CoolingProxy is a proxy cooling down for the target.
+type CoolingProxy struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// proxy_id is its "namespace/name".
+	ProxyId string `protobuf:"bytes,1,opt,name=proxy_id,json=proxyID,proto3" json:"proxy_id,omitempty"`
+	// egress_ip is the exit the target pushed away.
+	EgressIp string `protobuf:"bytes,2,opt,name=egress_ip,json=egressIP,proto3" json:"egress_ip,omitempty"`
+	// cooldown is the one running.
+	Cooldown      *Cooldown `protobuf:"bytes,3,opt,name=cooldown,proto3" json:"cooldown,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CoolingProxy) Reset() {
+	*x = CoolingProxy{}
+	mi := &file_egressproxies_lease_v1_lease_proto_msgTypes[28]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CoolingProxy) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CoolingProxy) ProtoMessage() {}
+
+func (x *CoolingProxy) ProtoReflect() protoreflect.Message {
+	mi := &file_egressproxies_lease_v1_lease_proto_msgTypes[28]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CoolingProxy.ProtoReflect.Descriptor instead.
+func (*CoolingProxy) Descriptor() ([]byte, []int) {
+	return file_egressproxies_lease_v1_lease_proto_rawDescGZIP(), []int{28}
+}
+
+func (x *CoolingProxy) GetProxyId() string {
+	if x != nil {
+		return x.ProxyId
+	}
+	return ""
+}
+
+func (x *CoolingProxy) GetEgressIp() string {
+	if x != nil {
+		return x.EgressIp
+	}
+	return ""
+}
+
+func (x *CoolingProxy) GetCooldown() *Cooldown {
+	if x != nil {
+		return x.Cooldown
+	}
+	return nil
+}
+
+// ExplainTargetResponse is the target's view of the fleet.
+type ExplainTargetResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// target, lower-cased.
+	Target string `protobuf:"bytes,1,opt,name=target,proto3" json:"target,omitempty"`
+	// cooling are the proxies cooling down for it, soonest end first.
+	Cooling []*CoolingProxy `protobuf:"bytes,2,rep,name=cooling,proto3" json:"cooling,omitempty"`
+	// proxies counts the proxies the caller may list (in namespace, when
+	// given), cooling or not.
+	Proxies int32 `protobuf:"varint,3,opt,name=proxies,proto3" json:"proxies,omitempty"`
+	// leases is the target's live leases, fleet-wide.
+	Leases int32 `protobuf:"varint,4,opt,name=leases,proto3" json:"leases,omitempty"`
+	// pace_per_second is its fleet-wide lease rate while paced; 0 when
+	// not.
+	PacePerSecond float64 `protobuf:"fixed64,5,opt,name=pace_per_second,json=pacePerSecond,proto3" json:"pace_per_second,omitempty"`
+	// paced_until is when that pace lapses.
+	PacedUntil *timestamppb.Timestamp `protobuf:"bytes,6,opt,name=paced_until,json=pacedUntil,proto3" json:"paced_until,omitempty"`
+	// policy is the TargetPolicy ("namespace/name") that governs it, or
+	// empty for the broker's defaults.
+	Policy        string `protobuf:"bytes,7,opt,name=policy,proto3" json:"policy,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ExplainTargetResponse) Reset() {
+	*x = ExplainTargetResponse{}
+	mi := &file_egressproxies_lease_v1_lease_proto_msgTypes[29]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ExplainTargetResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ExplainTargetResponse) ProtoMessage() {}
+
+func (x *ExplainTargetResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_egressproxies_lease_v1_lease_proto_msgTypes[29]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ExplainTargetResponse.ProtoReflect.Descriptor instead.
+func (*ExplainTargetResponse) Descriptor() ([]byte, []int) {
+	return file_egressproxies_lease_v1_lease_proto_rawDescGZIP(), []int{29}
+}
+
+func (x *ExplainTargetResponse) GetTarget() string {
+	if x != nil {
+		return x.Target
+	}
+	return ""
+}
+
+func (x *ExplainTargetResponse) GetCooling() []*CoolingProxy {
+	if x != nil {
+		return x.Cooling
+	}
+	return nil
+}
+
+func (x *ExplainTargetResponse) GetProxies() int32 {
+	if x != nil {
+		return x.Proxies
+	}
+	return 0
+}
+
+func (x *ExplainTargetResponse) GetLeases() int32 {
+	if x != nil {
+		return x.Leases
+	}
+	return 0
+}
+
+func (x *ExplainTargetResponse) GetPacePerSecond() float64 {
+	if x != nil {
+		return x.PacePerSecond
+	}
+	return 0
+}
+
+func (x *ExplainTargetResponse) GetPacedUntil() *timestamppb.Timestamp {
+	if x != nil {
+		return x.PacedUntil
+	}
+	return nil
+}
+
+func (x *ExplainTargetResponse) GetPolicy() string {
+	if x != nil {
+		return x.Policy
+	}
+	return ""
+}
+
 var File_egressproxies_lease_v1_lease_proto protoreflect.FileDescriptor
 
 const file_egressproxies_lease_v1_lease_proto_rawDesc = "" +
 	"\n" +
-	"\"egressproxies/lease/v1/lease.proto\x12\x16egressproxies.lease.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\xf6\x03\n" +
+	"\"egressproxies/lease/v1/lease.proto\x12\x16egressproxies.lease.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\x99\x04\n" +
 	"\x05Proxy\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x0e\n" +
 	"\x02ip\x18\x02 \x01(\tR\x02ip\x12\x12\n" +
@@ -1556,7 +2314,8 @@ const file_egressproxies_lease_v1_lease_proto_rawDesc = "" +
 	"\x11quarantined_until\x18\b \x01(\v2\x1a.google.protobuf.TimestampR\x10quarantinedUntil\x12G\n" +
 	"\x11quarantined_since\x18\t \x01(\v2\x1a.google.protobuf.TimestampR\x10quarantinedSince\x12A\n" +
 	"\x0ecooldown_until\x18\n" +
-	" \x01(\v2\x1a.google.protobuf.TimestampR\rcooldownUntil\x1a=\n" +
+	" \x01(\v2\x1a.google.protobuf.TimestampR\rcooldownUntil\x12!\n" +
+	"\fnot_leasable\x18\v \x01(\tR\vnotLeasable\x1a=\n" +
 	"\x0fAttributesEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xc4\x02\n" +
@@ -1675,7 +2434,63 @@ const file_egressproxies_lease_v1_lease_proto_rawDesc = "" +
 	"\x10TYPE_UNSPECIFIED\x10\x00\x12\x0f\n" +
 	"\vTYPE_UPSERT\x10\x01\x12\x0f\n" +
 	"\vTYPE_DELETE\x10\x02\x12\x0f\n" +
-	"\vTYPE_SYNCED\x10\x032\xdc\x06\n" +
+	"\vTYPE_SYNCED\x10\x03\"\xa0\x01\n" +
+	"\x11ListLeasesRequest\x12\x1c\n" +
+	"\tnamespace\x18\x01 \x01(\tR\tnamespace\x12\x19\n" +
+	"\bproxy_id\x18\x02 \x01(\tR\aproxyID\x12\x16\n" +
+	"\x06tenant\x18\x03 \x01(\tR\x06tenant\x12\x1b\n" +
+	"\tpage_size\x18\x04 \x01(\x05R\bpageSize\x12\x1d\n" +
+	"\n" +
+	"page_token\x18\x05 \x01(\tR\tpageToken\"\x84\x02\n" +
+	"\x05Lease\x12\x19\n" +
+	"\blease_id\x18\x01 \x01(\tR\aleaseID\x12\x19\n" +
+	"\bproxy_id\x18\x02 \x01(\tR\aproxyID\x12\x16\n" +
+	"\x06tenant\x18\x03 \x01(\tR\x06tenant\x12\x16\n" +
+	"\x06target\x18\x04 \x01(\tR\x06target\x12\x1f\n" +
+	"\vsession_key\x18\x05 \x01(\tR\n" +
+	"sessionKey\x129\n" +
+	"\n" +
+	"granted_at\x18\x06 \x01(\v2\x1a.google.protobuf.TimestampR\tgrantedAt\x129\n" +
+	"\n" +
+	"expires_at\x18\a \x01(\v2\x1a.google.protobuf.TimestampR\texpiresAt\"s\n" +
+	"\x12ListLeasesResponse\x125\n" +
+	"\x06leases\x18\x01 \x03(\v2\x1d.egressproxies.lease.v1.LeaseR\x06leases\x12&\n" +
+	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"%\n" +
+	"\x13ExplainProxyRequest\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\"\xc6\x01\n" +
+	"\bCooldown\x12\x16\n" +
+	"\x06target\x18\x01 \x01(\tR\x06target\x12\x16\n" +
+	"\x06tenant\x18\x02 \x01(\tR\x06tenant\x120\n" +
+	"\x05until\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\x05until\x120\n" +
+	"\x05since\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\x05since\x12\x14\n" +
+	"\x05level\x18\x05 \x01(\x05R\x05level\x12\x10\n" +
+	"\x03key\x18\x06 \x01(\tR\x03key\"i\n" +
+	"\vErrorReport\x12\x16\n" +
+	"\x06target\x18\x01 \x01(\tR\x06target\x12\x16\n" +
+	"\x06tenant\x18\x02 \x01(\tR\x06tenant\x12*\n" +
+	"\x02at\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\x02at\"\xa7\x02\n" +
+	"\x14ExplainProxyResponse\x123\n" +
+	"\x05proxy\x18\x01 \x01(\v2\x1d.egressproxies.lease.v1.ProxyR\x05proxy\x12>\n" +
+	"\tcooldowns\x18\x02 \x03(\v2 .egressproxies.lease.v1.CooldownR\tcooldowns\x12;\n" +
+	"\x06errors\x18\x03 \x03(\v2#.egressproxies.lease.v1.ErrorReportR\x06errors\x12A\n" +
+	"\x0edraining_until\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\rdrainingUntil\x12\x1a\n" +
+	"\bcordoned\x18\x05 \x01(\bR\bcordoned\"L\n" +
+	"\x14ExplainTargetRequest\x12\x16\n" +
+	"\x06target\x18\x01 \x01(\tR\x06target\x12\x1c\n" +
+	"\tnamespace\x18\x02 \x01(\tR\tnamespace\"\x84\x01\n" +
+	"\fCoolingProxy\x12\x19\n" +
+	"\bproxy_id\x18\x01 \x01(\tR\aproxyID\x12\x1b\n" +
+	"\tegress_ip\x18\x02 \x01(\tR\begressIP\x12<\n" +
+	"\bcooldown\x18\x03 \x01(\v2 .egressproxies.lease.v1.CooldownR\bcooldown\"\x9e\x02\n" +
+	"\x15ExplainTargetResponse\x12\x16\n" +
+	"\x06target\x18\x01 \x01(\tR\x06target\x12>\n" +
+	"\acooling\x18\x02 \x03(\v2$.egressproxies.lease.v1.CoolingProxyR\acooling\x12\x18\n" +
+	"\aproxies\x18\x03 \x01(\x05R\aproxies\x12\x16\n" +
+	"\x06leases\x18\x04 \x01(\x05R\x06leases\x12&\n" +
+	"\x0fpace_per_second\x18\x05 \x01(\x01R\rpacePerSecond\x12;\n" +
+	"\vpaced_until\x18\x06 \x01(\v2\x1a.google.protobuf.TimestampR\n" +
+	"pacedUntil\x12\x16\n" +
+	"\x06policy\x18\a \x01(\tR\x06policy2\x9a\t\n" +
 	"\fLeaseService\x12f\n" +
 	"\vListProxies\x12*.egressproxies.lease.v1.ListProxiesRequest\x1a+.egressproxies.lease.v1.ListProxiesResponse\x12f\n" +
 	"\vCreateLease\x12*.egressproxies.lease.v1.CreateLeaseRequest\x1a+.egressproxies.lease.v1.CreateLeaseResponse\x12c\n" +
@@ -1685,7 +2500,11 @@ const file_egressproxies_lease_v1_lease_proto_rawDesc = "" +
 	"\vReportLease\x12*.egressproxies.lease.v1.ReportLeaseRequest\x1a+.egressproxies.lease.v1.ReportLeaseResponse\x12l\n" +
 	"\rReportSession\x12,.egressproxies.lease.v1.ReportSessionRequest\x1a-.egressproxies.lease.v1.ReportSessionResponse\x12i\n" +
 	"\fListRefusals\x12+.egressproxies.lease.v1.ListRefusalsRequest\x1a,.egressproxies.lease.v1.ListRefusalsResponse\x12k\n" +
-	"\fWatchProxies\x12+.egressproxies.lease.v1.WatchProxiesRequest\x1a,.egressproxies.lease.v1.WatchProxiesResponse0\x01BQZOgithub.com/egress-proxies/egress-proxies/pkg/gen/egressproxies/lease/v1;leasev1b\x06proto3"
+	"\fWatchProxies\x12+.egressproxies.lease.v1.WatchProxiesRequest\x1a,.egressproxies.lease.v1.WatchProxiesResponse0\x01\x12c\n" +
+	"\n" +
+	"ListLeases\x12).egressproxies.lease.v1.ListLeasesRequest\x1a*.egressproxies.lease.v1.ListLeasesResponse\x12i\n" +
+	"\fExplainProxy\x12+.egressproxies.lease.v1.ExplainProxyRequest\x1a,.egressproxies.lease.v1.ExplainProxyResponse\x12l\n" +
+	"\rExplainTarget\x12,.egressproxies.lease.v1.ExplainTargetRequest\x1a-.egressproxies.lease.v1.ExplainTargetResponseBQZOgithub.com/egress-proxies/egress-proxies/pkg/gen/egressproxies/lease/v1;leasev1b\x06proto3"
 
 var (
 	file_egressproxies_lease_v1_lease_proto_rawDescOnce sync.Once
@@ -1700,7 +2519,7 @@ func file_egressproxies_lease_v1_lease_proto_rawDescGZIP() []byte {
 }
 
 var file_egressproxies_lease_v1_lease_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_egressproxies_lease_v1_lease_proto_msgTypes = make([]protoimpl.MessageInfo, 25)
+var file_egressproxies_lease_v1_lease_proto_msgTypes = make([]protoimpl.MessageInfo, 35)
 var file_egressproxies_lease_v1_lease_proto_goTypes = []any{
 	(ProxyEvent_Type)(0),          // 0: egressproxies.lease.v1.ProxyEvent.Type
 	(*Proxy)(nil),                 // 1: egressproxies.lease.v1.Proxy
@@ -1723,58 +2542,87 @@ var file_egressproxies_lease_v1_lease_proto_goTypes = []any{
 	(*WatchProxiesRequest)(nil),   // 18: egressproxies.lease.v1.WatchProxiesRequest
 	(*WatchProxiesResponse)(nil),  // 19: egressproxies.lease.v1.WatchProxiesResponse
 	(*ProxyEvent)(nil),            // 20: egressproxies.lease.v1.ProxyEvent
-	nil,                           // 21: egressproxies.lease.v1.Proxy.AttributesEntry
-	nil,                           // 22: egressproxies.lease.v1.ListProxiesRequest.SelectorEntry
-	nil,                           // 23: egressproxies.lease.v1.CreateLeaseRequest.SelectorEntry
-	nil,                           // 24: egressproxies.lease.v1.SelectorRefusals.SelectorEntry
-	nil,                           // 25: egressproxies.lease.v1.WatchProxiesRequest.SelectorEntry
-	(*timestamppb.Timestamp)(nil), // 26: google.protobuf.Timestamp
+	(*ListLeasesRequest)(nil),     // 21: egressproxies.lease.v1.ListLeasesRequest
+	(*Lease)(nil),                 // 22: egressproxies.lease.v1.Lease
+	(*ListLeasesResponse)(nil),    // 23: egressproxies.lease.v1.ListLeasesResponse
+	(*ExplainProxyRequest)(nil),   // 24: egressproxies.lease.v1.ExplainProxyRequest
+	(*Cooldown)(nil),              // 25: egressproxies.lease.v1.Cooldown
+	(*ErrorReport)(nil),           // 26: egressproxies.lease.v1.ErrorReport
+	(*ExplainProxyResponse)(nil),  // 27: egressproxies.lease.v1.ExplainProxyResponse
+	(*ExplainTargetRequest)(nil),  // 28: egressproxies.lease.v1.ExplainTargetRequest
+	(*CoolingProxy)(nil),          // 29: egressproxies.lease.v1.CoolingProxy
+	(*ExplainTargetResponse)(nil), // 30: egressproxies.lease.v1.ExplainTargetResponse
+	nil,                           // 31: egressproxies.lease.v1.Proxy.AttributesEntry
+	nil,                           // 32: egressproxies.lease.v1.ListProxiesRequest.SelectorEntry
+	nil,                           // 33: egressproxies.lease.v1.CreateLeaseRequest.SelectorEntry
+	nil,                           // 34: egressproxies.lease.v1.SelectorRefusals.SelectorEntry
+	nil,                           // 35: egressproxies.lease.v1.WatchProxiesRequest.SelectorEntry
+	(*timestamppb.Timestamp)(nil), // 36: google.protobuf.Timestamp
 }
 var file_egressproxies_lease_v1_lease_proto_depIdxs = []int32{
-	21, // 0: egressproxies.lease.v1.Proxy.attributes:type_name -> egressproxies.lease.v1.Proxy.AttributesEntry
-	26, // 1: egressproxies.lease.v1.Proxy.quarantined_until:type_name -> google.protobuf.Timestamp
-	26, // 2: egressproxies.lease.v1.Proxy.quarantined_since:type_name -> google.protobuf.Timestamp
-	26, // 3: egressproxies.lease.v1.Proxy.cooldown_until:type_name -> google.protobuf.Timestamp
-	22, // 4: egressproxies.lease.v1.ListProxiesRequest.selector:type_name -> egressproxies.lease.v1.ListProxiesRequest.SelectorEntry
+	31, // 0: egressproxies.lease.v1.Proxy.attributes:type_name -> egressproxies.lease.v1.Proxy.AttributesEntry
+	36, // 1: egressproxies.lease.v1.Proxy.quarantined_until:type_name -> google.protobuf.Timestamp
+	36, // 2: egressproxies.lease.v1.Proxy.quarantined_since:type_name -> google.protobuf.Timestamp
+	36, // 3: egressproxies.lease.v1.Proxy.cooldown_until:type_name -> google.protobuf.Timestamp
+	32, // 4: egressproxies.lease.v1.ListProxiesRequest.selector:type_name -> egressproxies.lease.v1.ListProxiesRequest.SelectorEntry
 	1,  // 5: egressproxies.lease.v1.ListProxiesResponse.proxies:type_name -> egressproxies.lease.v1.Proxy
-	23, // 6: egressproxies.lease.v1.CreateLeaseRequest.selector:type_name -> egressproxies.lease.v1.CreateLeaseRequest.SelectorEntry
+	33, // 6: egressproxies.lease.v1.CreateLeaseRequest.selector:type_name -> egressproxies.lease.v1.CreateLeaseRequest.SelectorEntry
 	1,  // 7: egressproxies.lease.v1.CreateLeaseResponse.proxy:type_name -> egressproxies.lease.v1.Proxy
-	26, // 8: egressproxies.lease.v1.CreateLeaseResponse.expires_at:type_name -> google.protobuf.Timestamp
+	36, // 8: egressproxies.lease.v1.CreateLeaseResponse.expires_at:type_name -> google.protobuf.Timestamp
 	6,  // 9: egressproxies.lease.v1.CreateLeaseResponse.credentials:type_name -> egressproxies.lease.v1.ProxyCredentials
-	26, // 10: egressproxies.lease.v1.RenewLeaseResponse.expires_at:type_name -> google.protobuf.Timestamp
-	26, // 11: egressproxies.lease.v1.ReportLeaseResponse.cooldown_until:type_name -> google.protobuf.Timestamp
-	26, // 12: egressproxies.lease.v1.ReportLeaseResponse.cooldown_start:type_name -> google.protobuf.Timestamp
-	26, // 13: egressproxies.lease.v1.ReportLeaseResponse.quarantined_until:type_name -> google.protobuf.Timestamp
-	26, // 14: egressproxies.lease.v1.ReportSessionResponse.cooldown_until:type_name -> google.protobuf.Timestamp
-	26, // 15: egressproxies.lease.v1.ReportSessionResponse.cooldown_start:type_name -> google.protobuf.Timestamp
-	26, // 16: egressproxies.lease.v1.ReportSessionResponse.quarantined_until:type_name -> google.protobuf.Timestamp
-	24, // 17: egressproxies.lease.v1.SelectorRefusals.selector:type_name -> egressproxies.lease.v1.SelectorRefusals.SelectorEntry
+	36, // 10: egressproxies.lease.v1.RenewLeaseResponse.expires_at:type_name -> google.protobuf.Timestamp
+	36, // 11: egressproxies.lease.v1.ReportLeaseResponse.cooldown_until:type_name -> google.protobuf.Timestamp
+	36, // 12: egressproxies.lease.v1.ReportLeaseResponse.cooldown_start:type_name -> google.protobuf.Timestamp
+	36, // 13: egressproxies.lease.v1.ReportLeaseResponse.quarantined_until:type_name -> google.protobuf.Timestamp
+	36, // 14: egressproxies.lease.v1.ReportSessionResponse.cooldown_until:type_name -> google.protobuf.Timestamp
+	36, // 15: egressproxies.lease.v1.ReportSessionResponse.cooldown_start:type_name -> google.protobuf.Timestamp
+	36, // 16: egressproxies.lease.v1.ReportSessionResponse.quarantined_until:type_name -> google.protobuf.Timestamp
+	34, // 17: egressproxies.lease.v1.SelectorRefusals.selector:type_name -> egressproxies.lease.v1.SelectorRefusals.SelectorEntry
 	16, // 18: egressproxies.lease.v1.ListRefusalsResponse.selectors:type_name -> egressproxies.lease.v1.SelectorRefusals
-	25, // 19: egressproxies.lease.v1.WatchProxiesRequest.selector:type_name -> egressproxies.lease.v1.WatchProxiesRequest.SelectorEntry
+	35, // 19: egressproxies.lease.v1.WatchProxiesRequest.selector:type_name -> egressproxies.lease.v1.WatchProxiesRequest.SelectorEntry
 	20, // 20: egressproxies.lease.v1.WatchProxiesResponse.events:type_name -> egressproxies.lease.v1.ProxyEvent
 	0,  // 21: egressproxies.lease.v1.ProxyEvent.type:type_name -> egressproxies.lease.v1.ProxyEvent.Type
 	1,  // 22: egressproxies.lease.v1.ProxyEvent.proxy:type_name -> egressproxies.lease.v1.Proxy
-	2,  // 23: egressproxies.lease.v1.LeaseService.ListProxies:input_type -> egressproxies.lease.v1.ListProxiesRequest
-	4,  // 24: egressproxies.lease.v1.LeaseService.CreateLease:input_type -> egressproxies.lease.v1.CreateLeaseRequest
-	7,  // 25: egressproxies.lease.v1.LeaseService.RenewLease:input_type -> egressproxies.lease.v1.RenewLeaseRequest
-	9,  // 26: egressproxies.lease.v1.LeaseService.ReleaseLease:input_type -> egressproxies.lease.v1.ReleaseLeaseRequest
-	11, // 27: egressproxies.lease.v1.LeaseService.ReportLease:input_type -> egressproxies.lease.v1.ReportLeaseRequest
-	12, // 28: egressproxies.lease.v1.LeaseService.ReportSession:input_type -> egressproxies.lease.v1.ReportSessionRequest
-	15, // 29: egressproxies.lease.v1.LeaseService.ListRefusals:input_type -> egressproxies.lease.v1.ListRefusalsRequest
-	18, // 30: egressproxies.lease.v1.LeaseService.WatchProxies:input_type -> egressproxies.lease.v1.WatchProxiesRequest
-	3,  // 31: egressproxies.lease.v1.LeaseService.ListProxies:output_type -> egressproxies.lease.v1.ListProxiesResponse
-	5,  // 32: egressproxies.lease.v1.LeaseService.CreateLease:output_type -> egressproxies.lease.v1.CreateLeaseResponse
-	8,  // 33: egressproxies.lease.v1.LeaseService.RenewLease:output_type -> egressproxies.lease.v1.RenewLeaseResponse
-	10, // 34: egressproxies.lease.v1.LeaseService.ReleaseLease:output_type -> egressproxies.lease.v1.ReleaseLeaseResponse
-	13, // 35: egressproxies.lease.v1.LeaseService.ReportLease:output_type -> egressproxies.lease.v1.ReportLeaseResponse
-	14, // 36: egressproxies.lease.v1.LeaseService.ReportSession:output_type -> egressproxies.lease.v1.ReportSessionResponse
-	17, // 37: egressproxies.lease.v1.LeaseService.ListRefusals:output_type -> egressproxies.lease.v1.ListRefusalsResponse
-	19, // 38: egressproxies.lease.v1.LeaseService.WatchProxies:output_type -> egressproxies.lease.v1.WatchProxiesResponse
-	31, // [31:39] is the sub-list for method output_type
-	23, // [23:31] is the sub-list for method input_type
-	23, // [23:23] is the sub-list for extension type_name
-	23, // [23:23] is the sub-list for extension extendee
-	0,  // [0:23] is the sub-list for field type_name
+	36, // 23: egressproxies.lease.v1.Lease.granted_at:type_name -> google.protobuf.Timestamp
+	36, // 24: egressproxies.lease.v1.Lease.expires_at:type_name -> google.protobuf.Timestamp
+	22, // 25: egressproxies.lease.v1.ListLeasesResponse.leases:type_name -> egressproxies.lease.v1.Lease
+	36, // 26: egressproxies.lease.v1.Cooldown.until:type_name -> google.protobuf.Timestamp
+	36, // 27: egressproxies.lease.v1.Cooldown.since:type_name -> google.protobuf.Timestamp
+	36, // 28: egressproxies.lease.v1.ErrorReport.at:type_name -> google.protobuf.Timestamp
+	1,  // 29: egressproxies.lease.v1.ExplainProxyResponse.proxy:type_name -> egressproxies.lease.v1.Proxy
+	25, // 30: egressproxies.lease.v1.ExplainProxyResponse.cooldowns:type_name -> egressproxies.lease.v1.Cooldown
+	26, // 31: egressproxies.lease.v1.ExplainProxyResponse.errors:type_name -> egressproxies.lease.v1.ErrorReport
+	36, // 32: egressproxies.lease.v1.ExplainProxyResponse.draining_until:type_name -> google.protobuf.Timestamp
+	25, // 33: egressproxies.lease.v1.CoolingProxy.cooldown:type_name -> egressproxies.lease.v1.Cooldown
+	29, // 34: egressproxies.lease.v1.ExplainTargetResponse.cooling:type_name -> egressproxies.lease.v1.CoolingProxy
+	36, // 35: egressproxies.lease.v1.ExplainTargetResponse.paced_until:type_name -> google.protobuf.Timestamp
+	2,  // 36: egressproxies.lease.v1.LeaseService.ListProxies:input_type -> egressproxies.lease.v1.ListProxiesRequest
+	4,  // 37: egressproxies.lease.v1.LeaseService.CreateLease:input_type -> egressproxies.lease.v1.CreateLeaseRequest
+	7,  // 38: egressproxies.lease.v1.LeaseService.RenewLease:input_type -> egressproxies.lease.v1.RenewLeaseRequest
+	9,  // 39: egressproxies.lease.v1.LeaseService.ReleaseLease:input_type -> egressproxies.lease.v1.ReleaseLeaseRequest
+	11, // 40: egressproxies.lease.v1.LeaseService.ReportLease:input_type -> egressproxies.lease.v1.ReportLeaseRequest
+	12, // 41: egressproxies.lease.v1.LeaseService.ReportSession:input_type -> egressproxies.lease.v1.ReportSessionRequest
+	15, // 42: egressproxies.lease.v1.LeaseService.ListRefusals:input_type -> egressproxies.lease.v1.ListRefusalsRequest
+	18, // 43: egressproxies.lease.v1.LeaseService.WatchProxies:input_type -> egressproxies.lease.v1.WatchProxiesRequest
+	21, // 44: egressproxies.lease.v1.LeaseService.ListLeases:input_type -> egressproxies.lease.v1.ListLeasesRequest
+	24, // 45: egressproxies.lease.v1.LeaseService.ExplainProxy:input_type -> egressproxies.lease.v1.ExplainProxyRequest
+	28, // 46: egressproxies.lease.v1.LeaseService.ExplainTarget:input_type -> egressproxies.lease.v1.ExplainTargetRequest
+	3,  // 47: egressproxies.lease.v1.LeaseService.ListProxies:output_type -> egressproxies.lease.v1.ListProxiesResponse
+	5,  // 48: egressproxies.lease.v1.LeaseService.CreateLease:output_type -> egressproxies.lease.v1.CreateLeaseResponse
+	8,  // 49: egressproxies.lease.v1.LeaseService.RenewLease:output_type -> egressproxies.lease.v1.RenewLeaseResponse
+	10, // 50: egressproxies.lease.v1.LeaseService.ReleaseLease:output_type -> egressproxies.lease.v1.ReleaseLeaseResponse
+	13, // 51: egressproxies.lease.v1.LeaseService.ReportLease:output_type -> egressproxies.lease.v1.ReportLeaseResponse
+	14, // 52: egressproxies.lease.v1.LeaseService.ReportSession:output_type -> egressproxies.lease.v1.ReportSessionResponse
+	17, // 53: egressproxies.lease.v1.LeaseService.ListRefusals:output_type -> egressproxies.lease.v1.ListRefusalsResponse
+	19, // 54: egressproxies.lease.v1.LeaseService.WatchProxies:output_type -> egressproxies.lease.v1.WatchProxiesResponse
+	23, // 55: egressproxies.lease.v1.LeaseService.ListLeases:output_type -> egressproxies.lease.v1.ListLeasesResponse
+	27, // 56: egressproxies.lease.v1.LeaseService.ExplainProxy:output_type -> egressproxies.lease.v1.ExplainProxyResponse
+	30, // 57: egressproxies.lease.v1.LeaseService.ExplainTarget:output_type -> egressproxies.lease.v1.ExplainTargetResponse
+	47, // [47:58] is the sub-list for method output_type
+	36, // [36:47] is the sub-list for method input_type
+	36, // [36:36] is the sub-list for extension type_name
+	36, // [36:36] is the sub-list for extension extendee
+	0,  // [0:36] is the sub-list for field type_name
 }
 
 func init() { file_egressproxies_lease_v1_lease_proto_init() }
@@ -1790,7 +2638,7 @@ func file_egressproxies_lease_v1_lease_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_egressproxies_lease_v1_lease_proto_rawDesc), len(file_egressproxies_lease_v1_lease_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   25,
+			NumMessages:   35,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

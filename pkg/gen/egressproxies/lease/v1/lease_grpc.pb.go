@@ -27,6 +27,9 @@ const (
 	LeaseService_ReportSession_FullMethodName = "/egressproxies.lease.v1.LeaseService/ReportSession"
 	LeaseService_ListRefusals_FullMethodName  = "/egressproxies.lease.v1.LeaseService/ListRefusals"
 	LeaseService_WatchProxies_FullMethodName  = "/egressproxies.lease.v1.LeaseService/WatchProxies"
+	LeaseService_ListLeases_FullMethodName    = "/egressproxies.lease.v1.LeaseService/ListLeases"
+	LeaseService_ExplainProxy_FullMethodName  = "/egressproxies.lease.v1.LeaseService/ExplainProxy"
+	LeaseService_ExplainTarget_FullMethodName = "/egressproxies.lease.v1.LeaseService/ExplainTarget"
 )
 
 // LeaseServiceClient is the client API for LeaseService service.
@@ -78,6 +81,22 @@ type LeaseServiceClient interface {
 	// broker stops, ends; watch again, and let the new first set replace
 	// the cache.
 	WatchProxies(ctx context.Context, in *WatchProxiesRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[WatchProxiesResponse], error)
+	// ListLeases lists live leases by proxy id, then lease id: who holds
+	// what, since when, for which target and session. A tenant sees its
+	// own; one with the inspect verb sees every tenant's on the proxies it
+	// may list. Operators' tools read it (kubectl egress leases, the
+	// console); crawlers keep their own leases.
+	ListLeases(ctx context.Context, in *ListLeasesRequest, opts ...grpc.CallOption) (*ListLeasesResponse, error)
+	// ExplainProxy tells one proxy's story as the brokers see it: why it
+	// takes no new leases, if it does not, its cooldowns by target with
+	// their level and expiry, its quarantine and the error reports behind
+	// it, and how many leases it holds. A tenant sees the fleet's cooldowns
+	// and reports and its own; with inspect, every tenant's.
+	ExplainProxy(ctx context.Context, in *ExplainProxyRequest, opts ...grpc.CallOption) (*ExplainProxyResponse, error)
+	// ExplainTarget is a target's view of the fleet: every proxy the caller
+	// may list that is cooling down for it (which exits it pushed away, and
+	// until when), its fleet-wide pace and its live leases.
+	ExplainTarget(ctx context.Context, in *ExplainTargetRequest, opts ...grpc.CallOption) (*ExplainTargetResponse, error)
 }
 
 type leaseServiceClient struct {
@@ -177,6 +196,36 @@ func (c *leaseServiceClient) WatchProxies(ctx context.Context, in *WatchProxiesR
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type LeaseService_WatchProxiesClient = grpc.ServerStreamingClient[WatchProxiesResponse]
 
+func (c *leaseServiceClient) ListLeases(ctx context.Context, in *ListLeasesRequest, opts ...grpc.CallOption) (*ListLeasesResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ListLeasesResponse)
+	err := c.cc.Invoke(ctx, LeaseService_ListLeases_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *leaseServiceClient) ExplainProxy(ctx context.Context, in *ExplainProxyRequest, opts ...grpc.CallOption) (*ExplainProxyResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ExplainProxyResponse)
+	err := c.cc.Invoke(ctx, LeaseService_ExplainProxy_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *leaseServiceClient) ExplainTarget(ctx context.Context, in *ExplainTargetRequest, opts ...grpc.CallOption) (*ExplainTargetResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ExplainTargetResponse)
+	err := c.cc.Invoke(ctx, LeaseService_ExplainTarget_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // LeaseServiceServer is the server API for LeaseService service.
 // All implementations must embed UnimplementedLeaseServiceServer
 // for forward compatibility.
@@ -226,6 +275,22 @@ type LeaseServiceServer interface {
 	// broker stops, ends; watch again, and let the new first set replace
 	// the cache.
 	WatchProxies(*WatchProxiesRequest, grpc.ServerStreamingServer[WatchProxiesResponse]) error
+	// ListLeases lists live leases by proxy id, then lease id: who holds
+	// what, since when, for which target and session. A tenant sees its
+	// own; one with the inspect verb sees every tenant's on the proxies it
+	// may list. Operators' tools read it (kubectl egress leases, the
+	// console); crawlers keep their own leases.
+	ListLeases(context.Context, *ListLeasesRequest) (*ListLeasesResponse, error)
+	// ExplainProxy tells one proxy's story as the brokers see it: why it
+	// takes no new leases, if it does not, its cooldowns by target with
+	// their level and expiry, its quarantine and the error reports behind
+	// it, and how many leases it holds. A tenant sees the fleet's cooldowns
+	// and reports and its own; with inspect, every tenant's.
+	ExplainProxy(context.Context, *ExplainProxyRequest) (*ExplainProxyResponse, error)
+	// ExplainTarget is a target's view of the fleet: every proxy the caller
+	// may list that is cooling down for it (which exits it pushed away, and
+	// until when), its fleet-wide pace and its live leases.
+	ExplainTarget(context.Context, *ExplainTargetRequest) (*ExplainTargetResponse, error)
 	mustEmbedUnimplementedLeaseServiceServer()
 }
 
@@ -259,6 +324,15 @@ func (UnimplementedLeaseServiceServer) ListRefusals(context.Context, *ListRefusa
 }
 func (UnimplementedLeaseServiceServer) WatchProxies(*WatchProxiesRequest, grpc.ServerStreamingServer[WatchProxiesResponse]) error {
 	return status.Error(codes.Unimplemented, "method WatchProxies not implemented")
+}
+func (UnimplementedLeaseServiceServer) ListLeases(context.Context, *ListLeasesRequest) (*ListLeasesResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ListLeases not implemented")
+}
+func (UnimplementedLeaseServiceServer) ExplainProxy(context.Context, *ExplainProxyRequest) (*ExplainProxyResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ExplainProxy not implemented")
+}
+func (UnimplementedLeaseServiceServer) ExplainTarget(context.Context, *ExplainTargetRequest) (*ExplainTargetResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ExplainTarget not implemented")
 }
 func (UnimplementedLeaseServiceServer) mustEmbedUnimplementedLeaseServiceServer() {}
 func (UnimplementedLeaseServiceServer) testEmbeddedByValue()                      {}
@@ -418,6 +492,60 @@ func _LeaseService_WatchProxies_Handler(srv interface{}, stream grpc.ServerStrea
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type LeaseService_WatchProxiesServer = grpc.ServerStreamingServer[WatchProxiesResponse]
 
+func _LeaseService_ListLeases_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ListLeasesRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(LeaseServiceServer).ListLeases(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: LeaseService_ListLeases_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(LeaseServiceServer).ListLeases(ctx, req.(*ListLeasesRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _LeaseService_ExplainProxy_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ExplainProxyRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(LeaseServiceServer).ExplainProxy(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: LeaseService_ExplainProxy_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(LeaseServiceServer).ExplainProxy(ctx, req.(*ExplainProxyRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _LeaseService_ExplainTarget_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ExplainTargetRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(LeaseServiceServer).ExplainTarget(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: LeaseService_ExplainTarget_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(LeaseServiceServer).ExplainTarget(ctx, req.(*ExplainTargetRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // LeaseService_ServiceDesc is the grpc.ServiceDesc for LeaseService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -452,6 +580,18 @@ var LeaseService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "ListRefusals",
 			Handler:    _LeaseService_ListRefusals_Handler,
+		},
+		{
+			MethodName: "ListLeases",
+			Handler:    _LeaseService_ListLeases_Handler,
+		},
+		{
+			MethodName: "ExplainProxy",
+			Handler:    _LeaseService_ExplainProxy_Handler,
+		},
+		{
+			MethodName: "ExplainTarget",
+			Handler:    _LeaseService_ExplainTarget_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{

@@ -91,6 +91,9 @@ func resolve(pool *v1.ProxyPool, settle time.Duration) (limits, error) {
 	l.maxUnhealthy, err = intstr.GetScaledValueFromIntOrPercent(cmpOr(rem.MaxUnhealthy, &defaultMaxUnhealthy), l.replicas, true)
 	errs = append(errs, field("spec.remediation.maxUnhealthy", err))
 	l.distinctEgressIPs = pool.Spec.DistinctEgressIPs
+	if pool.Spec.RolloutAfter != nil {
+		l.rolloutAfter = pool.Spec.RolloutAfter.Time
+	}
 	return l, errors.Join(errs...)
 }
 

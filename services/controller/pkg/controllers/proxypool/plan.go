@@ -66,6 +66,8 @@ type limits struct {
 	// distinctEgressIPs: of two members with one egress IP, the newer is
 	// replaced (a failure, so retries bound it).
 	distinctEgressIPs bool
+	// rolloutAfter: once now reaches it, members created before it go.
+	rolloutAfter time.Time
 }
 
 // backoff is how long after a failure the slot's n-th replacement waits.
@@ -97,6 +99,8 @@ const (
 	CauseFailed   Cause = "failed"
 	CauseOutdated Cause = "outdated"
 	CauseMaxAge   Cause = "max-age"
+	// CauseRollout: made before the pool's rolloutAfter (a rotation).
+	CauseRollout Cause = "rollout-after"
 	// CauseScaleDown: a member with no cause of its own, above replicas.
 	CauseScaleDown Cause = "scale-down"
 	// CauseDrained and CauseDrainTimeout end a drain.
@@ -280,7 +284,8 @@ func decide(l limits, ms []*member, leasesAt time.Time, now time.Time) Command {
 
 // causes finds why each active member must be replaced, in this order:
 // a failure remediation may act on (not Ready in time, unhealthy too
-// long, an egress IP another member has), an outdated template, maxAge.
+// long, an egress IP another member has), an outdated template,
+// rolloutAfter, maxAge.
 // It records in c what holds remediation back and when a deadline falls,
 // and returns each member's cause (action unset) by name.
 func causes(l limits, active []*member, now time.Time, c *Command) map[string]verdict {
@@ -355,9 +360,15 @@ func causes(l limits, active []*member, now time.Time, c *Command) map[string]ve
 		case out[m.name].cause != "":
 		case !m.updated:
 			out[m.name] = verdict{cause: CauseOutdated, why: "its template is outdated"}
+		case m.created.Before(l.rolloutAfter) && !now.Before(l.rolloutAfter):
+			out[m.name] = verdict{cause: CauseRollout, why: "it was made before the pool's rolloutAfter " + l.rolloutAfter.UTC().Format(time.RFC3339)}
 		case m.ageLimit > 0 && !now.Before(m.created.Add(m.ageLimit)):
 			out[m.name] = verdict{cause: CauseMaxAge, why: "it reached the pool's maxAge"}
-		case m.ageLimit > 0:
+		}
+		if m.created.Before(l.rolloutAfter) && now.Before(l.rolloutAfter) {
+			due(l.rolloutAfter)
+		}
+		if m.ageLimit > 0 && out[m.name].cause == "" {
 			due(m.created.Add(m.ageLimit))
 		}
 	}

@@ -299,6 +299,27 @@ func TestDecideRemediation(t *testing.T) {
 			wake: 10 * time.Minute,
 		},
 		{
+			name: "rolloutAfter passed: members made before it are replaced, make-before-break, one surge at a time",
+			l:    func(l limits) limits { l.rolloutAfter = now.Add(-time.Second); return l },
+			members: func() []*member {
+				ms := pool("uuu")
+				ms[2].created = now.Add(-time.Second) // made in the same second: stays
+				return ms
+			},
+			creates: []string{"m1/0"},
+		},
+		{
+			name:    "rolloutAfter ahead: nothing yet, look again when it comes",
+			l:       func(l limits) limits { l.rolloutAfter = now.Add(3 * time.Minute); return l },
+			members: func() []*member { return pool("uuu") },
+			wake:    3 * time.Minute,
+		},
+		{
+			name:    "rolloutAfter passed and every member made since: as desired",
+			l:       func(l limits) limits { l.rolloutAfter = t0.Add(-time.Hour); return l },
+			members: func() []*member { return pool("uuu") },
+		},
+		{
 			name: "two members with one egress IP: the newer is replaced",
 			l:    func(l limits) limits { l.distinctEgressIPs = true; return l },
 			members: func() []*member {

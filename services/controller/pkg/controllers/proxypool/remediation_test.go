@@ -7,6 +7,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/utils/ptr"
 
@@ -123,6 +124,38 @@ func TestMaxAgeRotatesMembers(t *testing.T) {
 	// A 3 s maxAge keeps rotating; without it the pool settles.
 	h.update("old", func(p *v1.ProxyPool) { p.Spec.MaxAge = nil })
 	h.waitSettled("old", 2)
+}
+
+// rolloutAfter rotates every member made before it once, make-before-break,
+// and the pool settles: the replacements are made after it.
+func TestRolloutAfterRotatesMembersOnce(t *testing.T) {
+	h := newHarness(t).start()
+	p := h.pool("rot", 2)
+	h.create(p)
+	h.waitSettled("rot", 2)
+	first := map[types.UID]bool{}
+	for _, px := range h.members() {
+		first[px.UID] = true
+	}
+	h.update("rot", func(p *v1.ProxyPool) {
+		p.Spec.RolloutAfter = &metav1.Time{Time: time.Now().Truncate(time.Second).Add(time.Second)}
+	})
+	require.Eventually(t, func() bool {
+		ms := h.members()
+		for _, px := range ms {
+			if first[px.UID] {
+				return false
+			}
+		}
+		return len(ms) == 2
+	}, 60*time.Second, 50*time.Millisecond, "both members were rotated")
+	h.waitEvent("rot", v1.EventMemberCreated, "made before the pool's rolloutAfter")
+	h.waitSettled("rot", 2)
+	second := h.members()
+	require.Never(t, func() bool {
+		ms := h.members()
+		return len(ms) != 2 || ms[0].UID != second[0].UID || ms[1].UID != second[1].UID
+	}, 2*time.Second, 100*time.Millisecond, "the replacements stay")
 }
 
 // Two members with one egress IP: the newer is replaced.

@@ -49,7 +49,7 @@ func (r *Reconciler) setStatus(pool *v1.ProxyPool, l limits, o *observed, p Comm
 		if !m.healthy {
 			unhealthy++
 		}
-		if c := p.verdicts[m.name].cause; m.updated && (c == CauseFailed || c == CauseMaxAge) {
+		if c := p.verdicts[m.name].cause; m.updated && (c == CauseFailed || c == CauseMaxAge || c == CauseRollout) {
 			replacing++
 		}
 	}
@@ -65,7 +65,7 @@ func (r *Reconciler) setStatus(pool *v1.ProxyPool, l limits, o *observed, p Comm
 	case outdated > 0:
 		reason, msg, progressing = v1.ReasonRollingOut, fmt.Sprintf("%d of %d members are made from an outdated template", outdated, active), true
 	case replacing > 0:
-		reason, msg, progressing = v1.ReasonReplacingMembers, fmt.Sprintf("%d members are being replaced (failed, or past maxAge)", replacing), true
+		reason, msg, progressing = v1.ReasonReplacingMembers, fmt.Sprintf("%d members are being replaced (failed, past maxAge, or made before rolloutAfter)", replacing), true
 	case active < l.replicas || len(p.creates) > 0:
 		reason, msg, progressing = v1.ReasonScalingUp, fmt.Sprintf("%d of %d members exist", active, l.replicas), true
 	case active > l.replicas || st.DrainingReplicas > 0:

@@ -12,7 +12,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file egressproxies/lease/v1/lease.proto.
  */
 export const file_egressproxies_lease_v1_lease: GenFile = /*@__PURE__*/
-  fileDesc("CiJlZ3Jlc3Nwcm94aWVzL2xlYXNlL3YxL2xlYXNlLnByb3RvEhZlZ3Jlc3Nwcm94aWVzLmxlYXNlLnYxIogDCgVQcm94eRIKCgJpZBgBIAEoCRIKCgJpcBgCIAEoCRIMCgRwb3J0GAMgASgFEkEKCmF0dHJpYnV0ZXMYBCADKAsyLS5lZ3Jlc3Nwcm94aWVzLmxlYXNlLnYxLlByb3h5LkF0dHJpYnV0ZXNFbnRyeRIPCgdoZWFsdGh5GAUgASgIEhMKC2xlYXNlX2NvdW50GAYgASgFEhsKCWVncmVzc19pcBgHIAEoCVIIZWdyZXNzSVASNQoRcXVhcmFudGluZWRfdW50aWwYCCABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEjUKEXF1YXJhbnRpbmVkX3NpbmNlGAkgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIyCg5jb29sZG93bl91bnRpbBgKIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXAaMQoPQXR0cmlidXRlc0VudHJ5EgsKA2tleRgBIAEoCRINCgV2YWx1ZRgCIAEoCToCOAEi/QEKEkxpc3RQcm94aWVzUmVxdWVzdBIUCgdoZWFsdGh5GAEgASgISACIAQESEQoJbmFtZXNwYWNlGAIgASgJEkoKCHNlbGVjdG9yGAMgAygLMjguZWdyZXNzcHJveGllcy5sZWFzZS52MS5MaXN0UHJveGllc1JlcXVlc3QuU2VsZWN0b3JFbnRyeRIOCgZ0YXJnZXQYBCABKAkSEQoJcGFnZV9zaXplGAUgASgFEhIKCnBhZ2VfdG9rZW4YBiABKAkaLwoNU2VsZWN0b3JFbnRyeRILCgNrZXkYASABKAkSDQoFdmFsdWUYAiABKAk6AjgBQgoKCF9oZWFsdGh5Il4KE0xpc3RQcm94aWVzUmVzcG9uc2USLgoHcHJveGllcxgBIAMoCzIdLmVncmVzc3Byb3hpZXMubGVhc2UudjEuUHJveHkSFwoPbmV4dF9wYWdlX3Rva2VuGAIgASgJIvIBChJDcmVhdGVMZWFzZVJlcXVlc3QSSgoIc2VsZWN0b3IYASADKAsyOC5lZ3Jlc3Nwcm94aWVzLmxlYXNlLnYxLkNyZWF0ZUxlYXNlUmVxdWVzdC5TZWxlY3RvckVudHJ5EhMKC3R0bF9zZWNvbmRzGAIgASgFEg4KBnRhcmdldBgDIAEoCRIRCgluYW1lc3BhY2UYBCABKAkSEgoKcmVxdWVzdF9pZBgFIAEoCRITCgtzZXNzaW9uX2tleRgGIAEoCRovCg1TZWxlY3RvckVudHJ5EgsKA2tleRgBIAEoCRINCgV2YWx1ZRgCIAEoCToCOAEi5AEKE0NyZWF0ZUxlYXNlUmVzcG9uc2USGQoIbGVhc2VfaWQYASABKAlSB2xlYXNlSUQSLAoFcHJveHkYAiABKAsyHS5lZ3Jlc3Nwcm94aWVzLmxlYXNlLnYxLlByb3h5Ei4KCmV4cGlyZXNfYXQYAyABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEj0KC2NyZWRlbnRpYWxzGAQgASgLMiguZWdyZXNzcHJveGllcy5sZWFzZS52MS5Qcm94eUNyZWRlbnRpYWxzEhUKDXNlc3Npb25fbW92ZWQYBSABKAgiNgoQUHJveHlDcmVkZW50aWFscxIQCgh1c2VybmFtZRgBIAEoCRIQCghwYXNzd29yZBgCIAEoCSJDChFSZW5ld0xlYXNlUmVxdWVzdBIZCghsZWFzZV9pZBgBIAEoCVIHbGVhc2VJRBITCgt0dGxfc2Vjb25kcxgCIAEoBSJfChJSZW5ld0xlYXNlUmVzcG9uc2USGQoIbGVhc2VfaWQYASABKAlSB2xlYXNlSUQSLgoKZXhwaXJlc19hdBgCIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXAiMAoTUmVsZWFzZUxlYXNlUmVxdWVzdBIZCghsZWFzZV9pZBgBIAEoCVIHbGVhc2VJRCIWChRSZWxlYXNlTGVhc2VSZXNwb25zZSJ4ChJSZXBvcnRMZWFzZVJlcXVlc3QSGQoIbGVhc2VfaWQYASABKAlSB2xlYXNlSUQSDgoGcmVzdWx0GAIgASgJEg4KBnRhcmdldBgDIAEoCRITCgtzdGF0dXNfY29kZRgEIAEoBRISCgpsYXRlbmN5X21zGAUgASgFInQKFFJlcG9ydFNlc3Npb25SZXF1ZXN0EhMKC3Nlc3Npb25fa2V5GAEgASgJEg4KBnJlc3VsdBgCIAEoCRIOCgZ0YXJnZXQYAyABKAkSEwoLc3RhdHVzX2NvZGUYBCABKAUSEgoKbGF0ZW5jeV9tcxgFIAEoBSKfAgoTUmVwb3J0TGVhc2VSZXNwb25zZRIyCg5jb29sZG93bl91bnRpbBgBIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASMgoOY29vbGRvd25fc3RhcnQYAiABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEhYKDmNvb2xkb3duX2xldmVsGAMgASgFEhcKD2Nvb2xkb3duX3NoYXJlZBgEIAEoBRI1ChFxdWFyYW50aW5lZF91bnRpbBgFIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASFwoPcGFjZV9wZXJfc2Vjb25kGAYgASgBEg8KB2FjdGlvbnMYByADKAkSDgoGcG9saWN5GAggASgJIqECChVSZXBvcnRTZXNzaW9uUmVzcG9uc2USMgoOY29vbGRvd25fdW50aWwYASABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEjIKDmNvb2xkb3duX3N0YXJ0GAIgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIWCg5jb29sZG93bl9sZXZlbBgDIAEoBRIXCg9jb29sZG93bl9zaGFyZWQYBCABKAUSNQoRcXVhcmFudGluZWRfdW50aWwYBSABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEhcKD3BhY2VfcGVyX3NlY29uZBgGIAEoARIPCgdhY3Rpb25zGAcgAygJEg4KBnBvbGljeRgIIAEoCSItChNMaXN0UmVmdXNhbHNSZXF1ZXN0EhYKDndpbmRvd19zZWNvbmRzGAEgASgFIrEBChBTZWxlY3RvclJlZnVzYWxzEhEKCW5hbWVzcGFjZRgBIAEoCRJICghzZWxlY3RvchgCIAMoCzI2LmVncmVzc3Byb3hpZXMubGVhc2UudjEuU2VsZWN0b3JSZWZ1c2Fscy5TZWxlY3RvckVudHJ5Eg8KB3JlZnVzZWQYAyABKAMaLwoNU2VsZWN0b3JFbnRyeRILCgNrZXkYASABKAkSDQoFdmFsdWUYAiABKAk6AjgBIlMKFExpc3RSZWZ1c2Fsc1Jlc3BvbnNlEjsKCXNlbGVjdG9ycxgBIAMoCzIoLmVncmVzc3Byb3hpZXMubGVhc2UudjEuU2VsZWN0b3JSZWZ1c2FscyLIAQoTV2F0Y2hQcm94aWVzUmVxdWVzdBIUCgdoZWFsdGh5GAEgASgISACIAQESEQoJbmFtZXNwYWNlGAIgASgJEksKCHNlbGVjdG9yGAMgAygLMjkuZWdyZXNzcHJveGllcy5sZWFzZS52MS5XYXRjaFByb3hpZXNSZXF1ZXN0LlNlbGVjdG9yRW50cnkaLwoNU2VsZWN0b3JFbnRyeRILCgNrZXkYASABKAkSDQoFdmFsdWUYAiABKAk6AjgBQgoKCF9oZWFsdGh5IkoKFFdhdGNoUHJveGllc1Jlc3BvbnNlEjIKBmV2ZW50cxgBIAMoCzIiLmVncmVzc3Byb3hpZXMubGVhc2UudjEuUHJveHlFdmVudCLCAQoKUHJveHlFdmVudBI1CgR0eXBlGAEgASgOMicuZWdyZXNzcHJveGllcy5sZWFzZS52MS5Qcm94eUV2ZW50LlR5cGUSLAoFcHJveHkYAiABKAsyHS5lZ3Jlc3Nwcm94aWVzLmxlYXNlLnYxLlByb3h5Ik8KBFR5cGUSFAoQVFlQRV9VTlNQRUNJRklFRBAAEg8KC1RZUEVfVVBTRVJUEAESDwoLVFlQRV9ERUxFVEUQAhIPCgtUWVBFX1NZTkNFRBADMtwGCgxMZWFzZVNlcnZpY2USZgoLTGlzdFByb3hpZXMSKi5lZ3Jlc3Nwcm94aWVzLmxlYXNlLnYxLkxpc3RQcm94aWVzUmVxdWVzdBorLmVncmVzc3Byb3hpZXMubGVhc2UudjEuTGlzdFByb3hpZXNSZXNwb25zZRJmCgtDcmVhdGVMZWFzZRIqLmVncmVzc3Byb3hpZXMubGVhc2UudjEuQ3JlYXRlTGVhc2VSZXF1ZXN0GisuZWdyZXNzcHJveGllcy5sZWFzZS52MS5DcmVhdGVMZWFzZVJlc3BvbnNlEmMKClJlbmV3TGVhc2USKS5lZ3Jlc3Nwcm94aWVzLmxlYXNlLnYxLlJlbmV3TGVhc2VSZXF1ZXN0GiouZWdyZXNzcHJveGllcy5sZWFzZS52MS5SZW5ld0xlYXNlUmVzcG9uc2USaQoMUmVsZWFzZUxlYXNlEisuZWdyZXNzcHJveGllcy5sZWFzZS52MS5SZWxlYXNlTGVhc2VSZXF1ZXN0GiwuZWdyZXNzcHJveGllcy5sZWFzZS52MS5SZWxlYXNlTGVhc2VSZXNwb25zZRJmCgtSZXBvcnRMZWFzZRIqLmVncmVzc3Byb3hpZXMubGVhc2UudjEuUmVwb3J0TGVhc2VSZXF1ZXN0GisuZWdyZXNzcHJveGllcy5sZWFzZS52MS5SZXBvcnRMZWFzZVJlc3BvbnNlEmwKDVJlcG9ydFNlc3Npb24SLC5lZ3Jlc3Nwcm94aWVzLmxlYXNlLnYxLlJlcG9ydFNlc3Npb25SZXF1ZXN0Gi0uZWdyZXNzcHJveGllcy5sZWFzZS52MS5SZXBvcnRTZXNzaW9uUmVzcG9uc2USaQoMTGlzdFJlZnVzYWxzEisuZWdyZXNzcHJveGllcy5sZWFzZS52MS5MaXN0UmVmdXNhbHNSZXF1ZXN0GiwuZWdyZXNzcHJveGllcy5sZWFzZS52MS5MaXN0UmVmdXNhbHNSZXNwb25zZRJrCgxXYXRjaFByb3hpZXMSKy5lZ3Jlc3Nwcm94aWVzLmxlYXNlLnYxLldhdGNoUHJveGllc1JlcXVlc3QaLC5lZ3Jlc3Nwcm94aWVzLmxlYXNlLnYxLldhdGNoUHJveGllc1Jlc3BvbnNlMAFCUVpPZ2l0aHViLmNvbS9lZ3Jlc3MtcHJveGllcy9lZ3Jlc3MtcHJveGllcy9wa2cvZ2VuL2VncmVzc3Byb3hpZXMvbGVhc2UvdjE7bGVhc2V2MWIGcHJvdG8z", [file_google_protobuf_timestamp]);
+  fileDesc("CiJlZ3Jlc3Nwcm94aWVzL2xlYXNlL3YxL2xlYXNlLnByb3RvEhZlZ3Jlc3Nwcm94aWVzLmxlYXNlLnYxIp4DCgVQcm94eRIKCgJpZBgBIAEoCRIKCgJpcBgCIAEoCRIMCgRwb3J0GAMgASgFEkEKCmF0dHJpYnV0ZXMYBCADKAsyLS5lZ3Jlc3Nwcm94aWVzLmxlYXNlLnYxLlByb3h5LkF0dHJpYnV0ZXNFbnRyeRIPCgdoZWFsdGh5GAUgASgIEhMKC2xlYXNlX2NvdW50GAYgASgFEhsKCWVncmVzc19pcBgHIAEoCVIIZWdyZXNzSVASNQoRcXVhcmFudGluZWRfdW50aWwYCCABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEjUKEXF1YXJhbnRpbmVkX3NpbmNlGAkgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIyCg5jb29sZG93bl91bnRpbBgKIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASFAoMbm90X2xlYXNhYmxlGAsgASgJGjEKD0F0dHJpYnV0ZXNFbnRyeRILCgNrZXkYASABKAkSDQoFdmFsdWUYAiABKAk6AjgBIv0BChJMaXN0UHJveGllc1JlcXVlc3QSFAoHaGVhbHRoeRgBIAEoCEgAiAEBEhEKCW5hbWVzcGFjZRgCIAEoCRJKCghzZWxlY3RvchgDIAMoCzI4LmVncmVzc3Byb3hpZXMubGVhc2UudjEuTGlzdFByb3hpZXNSZXF1ZXN0LlNlbGVjdG9yRW50cnkSDgoGdGFyZ2V0GAQgASgJEhEKCXBhZ2Vfc2l6ZRgFIAEoBRISCgpwYWdlX3Rva2VuGAYgASgJGi8KDVNlbGVjdG9yRW50cnkSCwoDa2V5GAEgASgJEg0KBXZhbHVlGAIgASgJOgI4AUIKCghfaGVhbHRoeSJeChNMaXN0UHJveGllc1Jlc3BvbnNlEi4KB3Byb3hpZXMYASADKAsyHS5lZ3Jlc3Nwcm94aWVzLmxlYXNlLnYxLlByb3h5EhcKD25leHRfcGFnZV90b2tlbhgCIAEoCSLyAQoSQ3JlYXRlTGVhc2VSZXF1ZXN0EkoKCHNlbGVjdG9yGAEgAygLMjguZWdyZXNzcHJveGllcy5sZWFzZS52MS5DcmVhdGVMZWFzZVJlcXVlc3QuU2VsZWN0b3JFbnRyeRITCgt0dGxfc2Vjb25kcxgCIAEoBRIOCgZ0YXJnZXQYAyABKAkSEQoJbmFtZXNwYWNlGAQgASgJEhIKCnJlcXVlc3RfaWQYBSABKAkSEwoLc2Vzc2lvbl9rZXkYBiABKAkaLwoNU2VsZWN0b3JFbnRyeRILCgNrZXkYASABKAkSDQoFdmFsdWUYAiABKAk6AjgBIuQBChNDcmVhdGVMZWFzZVJlc3BvbnNlEhkKCGxlYXNlX2lkGAEgASgJUgdsZWFzZUlEEiwKBXByb3h5GAIgASgLMh0uZWdyZXNzcHJveGllcy5sZWFzZS52MS5Qcm94eRIuCgpleHBpcmVzX2F0GAMgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBI9CgtjcmVkZW50aWFscxgEIAEoCzIoLmVncmVzc3Byb3hpZXMubGVhc2UudjEuUHJveHlDcmVkZW50aWFscxIVCg1zZXNzaW9uX21vdmVkGAUgASgIIjYKEFByb3h5Q3JlZGVudGlhbHMSEAoIdXNlcm5hbWUYASABKAkSEAoIcGFzc3dvcmQYAiABKAkiQwoRUmVuZXdMZWFzZVJlcXVlc3QSGQoIbGVhc2VfaWQYASABKAlSB2xlYXNlSUQSEwoLdHRsX3NlY29uZHMYAiABKAUiXwoSUmVuZXdMZWFzZVJlc3BvbnNlEhkKCGxlYXNlX2lkGAEgASgJUgdsZWFzZUlEEi4KCmV4cGlyZXNfYXQYAiABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wIjAKE1JlbGVhc2VMZWFzZVJlcXVlc3QSGQoIbGVhc2VfaWQYASABKAlSB2xlYXNlSUQiFgoUUmVsZWFzZUxlYXNlUmVzcG9uc2UieAoSUmVwb3J0TGVhc2VSZXF1ZXN0EhkKCGxlYXNlX2lkGAEgASgJUgdsZWFzZUlEEg4KBnJlc3VsdBgCIAEoCRIOCgZ0YXJnZXQYAyABKAkSEwoLc3RhdHVzX2NvZGUYBCABKAUSEgoKbGF0ZW5jeV9tcxgFIAEoBSJ0ChRSZXBvcnRTZXNzaW9uUmVxdWVzdBITCgtzZXNzaW9uX2tleRgBIAEoCRIOCgZyZXN1bHQYAiABKAkSDgoGdGFyZ2V0GAMgASgJEhMKC3N0YXR1c19jb2RlGAQgASgFEhIKCmxhdGVuY3lfbXMYBSABKAUinwIKE1JlcG9ydExlYXNlUmVzcG9uc2USMgoOY29vbGRvd25fdW50aWwYASABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEjIKDmNvb2xkb3duX3N0YXJ0GAIgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIWCg5jb29sZG93bl9sZXZlbBgDIAEoBRIXCg9jb29sZG93bl9zaGFyZWQYBCABKAUSNQoRcXVhcmFudGluZWRfdW50aWwYBSABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEhcKD3BhY2VfcGVyX3NlY29uZBgGIAEoARIPCgdhY3Rpb25zGAcgAygJEg4KBnBvbGljeRgIIAEoCSKhAgoVUmVwb3J0U2Vzc2lvblJlc3BvbnNlEjIKDmNvb2xkb3duX3VudGlsGAEgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIyCg5jb29sZG93bl9zdGFydBgCIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASFgoOY29vbGRvd25fbGV2ZWwYAyABKAUSFwoPY29vbGRvd25fc2hhcmVkGAQgASgFEjUKEXF1YXJhbnRpbmVkX3VudGlsGAUgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIXCg9wYWNlX3Blcl9zZWNvbmQYBiABKAESDwoHYWN0aW9ucxgHIAMoCRIOCgZwb2xpY3kYCCABKAkiLQoTTGlzdFJlZnVzYWxzUmVxdWVzdBIWCg53aW5kb3dfc2Vjb25kcxgBIAEoBSKxAQoQU2VsZWN0b3JSZWZ1c2FscxIRCgluYW1lc3BhY2UYASABKAkSSAoIc2VsZWN0b3IYAiADKAsyNi5lZ3Jlc3Nwcm94aWVzLmxlYXNlLnYxLlNlbGVjdG9yUmVmdXNhbHMuU2VsZWN0b3JFbnRyeRIPCgdyZWZ1c2VkGAMgASgDGi8KDVNlbGVjdG9yRW50cnkSCwoDa2V5GAEgASgJEg0KBXZhbHVlGAIgASgJOgI4ASJTChRMaXN0UmVmdXNhbHNSZXNwb25zZRI7CglzZWxlY3RvcnMYASADKAsyKC5lZ3Jlc3Nwcm94aWVzLmxlYXNlLnYxLlNlbGVjdG9yUmVmdXNhbHMiyAEKE1dhdGNoUHJveGllc1JlcXVlc3QSFAoHaGVhbHRoeRgBIAEoCEgAiAEBEhEKCW5hbWVzcGFjZRgCIAEoCRJLCghzZWxlY3RvchgDIAMoCzI5LmVncmVzc3Byb3hpZXMubGVhc2UudjEuV2F0Y2hQcm94aWVzUmVxdWVzdC5TZWxlY3RvckVudHJ5Gi8KDVNlbGVjdG9yRW50cnkSCwoDa2V5GAEgASgJEg0KBXZhbHVlGAIgASgJOgI4AUIKCghfaGVhbHRoeSJKChRXYXRjaFByb3hpZXNSZXNwb25zZRIyCgZldmVudHMYASADKAsyIi5lZ3Jlc3Nwcm94aWVzLmxlYXNlLnYxLlByb3h5RXZlbnQiwgEKClByb3h5RXZlbnQSNQoEdHlwZRgBIAEoDjInLmVncmVzc3Byb3hpZXMubGVhc2UudjEuUHJveHlFdmVudC5UeXBlEiwKBXByb3h5GAIgASgLMh0uZWdyZXNzcHJveGllcy5sZWFzZS52MS5Qcm94eSJPCgRUeXBlEhQKEFRZUEVfVU5TUEVDSUZJRUQQABIPCgtUWVBFX1VQU0VSVBABEg8KC1RZUEVfREVMRVRFEAISDwoLVFlQRV9TWU5DRUQQAyJ4ChFMaXN0TGVhc2VzUmVxdWVzdBIRCgluYW1lc3BhY2UYASABKAkSGQoIcHJveHlfaWQYAiABKAlSB3Byb3h5SUQSDgoGdGVuYW50GAMgASgJEhEKCXBhZ2Vfc2l6ZRgEIAEoBRISCgpwYWdlX3Rva2VuGAUgASgJItIBCgVMZWFzZRIZCghsZWFzZV9pZBgBIAEoCVIHbGVhc2VJRBIZCghwcm94eV9pZBgCIAEoCVIHcHJveHlJRBIOCgZ0ZW5hbnQYAyABKAkSDgoGdGFyZ2V0GAQgASgJEhMKC3Nlc3Npb25fa2V5GAUgASgJEi4KCmdyYW50ZWRfYXQYBiABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEi4KCmV4cGlyZXNfYXQYByABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wIlwKEkxpc3RMZWFzZXNSZXNwb25zZRItCgZsZWFzZXMYASADKAsyHS5lZ3Jlc3Nwcm94aWVzLmxlYXNlLnYxLkxlYXNlEhcKD25leHRfcGFnZV90b2tlbhgCIAEoCSIhChNFeHBsYWluUHJveHlSZXF1ZXN0EgoKAmlkGAEgASgJIpwBCghDb29sZG93bhIOCgZ0YXJnZXQYASABKAkSDgoGdGVuYW50GAIgASgJEikKBXVudGlsGAMgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIpCgVzaW5jZRgEIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASDQoFbGV2ZWwYBSABKAUSCwoDa2V5GAYgASgJIlUKC0Vycm9yUmVwb3J0Eg4KBnRhcmdldBgBIAEoCRIOCgZ0ZW5hbnQYAiABKAkSJgoCYXQYAyABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wIvQBChRFeHBsYWluUHJveHlSZXNwb25zZRIsCgVwcm94eRgBIAEoCzIdLmVncmVzc3Byb3hpZXMubGVhc2UudjEuUHJveHkSMwoJY29vbGRvd25zGAIgAygLMiAuZWdyZXNzcHJveGllcy5sZWFzZS52MS5Db29sZG93bhIzCgZlcnJvcnMYAyADKAsyIy5lZ3Jlc3Nwcm94aWVzLmxlYXNlLnYxLkVycm9yUmVwb3J0EjIKDmRyYWluaW5nX3VudGlsGAQgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIQCghjb3Jkb25lZBgFIAEoCCI5ChRFeHBsYWluVGFyZ2V0UmVxdWVzdBIOCgZ0YXJnZXQYASABKAkSEQoJbmFtZXNwYWNlGAIgASgJInoKDENvb2xpbmdQcm94eRIZCghwcm94eV9pZBgBIAEoCVIHcHJveHlJRBIbCgllZ3Jlc3NfaXAYAiABKAlSCGVncmVzc0lQEjIKCGNvb2xkb3duGAMgASgLMiAuZWdyZXNzcHJveGllcy5sZWFzZS52MS5Db29sZG93biLZAQoVRXhwbGFpblRhcmdldFJlc3BvbnNlEg4KBnRhcmdldBgBIAEoCRI1Cgdjb29saW5nGAIgAygLMiQuZWdyZXNzcHJveGllcy5sZWFzZS52MS5Db29saW5nUHJveHkSDwoHcHJveGllcxgDIAEoBRIOCgZsZWFzZXMYBCABKAUSFwoPcGFjZV9wZXJfc2Vjb25kGAUgASgBEi8KC3BhY2VkX3VudGlsGAYgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIOCgZwb2xpY3kYByABKAkymgkKDExlYXNlU2VydmljZRJmCgtMaXN0UHJveGllcxIqLmVncmVzc3Byb3hpZXMubGVhc2UudjEuTGlzdFByb3hpZXNSZXF1ZXN0GisuZWdyZXNzcHJveGllcy5sZWFzZS52MS5MaXN0UHJveGllc1Jlc3BvbnNlEmYKC0NyZWF0ZUxlYXNlEiouZWdyZXNzcHJveGllcy5sZWFzZS52MS5DcmVhdGVMZWFzZVJlcXVlc3QaKy5lZ3Jlc3Nwcm94aWVzLmxlYXNlLnYxLkNyZWF0ZUxlYXNlUmVzcG9uc2USYwoKUmVuZXdMZWFzZRIpLmVncmVzc3Byb3hpZXMubGVhc2UudjEuUmVuZXdMZWFzZVJlcXVlc3QaKi5lZ3Jlc3Nwcm94aWVzLmxlYXNlLnYxLlJlbmV3TGVhc2VSZXNwb25zZRJpCgxSZWxlYXNlTGVhc2USKy5lZ3Jlc3Nwcm94aWVzLmxlYXNlLnYxLlJlbGVhc2VMZWFzZVJlcXVlc3QaLC5lZ3Jlc3Nwcm94aWVzLmxlYXNlLnYxLlJlbGVhc2VMZWFzZVJlc3BvbnNlEmYKC1JlcG9ydExlYXNlEiouZWdyZXNzcHJveGllcy5sZWFzZS52MS5SZXBvcnRMZWFzZVJlcXVlc3QaKy5lZ3Jlc3Nwcm94aWVzLmxlYXNlLnYxLlJlcG9ydExlYXNlUmVzcG9uc2USbAoNUmVwb3J0U2Vzc2lvbhIsLmVncmVzc3Byb3hpZXMubGVhc2UudjEuUmVwb3J0U2Vzc2lvblJlcXVlc3QaLS5lZ3Jlc3Nwcm94aWVzLmxlYXNlLnYxLlJlcG9ydFNlc3Npb25SZXNwb25zZRJpCgxMaXN0UmVmdXNhbHMSKy5lZ3Jlc3Nwcm94aWVzLmxlYXNlLnYxLkxpc3RSZWZ1c2Fsc1JlcXVlc3QaLC5lZ3Jlc3Nwcm94aWVzLmxlYXNlLnYxLkxpc3RSZWZ1c2Fsc1Jlc3BvbnNlEmsKDFdhdGNoUHJveGllcxIrLmVncmVzc3Byb3hpZXMubGVhc2UudjEuV2F0Y2hQcm94aWVzUmVxdWVzdBosLmVncmVzc3Byb3hpZXMubGVhc2UudjEuV2F0Y2hQcm94aWVzUmVzcG9uc2UwARJjCgpMaXN0TGVhc2VzEikuZWdyZXNzcHJveGllcy5sZWFzZS52MS5MaXN0TGVhc2VzUmVxdWVzdBoqLmVncmVzc3Byb3hpZXMubGVhc2UudjEuTGlzdExlYXNlc1Jlc3BvbnNlEmkKDEV4cGxhaW5Qcm94eRIrLmVncmVzc3Byb3hpZXMubGVhc2UudjEuRXhwbGFpblByb3h5UmVxdWVzdBosLmVncmVzc3Byb3hpZXMubGVhc2UudjEuRXhwbGFpblByb3h5UmVzcG9uc2USbAoNRXhwbGFpblRhcmdldBIsLmVncmVzc3Byb3hpZXMubGVhc2UudjEuRXhwbGFpblRhcmdldFJlcXVlc3QaLS5lZ3Jlc3Nwcm94aWVzLmxlYXNlLnYxLkV4cGxhaW5UYXJnZXRSZXNwb25zZUJRWk9naXRodWIuY29tL2VncmVzcy1wcm94aWVzL2VncmVzcy1wcm94aWVzL3BrZy9nZW4vZWdyZXNzcHJveGllcy9sZWFzZS92MTtsZWFzZXYxYgZwcm90bzM", [file_google_protobuf_timestamp]);
 
 /**
  * Proxy is one leasable proxy as clients see it.
@@ -94,6 +94,16 @@ export type Proxy = Message<"egressproxies.lease.v1.Proxy"> & {
    * @generated from field: google.protobuf.Timestamp cooldown_until = 10;
    */
   cooldownUntil?: Timestamp | undefined;
+
+  /**
+   * not_leasable, when not empty, is why the proxy takes no new lease
+   * whatever the target: PROXY_UNHEALTHY, PROXY_HEALTH_STALE,
+   * PROXY_NOT_READY, PROXY_DELETING, PROXY_DRAINING or PROXY_CORDONED.
+   * A quarantine, a cooldown and the lease cap are in the fields above.
+   *
+   * @generated from field: string not_leasable = 11;
+   */
+  notLeasable: string;
 };
 
 /**
@@ -909,6 +919,440 @@ export const ProxyEvent_TypeSchema: GenEnum<ProxyEvent_Type> = /*@__PURE__*/
   enumDesc(file_egressproxies_lease_v1_lease, 19, 0);
 
 /**
+ * ListLeasesRequest filters the lease list and asks for one page of it.
+ *
+ * @generated from message egressproxies.lease.v1.ListLeasesRequest
+ */
+export type ListLeasesRequest = Message<"egressproxies.lease.v1.ListLeasesRequest"> & {
+  /**
+   * namespace, when set, keeps only leases on proxies in that namespace.
+   *
+   * @generated from field: string namespace = 1;
+   */
+  namespace: string;
+
+  /**
+   * proxy_id, when set ("namespace/name"), keeps only that proxy's leases.
+   *
+   * @generated from field: string proxy_id = 2 [json_name = "proxyID"];
+   */
+  proxyId: string;
+
+  /**
+   * tenant, when set, keeps only leases that tenant holds.
+   *
+   * @generated from field: string tenant = 3;
+   */
+  tenant: string;
+
+  /**
+   * page_size is the most leases one response holds: 0 means 500, more
+   * than 500 is taken as 500, negative is refused.
+   *
+   * @generated from field: int32 page_size = 4;
+   */
+  pageSize: number;
+
+  /**
+   * page_token is a previous response's next_page_token; the other
+   * fields must be as they were for the first page.
+   *
+   * @generated from field: string page_token = 5;
+   */
+  pageToken: string;
+};
+
+/**
+ * Describes the message egressproxies.lease.v1.ListLeasesRequest.
+ * Use `create(ListLeasesRequestSchema)` to create a new message.
+ */
+export const ListLeasesRequestSchema: GenMessage<ListLeasesRequest> = /*@__PURE__*/
+  messageDesc(file_egressproxies_lease_v1_lease, 20);
+
+/**
+ * Lease is one live lease as ListLeases shows it.
+ *
+ * @generated from message egressproxies.lease.v1.Lease
+ */
+export type Lease = Message<"egressproxies.lease.v1.Lease"> & {
+  /**
+   * lease_id names the lease.
+   *
+   * @generated from field: string lease_id = 1 [json_name = "leaseID"];
+   */
+  leaseId: string;
+
+  /**
+   * proxy_id is the leased proxy's "namespace/name".
+   *
+   * @generated from field: string proxy_id = 2 [json_name = "proxyID"];
+   */
+  proxyId: string;
+
+  /**
+   * tenant that holds it ("" on a broker that needs no token).
+   *
+   * @generated from field: string tenant = 3;
+   */
+  tenant: string;
+
+  /**
+   * target it was taken for, if any.
+   *
+   * @generated from field: string target = 4;
+   */
+  target: string;
+
+  /**
+   * session_key it was taken with, if any, as the tenant gave it.
+   *
+   * @generated from field: string session_key = 5;
+   */
+  sessionKey: string;
+
+  /**
+   * granted_at is when it was granted.
+   *
+   * @generated from field: google.protobuf.Timestamp granted_at = 6;
+   */
+  grantedAt?: Timestamp | undefined;
+
+  /**
+   * expires_at is when it ends unless renewed.
+   *
+   * @generated from field: google.protobuf.Timestamp expires_at = 7;
+   */
+  expiresAt?: Timestamp | undefined;
+};
+
+/**
+ * Describes the message egressproxies.lease.v1.Lease.
+ * Use `create(LeaseSchema)` to create a new message.
+ */
+export const LeaseSchema: GenMessage<Lease> = /*@__PURE__*/
+  messageDesc(file_egressproxies_lease_v1_lease, 21);
+
+/**
+ * ListLeasesResponse is one page of live leases, by proxy id then lease id.
+ *
+ * @generated from message egressproxies.lease.v1.ListLeasesResponse
+ */
+export type ListLeasesResponse = Message<"egressproxies.lease.v1.ListLeasesResponse"> & {
+  /**
+   * leases on this page.
+   *
+   * @generated from field: repeated egressproxies.lease.v1.Lease leases = 1;
+   */
+  leases: Lease[];
+
+  /**
+   * next_page_token, when not empty, asks for the next page.
+   *
+   * @generated from field: string next_page_token = 2;
+   */
+  nextPageToken: string;
+};
+
+/**
+ * Describes the message egressproxies.lease.v1.ListLeasesResponse.
+ * Use `create(ListLeasesResponseSchema)` to create a new message.
+ */
+export const ListLeasesResponseSchema: GenMessage<ListLeasesResponse> = /*@__PURE__*/
+  messageDesc(file_egressproxies_lease_v1_lease, 22);
+
+/**
+ * ExplainProxyRequest names a proxy.
+ *
+ * @generated from message egressproxies.lease.v1.ExplainProxyRequest
+ */
+export type ExplainProxyRequest = Message<"egressproxies.lease.v1.ExplainProxyRequest"> & {
+  /**
+   * id is the proxy's "namespace/name".
+   *
+   * @generated from field: string id = 1;
+   */
+  id: string;
+};
+
+/**
+ * Describes the message egressproxies.lease.v1.ExplainProxyRequest.
+ * Use `create(ExplainProxyRequestSchema)` to create a new message.
+ */
+export const ExplainProxyRequestSchema: GenMessage<ExplainProxyRequest> = /*@__PURE__*/
+  messageDesc(file_egressproxies_lease_v1_lease, 23);
+
+/**
+ * Cooldown is one running cooldown of a proxy's exit for a target.
+ *
+ * @generated from message egressproxies.lease.v1.Cooldown
+ */
+export type Cooldown = Message<"egressproxies.lease.v1.Cooldown"> & {
+  /**
+   * target the exit is cooling down for.
+   *
+   * @generated from field: string target = 1;
+   */
+  target: string;
+
+  /**
+   * tenant is set when the cooldown holds for that tenant alone (its own
+   * reports started it, and no other tenant's agreed).
+   *
+   * @generated from field: string tenant = 2;
+   */
+  tenant: string;
+
+  /**
+   * until is when it ends.
+   *
+   * @generated from field: google.protobuf.Timestamp until = 3;
+   */
+  until?: Timestamp | undefined;
+
+  /**
+   * since is when it started.
+   *
+   * @generated from field: google.protobuf.Timestamp since = 4;
+   */
+  since?: Timestamp | undefined;
+
+  /**
+   * level counts its doublings: 0 is the base period.
+   *
+   * @generated from field: int32 level = 5;
+   */
+  level: number;
+
+  /**
+   * key is what it is kept under: "ip:<egress IP>" (every proxy on that
+   * exit cools together) or "p:<uid>" before the exit is known.
+   *
+   * @generated from field: string key = 6;
+   */
+  key: string;
+};
+
+/**
+ * Describes the message egressproxies.lease.v1.Cooldown.
+ * Use `create(CooldownSchema)` to create a new message.
+ */
+export const CooldownSchema: GenMessage<Cooldown> = /*@__PURE__*/
+  messageDesc(file_egressproxies_lease_v1_lease, 24);
+
+/**
+ * ErrorReport is one error report counting toward a quarantine.
+ *
+ * @generated from message egressproxies.lease.v1.ErrorReport
+ */
+export type ErrorReport = Message<"egressproxies.lease.v1.ErrorReport"> & {
+  /**
+   * target it was about.
+   *
+   * @generated from field: string target = 1;
+   */
+  target: string;
+
+  /**
+   * tenant is set when an untrusted tenant reported it.
+   *
+   * @generated from field: string tenant = 2;
+   */
+  tenant: string;
+
+  /**
+   * at is when it was reported.
+   *
+   * @generated from field: google.protobuf.Timestamp at = 3;
+   */
+  at?: Timestamp | undefined;
+};
+
+/**
+ * Describes the message egressproxies.lease.v1.ErrorReport.
+ * Use `create(ErrorReportSchema)` to create a new message.
+ */
+export const ErrorReportSchema: GenMessage<ErrorReport> = /*@__PURE__*/
+  messageDesc(file_egressproxies_lease_v1_lease, 25);
+
+/**
+ * ExplainProxyResponse is the proxy's story.
+ *
+ * @generated from message egressproxies.lease.v1.ExplainProxyResponse
+ */
+export type ExplainProxyResponse = Message<"egressproxies.lease.v1.ExplainProxyResponse"> & {
+  /**
+   * proxy as ListProxies shows it, not_leasable included.
+   *
+   * @generated from field: egressproxies.lease.v1.Proxy proxy = 1;
+   */
+  proxy?: Proxy | undefined;
+
+  /**
+   * cooldowns running for the proxy's exit, soonest end first.
+   *
+   * @generated from field: repeated egressproxies.lease.v1.Cooldown cooldowns = 2;
+   */
+  cooldowns: Cooldown[];
+
+  /**
+   * errors are the error reports in the quarantine window, newest first.
+   *
+   * @generated from field: repeated egressproxies.lease.v1.ErrorReport errors = 3;
+   */
+  errors: ErrorReport[];
+
+  /**
+   * draining_until is the drain deadline while the proxy drains.
+   *
+   * @generated from field: google.protobuf.Timestamp draining_until = 4;
+   */
+  drainingUntil?: Timestamp | undefined;
+
+  /**
+   * cordoned is true while an operator keeps new leases off it.
+   *
+   * @generated from field: bool cordoned = 5;
+   */
+  cordoned: boolean;
+};
+
+/**
+ * Describes the message egressproxies.lease.v1.ExplainProxyResponse.
+ * Use `create(ExplainProxyResponseSchema)` to create a new message.
+ */
+export const ExplainProxyResponseSchema: GenMessage<ExplainProxyResponse> = /*@__PURE__*/
+  messageDesc(file_egressproxies_lease_v1_lease, 26);
+
+/**
+ * ExplainTargetRequest names a target.
+ *
+ * @generated from message egressproxies.lease.v1.ExplainTargetRequest
+ */
+export type ExplainTargetRequest = Message<"egressproxies.lease.v1.ExplainTargetRequest"> & {
+  /**
+   * target is a host name, as in CreateLease.
+   *
+   * @generated from field: string target = 1;
+   */
+  target: string;
+
+  /**
+   * namespace, when set, keeps only proxies in that namespace.
+   *
+   * @generated from field: string namespace = 2;
+   */
+  namespace: string;
+};
+
+/**
+ * Describes the message egressproxies.lease.v1.ExplainTargetRequest.
+ * Use `create(ExplainTargetRequestSchema)` to create a new message.
+ */
+export const ExplainTargetRequestSchema: GenMessage<ExplainTargetRequest> = /*@__PURE__*/
+  messageDesc(file_egressproxies_lease_v1_lease, 27);
+
+/**
+ * CoolingProxy is a proxy cooling down for the target.
+ *
+ * @generated from message egressproxies.lease.v1.CoolingProxy
+ */
+export type CoolingProxy = Message<"egressproxies.lease.v1.CoolingProxy"> & {
+  /**
+   * proxy_id is its "namespace/name".
+   *
+   * @generated from field: string proxy_id = 1 [json_name = "proxyID"];
+   */
+  proxyId: string;
+
+  /**
+   * egress_ip is the exit the target pushed away.
+   *
+   * @generated from field: string egress_ip = 2 [json_name = "egressIP"];
+   */
+  egressIp: string;
+
+  /**
+   * cooldown is the one running.
+   *
+   * @generated from field: egressproxies.lease.v1.Cooldown cooldown = 3;
+   */
+  cooldown?: Cooldown | undefined;
+};
+
+/**
+ * Describes the message egressproxies.lease.v1.CoolingProxy.
+ * Use `create(CoolingProxySchema)` to create a new message.
+ */
+export const CoolingProxySchema: GenMessage<CoolingProxy> = /*@__PURE__*/
+  messageDesc(file_egressproxies_lease_v1_lease, 28);
+
+/**
+ * ExplainTargetResponse is the target's view of the fleet.
+ *
+ * @generated from message egressproxies.lease.v1.ExplainTargetResponse
+ */
+export type ExplainTargetResponse = Message<"egressproxies.lease.v1.ExplainTargetResponse"> & {
+  /**
+   * target, lower-cased.
+   *
+   * @generated from field: string target = 1;
+   */
+  target: string;
+
+  /**
+   * cooling are the proxies cooling down for it, soonest end first.
+   *
+   * @generated from field: repeated egressproxies.lease.v1.CoolingProxy cooling = 2;
+   */
+  cooling: CoolingProxy[];
+
+  /**
+   * proxies counts the proxies the caller may list (in namespace, when
+   * given), cooling or not.
+   *
+   * @generated from field: int32 proxies = 3;
+   */
+  proxies: number;
+
+  /**
+   * leases is the target's live leases, fleet-wide.
+   *
+   * @generated from field: int32 leases = 4;
+   */
+  leases: number;
+
+  /**
+   * pace_per_second is its fleet-wide lease rate while paced; 0 when
+   * not.
+   *
+   * @generated from field: double pace_per_second = 5;
+   */
+  pacePerSecond: number;
+
+  /**
+   * paced_until is when that pace lapses.
+   *
+   * @generated from field: google.protobuf.Timestamp paced_until = 6;
+   */
+  pacedUntil?: Timestamp | undefined;
+
+  /**
+   * policy is the TargetPolicy ("namespace/name") that governs it, or
+   * empty for the broker's defaults.
+   *
+   * @generated from field: string policy = 7;
+   */
+  policy: string;
+};
+
+/**
+ * Describes the message egressproxies.lease.v1.ExplainTargetResponse.
+ * Use `create(ExplainTargetResponseSchema)` to create a new message.
+ */
+export const ExplainTargetResponseSchema: GenMessage<ExplainTargetResponse> = /*@__PURE__*/
+  messageDesc(file_egressproxies_lease_v1_lease, 29);
+
+/**
  * LeaseService hands healthy proxies to crawlers as time-bounded leases and
  * takes their reports about how a target site treated a proxy. The broker
  * serves it over gRPC and, through grpc-gateway, as the REST API the
@@ -1020,6 +1464,46 @@ export const LeaseService: GenService<{
     methodKind: "server_streaming";
     input: typeof WatchProxiesRequestSchema;
     output: typeof WatchProxiesResponseSchema;
+  },
+  /**
+   * ListLeases lists live leases by proxy id, then lease id: who holds
+   * what, since when, for which target and session. A tenant sees its
+   * own; one with the inspect verb sees every tenant's on the proxies it
+   * may list. Operators' tools read it (kubectl egress leases, the
+   * console); crawlers keep their own leases.
+   *
+   * @generated from rpc egressproxies.lease.v1.LeaseService.ListLeases
+   */
+  listLeases: {
+    methodKind: "unary";
+    input: typeof ListLeasesRequestSchema;
+    output: typeof ListLeasesResponseSchema;
+  },
+  /**
+   * ExplainProxy tells one proxy's story as the brokers see it: why it
+   * takes no new leases, if it does not, its cooldowns by target with
+   * their level and expiry, its quarantine and the error reports behind
+   * it, and how many leases it holds. A tenant sees the fleet's cooldowns
+   * and reports and its own; with inspect, every tenant's.
+   *
+   * @generated from rpc egressproxies.lease.v1.LeaseService.ExplainProxy
+   */
+  explainProxy: {
+    methodKind: "unary";
+    input: typeof ExplainProxyRequestSchema;
+    output: typeof ExplainProxyResponseSchema;
+  },
+  /**
+   * ExplainTarget is a target's view of the fleet: every proxy the caller
+   * may list that is cooling down for it (which exits it pushed away, and
+   * until when), its fleet-wide pace and its live leases.
+   *
+   * @generated from rpc egressproxies.lease.v1.LeaseService.ExplainTarget
+   */
+  explainTarget: {
+    methodKind: "unary";
+    input: typeof ExplainTargetRequestSchema;
+    output: typeof ExplainTargetResponseSchema;
   },
 }> = /*@__PURE__*/
   serviceDesc(file_egressproxies_lease_v1_lease, 0);
