@@ -6,7 +6,7 @@ SHELL := /usr/bin/env bash
 .SHELLFLAGS := -euo pipefail -c
 .DEFAULT_GOAL := help
 
-MODULES := pkg services/controller services/prober services/broker hack/demo hack/cluster
+MODULES := pkg services/controller services/prober services/broker clients/kubectl-egress hack/demo hack/cluster
 GO_PKGS := $(addsuffix /...,$(addprefix ./,$(MODULES)))
 # Tools live in a module of their own, outside go.work.
 TOOL := GOWORK=$(CURDIR)/hack/tools/go.work go tool
@@ -93,7 +93,7 @@ verify-generated: ## Fail if generated files differ from what `make generate` wr
 .PHONY: lint
 lint: ## go vet in every module, gofmt, buf lint.
 	go vet $(GO_PKGS)
-	@out=$$(gofmt -l pkg services hack/demo hack/cluster); if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi
+	@out=$$(gofmt -l pkg services clients/kubectl-egress hack/demo hack/cluster); if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi
 	$(TOOL) buf lint
 
 .PHONY: breaking
@@ -101,10 +101,11 @@ breaking: ## buf breaking against main.
 	$(TOOL) buf breaking --against '.git#branch=main'
 
 .PHONY: build
-build: ## Build the three static binaries (CGO_ENABLED=0) into bin/.
+build: ## Build the three services and the kubectl plugin (bin/kubectl-egress: copy it onto PATH) as static binaries (CGO_ENABLED=0) into bin/.
 	@mkdir -p $(BIN)
 	for s in controller prober broker; do \
 	  CGO_ENABLED=0 go build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN)/$$s ./services/$$s/cmd/$$s; done
+	CGO_ENABLED=0 go build -trimpath -o $(BIN)/kubectl-egress ./clients/kubectl-egress
 
 .PHONY: docker-build
 docker-build: ## Build the three images $(IMG)-{controller,prober,broker}:$(TAG) (needs a Docker engine).

@@ -101,6 +101,7 @@ func TestInstalledAsUsersDeployIt(t *testing.T) {
 	step("2. a ProxyPool of 3 Squid pods Ready and Healthy through the real probe path", func() { h.poolUp(3) })
 	step("3. a crawler pod leases over REST, gRPC and the gateway, fetches, reports a ban", func() { h.crawl(plain) })
 	step("3b. two tenants' crawler pods at once: each leases only its own proxies", func() { h.tenants(plain) })
+	step("3c. kubectl egress: status, explain, cordon, leases, bans, check install, drain, rotate", func() { h.plugin(plain) })
 	step("4. kubectl scale ppool up and down; a leased member drains; the GC deletes members", func() { h.scaleAndDrain(plain) })
 	step("5. probers scaled 1 → 3 → 1; controller leader and Redis deleted", func() { h.probersAndFaults(plain) })
 	step("6. helm test; helm upgrade rolls without losing leases", func() { h.testAndUpgrade(plain) })
