@@ -1,0 +1,127 @@
+package cli
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	v1 "github.com/egress-proxies/egress-proxies/pkg/api/v1alpha1"
+	"github.com/egress-proxies/egress-proxies/pkg/testenv"
+)
+
+var api *testenv.Env
+
+func TestMain(m *testing.M) { os.Exit(testenv.Main(m, &api)) }
+
+// plugin runs the plugin against the envtest API server, with the lease
+// API at a closed port (the cluster-side verbs need none), and returns
+// its exit code and output.
+func plugin(t *testing.T, args ...string) (int, string, string) {
+	t.Helper()
+	kc, err := api.WriteKubeconfig(t.TempDir())
+	require.NoError(t, err)
+	var out, errOut bytes.Buffer
+	code := Main(append(args, "--kubeconfig", kc, "--broker", "127.0.0.1:1", "--token", "t", "--timeout", "20s"), &out, &errOut)
+	return code, out.String(), errOut.String()
+}
+
+func get(t *testing.T, ns, name string) *v1.Proxy {
+	var px v1.Proxy
+	require.NoError(t, api.Client.Get(context.Background(), client.ObjectKey{Namespace: ns, Name: name}, &px))
+	return &px
+}
+
+// Every verb that changes something prints the merge patch it applies;
+// --dry-run has the API server check it and store nothing.
+func TestMutationsPrintTheirPatchAndDryRunChangesNothing(t *testing.T) {
+	ns := api.Namespace(t, "plugin")
+	api.ReadyProxy(t, ns, "p", "127.0.0.10", 3128, nil, true)
+
+	code, out, _ := plugin(t, "cordon", "p", "-n", ns, "--dry-run")
+	require.Equal(t, 0, code)
+	assert.Contains(t, out, `kubectl patch Proxy p -n `+ns+` --type=merge -p '{"metadata":{"annotations":{"crawl.example.com/cordoned":"true"}}}' (dry run: nothing changes)`)
+	assert.NotContains(t, get(t, ns, "p").Annotations, v1.AnnotationCordoned)
+
+	code, _, _ = plugin(t, "cordon", "p", "-n", ns)
+	require.Equal(t, 0, code)
+	assert.Equal(t, "true", get(t, ns, "p").Annotations[v1.AnnotationCordoned])
+	code, out, _ = plugin(t, "uncordon", "p", "-n", ns)
+	require.Equal(t, 0, code)
+	assert.Contains(t, out, `{"crawl.example.com/cordoned":null}`, "a merge patch's null removes the annotation")
+	assert.NotContains(t, get(t, ns, "p").Annotations, v1.AnnotationCordoned)
+
+	code, _, _ = plugin(t, "drain", "p", "-n", ns, "--drain-timeout", "2m")
+	require.Equal(t, 0, code)
+	deadline, ok := get(t, ns, "p").DrainDeadline()
+	require.True(t, ok)
+	assert.WithinDuration(t, time.Now().Add(2*time.Minute), deadline, 5*time.Second)
+
+	pool := &v1.ProxyPool{ObjectMeta: metav1.ObjectMeta{Name: "pool", Namespace: ns},
+		Spec: v1.ProxyPoolSpec{Replicas: ptr.To[int32](0), Template: v1.ProxyTemplate{Spec: v1.ProxyTemplateSpec{Provider: "kubernetes"}}}}
+	require.NoError(t, api.Client.Create(context.Background(), pool))
+	before := time.Now()
+	code, out, _ = plugin(t, "rotate", "pool", "-n", ns)
+	require.Equal(t, 0, code, out)
+	require.NoError(t, api.Client.Get(context.Background(), client.ObjectKeyFromObject(pool), pool))
+	require.NotNil(t, pool.Spec.RolloutAfter)
+	assert.True(t, pool.Spec.RolloutAfter.After(before.Truncate(time.Second)), "the next whole second: %s", pool.Spec.RolloutAfter)
+	assert.WithinDuration(t, before, pool.Spec.RolloutAfter.Time, 2*time.Second)
+
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"cordon", "missing", "-n", ns}, `reading Proxy ` + ns + `/missing: proxies.crawl.example.com "missing" not found`},
+		{[]string{"drain", "p", "-n", ns, "--drain-timeout", "0s"}, "--drain-timeout must be positive"},
+		{[]string{"status", "-o", "xml"}, `--output "xml": use json or yaml`},
+		{[]string{"bans"}, "--target is required"},
+	} {
+		code, _, errOut := plugin(t, tc.args...)
+		assert.Equal(t, 1, code, "%v", tc.args)
+		assert.Contains(t, errOut, tc.want, "%v", tc.args)
+	}
+}
+
+// Without the brokers, status still shows the fleet from the cluster,
+// says the brokers could not be asked, and tells why each proxy is not
+// leasable from the cluster alone.
+func TestStatusWithoutTheBrokers(t *testing.T) {
+	ns := api.Namespace(t, "plugin")
+	api.ReadyProxy(t, ns, "good", "127.0.0.11", 3128, nil, true)
+	api.ReadyProxy(t, ns, "sick", "127.0.0.12", 3128, nil, false)
+	api.ReadyProxy(t, ns, "cordoned", "127.0.0.13", 3128, nil, true)
+	px := get(t, ns, "cordoned")
+	px.Annotations = map[string]string{v1.AnnotationCordoned: "true"}
+	require.NoError(t, api.Client.Update(context.Background(), px))
+
+	code, out, _ := plugin(t, "status", "-n", ns, "-o", "json")
+	require.Equal(t, 0, code, out)
+	var v statusView
+	require.NoError(t, json.Unmarshal([]byte(out), &v))
+	assert.Contains(t, v.Brokers, "ListProxies", "it says the brokers could not be asked")
+	require.Len(t, v.Pools, 1)
+	p := v.Pools[0]
+	assert.Equal(t, noPool, p.Name)
+	assert.Equal(t, 3, p.Proxies)
+	assert.Equal(t, 2, p.Healthy)
+	assert.Equal(t, 1, p.Leasable)
+	reasons := map[string]string{}
+	for _, m := range p.NotLeasable {
+		reasons[m.ID] = m.Reason
+	}
+	assert.Equal(t, map[string]string{ns + "/sick": "PROXY_UNHEALTHY", ns + "/cordoned": "PROXY_CORDONED"}, reasons)
+
+	code, out, _ = plugin(t, "status", "-n", ns)
+	require.Equal(t, 0, code)
+	assert.Contains(t, out, "the brokers could not be asked")
+	assert.Contains(t, out, "kubectl egress uncordon cordoned -n "+ns, "the fix is a command")
+}
