@@ -38,15 +38,15 @@ func (h *harness) egressJSON(in *install, into any, args ...string) {
 // pluginStatus is what the test reads of `kubectl egress status -o json`.
 type pluginStatus struct {
 	Pools []struct {
-		Name                                          string
+		Name                                         string
 		Proxies, Healthy, Leasable, Leases, Cordoned int
-		NotLeasable                                   []struct{ ID, Reason, Why string }
+		NotLeasable                                  []struct{ ID, Reason, Why string }
 	}
 }
 
 func (s pluginStatus) pool(name string) (out struct {
 	Proxies, Healthy, Leasable, Leases, Cordoned int
-	NotLeasable                                   map[string]string
+	NotLeasable                                  map[string]string
 }) {
 	for _, p := range s.Pools {
 		if p.Name == name {
@@ -120,7 +120,9 @@ func (h *harness) plugin(in *install) {
 		assert.NotEqual(t, proxiesNS+"/e2e-0", l.Proxy.GetId(), "no new lease on the cordoned proxy")
 		leases = append(leases, l)
 	}
-	var listed struct{ Leases []struct{ LeaseID, ProxyID string } }
+	var listed struct {
+		Leases []struct{ LeaseID, ProxyID string }
+	}
 	h.egressJSON(in, &listed, append([]string{"leases"}, ns...)...)
 	ids := map[string]bool{}
 	for _, l := range listed.Leases {
