@@ -23,7 +23,7 @@ LDFLAGS := -s -w -X github.com/egress-proxies/egress-proxies/pkg/version.Commit=
 # read the seed ISOs back. Recursive (=): the client and cluster lists are
 # defined below it.
 APT_PACKAGES = redis-server squid openssh-server libvirt-daemon libvirt-daemon-driver-qemu qemu-system-x86 qemu-utils libarchive-tools iproute2 \
-  $(CLIENT_APT_PACKAGES) $(CLUSTER_APT_PACKAGES)
+  chromium $(CLIENT_APT_PACKAGES) $(CLUSTER_APT_PACKAGES)
 # The Python client's suite runs on Debian's Python and its packages (no
 # Python registry is needed), and the clients' code is generated with
 # Debian's protoc and gRPC Python plugin (libprotobuf-dev holds the
@@ -232,6 +232,10 @@ bench-gateway: deps envtest ## The proxy gateway against straight Squid, a minim
 	@if command -v npm >/dev/null; then npm ci --prefix hack/bench/proxy-chain --no-audit --no-fund --silent; else echo "no npm: the bench runs without proxy-chain"; fi
 	EGRESS_PROXIES_SOAK=$(SOAK) KUBEBUILDER_ASSETS=$$(bash hack/envtest-bins.sh) go test ./services/broker/cmd/broker -run '^$$' -bench BenchmarkGateway -benchtime 1x -timeout $(if $(SOAK),3h,15m)
 
+.PHONY: bench-console
+bench-console: deps envtest ## The web console in headless Chromium with N proxies (CONSOLE_N=10000): first full render against the REST page calls it makes, a live update's time to screen against the REST watch, same run.
+	CONSOLE_N=$(CONSOLE_N) KUBEBUILDER_ASSETS=$$(bash hack/envtest-bins.sh) go test ./services/broker/cmd/broker -run '^$$' -bench BenchmarkConsole -benchtime 1x -timeout 30m
+
 .PHONY: bench-prober
 bench-prober: deps ## Probes/s and CPU per probe of one prober against Squid-fronted HTTPS targets, against a minimal CONNECT loop in the same run, and memory for 10,000 assigned proxies.
 	go test ./services/prober/pkg/agent -run '^$$' -bench BenchmarkProber -benchtime 1x -timeout 5m
@@ -239,6 +243,7 @@ bench-prober: deps ## Probes/s and CPU per probe of one prober against Squid-fro
 N ?= 1000
 INTERVAL ?=
 TIMEOUT ?=
+CONSOLE_N ?= 10000
 
 .PHONY: bench-pool
 bench-pool: deps envtest ## A ProxyPool of N (POOL_N=1000) against N Proxies created directly, same run, same reconcilers: time to all Ready and Healthy, and the ratio.

@@ -3,6 +3,7 @@ module github.com/egress-proxies/egress-proxies/services/broker
 go 1.26.0
 
 require (
+	github.com/chromedp/chromedp v0.23.1
 	github.com/egress-proxies/egress-proxies/pkg v0.0.0
 	github.com/grpc-ecosystem/grpc-gateway/v2 v2.34.0
 	github.com/prometheus/client_golang v1.25.0
@@ -23,6 +24,8 @@ require (
 )
 
 require (
+	github.com/chromedp/cdproto v0.160.1 // indirect
+	github.com/go-json-experiment/json v0.0.0-20260213210345-44df1a37e875 // indirect
 	github.com/grpc-ecosystem/go-grpc-middleware/providers/prometheus v1.1.1 // indirect
 	github.com/grpc-ecosystem/go-grpc-middleware/v2 v2.3.3 // indirect
 )

@@ -73,8 +73,10 @@ type TenantSpec struct {
 	Selector map[string]string `json:"selector,omitempty"`
 
 	// Verbs are what the tenant may do. Unset: list, watch, lease and
-	// report (everything but the gateway). ["gateway"] is a credential for
-	// the gateway only: sniffed from a proxy URL, it cannot call the API.
+	// report (everything but the gateway and inspect). ["gateway"] is a
+	// credential for the gateway only: sniffed from a proxy URL, it cannot
+	// call the API. inspect shows every tenant's leases and cooldowns in
+	// the operator's reads: an operator's credential, not a crawler's.
 	// +kubebuilder:validation:MinItems=1
 	// +kubebuilder:validation:MaxItems=6
 	// +listType=set

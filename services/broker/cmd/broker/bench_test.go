@@ -120,33 +120,20 @@ func makeFleets(b *testing.B) []store.Member {
 		for _, p := range have.Items {
 			exists[p.Name] = true
 		}
-		work := make(chan int)
-		var wg sync.WaitGroup
-		var failed firstErr
-		for range 16 {
-			wg.Go(func() {
-				for i := range work {
-					var attrs map[string]string
-					if i%rareEvery == 0 {
-						attrs = map[string]string{"tier": "rare"}
-					}
-					ip := fmt.Sprintf("127.%d.%d.%d", 10+fi, i/250, i%250+1)
-					if _, err := env.ReadyProxyE(f.ns, fmt.Sprintf("p%05d", i), ip, 3128, attrs, true); err != nil {
-						failed.set(err)
-					}
-				}
-			})
-		}
+		var missing []int
 		for i := range f.n {
 			if !exists[fmt.Sprintf("p%05d", i)] {
-				work <- i
+				missing = append(missing, i)
 			}
 		}
-		close(work)
-		wg.Wait()
-		if err := failed.get(); err != nil {
-			b.Fatal(err)
-		}
+		err := createReady(f.ns, missing, func(i int) (string, string, map[string]string) {
+			var attrs map[string]string
+			if i%rareEvery == 0 {
+				attrs = map[string]string{"tier": "rare"}
+			}
+			return fmt.Sprintf("p%05d", i), fmt.Sprintf("127.%d.%d.%d", 10+fi, i/250, i%250+1), attrs
+		})
+		require.NoError(b, err)
 	}
 	var big v1.ProxyList
 	require.NoError(b, env.Client.List(ctx, &big, client.InNamespace(benchFleets[2].ns)))
@@ -155,6 +142,31 @@ func makeFleets(b *testing.B) []store.Member {
 		out[i] = store.Member{UID: string(p.UID), Namespace: p.Namespace, Addr: net.JoinHostPort(p.Spec.Address, fmt.Sprint(p.Spec.Port))}
 	}
 	return out
+}
+
+// createReady creates Ready, healthy External proxies in ns, one for each
+// of which (its name, address and attributes), 16 at a time, as a fleet
+// of thousands takes a while to write.
+func createReady(ns string, which []int, of func(i int) (name, ip string, attrs map[string]string)) error {
+	work := make(chan int)
+	var wg sync.WaitGroup
+	var failed firstErr
+	for range 16 {
+		wg.Go(func() {
+			for i := range work {
+				name, ip, attrs := of(i)
+				if _, err := env.ReadyProxyE(ns, name, ip, 3128, attrs, true); err != nil {
+					failed.set(err)
+				}
+			}
+		})
+	}
+	for _, i := range which {
+		work <- i
+	}
+	close(work)
+	wg.Wait()
+	return failed.get()
 }
 
 type benchBroker struct {

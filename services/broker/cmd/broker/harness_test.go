@@ -29,7 +29,7 @@ func TestMain(m *testing.M) {
 // fleet is a namespace of Proxy objects whose status the test writes, as
 // the controller would.
 type fleet struct {
-	t  *testing.T
+	t  testing.TB
 	ns string
 }
 

@@ -87,7 +87,7 @@ func Run(ctx context.Context, env service.Env, o Options) error {
 	}
 	svc := leases.New(inv, st, idx, pol, o.Leases)
 	go svc.RunWatches(ctx)
-	srv, err := server.New(ctx, log, server.Options{GRPCAddr: o.GRPCAddr, HTTPAddr: o.HTTPAddr, MaxBodyBytes: o.MaxBody, MaxRecvBytes: 1 << 20, Tracing: env.Tracing, TLS: serverTLS, Limits: o.Limits},
+	srv, err := server.New(ctx, log, server.Options{GRPCAddr: o.GRPCAddr, HTTPAddr: o.HTTPAddr, MaxBodyBytes: o.MaxBody, MaxRecvBytes: 1 << 20, Tracing: env.Tracing, TLS: serverTLS, Limits: o.Limits, Console: o.Console},
 		svc, tenants)
 	if err != nil {
 		return service.UsageError{Err: err}

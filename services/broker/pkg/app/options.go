@@ -66,6 +66,8 @@ type Options struct {
 	IndexIdle   time.Duration
 	MaxIndexes  int
 	MaxBody     int64
+	// Console serves the read-only web console on the REST port.
+	Console bool
 }
 
 // Register adds the flags to fs.
@@ -135,6 +137,7 @@ func (o *Options) Register(fs *flag.FlagSet) {
 	fs.DurationVar(&o.Leases.Faults.Period, "quarantine-period", d.Faults.Period, "how long a quarantine lasts unless the proxy turns healthy after it began")
 	fs.IntVar(&o.Leases.LeaseCap, "lease-cap", d.LeaseCap, "most live leases per proxy (0: no cap)")
 	fs.Int64Var(&o.MaxBody, "max-body-bytes", 64<<10, "largest REST request body")
+	fs.BoolVar(&o.Console, "console", true, "serve the read-only web console at /console/ on the REST port (its data comes from the lease API with the viewer's token)")
 	fs.Float64Var(&o.Leases.Faults.MaxFraction, "quarantine-max-fraction", d.Faults.MaxFraction, "largest share of a selector's proxies quarantined at once; past it quarantine holds (action QUARANTINE_HELD, alert EgressProxiesQuarantineHeld) and leasing goes on, as MachineHealthCheck's maxUnhealthy (1: no limit)")
 	fs.IntVar(&o.Leases.TokenMaxLeases, "token-max-leases", d.TokenMaxLeases, "most live leases one tenant holds, fleet-wide (0: no cap); a Tenant's spec.quotas.maxLeases overrides it")
 	fs.Float64Var(&o.Leases.TokenReportRate, "token-report-rate", d.TokenReportRate, "outcome reports per second one tenant may send to each broker (0: no limit); a Tenant's spec.quotas.reportsPerSecond overrides it")

@@ -28,9 +28,11 @@ import (
 type Proxy struct {
 	// UID names the proxy in the lease store, so a Proxy re-created under
 	// the same name starts with no leases and no cooldowns.
-	UID        string
-	ID         string // namespace/name
-	Namespace  string
+	UID       string
+	ID        string // namespace/name
+	Namespace string
+	// Pool is the ProxyPool it belongs to (LabelPool), "" for none.
+	Pool       string
 	IP         string
 	Port       int32
 	EgressIP   string
@@ -122,7 +124,7 @@ func fromObject(px *v1.Proxy) Proxy {
 	cordoned := px.Annotations[v1.AnnotationCordoned] == "true"
 	return Proxy{
 		CredentialsRef: kube.CredentialsRefOf(px),
-		UID:            string(px.UID), ID: px.Key(), Namespace: px.Namespace,
+		UID:            string(px.UID), ID: px.Key(), Namespace: px.Namespace, Pool: px.Labels[v1.LabelPool],
 		IP: px.Status.IP, Port: px.Status.Port, EgressIP: px.Status.EgressIP,
 		Attributes: px.Spec.Attributes, Healthy: px.Status.IsHealthy(),
 		HealthStale:  h != nil && h.Status == metav1.ConditionUnknown && h.Reason == v1.ReasonProbeStale,

@@ -315,7 +315,7 @@ func toProto(p inventory.Proxy, st store.State) *leasev1.Proxy {
 	reason, _ := p.NotLeasable()
 	return &leasev1.Proxy{Id: p.ID, Ip: p.IP, Port: p.Port, Attributes: p.Attributes, Healthy: p.Healthy, LeaseCount: int32(st.Load), EgressIp: p.EgressIP,
 		QuarantinedSince: timestamp(st.QuarantinedSince), QuarantinedUntil: timestamp(st.QuarantinedUntil), CooldownUntil: timestamp(st.CooldownUntil),
-		NotLeasable: reason}
+		NotLeasable: reason, Pool: p.Pool}
 }
 
 // timestamp is t, or nil when t is zero.

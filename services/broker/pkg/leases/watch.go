@@ -40,7 +40,7 @@ func sameView(a, b inventory.Proxy) bool {
 	ra, _ := a.NotLeasable()
 	rb, _ := b.NotLeasable()
 	return a.ID == b.ID && a.IP == b.IP && a.Port == b.Port && a.EgressIP == b.EgressIP && a.Healthy == b.Healthy &&
-		ra == rb && maps.Equal(a.Attributes, b.Attributes)
+		ra == rb && a.Pool == b.Pool && maps.Equal(a.Attributes, b.Attributes)
 }
 
 // WatchSendTimeout bounds each batch's send to a watcher: one whose

@@ -39,6 +39,7 @@ import (
 	"github.com/egress-proxies/egress-proxies/pkg/leaseclient"
 	"github.com/egress-proxies/egress-proxies/pkg/openapi"
 	"github.com/egress-proxies/egress-proxies/pkg/service"
+	"github.com/egress-proxies/egress-proxies/services/broker/pkg/console"
 	"github.com/egress-proxies/egress-proxies/services/broker/pkg/tenant"
 )
 
@@ -57,6 +58,8 @@ type Options struct {
 	TLS *tls.Config
 	// Limits bound what one client may hold of either port.
 	Limits service.Limits
+	// Console serves the web console under console.Path.
+	Console bool
 }
 
 // grpcMetrics counts REST calls as well as gRPC ones: the gateway calls
@@ -263,6 +266,10 @@ func New(ctx context.Context, log *slog.Logger, o Options, svc leasev1.LeaseServ
 	// own, through the same chain.
 	root.Handle("GET /v1/proxies:watch", watchREST(mux, in, o.Limits.WriteTimeout))
 	root.Handle("/", limitBody(o.MaxBodyBytes, noContentOnDelete(mux)))
+	if o.Console {
+		root.Handle("GET "+console.Path, console.Handler())
+		root.Handle("GET /console", http.RedirectHandler(console.Path, http.StatusMovedPermanently))
+	}
 	var rest http.Handler = root
 	if o.Tracing {
 		rest = otelhttp.NewHandler(root, "rest")

@@ -115,7 +115,10 @@ type Proxy struct {
 	// whatever the target: PROXY_UNHEALTHY, PROXY_HEALTH_STALE,
 	// PROXY_NOT_READY, PROXY_DELETING, PROXY_DRAINING or PROXY_CORDONED.
 	// A quarantine, a cooldown and the lease cap are in the fields above.
-	NotLeasable   string `protobuf:"bytes,11,opt,name=not_leasable,json=notLeasable,proto3" json:"not_leasable,omitempty"`
+	NotLeasable string `protobuf:"bytes,11,opt,name=not_leasable,json=notLeasable,proto3" json:"not_leasable,omitempty"`
+	// pool is the ProxyPool the proxy is a member of (its
+	// crawl.example.com/pool label), empty for one made by hand.
+	Pool          string `protobuf:"bytes,12,opt,name=pool,proto3" json:"pool,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -223,6 +226,13 @@ func (x *Proxy) GetCooldownUntil() *timestamppb.Timestamp {
 func (x *Proxy) GetNotLeasable() string {
 	if x != nil {
 		return x.NotLeasable
+	}
+	return ""
+}
+
+func (x *Proxy) GetPool() string {
+	if x != nil {
+		return x.Pool
 	}
 	return ""
 }
@@ -2299,7 +2309,7 @@ var File_egressproxies_lease_v1_lease_proto protoreflect.FileDescriptor
 
 const file_egressproxies_lease_v1_lease_proto_rawDesc = "" +
 	"\n" +
-	"\"egressproxies/lease/v1/lease.proto\x12\x16egressproxies.lease.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\x99\x04\n" +
+	"\"egressproxies/lease/v1/lease.proto\x12\x16egressproxies.lease.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\xad\x04\n" +
 	"\x05Proxy\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x0e\n" +
 	"\x02ip\x18\x02 \x01(\tR\x02ip\x12\x12\n" +
@@ -2315,7 +2325,8 @@ const file_egressproxies_lease_v1_lease_proto_rawDesc = "" +
 	"\x11quarantined_since\x18\t \x01(\v2\x1a.google.protobuf.TimestampR\x10quarantinedSince\x12A\n" +
 	"\x0ecooldown_until\x18\n" +
 	" \x01(\v2\x1a.google.protobuf.TimestampR\rcooldownUntil\x12!\n" +
-	"\fnot_leasable\x18\v \x01(\tR\vnotLeasable\x1a=\n" +
+	"\fnot_leasable\x18\v \x01(\tR\vnotLeasable\x12\x12\n" +
+	"\x04pool\x18\f \x01(\tR\x04pool\x1a=\n" +
 	"\x0fAttributesEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xc4\x02\n" +
