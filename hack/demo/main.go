@@ -165,6 +165,7 @@ func main() {
 	fmt.Printf("Everything runs on loopback. kubeconfig: %s\n", kubeconfig)
 	fmt.Printf("REST: %s and %s   (try: curl -s -H 'Authorization: Bearer %s' '%s/v1/proxies?healthy=true')\n", rest[0], rest[1], demoToken, rest[0])
 	fmt.Printf("Gateway: %s and %s   (try: %s)\n", sys.Brokers[0].Gateway, sys.Brokers[1].Gateway, gatewayLine)
+	fmt.Printf("Console: %s/console/   (token: %s)\n", rest[0], demoToken)
 	fmt.Printf("Logs: %s\n", filepath.Join(r.Dir, "tmp"))
 	if *once {
 		step("--once: stopping everything")

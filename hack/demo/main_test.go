@@ -35,5 +35,6 @@ func TestDemoOnce(t *testing.T) {
 		assert.Regexp(t, `demo-pool\s+`+n+`\s+`+n+`\s+`+n+`\s+0\s+`+n+`\s`, out, "kubectl get ppool at %s", n)
 	}
 	assert.Contains(t, out, "rolled: every member made from the new template")
+	assert.Regexp(t, `Console: http://127\.0\.0\.1:\d+/console/`, out, "the demo prints the console's address")
 	assert.Regexp(t, `demo-pool-\d+\s+Managed\s+kubernetes\s+Ready\s+127\.\d+\.\d+\.\d+\s+3129\s+True`, out)
 }

@@ -4,7 +4,9 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"slices"
 	"sort"
+	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -102,8 +104,12 @@ func (e *env) sessionsCmd() *cobra.Command {
 					all = append(all, s)
 				}
 				s.Leases++
-				s.Proxies = appendNew(s.Proxies, l.GetProxyId())
-				s.Targets = appendNew(s.Targets, dash(l.GetTarget()))
+				if !slices.Contains(s.Proxies, l.GetProxyId()) {
+					s.Proxies = append(s.Proxies, l.GetProxyId())
+				}
+				if t := dash(l.GetTarget()); !slices.Contains(s.Targets, t) {
+					s.Targets = append(s.Targets, t)
+				}
 				if g := l.GetGrantedAt().AsTime(); g.Before(s.Oldest) {
 					s.Oldest = g
 				}
@@ -113,31 +119,11 @@ func (e *env) sessionsCmd() *cobra.Command {
 			return e.emit(map[string]any{"sessions": all}, func(w io.Writer) {
 				row(w, "TENANT", "SESSION", "PROXIES", "TARGETS", "LEASES", "AGE")
 				for _, s := range all {
-					row(w, dash(s.Tenant), s.Key, join(s.Proxies), join(s.Targets), s.Leases, ago(s.Oldest, now))
+					row(w, dash(s.Tenant), s.Key, strings.Join(s.Proxies, ","), strings.Join(s.Targets, ","), s.Leases, ago(s.Oldest, now))
 				}
 			})
 		},
 	}
 	cmd.Flags().StringVar(&tenant, "tenant", "", "only this tenant's sessions")
 	return e.outputFlag(cmd)
-}
-
-func appendNew(s []string, v string) []string {
-	for _, x := range s {
-		if x == v {
-			return s
-		}
-	}
-	return append(s, v)
-}
-
-func join(s []string) string {
-	out := ""
-	for i, v := range s {
-		if i > 0 {
-			out += ","
-		}
-		out += v
-	}
-	return out
 }
