@@ -107,6 +107,10 @@ build: ## Build the three services and the kubectl plugin (bin/kubectl-egress: c
 	  CGO_ENABLED=0 go build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN)/$$s ./services/$$s/cmd/$$s; done
 	CGO_ENABLED=0 go build -trimpath -o $(BIN)/kubectl-egress ./clients/kubectl-egress
 
+.PHONY: krew
+krew: ## The kubectl plugin's archives for linux and darwin (amd64, arm64) and krew's manifest naming them, into bin/krew (KREW_URL: where they will be served).
+	bash hack/krew.sh
+
 .PHONY: docker-build
 docker-build: ## Build the three images $(IMG)-{controller,prober,broker}:$(TAG) (needs a Docker engine).
 	for s in controller prober broker; do \

@@ -1,11 +1,14 @@
 package e2e
 
 import (
+	"archive/zip"
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"github.com/stretchr/testify/assert"
@@ -164,6 +167,40 @@ func (h *harness) plugin(in *install) {
 		require.NoError(t, l.Release(context.Background()))
 	}
 
+	// check <url>: every member fetches the target, those cooling for it
+	// (step 3's reports) too; /ban answers 429, which the default policy
+	// calls rate_limited, and exit code 2. No lease is left, and without
+	// --report nothing more cools.
+	ca := filepath.Join(h.dir, "target-ca.crt")
+	require.NoError(t, os.WriteFile(ca, h.targetTLS["ca.crt"], 0o644))
+	out, err = h.egress(in, append([]string{"check", targetURL + "/ok", "--pool", "e2e", "--target-ca-file", ca}, ns...)...)
+	require.NoError(t, err, out)
+	h.logf("kubectl egress check %s/ok --pool e2e:\n%s", targetURL, out)
+	var check struct {
+		Exits []struct {
+			Proxy, Verdict string
+			Status         int
+		}
+	}
+	h.egressJSON(in, &check, append([]string{"check", targetURL + "/ok", "--pool", "e2e", "--target-ca-file", ca}, ns...)...)
+	require.Len(t, check.Exits, 3, "every member fetched")
+	for _, x := range check.Exits {
+		assert.Equal(t, "ok", x.Verdict, "%s", x.Proxy)
+		assert.Equal(t, 204, x.Status, "%s", x.Proxy)
+	}
+	targetHost := strings.TrimPrefix(targetURL, "https://")
+	h.egressJSON(in, &bans, append([]string{"bans", "--target", targetHost}, ns...)...)
+	cooling := len(bans.Target.Cooling)
+	out, err = h.egress(in, append([]string{"check", targetURL + "/ban", "--pool", "e2e", "--count", "1", "--target-ca-file", ca}, ns...)...)
+	require.Error(t, err, "a rate-limited exit fails the check")
+	assert.Contains(t, err.Error(), "exit status 2")
+	assert.Contains(t, out, "rate_limited")
+	listed.Leases = nil
+	h.egressJSON(in, &listed, append([]string{"leases"}, ns...)...)
+	assert.Empty(t, listed.Leases, "check releases what it leased")
+	h.egressJSON(in, &bans, append([]string{"bans", "--target", targetHost}, ns...)...)
+	assert.Len(t, bans.Target.Cooling, cooling, "check without --report cools nothing")
+
 	// check install: the good install passes; with no broker it fails,
 	// names what, and exits 2.
 	out, err = h.egress(in, "check", "install")
@@ -185,6 +222,28 @@ func (h *harness) plugin(in *install) {
 	h.logf("kubectl egress check install, brokers scaled to 0: %v", out)
 	h.mustKubectl("scale", "deployment", broker, "-n", in.ns, "--replicas=1")
 	h.mustKubectl("rollout", "status", "deployment/"+broker, "-n", in.ns, "--timeout", "2m")
+
+	// report: a zip with the release's logs, and not its token.
+	zipFile := filepath.Join(h.dir, "report.zip")
+	out, err = h.egress(in, append([]string{"report", "--output-file", zipFile}, ns...)...)
+	require.NoError(t, err, out)
+	z, err := zip.OpenReader(zipFile)
+	require.NoError(t, err)
+	token := strings.TrimSpace(string(h.secretData(in.ns, in.release+"-discovery-token", "token")))
+	logs := 0
+	for _, f := range z.File {
+		rc, err := f.Open()
+		require.NoError(t, err)
+		b, err := io.ReadAll(rc)
+		require.NoError(t, err)
+		assert.NotContains(t, string(b), token, "%s holds the lease API's token", f.Name)
+		if strings.HasPrefix(f.Name, "logs/") {
+			logs++
+		}
+	}
+	_ = z.Close()
+	assert.GreaterOrEqual(t, logs, 3, "the controller's, probers' and brokers' logs")
+	h.logf("kubectl egress report: %d files, %d logs", len(z.File), logs)
 
 	// drain: the pool deletes the member once its leases are gone and
 	// makes another.
@@ -225,6 +284,11 @@ func (h *harness) plugin(in *install) {
 	h.poolAt(3)
 	h.egressJSON(in, &st, append([]string{"status"}, ns...)...)
 	assert.Equal(t, 3, st.pool(pool).Leasable, "after the rotation every member is leasable again")
+	out, err = h.egress(in, append([]string{"status", "e2e"}, ns...)...)
+	require.NoError(t, err)
+	h.logf("kubectl egress status e2e:\n%s", out)
+	assert.Contains(t, out, "ROLLOUT AFTER", "the pool's view names its rotation")
+	assert.Regexp(t, `READY\s+True AsDesired`, out, "and its conditions")
 }
 
 // member reads one of the pool's Proxies.

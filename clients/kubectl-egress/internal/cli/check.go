@@ -28,10 +28,25 @@ type finding struct {
 }
 
 func (e *env) checkCmd() *cobra.Command {
+	var f checkFlags
 	cmd := &cobra.Command{
-		Use:   "check",
-		Short: "Check an install (check install)",
+		Use:   "check <url> --pool <pool> | check install",
+		Short: "Fetch a URL through a pool's healthy exits and judge each answer; or check the install",
+		Long: `check <url> leases every healthy member of --pool (or --count of them),
+those cooling down for the URL's host included, fetches the URL through
+each from this machine (so their addresses must be reachable from here),
+prints each exit's status, latency and the default ban policy's verdict,
+and releases the leases. Nothing is reported unless --report is given.
+Exit code 2 when an exit did not fetch cleanly.`,
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error { return e.checkURL(cmd.Context(), args[0], f) },
 	}
+	cmd.Flags().StringVar(&f.pool, "pool", "", "the ProxyPool (in -n) whose members fetch the URL")
+	cmd.Flags().IntVar(&f.count, "count", 0, "at most this many members (0: every healthy one)")
+	cmd.Flags().BoolVar(&f.report, "report", false, "report each verdict to the brokers, as a crawler would")
+	cmd.Flags().StringVar(&f.caFile, "target-ca-file", "", "a CA the URL's certificate is checked against, beside the system's")
+	cmd.Flags().DurationVar(&f.fetchTimeout, "fetch-timeout", 20*time.Second, "how long one fetch may take")
+	e.outputFlag(cmd)
 	install := &cobra.Command{
 		Use:   "install",
 		Short: "CRDs, the controller leading, probers and brokers up, the lease API reachable with its TLS and token, the gateway's exposure",

@@ -1,10 +1,13 @@
 package cli
 
 import (
+	"archive/zip"
 	"bytes"
 	"context"
 	"encoding/json"
+	"io"
 	"os"
+	"path/filepath"
 	"testing"
 	"time"
 
@@ -124,4 +127,52 @@ func TestStatusWithoutTheBrokers(t *testing.T) {
 	require.Equal(t, 0, code)
 	assert.Contains(t, out, "the brokers could not be asked")
 	assert.Contains(t, out, "kubectl egress uncordon cordoned -n "+ns, "the fix is a command")
+}
+
+// report writes a zip of what a bug report needs and nothing secret: a
+// Proxy's inline cloud-init is redacted, and no Secret is read.
+func TestReportRedacts(t *testing.T) {
+	ns := api.Namespace(t, "plugin")
+	px := &v1.Proxy{ObjectMeta: metav1.ObjectMeta{Name: "vm", Namespace: ns}, Spec: v1.ProxySpec{Mode: v1.ModeManaged, Provider: "gcp",
+		CloudInit: &v1.CloudInit{Inline: "#cloud-config\nchpasswd: {list: 'root:hunter2hunter2'}"}}}
+	require.NoError(t, api.Client.Create(context.Background(), px))
+	file := filepath.Join(t.TempDir(), "report.zip")
+	code, out, errOut := plugin(t, "report", "-n", ns, "--output-file", file)
+	require.Equal(t, 0, code, errOut)
+	assert.Contains(t, out, "wrote "+file)
+	z, err := zip.OpenReader(file)
+	require.NoError(t, err)
+	defer z.Close()
+	files := map[string]string{}
+	for _, f := range z.File {
+		rc, err := f.Open()
+		require.NoError(t, err)
+		b, err := io.ReadAll(rc)
+		require.NoError(t, err)
+		files[f.Name] = string(b)
+	}
+	for _, name := range []string{"version.txt", "status.json", "check-install.json", "objects/proxies.yaml", "objects/proxypools.yaml", "release/deployments.yaml"} {
+		assert.Contains(t, files, name)
+	}
+	assert.Contains(t, files["objects/proxies.yaml"], "name: vm")
+	for name, body := range files {
+		assert.NotContains(t, body, "hunter2hunter2", "%s carries the cloud-init's password", name)
+	}
+	assert.Contains(t, files["check-install.json"], `"ok": false`, "the install's faults are in it")
+	code, _, errOut = plugin(t, "report", "-n", ns, "--output-file", file)
+	assert.Equal(t, 1, code, "an existing file is not overwritten")
+	assert.Contains(t, errOut, "file exists")
+}
+
+func TestRedactorScrubs(t *testing.T) {
+	r := redactor{known: []string{"s3cr3t-token-value"}}
+	for in, want := range map[string]string{
+		`Authorization: Bearer abc.def`:       `Authorization: Bearer [REDACTED]`,
+		`the token s3cr3t-token-value leaked`: `the token [REDACTED] leaked`,
+		`{"password":"hunter2"}`:              `{"password":"[REDACTED]"}`,
+		`redis://u:pw@x token=abc&x=1`:        `redis://u:pw@x token=[REDACTED]&x=1`,
+		`nothing here`:                        `nothing here`,
+	} {
+		assert.Equal(t, want, string(r.scrub([]byte(in))), in)
+	}
 }

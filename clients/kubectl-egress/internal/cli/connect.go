@@ -61,6 +61,16 @@ func (e *env) brokerDeployment(ctx context.Context) (*install, error) {
 // broker pod, with TLS when the brokers serve it and the release's token
 // unless one was given.
 func (e *env) leaseAPI(ctx context.Context) (leasev1.LeaseServiceClient, func(), error) {
+	c, done, err := e.leaseClient(ctx)
+	if err != nil {
+		return nil, nil, err
+	}
+	return c.API(), done, nil
+}
+
+// leaseClient is leaseAPI's connection as the Go client, for verbs that
+// lease.
+func (e *env) leaseClient(ctx context.Context) (*leaseclient.Client, func(), error) {
 	var in *install
 	if e.broker == "" || e.caFile == "" || e.token == "" {
 		var err error
@@ -77,6 +87,7 @@ func (e *env) leaseAPI(ctx context.Context) (leasev1.LeaseServiceClient, func(),
 			return nil, nil, fmt.Errorf("reading the lease API's token (Secret %s): %w; give one with --token or $EGRESS_PROXIES_TOKEN", key, err)
 		}
 		token = strings.TrimSpace(string(s.Data["token"]))
+		e.token = token // the next dial reuses it, and a report scrubs it
 	}
 	if token != "" {
 		opts = append(opts, leaseclient.WithToken(token))
@@ -100,7 +111,7 @@ func (e *env) leaseAPI(ctx context.Context) (leasev1.LeaseServiceClient, func(),
 		stop()
 		return nil, nil, fmt.Errorf("dialing the lease API at %s: %w", addr, err)
 	}
-	return c.API(), func() { _ = c.Close(); stop() }, nil
+	return c, func() { _ = c.Close(); stop() }, nil
 }
 
 func (e *env) brokerTLS(ctx context.Context, in *install) (credentials.TransportCredentials, error) {

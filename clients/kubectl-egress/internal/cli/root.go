@@ -95,7 +95,7 @@ takes --dry-run.`,
 	e.flags = clientcmd.NewNonInteractiveDeferredLoadingClientConfig(rules, overrides)
 
 	root.AddCommand(e.statusCmd(), e.explainCmd(), e.bansCmd(), e.leasesCmd(), e.sessionsCmd(),
-		e.cordonCmd(true), e.cordonCmd(false), e.drainCmd(), e.rotateCmd(), e.checkCmd())
+		e.cordonCmd(true), e.cordonCmd(false), e.drainCmd(), e.rotateCmd(), e.checkCmd(), e.reportCmd())
 	return root, func() { e.cancel() }
 }
 

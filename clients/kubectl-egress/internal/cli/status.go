@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"sort"
+	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -324,17 +325,22 @@ func (e *env) statusOf(ctx context.Context, name string) error {
 	}
 	view := struct {
 		*poolState
-		Members      []memberState `json:"members"`
-		RolloutAfter *metav1.Time  `json:"rolloutAfter,omitempty"`
-	}{g, g.members, pool.Spec.RolloutAfter}
+		Members      []memberState      `json:"members"`
+		RolloutAfter *metav1.Time       `json:"rolloutAfter,omitempty"`
+		Conditions   []metav1.Condition `json:"conditions,omitempty"`
+	}{g, g.members, pool.Spec.RolloutAfter, pool.Status.Conditions}
 	return e.emit(view, func(w io.Writer) {
 		desired := int32(1)
 		if g.Desired != nil {
 			desired = *g.Desired
 		}
 		row(w, "POOL", g.Name, fmt.Sprintf("%d desired, %d proxies, %d ready, %d healthy, %d leasable, %d leases", desired, g.Proxies, g.Ready, g.Healthy, g.Leasable, g.Leases))
-		if g.Condition != "" {
-			row(w, "READY", g.Condition)
+		// Its rollout, remediation and autoscaling, as the pool says them.
+		for _, c := range pool.Status.Conditions {
+			row(w, strings.ToUpper(c.Type), string(c.Status)+" "+c.Reason+": "+c.Message)
+		}
+		if ra := pool.Spec.RolloutAfter; ra != nil {
+			row(w, "ROLLOUT AFTER", ra.UTC().Format(time.RFC3339))
 		}
 		row(w, "")
 		row(w, "MEMBER", "PHASE", "HEALTHY", "EGRESS IP", "LEASES", "LEASABLE", "WHY NOT")

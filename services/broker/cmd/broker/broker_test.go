@@ -44,7 +44,7 @@ func TestQuickstartOverREST(t *testing.T) {
 	ps := list.JSON["proxies"].([]any)
 	require.Len(t, ps, 1)
 	p := ps[0].(map[string]any)
-	assert.ElementsMatch(t, []string{"id", "ip", "port", "attributes", "healthy", "leaseCount", "egressIP", "quarantinedUntil", "quarantinedSince", "cooldownUntil"}, keys(p))
+	assert.ElementsMatch(t, []string{"id", "ip", "port", "attributes", "healthy", "leaseCount", "egressIP", "quarantinedUntil", "quarantinedSince", "cooldownUntil", "notLeasable", "pool"}, keys(p))
 	assert.Equal(t, f.ns+"/proxy-kubernetes-sample", p["id"])
 	assert.Equal(t, "127.0.0.21", p["ip"])
 	assert.Equal(t, float64(3128), p["port"])

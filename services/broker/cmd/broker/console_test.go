@@ -148,6 +148,15 @@ func TestConsoleInARealBrowser(t *testing.T) {
 	require.NoError(t, err)
 	require.Contains(t, page, "kubectl egress cordon "+name+" -n "+ns)
 
+	// Leases by tenant, and sessions.
+	l := b.do("POST", "/v1/leases", `{"target":"shop.example","sessionKey":"cart-1"}`, auth...)
+	require.Equal(t, 200, l.Status, string(l.Body))
+	require.NoError(t, chromedp.Do(ctx, chromedp.Navigate(b.rest+"/console/#/leases")))
+	until(t, ctx, 10*time.Second, "the session", `document.querySelector("#view").innerText.includes("cart-1")`)
+	page, err = chromedp.Run(ctx, chromedp.Text("#view"))
+	require.NoError(t, err)
+	require.Contains(t, page, "ops", "the leases' tenant")
+
 	// The page changed nothing: the leases are the test's.
 	ls := b.do("GET", "/v1/leases", "", auth...)
 	for _, l := range ls.JSON["leases"].([]any) {

@@ -359,7 +359,24 @@ async function leasesView() {
     view().replaceChildren(el("h2", {}, "Leases"), el("p", { class: "error" }, e.message));
     return;
   }
+  const byTenant = new Map();
+  const sessions = new Map();
+  for (const l of all) {
+    byTenant.set(l.tenant || "-", (byTenant.get(l.tenant || "-") || 0) + 1);
+    if (!l.sessionKey) continue;
+    const k = `${l.tenant || "-"}/${l.sessionKey}`;
+    const s = sessions.get(k) || { tenant: l.tenant || "-", key: l.sessionKey, proxies: new Set(), targets: new Set(), leases: 0 };
+    s.proxies.add(l.proxyID);
+    s.targets.add(l.target || "-");
+    s.leases++;
+    sessions.set(k, s);
+  }
   view().replaceChildren(el("h2", {}, `Leases (${all.length})`),
+    table(["tenant", "leases"], [...byTenant].sort()),
+    el("h3", {}, "Sessions"),
+    sessions.size ? table(["tenant", "session", "proxies", "targets", "leases"],
+      [...sessions.values()].map((s) => [s.tenant, s.key, [...s.proxies].join(", "), [...s.targets].join(", "), s.leases])) : el("p", {}, "none"),
+    el("h3", {}, "Every lease"),
     table(["proxy", "tenant", "target", "session", "age", "expires"],
       all.map((l) => [el("a", { href: `#/proxy/${l.proxyID}` }, l.proxyID), l.tenant || "-", l.target || "-", l.sessionKey || "-", ago(l.grantedAt), ago(l.expiresAt)])),
     el("div", { class: "cmds" }, command("kubectl egress leases -A"), command("kubectl egress sessions -A")));
