@@ -372,6 +372,53 @@ func (p *Proxy) DrainDeadline() (deadline time.Time, ok bool) {
 	return t, true
 }
 
+// Why the brokers grant a Proxy no new lease, whatever the target: the
+// lease API's notLeasable. A quarantine, a cooldown and the lease cap are
+// the brokers' own state, not the object's, and are told apart.
+const (
+	NotLeasableDeleting    = "PROXY_DELETING"
+	NotLeasableHealthStale = "PROXY_HEALTH_STALE"
+	NotLeasableUnhealthy   = "PROXY_UNHEALTHY"
+	NotLeasableNotReady    = "PROXY_NOT_READY"
+	NotLeasableDraining    = "PROXY_DRAINING"
+	NotLeasableCordoned    = "PROXY_CORDONED"
+)
+
+// IsReady reports whether the instance runs at an address clients can
+// reach: Ready, phase Ready, with an IP.
+func (p *Proxy) IsReady() bool {
+	return meta.IsStatusConditionTrue(p.Status.Conditions, ConditionReady) && p.Status.Phase == PhaseReady && p.Status.IP != ""
+}
+
+// HealthStale reports whether the controller has had no recent probe
+// result for the proxy (Healthy Unknown, reason ProbeStale).
+func (p *Proxy) HealthStale() bool {
+	h := meta.FindStatusCondition(p.Status.Conditions, ConditionHealthy)
+	return h != nil && h.Status == metav1.ConditionUnknown && h.Reason == ReasonProbeStale
+}
+
+// NotLeasable is why the brokers grant the Proxy no new lease (one of the
+// NotLeasable reasons, the first that holds in their order), or "" when
+// they may. The brokers and kubectl egress both read it from here.
+func (p *Proxy) NotLeasable() string {
+	_, draining := p.DrainDeadline()
+	switch {
+	case !p.DeletionTimestamp.IsZero():
+		return NotLeasableDeleting
+	case p.HealthStale():
+		return NotLeasableHealthStale
+	case !p.Status.IsHealthy():
+		return NotLeasableUnhealthy
+	case !p.IsReady():
+		return NotLeasableNotReady
+	case draining:
+		return NotLeasableDraining
+	case p.Annotations[AnnotationCordoned] == "true":
+		return NotLeasableCordoned
+	}
+	return ""
+}
+
 // IsHealthy reports whether probes prove the current instance works:
 // status.healthy, about this instance. Health written for an earlier
 // instance (the engine has not yet reset it) proves nothing, so every

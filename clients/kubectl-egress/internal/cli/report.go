@@ -100,11 +100,15 @@ func (e *env) report(ctx context.Context, file string, logLines int64) error {
 		}
 	}
 
+	cs, err := kubernetes.NewForConfig(e.restConfig)
+	if err != nil {
+		return err
+	}
 	version := "kubectl-egress (this build)\n"
-	if cs, err := kubernetes.NewForConfig(e.restConfig); err == nil {
-		if v, err := cs.Discovery().ServerVersion(); err == nil {
-			version += "server " + v.GitVersion + "\n"
-		}
+	if v, err := cs.Discovery().ServerVersion(); err == nil {
+		version += "server " + v.GitVersion + "\n"
+	} else {
+		note("server version", err)
 	}
 	put("version.txt", []byte(version))
 
@@ -169,7 +173,7 @@ func (e *env) report(ctx context.Context, file string, logLines int64) error {
 	} else {
 		note("events", err)
 	}
-	e.putLogs(ctx, logLines, put, note)
+	e.putLogs(ctx, cs, logLines, put, note)
 	if len(problems) > 0 {
 		put("errors.txt", []byte(strings.Join(problems, "\n")+"\n"))
 	}
@@ -180,12 +184,7 @@ func (e *env) report(ctx context.Context, file string, logLines int64) error {
 }
 
 // putLogs adds the last lines of every container of the release's pods.
-func (e *env) putLogs(ctx context.Context, lines int64, put func(string, []byte), note func(string, error)) {
-	cs, err := kubernetes.NewForConfig(e.restConfig)
-	if err != nil {
-		note("logs", err)
-		return
-	}
+func (e *env) putLogs(ctx context.Context, cs kubernetes.Interface, lines int64, put func(string, []byte), note func(string, error)) {
 	var pods corev1.PodList
 	if err := e.kube.List(ctx, &pods, client.InNamespace(e.releaseNS)); err != nil {
 		note("logs", err)

@@ -70,19 +70,19 @@ func (e *env) brokerView(ctx context.Context) (map[string]*leasev1.Proxy, error)
 
 // memberState is one proxy's line in status.
 type memberState struct {
-	ID        string `json:"id"`
-	Pool      string `json:"pool,omitempty"`
-	Phase     string `json:"phase"`
-	Ready     bool   `json:"ready"`
-	Healthy   bool   `json:"healthy"`
-	EgressIP  string `json:"egressIP,omitempty"`
-	Leases    int32  `json:"leases"`
-	Leasable  bool   `json:"leasable"`
-	Reason    string `json:"reason,omitempty"`
-	Why       string `json:"why,omitempty"`
-	Draining  bool   `json:"draining,omitempty"`
-	Cordoned  bool   `json:"cordoned,omitempty"`
-	Quarantin bool   `json:"quarantined,omitempty"`
+	ID          string `json:"id"`
+	Pool        string `json:"pool,omitempty"`
+	Phase       string `json:"phase"`
+	Ready       bool   `json:"ready"`
+	Healthy     bool   `json:"healthy"`
+	EgressIP    string `json:"egressIP,omitempty"`
+	Leases      int32  `json:"leases"`
+	Leasable    bool   `json:"leasable"`
+	Reason      string `json:"reason,omitempty"`
+	Why         string `json:"why,omitempty"`
+	Draining    bool   `json:"draining,omitempty"`
+	Cordoned    bool   `json:"cordoned,omitempty"`
+	Quarantined bool   `json:"quarantined,omitempty"`
 }
 
 // poolState is one pool's (or the pool-less proxies') summary.
@@ -156,7 +156,7 @@ func (f *fleet) view(now time.Time) *statusView {
 		g.Leasable += b2i(m.Leasable)
 		g.Leased += b2i(m.Leases > 0)
 		g.Leases += m.Leases
-		g.Quarantined += b2i(m.Quarantin)
+		g.Quarantined += b2i(m.Quarantined)
 		g.Draining += b2i(m.Draining)
 		g.Cordoned += b2i(m.Cordoned)
 		if !m.Leasable {
@@ -174,6 +174,13 @@ func b2i(b bool) int {
 	return 0
 }
 
+// Reasons status adds to the brokers' (v1alpha1's NotLeasable): the
+// brokers' own quarantine, and a Proxy they do not list.
+const (
+	reasonQuarantined = "PROXY_QUARANTINED"
+	reasonUnknown     = "PROXY_UNKNOWN"
+)
+
 // member says what a proxy is and, when it takes no new lease, why, in
 // one line: the brokers' reason, told with the cluster's detail.
 func (f *fleet) member(px *v1.Proxy, now time.Time) memberState {
@@ -190,54 +197,35 @@ func (f *fleet) member(px *v1.Proxy, now time.Time) memberState {
 		m.Leases = b.GetLeaseCount()
 		m.Reason = b.GetNotLeasable()
 		if q := b.GetQuarantinedUntil(); q != nil && q.AsTime().After(now) {
-			m.Quarantin = true
+			m.Quarantined = true
 			if m.Reason == "" {
-				m.Reason = "PROXY_QUARANTINED"
+				m.Reason = reasonQuarantined
 			}
 		}
 	} else if f.brokers != nil {
-		m.Reason = "PROXY_UNKNOWN"
+		m.Reason = reasonUnknown
 	} else {
-		m.Reason = localReason(px, m)
+		m.Reason = px.NotLeasable() // the cluster's side of the brokers' reason
 	}
 	m.Leasable = m.Reason == ""
 	switch m.Reason {
 	case "":
-	case "PROXY_UNHEALTHY", "PROXY_HEALTH_STALE":
+	case v1.NotLeasableUnhealthy, v1.NotLeasableHealthStale:
 		m.Why = condition(px, v1.ConditionHealthy, "its probes fail")
-	case "PROXY_NOT_READY":
+	case v1.NotLeasableNotReady:
 		m.Why = condition(px, v1.ConditionReady, "it is not Ready")
-	case "PROXY_DELETING":
+	case v1.NotLeasableDeleting:
 		m.Why = "it is being deleted"
-	case "PROXY_DRAINING":
+	case v1.NotLeasableDraining:
 		m.Why = "draining until " + deadline.UTC().Format(time.RFC3339) + " (" + ago(deadline, now) + "): no new lease; then its pool deletes it"
-	case "PROXY_CORDONED":
+	case v1.NotLeasableCordoned:
 		m.Why = "cordoned: no new lease; `kubectl egress uncordon " + px.Name + " -n " + px.Namespace + "` ends it"
-	case "PROXY_QUARANTINED":
+	case reasonQuarantined:
 		m.Why = "quarantined until " + ago(b.GetQuarantinedUntil().AsTime(), now) + " after error reports on several targets; its next probe success ends it (`kubectl egress explain " + px.Name + "` says who reported)"
-	case "PROXY_UNKNOWN":
+	case reasonUnknown:
 		m.Why = "the brokers do not list it (yet)"
 	}
 	return m
-}
-
-// localReason is the brokers' reason as the cluster alone tells it, when
-// the lease API could not be read.
-func localReason(px *v1.Proxy, m memberState) string {
-	_, draining := px.DrainDeadline()
-	switch {
-	case !px.DeletionTimestamp.IsZero():
-		return "PROXY_DELETING"
-	case !m.Healthy:
-		return "PROXY_UNHEALTHY"
-	case !m.Ready:
-		return "PROXY_NOT_READY"
-	case draining:
-		return "PROXY_DRAINING"
-	case m.Cordoned:
-		return "PROXY_CORDONED"
-	}
-	return ""
 }
 
 func condition(px *v1.Proxy, typ, fallback string) string {

@@ -96,7 +96,7 @@ func TestConsoleInARealBrowser(t *testing.T) {
 	require.NoError(t, chromedp.Do(ctx, chromedp.Navigate(b.rest+"/console/"), chromedp.WaitVisible("#login")))
 	require.NoError(t, chromedp.Do(ctx, chromedp.SendKeys("#token", "console-secret"), chromedp.Click("#login button")))
 	until(t, ctx, 30*time.Second, "the whole fleet, live", fmt.Sprintf(`window.__console.synced && document.querySelector(".count").textContent === "%d of %d proxies"`, n, n))
-	until(t, ctx, 5*time.Second, "rows in view", `[...document.querySelectorAll("#fleet .rows .row")].filter(r => r.getBoundingClientRect().top < innerHeight).length > 10`)
+	until(t, ctx, 15*time.Second, "rows in view", `[...document.querySelectorAll("#fleet .rows .row")].filter(r => r.getBoundingClientRect().top < innerHeight).length > 10`)
 
 	// The watch turns p-003's row unhealthy, and p-005's cordoned.
 	id := f.ns + "/p-003"
@@ -113,7 +113,7 @@ func TestConsoleInARealBrowser(t *testing.T) {
 	require.NoError(t, chromedp.Do(ctx, chromedp.SetValue(`select[aria-label="state"]`, "unhealthy")))
 	_, err := chromedp.Run(ctx, chromedp.Evaluate[bool](`document.querySelector('select[aria-label="state"]').dispatchEvent(new Event("change"))`))
 	require.NoError(t, err)
-	until(t, ctx, 5*time.Second, "one unhealthy proxy", fmt.Sprintf(`document.querySelector(".count").textContent === "1 of %d proxies"`, n))
+	until(t, ctx, 15*time.Second, "one unhealthy proxy", fmt.Sprintf(`document.querySelector(".count").textContent === "1 of %d proxies"`, n))
 
 	// Rate-limited reports: the target page shows the exits cooling.
 	report := func() string {

@@ -53,8 +53,9 @@ type Proxy struct {
 	// Cordoned: an operator asked for no new leases (AnnotationCordoned);
 	// live leases renew as before.
 	Cordoned bool
-	// Leasable: Ready, healthy, not deleting, not draining, not
-	// cordoned, with an address.
+	// Reason is why it takes no new lease (v1alpha1.Proxy.NotLeasable),
+	// "" when it is Leasable.
+	Reason   string
 	Leasable bool
 	// CredentialsRef decides the credentials its leases carry
 	// (Inventory.Credentials).
@@ -67,25 +68,25 @@ func (p *Proxy) Draining() bool { return !p.DrainDeadline.IsZero() }
 // Addr is ip:port.
 func (p *Proxy) Addr() string { return net.JoinHostPort(p.IP, strconv.Itoa(int(p.Port))) }
 
-// NotLeasable says why p is not leasable, as a stable reason and a
-// sentence; it returns "" when p is leasable.
+// NotLeasable says why p is not leasable, as a stable reason (the
+// Proxy's, v1alpha1.Proxy.NotLeasable) and a sentence; it returns ""
+// when p is leasable.
 func (p *Proxy) NotLeasable() (reason, why string) {
-	switch {
-	case p.Leasable:
-		return "", ""
-	case p.Deleting:
-		return "PROXY_DELETING", "the proxy is being deleted"
-	case p.HealthStale:
-		return "PROXY_HEALTH_STALE", "the proxy's health is stale (no recent probe result)"
-	case !p.Healthy:
-		return "PROXY_UNHEALTHY", "the proxy failed its health checks"
-	case !p.Ready:
-		return "PROXY_NOT_READY", "the proxy is not Ready"
-	case p.Draining():
-		return ReasonDraining, "the proxy is draining: it takes no new leases and renews none past " + p.DrainDeadline.UTC().Format(time.RFC3339)
-	default:
-		return ReasonCordoned, "the proxy is cordoned (" + v1.AnnotationCordoned + "): it takes no new leases; `kubectl egress uncordon` ends that"
+	switch p.Reason {
+	case v1.NotLeasableDeleting:
+		why = "the proxy is being deleted"
+	case v1.NotLeasableHealthStale:
+		why = "the proxy's health is stale (no recent probe result)"
+	case v1.NotLeasableUnhealthy:
+		why = "the proxy failed its health checks"
+	case v1.NotLeasableNotReady:
+		why = "the proxy is not Ready"
+	case v1.NotLeasableDraining:
+		why = "the proxy is draining: it takes no new leases and renews none past " + p.DrainDeadline.UTC().Format(time.RFC3339)
+	case v1.NotLeasableCordoned:
+		why = "the proxy is cordoned (" + v1.AnnotationCordoned + "): it takes no new leases; `kubectl egress uncordon` ends that"
 	}
+	return p.Reason, why
 }
 
 // Selected reports whether p is in one of namespaces (any, when nil),
@@ -109,29 +110,20 @@ func (p *Proxy) Matches(namespaces []string, selector map[string]string) bool {
 	return true
 }
 
-// NotLeasable's reasons for a proxy an operator or its pool took out of
-// leasing while it still works: a draining one's leases renew up to its
-// deadline, a cordoned one's as before.
-const (
-	ReasonDraining = "PROXY_DRAINING"
-	ReasonCordoned = "PROXY_CORDONED"
-)
-
 func fromObject(px *v1.Proxy) Proxy {
-	ready := meta.IsStatusConditionTrue(px.Status.Conditions, v1.ConditionReady) && px.Status.Phase == v1.PhaseReady && px.Status.IP != ""
 	h := meta.FindStatusCondition(px.Status.Conditions, v1.ConditionHealthy)
 	drain, _ := px.DrainDeadline()
-	cordoned := px.Annotations[v1.AnnotationCordoned] == "true"
+	reason := px.NotLeasable()
 	return Proxy{
 		CredentialsRef: kube.CredentialsRefOf(px),
 		UID:            string(px.UID), ID: px.Key(), Namespace: px.Namespace, Pool: px.Labels[v1.LabelPool],
 		IP: px.Status.IP, Port: px.Status.Port, EgressIP: px.Status.EgressIP,
 		Attributes: px.Spec.Attributes, Healthy: px.Status.IsHealthy(),
-		HealthStale:  h != nil && h.Status == metav1.ConditionUnknown && h.Reason == v1.ReasonProbeStale,
+		HealthStale:  px.HealthStale(),
 		HealthySince: healthySince(px.Status.IsHealthy(), h, px.Status.LastHealthCheckTime),
-		Ready:        ready, Deleting: !px.DeletionTimestamp.IsZero(),
-		DrainDeadline: drain, Cordoned: cordoned,
-		Leasable: ready && px.Status.IsHealthy() && px.DeletionTimestamp.IsZero() && drain.IsZero() && !cordoned,
+		Ready:        px.IsReady(), Deleting: !px.DeletionTimestamp.IsZero(),
+		DrainDeadline: drain, Cordoned: px.Annotations[v1.AnnotationCordoned] == "true",
+		Reason: reason, Leasable: reason == "",
 	}
 }
 

@@ -2,6 +2,7 @@ package inventory
 
 import (
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"k8s.io/apimachinery/pkg/api/meta"
@@ -45,6 +46,14 @@ func TestLeasableAndWhyNot(t *testing.T) {
 		}, "PROXY_NOT_READY"},
 		{"no address", func(px *v1.Proxy) { px.Status.IP = "" }, "PROXY_NOT_READY"},
 		{"phase not Ready", func(px *v1.Proxy) { px.Status.Phase = v1.PhaseProvisioning }, "PROXY_NOT_READY"},
+		{"draining", func(px *v1.Proxy) {
+			px.Annotations = map[string]string{v1.AnnotationDrainDeadline: now.Add(time.Minute).UTC().Format(time.RFC3339)}
+		}, "PROXY_DRAINING"},
+		{"cordoned", func(px *v1.Proxy) { px.Annotations = map[string]string{v1.AnnotationCordoned: "true"} }, "PROXY_CORDONED"},
+		{"cordoned but not \"true\"", func(px *v1.Proxy) { px.Annotations = map[string]string{v1.AnnotationCordoned: "yes"} }, ""},
+		{"draining and cordoned: the drain says more", func(px *v1.Proxy) {
+			px.Annotations = map[string]string{v1.AnnotationCordoned: "true", v1.AnnotationDrainDeadline: "soon"}
+		}, "PROXY_DRAINING"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			p := fromObject(proxy(tc.mutate))

@@ -23,6 +23,7 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 	"k8s.io/apimachinery/pkg/util/validation"
 
+	v1 "github.com/egress-proxies/egress-proxies/pkg/api/v1alpha1"
 	leasev1 "github.com/egress-proxies/egress-proxies/pkg/gen/egressproxies/lease/v1"
 	"github.com/egress-proxies/egress-proxies/services/broker/pkg/index"
 	"github.com/egress-proxies/egress-proxies/services/broker/pkg/inventory"
@@ -312,10 +313,9 @@ func storeErrorFrom(err error, leases, perMinute tenant.Limit) error {
 }
 
 func toProto(p inventory.Proxy, st store.State) *leasev1.Proxy {
-	reason, _ := p.NotLeasable()
 	return &leasev1.Proxy{Id: p.ID, Ip: p.IP, Port: p.Port, Attributes: p.Attributes, Healthy: p.Healthy, LeaseCount: int32(st.Load), EgressIp: p.EgressIP,
 		QuarantinedSince: timestamp(st.QuarantinedSince), QuarantinedUntil: timestamp(st.QuarantinedUntil), CooldownUntil: timestamp(st.CooldownUntil),
-		NotLeasable: reason, Pool: p.Pool}
+		NotLeasable: p.Reason, Pool: p.Pool}
 }
 
 // timestamp is t, or nil when t is zero.
@@ -504,7 +504,7 @@ func (s *Service) RenewLease(ctx context.Context, req *leasev1.RenewLeaseRequest
 	if lost == nil {
 		l, err = s.store.Renew(ctx, l, ttl, until)
 		if errors.Is(err, store.ErrPastUntil) {
-			lost = &proxyLost{inventory.ReasonDraining, "the proxy is draining and its drain deadline has passed"}
+			lost = &proxyLost{v1.NotLeasableDraining, "the proxy is draining and its drain deadline has passed"}
 		} else if err != nil {
 			return nil, storeError(err)
 		}
@@ -537,9 +537,9 @@ func (s *Service) renewable(l *store.Lease) (until time.Time, lost *proxyLost) {
 	}
 	reason, why := p.NotLeasable()
 	switch {
-	case reason == inventory.ReasonDraining:
+	case reason == v1.NotLeasableDraining:
 		until = p.DrainDeadline
-	case reason == inventory.ReasonCordoned:
+	case reason == v1.NotLeasableCordoned:
 	case reason != "":
 		return time.Time{}, &proxyLost{reason, why}
 	}

@@ -37,10 +37,8 @@ func (f filter) matches(p inventory.Proxy) bool {
 
 // sameView says whether a watcher sees a and b alike.
 func sameView(a, b inventory.Proxy) bool {
-	ra, _ := a.NotLeasable()
-	rb, _ := b.NotLeasable()
 	return a.ID == b.ID && a.IP == b.IP && a.Port == b.Port && a.EgressIP == b.EgressIP && a.Healthy == b.Healthy &&
-		ra == rb && a.Pool == b.Pool && maps.Equal(a.Attributes, b.Attributes)
+		a.Reason == b.Reason && a.Pool == b.Pool && maps.Equal(a.Attributes, b.Attributes)
 }
 
 // WatchSendTimeout bounds each batch's send to a watcher: one whose
