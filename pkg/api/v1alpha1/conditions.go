@@ -144,6 +144,7 @@ var warningReasons = map[string]bool{
 	ReasonCloudInitError: true, ReasonQuotaExceeded: true, ReasonProviderError: true,
 	ReasonCleanupFailed: true, ReasonInstanceLost: true, ReasonProbeStale: true, ReasonProbeFailed: true, ReasonProbeDenied: true,
 	EventCleanupSkipped: true, ReasonDisruptionBlocked: true, ReasonRetriesExhausted: true, ReasonTooManyUnhealthy: true,
+	ReasonFetchFailed: true, ReasonNoValidEntries: true, ReasonShrinkHeld: true,
 }
 
 // EventType is the type of the Event that records reason: "Warning" when
