@@ -39,6 +39,16 @@ func SecretsLabelled(label string, namespaces []string) map[client.Object]cache.
 	return map[client.Object]cache.ByObject{&corev1.Secret{}: by}
 }
 
+// ConfigMapsLabelled is SecretsLabelled for ConfigMaps.
+func ConfigMapsLabelled(label string, namespaces []string) map[client.Object]cache.ByObject {
+	by := SecretsLabelled(label, namespaces)
+	out := map[client.Object]cache.ByObject{}
+	for _, b := range by {
+		out[&corev1.ConfigMap{}] = b
+	}
+	return out
+}
+
 // SecretNamespacesFlag is the help of the services' --secret-namespaces.
 const SecretNamespacesFlag = "comma-separated namespaces whose Secrets (Proxies' credentials and cloud-init) are read, as the chart's RBAC allows: its release namespace and secretNamespaces; empty means every namespace (and needs a ClusterRole)"
 

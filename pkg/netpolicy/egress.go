@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"syscall"
 )
 
 // DefaultEgressDenyCIDRs are where no proxy takes a client and no probe
@@ -293,4 +294,15 @@ func Destination(u *url.URL) (host string, port uint16, connect bool) {
 		port = uint16(n)
 	}
 	return u.Hostname(), port, connect
+}
+
+// Control is a net.Dialer Control function holding the controller's own
+// fetches (a ProxySource's URL) to e, on the address actually dialled,
+// so a name that resolves inside cannot get round it.
+func (e Egress) Control(_, address string, _ syscall.RawConn) error {
+	ap, err := netip.ParseAddrPort(address)
+	if err != nil {
+		return fmt.Errorf("dialling %s: %w", address, err)
+	}
+	return e.Check(ap.Addr(), ap.Port(), false)
 }

@@ -80,10 +80,12 @@ const (
 //
 // +kubebuilder:validation:XValidation:rule="has(self.configMapRef) != has(self.secretRef)",message="spec.list needs exactly one of configMapRef and secretRef"
 type SourceList struct {
+	// ConfigMapRef names the ConfigMap; its key defaults to "proxies".
 	// +optional
-	ConfigMapRef *SecretKeyRef `json:"configMapRef,omitempty"`
+	ConfigMapRef *KeyRef `json:"configMapRef,omitempty"`
+	// SecretRef names the Secret; its key defaults to "proxies".
 	// +optional
-	SecretRef *SecretKeyRef `json:"secretRef,omitempty"`
+	SecretRef *KeyRef `json:"secretRef,omitempty"`
 	// +kubebuilder:default=Lines
 	// +optional
 	Format SourceFormat `json:"format,omitempty"`
@@ -123,7 +125,7 @@ type SourceURL struct {
 	// crawl.example.com/proxy-credentials holding the PEM CA the
 	// server's certificate is verified with, instead of the system's.
 	// +optional
-	CASecretRef *SecretKeyRef `json:"caSecretRef,omitempty"`
+	CASecretRef *KeyRef `json:"caSecretRef,omitempty"`
 
 	// AuthSecretRef names a Secret labelled
 	// crawl.example.com/proxy-credentials holding a "token" (sent as a
@@ -232,6 +234,21 @@ type SourceVendor struct {
 	// +kubebuilder:validation:Pattern=`^[A-Za-z0-9]{1,24}$`
 	// +optional
 	SessionPrefix string `json:"sessionPrefix,omitempty"`
+}
+
+// KeyRef names a key of a ConfigMap or Secret in the source's namespace;
+// each field that takes one says what an unset key means.
+type KeyRef struct {
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=253
+	// +kubebuilder:validation:Pattern=`^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$`
+	// +required
+	Name string `json:"name"`
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=253
+	// +kubebuilder:validation:Pattern=`^[-._a-zA-Z0-9]+$`
+	// +optional
+	Key string `json:"key,omitempty"`
 }
 
 // ProbeBudget is a metered source's daily probe allowance.

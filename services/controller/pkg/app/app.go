@@ -37,6 +37,7 @@ import (
 	"github.com/egress-proxies/egress-proxies/services/controller/pkg/controllers/proxy/garbagecollection"
 	"github.com/egress-proxies/egress-proxies/services/controller/pkg/controllers/proxy/lifecycle"
 	"github.com/egress-proxies/egress-proxies/services/controller/pkg/controllers/proxypool"
+	"github.com/egress-proxies/egress-proxies/services/controller/pkg/controllers/proxysource"
 	"github.com/egress-proxies/egress-proxies/services/controller/pkg/crds"
 	"github.com/egress-proxies/egress-proxies/services/controller/pkg/health"
 	"github.com/egress-proxies/egress-proxies/services/controller/pkg/leaseview"
@@ -82,7 +83,11 @@ func Run(ctx context.Context, env service.Env, o Options) error {
 	if err != nil {
 		return err
 	}
-	if err := addPoolController(ctx, mgr, log, o, engine.Confirm); err != nil {
+	leases, err := addPoolController(ctx, mgr, log, o, engine.Confirm)
+	if err != nil {
+		return err
+	}
+	if err := addSourceController(mgr, log, o, leases, engine); err != nil {
 		return err
 	}
 	if o.credentialsKey == nil {
@@ -225,8 +230,8 @@ func hookClient(o Options) (client.Client, error) {
 // addPoolController adds the ProxyPool rollout and autoscaler and, with a
 // broker configured, the poller that tells them the members' live leases
 // (and tells quarantined, the health engine's Confirm, which proxies the
-// brokers quarantined).
-func addPoolController(ctx context.Context, mgr ctrl.Manager, log *slog.Logger, o Options, quarantined func(map[string]time.Time)) error {
+// brokers quarantined). It returns the live-lease view it made.
+func addPoolController(ctx context.Context, mgr ctrl.Manager, log *slog.Logger, o Options, quarantined func(map[string]time.Time)) (leaseview.Source, error) {
 	log = log.With("controller", "proxypool")
 	wakeups := proxypool.NewWakeups(mgr.GetClient())
 	var leases leaseview.Source = leaseview.None{}
@@ -234,20 +239,45 @@ func addPoolController(ctx context.Context, mgr ctrl.Manager, log *slog.Logger, 
 	if o.BrokerAddr != "" {
 		broker, err := dialBroker(ctx, log, o)
 		if err != nil {
-			return err
+			return nil, err
 		}
 		poller = leaseview.NewPoller(broker.API(), log, leaseview.PollerOptions{Interval: o.BrokerPoll}, wakeups.LeasesChanged, wakeups.Polled, quarantined)
 		leases = poller
 		if err := mgr.Add(poller); err != nil {
-			return err
+			return nil, err
 		}
 	}
 	recorder := mgr.GetEventRecorder(EventSource)
 	if err := proxypool.New(mgr.GetClient(), leases, wakeups, recorder, log, proxypool.Options{}).SetupWithManager(mgr); err != nil {
-		return fmt.Errorf("setting up the ProxyPool controller: %w", err)
+		return nil, fmt.Errorf("setting up the ProxyPool controller: %w", err)
 	}
 	if err := proxypool.NewAutoscaler(mgr.GetClient(), leases, wakeups, recorder).SetupWithManager(mgr); err != nil {
-		return fmt.Errorf("setting up the ProxyPool autoscaler: %w", err)
+		return nil, fmt.Errorf("setting up the ProxyPool autoscaler: %w", err)
+	}
+	return leases, nil
+}
+
+// addSourceController adds the ProxySource reconciler, with a cache of
+// its own for what sources read: ConfigMaps labelled proxy-source and
+// Secrets labelled proxy-credentials (lists, URL credentials, vendor
+// passwords, and the members' credentials it writes), in the namespaces
+// whose Secrets are read.
+func addSourceController(mgr ctrl.Manager, log *slog.Logger, o Options, leases leaseview.Source, meter proxysource.Meter) error {
+	byObject := kube.CredentialSecrets(o.secretNamespaces)
+	for obj, by := range kube.ConfigMapsLabelled(v1.LabelProxySource, o.secretNamespaces) {
+		byObject[obj] = by
+	}
+	sources, err := cache.New(mgr.GetConfig(), cache.Options{Scheme: mgr.GetScheme(), ByObject: byObject})
+	if err != nil {
+		return err
+	}
+	if err := mgr.Add(sources); err != nil {
+		return err
+	}
+	rec := proxysource.New(mgr.GetClient(), sources, leases, mgr.GetEventRecorder(EventSource), log.With("controller", "proxysource"),
+		proxysource.Options{Egress: o.egress, Meter: meter})
+	if err := rec.SetupWithManager(mgr); err != nil {
+		return fmt.Errorf("setting up the ProxySource controller: %w", err)
 	}
 	return nil
 }

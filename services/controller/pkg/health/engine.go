@@ -86,6 +86,9 @@ type Engine struct {
 
 	mu    sync.Mutex
 	state map[types.UID]*counter
+	// spent counts probe bytes and probes per proxy id, for metered
+	// sources (ProbeBytes).
+	spent map[string]*probeSpend
 	queue workqueue.TypedRateLimitingInterface[types.UID]
 }
 
@@ -118,6 +121,23 @@ type counter struct {
 	// which see probes only through status, end the quarantine.
 	confirmAfter time.Time
 	confirmed    metav1.Time
+}
+
+// probeSpend is what probes through one proxy have cost.
+type probeSpend struct{ bytes, probes int64 }
+
+// ProbeBytes sums the bytes probes spent through the proxies ids
+// ("namespace/name"), and counts the probes, since the process started:
+// a metered ProxySource's meter.
+func (e *Engine) ProbeBytes(ids []string) (bytes, probes int64) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	for _, id := range ids {
+		if s := e.spent[id]; s != nil {
+			bytes, probes = bytes+s.bytes, probes+s.probes
+		}
+	}
+	return bytes, probes
 }
 
 // verdict is one health decision and the result that made it.
@@ -173,7 +193,7 @@ func NewEngine(c client.Client, recorder events.EventRecorder, elected <-chan st
 	}
 	return &Engine{
 		client: c, recorder: recorder, elected: elected, log: log, opts: o,
-		state: map[types.UID]*counter{},
+		state: map[types.UID]*counter{}, spent: map[string]*probeSpend{},
 		queue: workqueue.NewTypedRateLimitingQueueWithConfig(
 			workqueue.NewTypedItemExponentialFailureRateLimiter[types.UID](10*time.Millisecond, 30*time.Second),
 			// Named, so controller-runtime's workqueue_* metrics show its
@@ -275,6 +295,7 @@ func (e *Engine) Forget(uid types.UID) {
 	defer e.mu.Unlock()
 	if c, ok := e.state[uid]; ok {
 		lastCheck.DeleteLabelValues(c.key.Namespace, c.key.Name)
+		delete(e.spent, c.key.String())
 		setVerdict(c, nil)
 		delete(e.state, uid)
 	}
@@ -298,6 +319,14 @@ func (e *Engine) Handle(_ context.Context, proberID string, r *probev1.ProbeResu
 		return // not (or no longer) a target: a stale result
 	}
 	lastCheck.WithLabelValues(c.key.Namespace, c.key.Name).Set(float64(r.GetFinishedAt().AsTime().UnixMilli()) / 1000)
+	if r.GetBytes() > 0 {
+		id := c.key.String()
+		if e.spent[id] == nil {
+			e.spent[id] = &probeSpend{}
+		}
+		e.spent[id].bytes += r.GetBytes()
+		e.spent[id].probes++
+	}
 	c.last = time.Now()
 	// A stale proxy's first result decides it at once: the thresholds
 	// guard a known verdict against one odd probe, and there is none.

@@ -440,7 +440,7 @@ func runOne(ctx context.Context, p *probe.Prober, t *probev1.ProbeTarget) *probe
 	probeDuration.Observe(res.Latency.Seconds())
 	return &probev1.ProbeResult{
 		Id: t.GetId(), Uid: t.GetUid(), Success: res.Success, Latency: durationpb.New(res.Latency),
-		Phase: res.Phase, Reason: res.Reason, FinishedAt: timestamppb.Now(), EgressIp: res.EgressIP, Traceparent: traceparent,
+		Phase: res.Phase, Reason: res.Reason, FinishedAt: timestamppb.Now(), EgressIp: res.EgressIP, Traceparent: traceparent, Bytes: res.Bytes,
 	}
 }
 

@@ -22,6 +22,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	probev1 "github.com/egress-proxies/egress-proxies/pkg/gen/egressproxies/probe/v1"
@@ -57,6 +58,8 @@ type Result struct {
 	Phase    probev1.ProbePhase
 	Reason   string
 	EgressIP string
+	// Bytes crossed the connection to the proxy, both ways.
+	Bytes int64
 }
 
 // Prober runs probes; it is safe for concurrent use.
@@ -160,8 +163,35 @@ func readFailure(deadline time.Time, b *budget, err error) string {
 	return short(err)
 }
 
-// Do probes target through the proxy at proxyAddr ("host:port").
+// Do probes target through the proxy at proxyAddr ("host:port"). The
+// result counts the bytes that crossed the connection to the proxy both
+// ways, what a metered proxy bills.
 func (p *Prober) Do(ctx context.Context, proxyAddr string, s Settings) Result {
+	var n atomic.Int64
+	r := p.do(ctx, proxyAddr, s, &n)
+	r.Bytes = n.Load()
+	return r
+}
+
+// countingConn counts the bytes read and written into n.
+type countingConn struct {
+	net.Conn
+	n *atomic.Int64
+}
+
+func (c countingConn) Read(b []byte) (int, error) {
+	k, err := c.Conn.Read(b)
+	c.n.Add(int64(k))
+	return k, err
+}
+
+func (c countingConn) Write(b []byte) (int, error) {
+	k, err := c.Conn.Write(b)
+	c.n.Add(int64(k))
+	return k, err
+}
+
+func (p *Prober) do(ctx context.Context, proxyAddr string, s Settings, n *atomic.Int64) Result {
 	start := time.Now()
 	ctx, cancel := context.WithTimeout(ctx, s.Timeout)
 	defer cancel()
@@ -176,7 +206,7 @@ func (p *Prober) Do(ctx context.Context, proxyAddr string, s Settings) Result {
 	_, port, _ := netpolicy.Destination(u)
 	pinned := netip.AddrPortFrom(addr, port).String()
 	d := net.Dialer{Control: p.Deny.Control}
-	conn, err := d.DialContext(ctx, "tcp", proxyAddr)
+	raw, err := d.DialContext(ctx, "tcp", proxyAddr)
 	var denied *netpolicy.DeniedError
 	switch {
 	case errors.As(err, &denied):
@@ -184,6 +214,7 @@ func (p *Prober) Do(ctx context.Context, proxyAddr string, s Settings) Result {
 	case err != nil:
 		return fail(probev1.ProbePhase_PROBE_PHASE_DIAL, start, "dial %s: %s", proxyAddr, short(err))
 	}
+	conn := countingConn{Conn: raw, n: n}
 	defer func() { _ = conn.Close() }()
 	// One deadline for the whole exchange: a tunnel that never answers,
 	// or answers a byte at a time, ends at the timeout, whatever phase it

@@ -681,7 +681,10 @@ type ProbeResult struct {
 	// egress_ip is the caller address the target echoed, if any.
 	EgressIp string `protobuf:"bytes,8,opt,name=egress_ip,json=egressIp,proto3" json:"egress_ip,omitempty"`
 	// traceparent of the prober's span (W3C), when the probe was traced.
-	Traceparent   string `protobuf:"bytes,9,opt,name=traceparent,proto3" json:"traceparent,omitempty"`
+	Traceparent string `protobuf:"bytes,9,opt,name=traceparent,proto3" json:"traceparent,omitempty"`
+	// bytes crossed the connection to the proxy, both ways: what a metered
+	// proxy's vendor bills the probe.
+	Bytes         int64 `protobuf:"varint,10,opt,name=bytes,proto3" json:"bytes,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -779,6 +782,13 @@ func (x *ProbeResult) GetTraceparent() string {
 	return ""
 }
 
+func (x *ProbeResult) GetBytes() int64 {
+	if x != nil {
+		return x.Bytes
+	}
+	return 0
+}
+
 var File_egressproxies_probe_v1_probe_proto protoreflect.FileDescriptor
 
 const file_egressproxies_probe_v1_probe_proto_rawDesc = "" +
@@ -821,7 +831,7 @@ const file_egressproxies_probe_v1_probe_proto_rawDesc = "" +
 	"echoFormat\x12\x14\n" +
 	"\x05trace\x18\x06 \x01(\bR\x05trace\"M\n" +
 	"\fProbeResults\x12=\n" +
-	"\aresults\x18\x01 \x03(\v2#.egressproxies.probe.v1.ProbeResultR\aresults\"\xcc\x02\n" +
+	"\aresults\x18\x01 \x03(\v2#.egressproxies.probe.v1.ProbeResultR\aresults\"\xe2\x02\n" +
 	"\vProbeResult\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x10\n" +
 	"\x03uid\x18\x02 \x01(\tR\x03uid\x12\x18\n" +
@@ -832,7 +842,9 @@ const file_egressproxies_probe_v1_probe_proto_rawDesc = "" +
 	"\vfinished_at\x18\a \x01(\v2\x1a.google.protobuf.TimestampR\n" +
 	"finishedAt\x12\x1b\n" +
 	"\tegress_ip\x18\b \x01(\tR\begressIp\x12 \n" +
-	"\vtraceparent\x18\t \x01(\tR\vtraceparent*\x9b\x01\n" +
+	"\vtraceparent\x18\t \x01(\tR\vtraceparent\x12\x14\n" +
+	"\x05bytes\x18\n" +
+	" \x01(\x03R\x05bytes*\x9b\x01\n" +
 	"\n" +
 	"ProbePhase\x12\x1b\n" +
 	"\x17PROBE_PHASE_UNSPECIFIED\x10\x00\x12\x14\n" +

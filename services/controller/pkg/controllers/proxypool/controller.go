@@ -38,6 +38,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/source"
 
 	v1 "github.com/egress-proxies/egress-proxies/pkg/api/v1alpha1"
+	"github.com/egress-proxies/egress-proxies/services/controller/pkg/drain"
 	"github.com/egress-proxies/egress-proxies/services/controller/pkg/leaseview"
 )
 
@@ -221,13 +222,9 @@ func (r *Reconciler) nextDrainCheck(l limits, o *observed, cmd Command, now time
 		consider(r.opts.Settle)
 	}
 	for _, m := range o.members {
-		if !m.draining() {
-			continue
+		if m.draining() {
+			consider(drain.NextCheck(m.deadline, l.drainTimeout, l.settle, maxDrainPoll, now))
 		}
-		if settled := m.deadline.Add(-l.drainTimeout + l.settle); settled.After(now) {
-			consider(settled.Sub(now))
-		}
-		consider(min(m.deadline.Sub(now), maxDrainPoll))
 	}
 	return next
 }

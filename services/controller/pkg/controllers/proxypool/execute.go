@@ -19,6 +19,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 
 	v1 "github.com/egress-proxies/egress-proxies/pkg/api/v1alpha1"
+	"github.com/egress-proxies/egress-proxies/services/controller/pkg/drain"
 )
 
 // execute carries out cmd: the members' in-place sync, then deletes,
@@ -30,10 +31,7 @@ func (r *Reconciler) execute(ctx context.Context, pool *v1.ProxyPool, hash strin
 		v := cmd.verdicts[name]
 		errs = append(errs, counted(ActionDelete, v.cause, r.deleteMember(ctx, pool, o.proxies[name], v.why)))
 	}
-	// Rounded up to the annotation's whole seconds, so the start the plan
-	// derives from it (deadline − drainTimeout) is never before the real
-	// one and the settle time is never cut short.
-	deadline := now.Add(l.drainTimeout + time.Second - 1).Truncate(time.Second)
+	deadline := drain.Deadline(now, l.drainTimeout)
 	for _, name := range cmd.drain {
 		v := cmd.verdicts[name]
 		errs = append(errs, counted(ActionDrain, v.cause, r.drainMember(ctx, pool, o.proxies[name], deadline, v.why)))
@@ -122,10 +120,7 @@ func contains(m, sub map[string]string) bool {
 // and end its leases' renewals there.
 func (r *Reconciler) drainMember(ctx context.Context, pool *v1.ProxyPool, px *v1.Proxy, deadline time.Time, why string) error {
 	next := px.DeepCopy()
-	if next.Annotations == nil {
-		next.Annotations = map[string]string{}
-	}
-	next.Annotations[v1.AnnotationDrainDeadline] = deadline.UTC().Format(time.RFC3339)
+	drain.Mark(next, deadline)
 	if err := r.client.Patch(ctx, next, client.MergeFromWithOptions(px, client.MergeFromWithOptimisticLock{})); err != nil {
 		return fmt.Errorf("draining member %s: %w", px.Name, err)
 	}

@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"slices"
 	"time"
+
+	"github.com/egress-proxies/egress-proxies/services/controller/pkg/drain"
 )
 
 // member is what the planner needs of one Proxy of the pool.
@@ -407,14 +409,13 @@ func sharedEgressIPs(l limits, active []*member) map[string]string {
 
 // drained says whether a draining member may be deleted now, and why.
 func drained(l limits, m *member, leasesAt time.Time, now time.Time) (Cause, string, bool) {
-	if !now.Before(m.deadline) {
-		if m.leases > 0 {
-			return CauseDrainTimeout, fmt.Sprintf("its drain timed out with %d live leases", m.leases), true
-		}
+	timedOut, done := drain.Ended(m.deadline, l.drainTimeout, l.settle, int32(m.leases), leasesAt, now)
+	switch {
+	case timedOut && m.leases > 0:
+		return CauseDrainTimeout, fmt.Sprintf("its drain timed out with %d live leases", m.leases), true
+	case timedOut:
 		return CauseDrainTimeout, "its drain timed out", true
-	}
-	started := m.deadline.Add(-l.drainTimeout)
-	if m.leases == 0 && !leasesAt.Before(started.Add(l.settle)) {
+	case done:
 		return CauseDrained, "it holds no live lease", true
 	}
 	return "", "", false

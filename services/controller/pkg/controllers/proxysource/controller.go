@@ -1,0 +1,346 @@
+// Package proxysource reconciles ProxySources: it keeps one External
+// Proxy per entry a list, a URL or a vendor's back-connect endpoint names,
+// adds what appears, and takes out what disappears the way a ProxyPool
+// takes out a member (package drain): no new leases, then deletion once
+// its leases end or its drain times out.
+//
+// A reconcile reads the source (read.go), plans (plan.go, a pure
+// function of the entries, the members and their lease counts), then
+// executes the plan (execute.go) and derives status (status.go). A read
+// that fails or holds no valid entry changes no member; a shrink past
+// spec.maxShrinkPercent waits for confirmation. Member names are a hash of
+// the entry's identity, so a restarted controller, or one whose cache lags
+// its own writes, creates the same names again and gets AlreadyExists.
+package proxysource
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"strconv"
+	"sync"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/tools/events"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/builder"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/predicate"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+	"sigs.k8s.io/controller-runtime/pkg/source"
+
+	v1 "github.com/egress-proxies/egress-proxies/pkg/api/v1alpha1"
+	"github.com/egress-proxies/egress-proxies/pkg/netpolicy"
+	"github.com/egress-proxies/egress-proxies/services/controller/pkg/drain"
+	"github.com/egress-proxies/egress-proxies/services/controller/pkg/leaseview"
+)
+
+// Options tune the reconciler; zero values take the defaults.
+type Options struct {
+	// Settle is how long after a drain begins a lease count must have
+	// been read to end it (package drain).
+	Settle time.Duration
+	// Egress holds URL fetches, as it holds probes.
+	Egress netpolicy.Egress
+	// Meter, when set, counts the bytes probes spend through proxies, for
+	// sources with a probe budget.
+	Meter Meter
+}
+
+// Meter counts probe bytes per proxy.
+type Meter interface {
+	// ProbeBytes is the bytes probes have spent through the proxies ids
+	// ("namespace/name"), and how many probes they were, since the
+	// process started.
+	ProbeBytes(ids []string) (bytes, probes int64)
+}
+
+// maxDrainPoll bounds how long a draining member goes unchecked.
+const maxDrainPoll = 10 * time.Second
+
+// Reconciler keeps ProxySources' members.
+type Reconciler struct {
+	client   client.Client
+	reader   reader
+	sources  cache.Cache
+	leases   leaseview.Source
+	recorder events.EventRecorder
+	log      *slog.Logger
+	opts     Options
+
+	mu sync.Mutex
+	// fetched holds each URL source's last fetch, so member changes do
+	// not fetch again before the refresh interval.
+	fetched map[types.NamespacedName]fetch
+	// spent is each metered source's probe count as last read.
+	spent map[types.NamespacedName]spent
+}
+
+type fetch struct {
+	uid        types.UID
+	generation int64
+	at         time.Time
+	parsed     parsed
+	err        error
+}
+
+// New returns a reconciler writing through c, reading the labelled
+// ConfigMaps and Secrets a source names from sources, and learning live
+// leases from leases.
+func New(c client.Client, sources cache.Cache, leases leaseview.Source, recorder events.EventRecorder, log *slog.Logger, opts Options) *Reconciler {
+	if opts.Settle == 0 {
+		opts.Settle = 2 * time.Second
+	}
+	return &Reconciler{client: c, reader: reader{cache: sources, egress: opts.Egress}, sources: sources, leases: leases,
+		recorder: recorder, log: log, opts: opts, fetched: map[types.NamespacedName]fetch{}, spent: map[types.NamespacedName]spent{}}
+}
+
+// SetupWithManager registers the reconciler.
+func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
+	refs := handler.EnqueueRequestsFromMapFunc(r.referencing)
+	return ctrl.NewControllerManagedBy(mgr).
+		Named("proxysource").
+		// Annotations too: confirm-shrink is one.
+		For(&v1.ProxySource{}, builder.WithPredicates(predicate.Or(predicate.GenerationChangedPredicate{}, predicate.AnnotationChangedPredicate{}))).
+		Owns(&v1.Proxy{}).
+		WatchesRawSource(source.Kind(r.sources, client.Object(&corev1.ConfigMap{}), refs)).
+		WatchesRawSource(source.Kind(r.sources, client.Object(&corev1.Secret{}), refs)).
+		Complete(r)
+}
+
+// referencing maps a ConfigMap or Secret to the sources of its namespace
+// that name it.
+func (r *Reconciler) referencing(ctx context.Context, o client.Object) []reconcile.Request {
+	var list v1.ProxySourceList
+	if err := r.client.List(ctx, &list, client.InNamespace(o.GetNamespace())); err != nil {
+		return nil
+	}
+	_, secret := o.(*corev1.Secret)
+	var out []reconcile.Request
+	for i := range list.Items {
+		if names(&list.Items[i].Spec, secret)[o.GetName()] {
+			out = append(out, reconcile.Request{NamespacedName: client.ObjectKeyFromObject(&list.Items[i])})
+		}
+	}
+	return out
+}
+
+// names are the Secrets (secret) or ConfigMaps a spec reads.
+func names(s *v1.ProxySourceSpec, secret bool) map[string]bool {
+	out := map[string]bool{}
+	add := func(ok bool, name string) {
+		if ok {
+			out[name] = true
+		}
+	}
+	if l := s.List; l != nil {
+		add(!secret && l.ConfigMapRef != nil, refName(l.ConfigMapRef))
+		add(secret && l.SecretRef != nil, refName(l.SecretRef))
+	}
+	if u := s.URL; u != nil && secret {
+		add(u.CASecretRef != nil, refName(u.CASecretRef))
+		add(u.AuthSecretRef != nil, localName(u.AuthSecretRef))
+	}
+	if v := s.Vendor; v != nil && secret {
+		out[v.PasswordSecretRef.Name] = true
+	}
+	return out
+}
+
+func refName(r *v1.KeyRef) string {
+	if r == nil {
+		return ""
+	}
+	return r.Name
+}
+
+func localName(r *v1.LocalSecretRef) string {
+	if r == nil {
+		return ""
+	}
+	return r.Name
+}
+
+// conflictRetry is how soon a reconcile whose status write lost an
+// optimistic-lock race runs again.
+const conflictRetry = 100 * time.Millisecond
+
+// Reconcile is the fixed skeleton: fetch, deferred status patch, then
+// reconcileNormal. A source has no finalizer: its members and their
+// credential Secrets carry its ownerReference, so deleting it has the
+// garbage collector delete them.
+func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (res ctrl.Result, retErr error) {
+	src := &v1.ProxySource{}
+	if err := r.client.Get(ctx, req.NamespacedName, src); err != nil {
+		if apierrors.IsNotFound(err) {
+			r.forget(req.NamespacedName)
+		}
+		return ctrl.Result{}, client.IgnoreNotFound(err)
+	}
+	if !src.DeletionTimestamp.IsZero() {
+		return ctrl.Result{}, nil
+	}
+	base := src.DeepCopy()
+	defer func() {
+		if equality.Semantic.DeepEqual(base.Status, src.Status) {
+			return
+		}
+		err := r.client.Status().Patch(ctx, src, client.MergeFromWithOptions(base, client.MergeFromWithOptimisticLock{}))
+		switch {
+		case apierrors.IsConflict(err):
+			if retErr == nil {
+				res = ctrl.Result{RequeueAfter: conflictRetry}
+			}
+		case apierrors.IsNotFound(err):
+		case err != nil:
+			retErr = errors.Join(retErr, err)
+		}
+	}()
+	return r.reconcileNormal(ctx, src)
+}
+
+// forget drops what the reconciler remembers of a deleted source.
+func (r *Reconciler) forget(key types.NamespacedName) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	delete(r.fetched, key)
+	delete(r.spent, key)
+}
+
+// reconcileNormal reads, plans, executes and derives status.
+func (r *Reconciler) reconcileNormal(ctx context.Context, src *v1.ProxySource) (ctrl.Result, error) {
+	now := time.Now()
+	got, readErr, readAt, refetchIn := r.read(ctx, src, now)
+	var desired map[string]Entry
+	switch {
+	case readErr != nil:
+	case len(got.entries) == 0 && got.Rejected() > 0:
+		// Garbage: applying it would empty the source.
+	default:
+		desired = withAttributes(src, got.entries)
+	}
+	snap := r.leases.Snapshot()
+	members, proxies, err := r.observe(ctx, src, snap)
+	if err != nil {
+		return ctrl.Result{}, err
+	}
+	l := resolve(src, r.opts.Settle)
+	p := decide(l, desired, members, snap.At, now)
+	interval := r.meter(src, proxies, now)
+	execErr := r.execute(ctx, src, l, desired, proxies, p, interval, now)
+	setStatus(src, got, readErr, readAt, desired, proxies, p)
+	next := refetchIn
+	for _, m := range members {
+		if m.draining() {
+			next = minPositive(next, drain.NextCheck(m.deadline, l.drainTimeout, l.settle, maxDrainPoll, now))
+		}
+	}
+	if len(p.drain) > 0 {
+		next = minPositive(next, l.settle)
+	}
+	if src.Spec.ProbeBudget != nil {
+		next = minPositive(next, meterEvery)
+	}
+	return ctrl.Result{RequeueAfter: next}, execErr
+}
+
+func minPositive(a, b time.Duration) time.Duration {
+	if a <= 0 || (b > 0 && b < a) {
+		return b
+	}
+	return a
+}
+
+// resolve reads the spec's limits and the confirmation annotation.
+func resolve(src *v1.ProxySource, settle time.Duration) limits {
+	l := limits{drainTimeout: 10 * time.Minute, settle: settle, maxShrinkPercent: 50, confirmed: -1}
+	if d := src.Spec.DrainTimeout; d != nil {
+		l.drainTimeout = d.Duration
+	}
+	if m := src.Spec.MaxShrinkPercent; m != nil {
+		l.maxShrinkPercent = int(*m)
+	}
+	if v, ok := src.Annotations[v1.AnnotationConfirmShrink]; ok {
+		if n, err := strconv.Atoi(v); err == nil && n >= 0 {
+			l.confirmed = n
+		}
+	}
+	return l
+}
+
+// read is the source's entries: a URL source's last fetch until its
+// refresh interval (or its spec) says to fetch again, with how long until
+// then; any other source read now, from the cache.
+func (r *Reconciler) read(ctx context.Context, src *v1.ProxySource, now time.Time) (p parsed, err error, at time.Time, refetchIn time.Duration) {
+	u := src.Spec.URL
+	if u == nil {
+		p, err := r.reader.read(ctx, src)
+		return p, err, now, 0
+	}
+	refresh := defaultRefresh
+	if u.RefreshInterval != nil && u.RefreshInterval.Duration > 0 {
+		refresh = u.RefreshInterval.Duration
+	}
+	key := client.ObjectKeyFromObject(src)
+	r.mu.Lock()
+	f, ok := r.fetched[key]
+	r.mu.Unlock()
+	if !ok || f.uid != src.UID || f.generation != src.Generation || now.Sub(f.at) >= refresh {
+		f.parsed, f.err = r.reader.read(ctx, src)
+		f.uid, f.generation, f.at = src.UID, src.Generation, now
+		r.mu.Lock()
+		r.fetched[key] = f
+		r.mu.Unlock()
+	}
+	return f.parsed, f.err, f.at, max(f.at.Add(refresh).Sub(now), time.Second)
+}
+
+// withAttributes gives every entry the source's attributes, under its
+// own (a vendor session's country, a JSON entry's).
+func withAttributes(src *v1.ProxySource, entries map[string]Entry) map[string]Entry {
+	out := make(map[string]Entry, len(entries))
+	for id, e := range entries {
+		if len(src.Spec.Attributes) > 0 {
+			attrs := make(map[string]string, len(src.Spec.Attributes)+len(e.Attributes))
+			for k, v := range src.Spec.Attributes {
+				attrs[k] = v
+			}
+			for k, v := range e.Attributes {
+				attrs[k] = v
+			}
+			e.Attributes = attrs
+		}
+		out[id] = e
+	}
+	return out
+}
+
+// observe reads the source's members from the cache, with the live-lease
+// counts of snap.
+func (r *Reconciler) observe(ctx context.Context, src *v1.ProxySource, snap leaseview.Snapshot) ([]*member, map[string]*v1.Proxy, error) {
+	var list v1.ProxyList
+	if err := r.client.List(ctx, &list, client.InNamespace(src.Namespace), client.MatchingLabels{v1.LabelSource: src.Name}); err != nil {
+		return nil, nil, err
+	}
+	var members []*member
+	proxies := map[string]*v1.Proxy{}
+	for i := range list.Items {
+		px := &list.Items[i]
+		if !metav1.IsControlledBy(px, src) {
+			continue
+		}
+		proxies[px.Name] = px
+		m := &member{name: px.Name, identity: px.Annotations[v1.AnnotationSourceEntry], deleting: !px.DeletionTimestamp.IsZero(),
+			leases: snap.Leases[px.Key()]}
+		m.deadline, _ = px.DrainDeadline()
+		members = append(members, m)
+	}
+	return members, proxies, nil
+}

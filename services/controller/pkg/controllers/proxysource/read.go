@@ -1,0 +1,236 @@
+package proxysource
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"strconv"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	v1 "github.com/egress-proxies/egress-proxies/pkg/api/v1alpha1"
+	"github.com/egress-proxies/egress-proxies/pkg/netpolicy"
+	"github.com/egress-proxies/egress-proxies/pkg/vendors"
+)
+
+// Defaults of a URL source, as the CRD declares them.
+const (
+	defaultRefresh  = 5 * time.Minute
+	defaultTimeout  = 10 * time.Second
+	defaultMaxBytes = 4 << 20
+)
+
+// reader reads a source's entries: ConfigMaps and Secrets through the
+// cache (which holds only the labelled ones), URLs over HTTP held to the
+// egress policy.
+type reader struct {
+	cache  client.Reader
+	egress netpolicy.Egress
+}
+
+// ErrFetch is a source that could not be read: nothing is changed.
+type ErrFetch struct{ Err error }
+
+func (e *ErrFetch) Error() string { return e.Err.Error() }
+func (e *ErrFetch) Unwrap() error { return e.Err }
+
+// IsFetch reports whether err is an ErrFetch.
+func IsFetch(err error) bool {
+	var f *ErrFetch
+	return errors.As(err, &f)
+}
+
+func fetchErr(format string, args ...any) error {
+	return &ErrFetch{Err: fmt.Errorf(format, args...)}
+}
+
+// read reads src's entries; an ErrFetch says why none could be read.
+func (r *reader) read(ctx context.Context, src *v1.ProxySource) (parsed, error) {
+	switch s := src.Spec; {
+	case s.List != nil:
+		body, err := r.listBody(ctx, src.Namespace, s.List)
+		if err != nil {
+			return parsed{}, err
+		}
+		return parse(body, formatOr(s.List.Format)), nil
+	case s.URL != nil:
+		body, err := r.fetch(ctx, src.Namespace, s.URL)
+		if err != nil {
+			return parsed{}, err
+		}
+		return parse(body, formatOr(s.URL.Format)), nil
+	case s.Vendor != nil:
+		return r.expand(ctx, src)
+	}
+	return parsed{}, fetchErr("spec has none of list, url and vendor")
+}
+
+func formatOr(f v1.SourceFormat) v1.SourceFormat {
+	if f == "" {
+		return v1.FormatLines
+	}
+	return f
+}
+
+func keyOr(k, def string) string {
+	if k == "" {
+		return def
+	}
+	return k
+}
+
+func (r *reader) listBody(ctx context.Context, ns string, l *v1.SourceList) ([]byte, error) {
+	if ref := l.ConfigMapRef; ref != nil {
+		var cm corev1.ConfigMap
+		if err := r.cache.Get(ctx, client.ObjectKey{Namespace: ns, Name: ref.Name}, &cm); err != nil {
+			return nil, fetchErr("reading ConfigMap %s/%s (it must be labelled %s=true): %v", ns, ref.Name, v1.LabelProxySource, err)
+		}
+		key := keyOr(ref.Key, "proxies")
+		if v, ok := cm.Data[key]; ok {
+			return []byte(v), nil
+		}
+		if v, ok := cm.BinaryData[key]; ok {
+			return v, nil
+		}
+		return nil, fetchErr("ConfigMap %s/%s has no key %q", ns, ref.Name, key)
+	}
+	return r.secretKey(ctx, ns, l.SecretRef.Name, keyOr(l.SecretRef.Key, "proxies"))
+}
+
+func (r *reader) secret(ctx context.Context, ns, name string) (*corev1.Secret, error) {
+	var s corev1.Secret
+	if err := r.cache.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, &s); err != nil {
+		return nil, fetchErr("reading Secret %s/%s (it must be labelled %s=true): %v", ns, name, v1.LabelProxyCredentials, err)
+	}
+	return &s, nil
+}
+
+func (r *reader) secretKey(ctx context.Context, ns, name, key string) ([]byte, error) {
+	s, err := r.secret(ctx, ns, name)
+	if err != nil {
+		return nil, err
+	}
+	v, ok := s.Data[key]
+	if !ok {
+		return nil, fetchErr("Secret %s/%s has no key %q", ns, name, key)
+	}
+	return v, nil
+}
+
+// fetch GETs u's list, bounded in time and size, over a connection held
+// to the egress policy.
+func (r *reader) fetch(ctx context.Context, ns string, u *v1.SourceURL) ([]byte, error) {
+	timeout, limit := defaultTimeout, int64(defaultMaxBytes)
+	if u.Timeout != nil {
+		timeout = u.Timeout.Duration
+	}
+	if u.MaxBytes != nil {
+		limit = *u.MaxBytes
+	}
+	tlsConf := &tls.Config{MinVersion: tls.VersionTLS12}
+	if ref := u.CASecretRef; ref != nil {
+		pem, err := r.secretKey(ctx, ns, ref.Name, keyOr(ref.Key, "ca.crt"))
+		if err != nil {
+			return nil, err
+		}
+		pool := x509.NewCertPool()
+		if !pool.AppendCertsFromPEM(pem) {
+			return nil, fetchErr("Secret %s/%s key %s holds no PEM certificate", ns, ref.Name, keyOr(ref.Key, "ca.crt"))
+		}
+		tlsConf.RootCAs = pool
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u.URL, nil)
+	if err != nil {
+		return nil, fetchErr("spec.url.url: %v", err)
+	}
+	if ref := u.AuthSecretRef; ref != nil {
+		s, err := r.secret(ctx, ns, ref.Name)
+		if err != nil {
+			return nil, err
+		}
+		switch {
+		case len(s.Data["token"]) > 0:
+			req.Header.Set("Authorization", "Bearer "+string(s.Data["token"]))
+		case len(s.Data["username"]) > 0:
+			req.SetBasicAuth(string(s.Data["username"]), string(s.Data["password"]))
+		default:
+			return nil, fetchErr("Secret %s/%s has neither a token nor a username", ns, ref.Name)
+		}
+	}
+	dialer := &net.Dialer{Control: r.egress.Control}
+	c := &http.Client{Timeout: timeout, Transport: &http.Transport{
+		DialContext: dialer.DialContext, TLSClientConfig: tlsConf, Proxy: nil,
+		DisableKeepAlives: true, ResponseHeaderTimeout: timeout,
+	}, CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+	resp, err := c.Do(req)
+	if err != nil {
+		return nil, fetchErr("fetching %s: %v", u.URL, err)
+	}
+	defer func() { _ = resp.Body.Close() }()
+	if resp.StatusCode != http.StatusOK {
+		return nil, fetchErr("fetching %s: it answered %s", u.URL, resp.Status)
+	}
+	if resp.ContentLength > limit {
+		return nil, fetchErr("fetching %s: its body of %d bytes is over spec.url.maxBytes (%d)", u.URL, resp.ContentLength, limit)
+	}
+	body, err := io.ReadAll(io.LimitReader(resp.Body, limit+1))
+	switch {
+	case err != nil:
+		return nil, fetchErr("fetching %s: reading the body: %v", u.URL, err)
+	case int64(len(body)) > limit:
+		return nil, fetchErr("fetching %s: its body is over spec.url.maxBytes (%d)", u.URL, limit)
+	}
+	return body, nil
+}
+
+// expand turns a vendor endpoint into one entry per session and country.
+func (r *reader) expand(ctx context.Context, src *v1.ProxySource) (parsed, error) {
+	v := src.Spec.Vendor
+	pass, err := r.secretKey(ctx, src.Namespace, v.PasswordSecretRef.Name, "password")
+	if err != nil {
+		return parsed{}, err
+	}
+	p := parsed{entries: map[string]Entry{}}
+	countries := v.Countries
+	if len(countries) == 0 {
+		countries = []string{""}
+	}
+	for _, cc := range countries {
+		for i := range int(v.Sessions) {
+			s := vendors.Session{Account: v.Account, Zone: v.Zone, Groups: v.Groups, Country: cc, Minutes: int(v.SessionMinutes),
+				ID: sessionPrefix(src) + cc + strconv.Itoa(i)}
+			user, err := vendors.Format(v.Preset, v.Template, s)
+			if err != nil {
+				return parsed{}, fetchErr("spec.vendor: %v", err)
+			}
+			e := Entry{Host: v.Host, Port: v.Port, Username: user, Password: string(pass)}
+			if cc != "" {
+				e.Attributes = map[string]string{"country": cc}
+			}
+			p.add("session "+s.ID, e)
+		}
+	}
+	return p, nil
+}
+
+// sessionPrefix is the vendor's session prefix, or the source's name
+// without what vendors refuse in a session.
+func sessionPrefix(src *v1.ProxySource) string {
+	if p := src.Spec.Vendor.SessionPrefix; p != "" {
+		return p
+	}
+	out := make([]byte, 0, len(src.Name))
+	for _, c := range []byte(src.Name) {
+		if c >= 'a' && c <= 'z' || c >= '0' && c <= '9' {
+			out = append(out, c)
+		}
+	}
+	return string(out[:min(len(out), 24)])
+}

@@ -1,0 +1,53 @@
+// Package drain is how a controller takes a Proxy out without cutting its
+// crawlers off, the one way ProxyPools and ProxySources both do: mark it
+// with a drain deadline (the brokers stop leasing it and renew nothing
+// past the deadline), then delete it once it holds no live lease on a
+// count read after the brokers could have seen the mark, or at the
+// deadline.
+package drain
+
+import (
+	"time"
+
+	v1 "github.com/egress-proxies/egress-proxies/pkg/api/v1alpha1"
+)
+
+// Deadline is when a drain of timeout begun at now ends, rounded up to
+// the annotation's whole seconds, so the start derived from it (deadline
+// − timeout) is never before the real one and the settle time is never
+// cut short.
+func Deadline(now time.Time, timeout time.Duration) time.Time {
+	return now.Add(timeout + time.Second - 1).Truncate(time.Second)
+}
+
+// Mark sets px's drain deadline.
+func Mark(px *v1.Proxy, deadline time.Time) {
+	if px.Annotations == nil {
+		px.Annotations = map[string]string{}
+	}
+	px.Annotations[v1.AnnotationDrainDeadline] = deadline.UTC().Format(time.RFC3339)
+}
+
+// Ended says whether a drain until deadline of timeout is over at now:
+// timedOut at the deadline, or done when leases, read at leasesAt, is 0
+// and was read at least settle after the drain began (brokers stop
+// leasing a draining proxy only once their informers have seen the
+// mark).
+func Ended(deadline time.Time, timeout, settle time.Duration, leases int32, leasesAt, now time.Time) (timedOut, done bool) {
+	if !now.Before(deadline) {
+		return true, true
+	}
+	started := deadline.Add(-timeout)
+	return false, leases == 0 && !leasesAt.Before(started.Add(settle))
+}
+
+// NextCheck is how soon a drain must be looked at again when nothing
+// else wakes its owner: when its settle time has passed, at its deadline,
+// and at least every poll.
+func NextCheck(deadline time.Time, timeout, settle, poll time.Duration, now time.Time) time.Duration {
+	next := min(deadline.Sub(now), poll)
+	if settled := deadline.Add(-timeout + settle); settled.After(now) {
+		next = min(next, settled.Sub(now))
+	}
+	return max(next, 100*time.Millisecond)
+}
