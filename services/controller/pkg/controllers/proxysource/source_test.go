@@ -340,7 +340,9 @@ func TestAURLSourceSurvivesWhatURLsDo(t *testing.T) {
 				}
 			}
 		}, "its body is over spec.url.maxBytes (1048576)"},
-		{"garbage", func(w http.ResponseWriter, _ *http.Request) { _, _ = fmt.Fprint(w, "<html>sorry</html>\n<p>maintenance</p>\n") }, "none of the 2 entries is valid"},
+		{"garbage", func(w http.ResponseWriter, _ *http.Request) {
+			_, _ = fmt.Fprint(w, "<html>sorry</html>\n<p>maintenance</p>\n")
+		}, "none of the 2 entries is valid"},
 	}
 	for _, f := range failures {
 		t.Run(f.name, func(t *testing.T) {
