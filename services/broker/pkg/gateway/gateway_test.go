@@ -35,6 +35,16 @@ func TestParseUser(t *testing.T) {
 		"not a pair":     {"crawl", userOptions{}, `"crawl" is not name=value`},
 		"bare prefix":    {"attr.=x", userOptions{}, `"attr." is unknown`},
 		"trailing comma": {"session=a,", userOptions{}, `"" is not name=value`},
+		// The vendors' grammars, read as aliases.
+		"bright data":         {"brd-customer-c1-zone-resi-country-us-session-abc", userOptions{session: "abc", selector: map[string]string{"country": "us"}}, ""},
+		"bright data, any":    {"brd-customer-c1-zone-resi", userOptions{}, ""},
+		"oxylabs":             {"customer-acme-cc-DE-sessid-x9-sesstime-10", userOptions{session: "x9", selector: map[string]string{"country": "de"}}, ""},
+		"decodo":              {"user-u1-country-fr-session-s2-sessionduration-30", userOptions{session: "s2", selector: map[string]string{"country": "fr"}}, ""},
+		"apify":               {"groups-RESIDENTIAL,session-a7,country-GB", userOptions{session: "a7", selector: map[string]string{"country": "gb"}}, ""},
+		"vendor option":       {"brd-customer-c1-zone-resi-city-paris-session-a", userOptions{}, `BrightData user name option "city" is unknown`},
+		"vendor missing part": {"brd-customer-c1-session-a", userOptions{}, `lacks option "zone"`},
+		"vendor bad country":  {"customer-acme-cc-USA-sessid-1", userOptions{}, "not a two-letter country code"},
+		"ours wins on =":      {"session=customer-x", userOptions{session: "customer-x"}, ""},
 	}
 	for name, tc := range cases {
 		t.Run(name, func(t *testing.T) {

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/egress-proxies/egress-proxies/pkg/netpolicy"
+	"github.com/egress-proxies/egress-proxies/pkg/vendors"
 )
 
 // Options configure a Gateway.
@@ -134,9 +135,27 @@ const attrPrefix = "attr."
 // pairs, namespace=<ns>, session=<key> and attr.<attribute>=<value> (any
 // number), each at most once; an empty name means none. Values are
 // checked by the lease API, which names the field.
+//
+// A user name in one of the vendors' grammars (package vendors) is read
+// as aliases, so a crawler's existing proxy URL works with only the host,
+// port and password switched: its session is the session key, its
+// country the country attribute; the account, zone and groups are the
+// vendor's business and ignored; an option the vendor does not know is
+// refused by name.
 func parseUser(user string) (userOptions, error) {
 	var o userOptions
 	if user == "" {
+		return o, nil
+	}
+	if preset := vendors.Detect(user); preset != "" && !strings.Contains(user, "=") {
+		s, err := vendors.Parse(preset, user)
+		if err != nil {
+			return o, fmt.Errorf("proxy user name: %w", err)
+		}
+		o.session = s.ID
+		if s.Country != "" {
+			o.selector = map[string]string{"country": s.Country}
+		}
 		return o, nil
 	}
 	seen := map[string]bool{}

@@ -89,6 +89,17 @@ func TestProbesThroughRealSquid(t *testing.T) {
 			assert.Contains(t, r.Reason, tc.reason)
 			assert.Equal(t, tc.egress, r.EgressIP)
 			assert.Positive(t, r.Latency)
+			// What a metered proxy bills: every byte of a tunnel with TLS
+			// (the handshake alone is kilobytes), none where nothing was
+			// dialled.
+			switch {
+			case tc.phase == probev1.ProbePhase_PROBE_PHASE_DIAL:
+				assert.Zero(t, r.Bytes)
+			case tc.ok && strings.HasPrefix(tc.s.URL, "https"):
+				assert.Greater(t, r.Bytes, int64(1000))
+			case tc.name != "tunnel never answers":
+				assert.Positive(t, r.Bytes)
+			}
 		})
 	}
 }
