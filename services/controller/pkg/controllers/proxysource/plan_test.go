@@ -42,7 +42,7 @@ func TestDecide(t *testing.T) {
 			want: plan{delete: []string{"ma"}, draining: 1}},
 		{name: "a drain ends when no lease is held after settling", desired: entries(), l: limits{drainTimeout: time.Minute, settle: 2 * time.Second, maxShrinkPercent: 100, confirmed: -1},
 			members: []*member{{name: "ma", identity: "a", deadline: drainingSince(3 * time.Second)}, {name: "mb", identity: "b", deadline: drainingSince(time.Second)}, {name: "mc", identity: "c", deadline: drainingSince(10 * time.Second), leases: 2}},
-			want: plan{delete: []string{"ma"}, draining: 3}},
+			want:    plan{delete: []string{"ma"}, draining: 3}},
 		{name: "a drain ends at its deadline, leases or not", desired: entries(), members: []*member{{name: "ma", identity: "a", deadline: now, leases: 4}},
 			want: plan{delete: []string{"ma"}, draining: 1}},
 		{name: "an entry that came back is undrained", desired: entries("a"), members: []*member{{name: "ma", identity: "a", deadline: drainingSince(time.Second), leases: 1}},
@@ -57,10 +57,10 @@ func TestDecide(t *testing.T) {
 			want: plan{held: &held{from: 1, to: 0}}},
 		{name: "confirmed to its size, it goes", l: limits{drainTimeout: time.Minute, settle: time.Second, maxShrinkPercent: 50, confirmed: 1}, desired: entries("a"),
 			members: []*member{{name: "ma", identity: "a"}, {name: "mb", identity: "b"}, {name: "mc", identity: "c"}},
-			want: plan{drain: []string{"mb", "mc"}, draining: 2}},
+			want:    plan{drain: []string{"mb", "mc"}, draining: 2}},
 		{name: "a confirmation of another size holds", l: limits{drainTimeout: time.Minute, settle: time.Second, maxShrinkPercent: 50, confirmed: 2}, desired: entries("a"),
 			members: []*member{{name: "ma", identity: "a"}, {name: "mb", identity: "b"}, {name: "mc", identity: "c"}},
-			want: plan{held: &held{from: 3, to: 1}}},
+			want:    plan{held: &held{from: 3, to: 1}}},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
