@@ -83,7 +83,7 @@ Exit code 2 when an exit did not fetch cleanly.`,
 }
 
 // crds are the install's resources.
-var crds = []string{"proxies", "proxypools", "targetpolicies", "tenants"}
+var crds = []string{"proxies", "proxypools", "proxysources", "targetpolicies", "tenants"}
 
 func (e *env) checkInstall(ctx context.Context) []finding {
 	var out []finding

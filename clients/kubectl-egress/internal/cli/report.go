@@ -125,7 +125,7 @@ func (e *env) report(ctx context.Context, file string, logLines int64) error {
 	// The project's objects, without managedFields and without a Proxy's
 	// inline cloud-init (user-data often holds credentials).
 	lists := map[string]client.ObjectList{
-		"proxies": &v1.ProxyList{}, "proxypools": &v1.ProxyPoolList{}, "targetpolicies": &v1.TargetPolicyList{}, "tenants": &v1.TenantList{},
+		"proxies": &v1.ProxyList{}, "proxypools": &v1.ProxyPoolList{}, "proxysources": &v1.ProxySourceList{}, "targetpolicies": &v1.TargetPolicyList{}, "tenants": &v1.TenantList{},
 	}
 	for name, l := range lists {
 		if err := e.kube.List(ctx, l, client.InNamespace(e.scope())); err != nil {

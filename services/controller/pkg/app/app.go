@@ -275,7 +275,7 @@ func addSourceController(mgr ctrl.Manager, log *slog.Logger, o Options, leases l
 		return err
 	}
 	rec := proxysource.New(mgr.GetClient(), sources, leases, mgr.GetEventRecorder(EventSource), log.With("controller", "proxysource"),
-		proxysource.Options{Egress: o.egress, Meter: meter})
+		proxysource.Options{Egress: o.egress, Meter: meter, SecretNamespaces: o.secretNamespaces})
 	if err := rec.SetupWithManager(mgr); err != nil {
 		return fmt.Errorf("setting up the ProxySource controller: %w", err)
 	}

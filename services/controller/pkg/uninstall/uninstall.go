@@ -1,5 +1,6 @@
 // Package uninstall empties the cluster of what the controller manages
-// before its release is removed: every ProxyPool, then every Proxy, and
+// before its release is removed: every ProxyPool and ProxySource, then
+// every Proxy, and
 // waits until the Proxies are gone. The controller still runs while it
 // waits (it is a Helm pre-delete hook), so each Proxy's finalizer deletes
 // its instance through the provider that made it; removing the release
@@ -44,18 +45,17 @@ func (e *LeftError) Error() string {
 		e.Left, e.Timeout, strings.Join(e.Sample, ", "), v1.AnnotationSkipCleanup)
 }
 
-// Run deletes every ProxyPool first (a pool would replace the members it
-// loses), then every Proxy, and returns once no Proxy is left, or a
-// *LeftError at the timeout.
+// Run deletes every ProxyPool and ProxySource first (each would replace
+// the members it loses), then every Proxy, and returns once no Proxy is
+// left, or a *LeftError at the timeout.
 func (c *Cleaner) Run(ctx context.Context) error {
-	var pools v1.ProxyPoolList
-	if err := c.Client.List(ctx, &pools); err != nil && !meta.IsNoMatchError(err) {
-		return fmt.Errorf("listing ProxyPools: %w", err)
+	pools, err := deleteAll(ctx, c.Client, &v1.ProxyPoolList{}, "ProxyPool")
+	if err != nil {
+		return err
 	}
-	for i := range pools.Items {
-		if err := c.Client.Delete(ctx, &pools.Items[i]); client.IgnoreNotFound(err) != nil {
-			return fmt.Errorf("deleting ProxyPool %s/%s: %w", pools.Items[i].Namespace, pools.Items[i].Name, err)
-		}
+	sources, err := deleteAll(ctx, c.Client, &v1.ProxySourceList{}, "ProxySource")
+	if err != nil {
+		return err
 	}
 	var proxies v1.ProxyList
 	if err := c.Client.List(ctx, &proxies); err != nil {
@@ -67,7 +67,7 @@ func (c *Cleaner) Run(ctx context.Context) error {
 			return fmt.Errorf("deleting Proxy %s/%s: %w", px.Namespace, px.Name, err)
 		}
 	}
-	c.Log.Info("deleted every ProxyPool and Proxy; waiting for their instances to be deleted", "pools", len(pools.Items), "proxies", len(proxies.Items), "timeout", c.Timeout)
+	c.Log.Info("deleted every ProxyPool, ProxySource and Proxy; waiting for their instances to be deleted", "pools", pools, "sources", sources, "proxies", len(proxies.Items), "timeout", c.Timeout)
 
 	deadline := time.Now().Add(c.Timeout)
 	for {
@@ -92,6 +92,28 @@ func (c *Cleaner) Run(ctx context.Context) error {
 		case <-time.After(c.Poll):
 		}
 	}
+}
+
+// deleteAll deletes every object of list's kind and counts them; a kind
+// the API server does not serve (CRDs of an older release) has none.
+func deleteAll(ctx context.Context, c client.Client, list client.ObjectList, kind string) (int, error) {
+	if err := c.List(ctx, list); err != nil {
+		if meta.IsNoMatchError(err) {
+			return 0, nil
+		}
+		return 0, fmt.Errorf("listing %ss: %w", kind, err)
+	}
+	items, err := meta.ExtractList(list)
+	if err != nil {
+		return 0, err
+	}
+	for _, o := range items {
+		obj := o.(client.Object)
+		if err := c.Delete(ctx, obj); client.IgnoreNotFound(err) != nil {
+			return 0, fmt.Errorf("deleting %s %s/%s: %w", kind, obj.GetNamespace(), obj.GetName(), err)
+		}
+	}
+	return len(items), nil
 }
 
 func readyReason(px *v1.Proxy) string {

@@ -57,6 +57,9 @@ func TestDeletesPoolsAndProxiesAndWaitsForTheirInstances(t *testing.T) {
 	pool := &v1.ProxyPool{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "pool"},
 		Spec: v1.ProxyPoolSpec{Replicas: ptr.To[int32](0), Template: v1.ProxyTemplate{Spec: v1.ProxyTemplateSpec{Provider: "kubernetes"}}}}
 	require.NoError(t, env.Client.Create(context.Background(), pool))
+	source := &v1.ProxySource{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "source"},
+		Spec: v1.ProxySourceSpec{URL: &v1.SourceURL{URL: "https://lists.example/proxies"}}}
+	require.NoError(t, env.Client.Create(context.Background(), source))
 	proxy(t, ns, "a")
 	proxy(t, ns, "b")
 
@@ -77,6 +80,7 @@ func TestDeletesPoolsAndProxiesAndWaitsForTheirInstances(t *testing.T) {
 	case <-time.After(200 * time.Millisecond):
 	}
 	assert.True(t, apierrors.IsNotFound(env.Client.Get(ctx, client.ObjectKeyFromObject(pool), &v1.ProxyPool{})), "the pool went first")
+	assert.True(t, apierrors.IsNotFound(env.Client.Get(ctx, client.ObjectKeyFromObject(source), &v1.ProxySource{})), "and the source")
 	// ...and returns once they are gone.
 	go release(ctx, t, ns)
 	select {

@@ -52,6 +52,9 @@ type Options struct {
 	// Meter, when set, counts the bytes probes spend through proxies, for
 	// sources with a probe budget.
 	Meter Meter
+	// SecretNamespaces are where the ConfigMaps and Secrets a source
+	// names are read (all when empty): a source elsewhere is told so.
+	SecretNamespaces []string
 }
 
 // Meter counts probe bytes per proxy.
@@ -98,7 +101,7 @@ func New(c client.Client, sources cache.Cache, leases leaseview.Source, recorder
 	if opts.Settle == 0 {
 		opts.Settle = 2 * time.Second
 	}
-	return &Reconciler{client: c, reader: reader{cache: sources, egress: opts.Egress}, sources: sources, leases: leases,
+	return &Reconciler{client: c, reader: reader{cache: sources, egress: opts.Egress, namespaces: opts.SecretNamespaces}, sources: sources, leases: leases,
 		recorder: recorder, log: log, opts: opts, fetched: map[types.NamespacedName]fetch{}, spent: map[types.NamespacedName]spent{}}
 }
 

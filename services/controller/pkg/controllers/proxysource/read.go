@@ -16,6 +16,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	v1 "github.com/egress-proxies/egress-proxies/pkg/api/v1alpha1"
+	"github.com/egress-proxies/egress-proxies/pkg/kube"
 	"github.com/egress-proxies/egress-proxies/pkg/netpolicy"
 	"github.com/egress-proxies/egress-proxies/pkg/vendors"
 )
@@ -31,8 +32,9 @@ const (
 // cache (which holds only the labelled ones), URLs over HTTP held to the
 // egress policy.
 type reader struct {
-	cache  client.Reader
-	egress netpolicy.Egress
+	cache      client.Reader
+	egress     netpolicy.Egress
+	namespaces []string
 }
 
 // ErrFetch is a source that could not be read: nothing is changed.
@@ -53,6 +55,9 @@ func fetchErr(format string, args ...any) error {
 
 // read reads src's entries; an ErrFetch says why none could be read.
 func (r *reader) read(ctx context.Context, src *v1.ProxySource) (parsed, error) {
+	if err := kube.CheckSecretNamespace(r.namespaces, src.Namespace, src.Name); err != nil {
+		return parsed{}, fetchErr("ProxySource %s/%s: its ConfigMaps and Secrets are not read in namespace %s; add it to the chart's secretNamespaces (--secret-namespaces)", src.Namespace, src.Name, src.Namespace)
+	}
 	switch s := src.Spec; {
 	case s.List != nil:
 		body, err := r.listBody(ctx, src.Namespace, s.List)

@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -18,10 +19,12 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/yaml"
 
 	v1 "github.com/egress-proxies/egress-proxies/pkg/api/v1alpha1"
 	"github.com/egress-proxies/egress-proxies/pkg/netpolicy"
@@ -68,9 +71,13 @@ type harness struct {
 }
 
 func start(t *testing.T, egress netpolicy.Egress) *harness {
+	return startWith(t, proxysource.Options{Egress: egress})
+}
+
+func startWith(t *testing.T, opts proxysource.Options) *harness {
 	testenv.Require(t)
-	h := &harness{t: t, ns: env.Namespace(t, "source"), leases: &leases{m: map[string]int32{}},
-		opts: proxysource.Options{Settle: 200 * time.Millisecond, Egress: egress}}
+	opts.Settle = 200 * time.Millisecond
+	h := &harness{t: t, ns: env.Namespace(t, "source"), leases: &leases{m: map[string]int32{}}, opts: opts}
 	ctx, cancel := context.WithCancel(context.Background())
 	mgr := env.Manager(t, h.ns, nil)
 	reg, err := providers.NewRegistry(ctx, nil, nil, providers.Deps{Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(), Log: slog.Default()})
@@ -473,4 +480,33 @@ func TestBadSourcesAreRefused(t *testing.T) {
 			assert.Contains(t, err.Error(), c.want)
 		})
 	}
+}
+
+// The samples in deploy/samples are accepted as written.
+func TestSamplesAreAccepted(t *testing.T) {
+	testenv.Require(t)
+	ns := env.Namespace(t, "samples")
+	files, err := filepath.Glob(filepath.Join(testenv.RepoRoot(), "deploy", "samples", "proxysource_*.yaml"))
+	require.NoError(t, err)
+	require.Len(t, files, 3)
+	for _, f := range files {
+		b, err := os.ReadFile(f)
+		require.NoError(t, err)
+		for _, doc := range strings.Split(string(b), "\n---\n") {
+			var u unstructured.Unstructured
+			require.NoError(t, yaml.Unmarshal([]byte(doc), &u.Object), f)
+			u.SetNamespace(ns)
+			assert.NoError(t, env.Client.Create(context.Background(), &u, client.DryRunAll), "%s: %s %s", filepath.Base(f), u.GetKind(), u.GetName())
+		}
+	}
+}
+
+// A source in a namespace whose Secrets are not read is told so.
+func TestASourceOutsideTheSecretNamespacesSaysSo(t *testing.T) {
+	h := startWith(t, proxysource.Options{SecretNamespaces: []string{"crawl-a"}})
+	h.create(listMap("10.1.0.1:3128\n"))
+	h.source("far", v1.ProxySourceSpec{List: &v1.SourceList{ConfigMapRef: &v1.KeyRef{Name: "list"}}})
+	s := h.waitFor("far", "refused", synced(v1.ReasonFetchFailed))
+	assert.Empty(t, h.members("far"))
+	assert.Contains(t, cond(s, v1.ConditionSynced).Message, "are not read in namespace "+h.ns+"; add it to the chart's secretNamespaces")
 }
