@@ -209,6 +209,20 @@ func TestRBACIsLeastPrivilege(t *testing.T) {
 		{"ep-controller", "delete", "", "secrets", "", ns, false, ""},
 		{"ep-controller", "create", "", "pods", "", ns, true, ""},
 		{"ep-controller", "create", "", "secrets", "", ns, true, ""}, // a Squid pod's credentials
+		// ProxySources: their lists' ConfigMaps read wherever Secrets
+		// are; their members' credentials written only in the
+		// secretNamespaces, where the brokers read them.
+		{"ep-controller", "watch", "", "configmaps", "", ns, true, ""},
+		{"ep-controller", "watch", "", "configmaps", "", "team-b", true, ""},
+		{"ep-controller", "watch", "", "configmaps", "", "team-a", false, ""},
+		{"ep-controller", "update", "", "configmaps", "", "team-b", false, ""},
+		{"ep-controller", "delete", "", "secrets", "", "team-b", true, ""},
+		{"ep-controller", "patch", "", "secrets", "", "team-b", true, ""},
+		{"ep-controller", "delete", "", "secrets", "", "team-a", false, ""},
+		{"ep-controller", "watch", "crawl.example.com", "proxysources", "", "team-a", true, ""},
+		{"ep-controller", "patch", "crawl.example.com", "proxysources", "status", "team-a", true, ""},
+		{"ep-controller", "update", "crawl.example.com", "proxysources", "", "team-a", false, ""},
+		{"ep-uninstall", "delete", "crawl.example.com", "proxysources", "", "team-a", true, ""},
 		{"ep-controller", "delete", "", "pods", "", ns, true, ""},
 		{"ep-controller", "create", "", "pods", "", "team-a", false, ""},
 		{"ep-controller", "create", "events.k8s.io", "events", "", "team-a", true, ""},
