@@ -102,6 +102,7 @@ func TestInstalledAsUsersDeployIt(t *testing.T) {
 	step("3. a crawler pod leases over REST, gRPC and the gateway, fetches, reports a ban", func() { h.crawl(plain) })
 	step("3b. two tenants' crawler pods at once: each leases only its own proxies", func() { h.tenants(plain) })
 	step("3c. kubectl egress: status, explain, cordon, leases, bans, check install, drain, rotate", func() { h.plugin(plain) })
+	step("3d. a ProxySource lists the Squid pods: Ready, a leased one drains as the list shrinks", func() { h.sources(plain) })
 	step("4. kubectl scale ppool up and down; a leased member drains; the GC deletes members", func() { h.scaleAndDrain(plain) })
 	step("5. probers scaled 1 → 3 → 1; controller leader and Redis deleted", func() { h.probersAndFaults(plain) })
 	step("6. helm test; helm upgrade rolls without losing leases", func() { h.testAndUpgrade(plain) })
@@ -189,6 +190,8 @@ prober:
 		v += "broker:\n  tls: {enabled: true, source: existing, secretName: broker-tls}\n"
 	} else {
 		v += fmt.Sprintf("tenants:\n  - {name: team-a, namespaces: [%s]}\n  - {name: team-b, namespaces: [%s], quotas: {reportsPerSecond: 5}}\n", proxiesNS, tenantBNS)
+		// Where step 3d's ProxySource keeps its members' credentials.
+		v += fmt.Sprintf("secretNamespaces: [%s]\n", proxiesNS)
 	}
 	f := filepath.Join(h.dir, in.ns+"-values.yaml")
 	require.NoError(h.t, os.WriteFile(f, []byte(v), 0o644))
@@ -205,6 +208,7 @@ func (h *harness) chartArgs(in *install) []string {
 func (h *harness) install(in *install) {
 	t := h.t
 	h.namespace(in.ns)
+	h.namespace(proxiesNS) // a secretNamespace: its Roles go in at install
 	h.secret(in.ns, "e2e-target-ca", corev1.SecretTypeOpaque, map[string][]byte{"ca.crt": h.targetTLS["ca.crt"]})
 	out, err := h.helm(append(append([]string{"install"}, h.chartArgs(in)...), "--wait", "--timeout", "5m")...)
 	require.NoError(t, err, out)
@@ -236,7 +240,7 @@ func (h *harness) install(in *install) {
 	assert.Equal(t, "*2 $16 maxmemory-policy $10 noeviction", redisCommand(t, redisIP, password, "CONFIG GET maxmemory-policy"))
 
 	// Least privilege: neither service account may read Secrets outside
-	// the release's namespace (secretNamespaces is empty by default), and
+	// the release's namespace and secretNamespaces (e2e-proxies here), and
 	// in it the broker only its tenants' credentials: not the KVM SSH
 	// key, not Helm's release.
 	can := func(sa string, args ...string) string {
