@@ -24,6 +24,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/events"
@@ -238,7 +239,16 @@ func (r *Reconciler) reconcileNormal(ctx context.Context, src *v1.ProxySource) (
 	p := decide(l, desired, members, snap.At, now)
 	interval := r.meter(src, proxies, now)
 	execErr := r.execute(ctx, src, l, desired, proxies, p, interval, now)
+	was := ""
+	if c := meta.FindStatusCondition(src.Status.Conditions, v1.ConditionSynced); c != nil {
+		was = c.Reason
+	}
 	setStatus(src, got, readErr, readAt, desired, proxies, p)
+	// Someone has to act on a read that stopped applying: said once, when
+	// it begins.
+	if c := meta.FindStatusCondition(src.Status.Conditions, v1.ConditionSynced); c.Status == metav1.ConditionFalse && c.Reason != was {
+		r.recorder.Eventf(src, nil, v1.EventType(c.Reason), c.Reason, "Sync", "%s", c.Message)
+	}
 	next := refetchIn
 	for _, m := range members {
 		if m.draining() {

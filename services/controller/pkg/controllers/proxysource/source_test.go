@@ -19,6 +19,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	corev1 "k8s.io/api/core/v1"
+	eventsv1 "k8s.io/api/events/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -363,6 +364,19 @@ func TestAURLSourceSurvivesWhatURLsDo(t *testing.T) {
 			assert.Equal(t, int32(10), s.Status.Desired)
 		})
 	}
+
+	// Each failure began with a Warning saying why.
+	require.Eventually(t, func() bool {
+		var evs eventsv1.EventList
+		_ = env.Client.List(context.Background(), &evs, client.InNamespace(h.ns))
+		n := map[string]int{}
+		for _, e := range evs.Items {
+			if e.Regarding.Name == "url" && e.Type == corev1.EventTypeWarning {
+				n[e.Reason]++
+			}
+		}
+		return n[v1.ReasonFetchFailed] >= 1 && n[v1.ReasonNoValidEntries] == 1
+	}, 10*time.Second, 50*time.Millisecond, "Warnings for the failed reads")
 
 	// Half the lines malformed: the good half applies, the bad are named.
 	ls.serve(func(w http.ResponseWriter, _ *http.Request) {
