@@ -9,6 +9,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	corev1 "k8s.io/api/core/v1"
+	eventsv1 "k8s.io/api/events/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -93,9 +94,16 @@ spec:
 	require.NoError(t, l.Release(ctx))
 	h.sourceAt(2, 0)
 	require.Error(t, h.c.Get(ctx, client.ObjectKey{Namespace: proxiesNS, Name: name}, &corev1.Secret{}), "its credentials went with it")
-	events := h.mustKubectl("get", "events", "-n", proxiesNS, "--field-selector", "regarding.name=bought,regarding.kind=ProxySource", "-o", "jsonpath={range .items[*]}{.reason}{\"\\n\"}{end}")
+	var events eventsv1.EventList
+	require.NoError(t, h.c.List(ctx, &events, client.InNamespace(proxiesNS)))
+	reasons := map[string]bool{}
+	for _, e := range events.Items {
+		if e.Regarding.Kind == "ProxySource" && e.Regarding.Name == "bought" {
+			reasons[e.Reason] = true
+		}
+	}
 	for _, reason := range []string{v1alpha1.EventSourceAdded, v1alpha1.EventMemberDraining, v1alpha1.EventMemberDeleted} {
-		assert.Contains(t, events, reason, "the source's Events")
+		assert.True(t, reasons[reason], "the source's Events have %s: %v", reason, reasons)
 	}
 
 	require.NoError(t, h.c.Delete(ctx, &v1alpha1.ProxySource{ObjectMeta: metav1.ObjectMeta{Namespace: proxiesNS, Name: "bought"}}))

@@ -7,7 +7,11 @@
 package drain
 
 import (
+	"context"
+	"fmt"
 	"time"
+
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	v1 "github.com/egress-proxies/egress-proxies/pkg/api/v1alpha1"
 )
@@ -20,12 +24,18 @@ func Deadline(now time.Time, timeout time.Duration) time.Time {
 	return now.Add(timeout + time.Second - 1).Truncate(time.Second)
 }
 
-// Mark sets px's drain deadline.
-func Mark(px *v1.Proxy, deadline time.Time) {
-	if px.Annotations == nil {
-		px.Annotations = map[string]string{}
+// Begin marks px draining until deadline, under optimistic lock (a
+// decision on a stale read loses), and returns it as written.
+func Begin(ctx context.Context, c client.Client, px *v1.Proxy, deadline time.Time) (*v1.Proxy, error) {
+	next := px.DeepCopy()
+	if next.Annotations == nil {
+		next.Annotations = map[string]string{}
 	}
-	px.Annotations[v1.AnnotationDrainDeadline] = deadline.UTC().Format(time.RFC3339)
+	next.Annotations[v1.AnnotationDrainDeadline] = deadline.UTC().Format(time.RFC3339)
+	if err := c.Patch(ctx, next, client.MergeFromWithOptions(px, client.MergeFromWithOptimisticLock{})); err != nil {
+		return nil, fmt.Errorf("marking it draining: %w", err)
+	}
+	return next, nil
 }
 
 // Ended says whether a drain until deadline of timeout is over at now:

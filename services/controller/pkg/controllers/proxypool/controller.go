@@ -19,7 +19,6 @@ package proxypool
 
 import (
 	"context"
-	"errors"
 	"log/slog"
 	"time"
 
@@ -39,6 +38,7 @@ import (
 
 	v1 "github.com/egress-proxies/egress-proxies/pkg/api/v1alpha1"
 	"github.com/egress-proxies/egress-proxies/services/controller/pkg/drain"
+	"github.com/egress-proxies/egress-proxies/services/controller/pkg/controllers/statuspatch"
 	"github.com/egress-proxies/egress-proxies/services/controller/pkg/leaseview"
 )
 
@@ -126,10 +126,6 @@ func (r *Reconciler) memberEvents() handler.EventHandler {
 	}
 }
 
-// conflictRetry is how soon a reconcile whose status write lost an
-// optimistic-lock race runs again.
-const conflictRetry = 100 * time.Millisecond
-
 // Reconcile is the fixed skeleton: fetch, deferred status patch, then
 // reconcileNormal. A pool has no finalizer: its members carry controller
 // ownerReferences, so deleting the pool has the garbage collector delete
@@ -148,19 +144,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (res ctrl.
 	}
 	base := pool.DeepCopy()
 	defer func() {
-		if equality.Semantic.DeepEqual(base.Status, pool.Status) {
-			return
-		}
-		err := r.client.Status().Patch(ctx, pool, client.MergeFromWithOptions(base, client.MergeFromWithOptimisticLock{}))
-		switch {
-		case apierrors.IsConflict(err):
-			if retErr == nil {
-				res = ctrl.Result{RequeueAfter: conflictRetry}
-			}
-		case apierrors.IsNotFound(err):
-		case err != nil:
-			retErr = errors.Join(retErr, err)
-		}
+		statuspatch.Deferred(ctx, r.client, base, pool, !equality.Semantic.DeepEqual(base.Status, pool.Status), &res, &retErr)
 	}()
 	return r.reconcileNormal(ctx, pool)
 }

@@ -119,10 +119,9 @@ func contains(m, sub map[string]string) bool {
 // drainMember marks px draining until deadline: brokers stop leasing it
 // and end its leases' renewals there.
 func (r *Reconciler) drainMember(ctx context.Context, pool *v1.ProxyPool, px *v1.Proxy, deadline time.Time, why string) error {
-	next := px.DeepCopy()
-	drain.Mark(next, deadline)
-	if err := r.client.Patch(ctx, next, client.MergeFromWithOptions(px, client.MergeFromWithOptimisticLock{})); err != nil {
-		return fmt.Errorf("draining member %s: %w", px.Name, err)
+	next, err := drain.Begin(ctx, r.client, px, deadline)
+	if err != nil {
+		return fmt.Errorf("member %s: %w", px.Name, err)
 	}
 	r.recorder.Eventf(pool, next, v1.EventType(v1.EventMemberDraining), v1.EventMemberDraining, "Drain",
 		"member %s drains until %s: %s", px.Name, deadline.UTC().Format(time.RFC3339), why)

@@ -15,7 +15,6 @@ package proxysource
 
 import (
 	"context"
-	"errors"
 	"log/slog"
 	"strconv"
 	"sync"
@@ -40,6 +39,7 @@ import (
 	v1 "github.com/egress-proxies/egress-proxies/pkg/api/v1alpha1"
 	"github.com/egress-proxies/egress-proxies/pkg/netpolicy"
 	"github.com/egress-proxies/egress-proxies/services/controller/pkg/drain"
+	"github.com/egress-proxies/egress-proxies/services/controller/pkg/controllers/statuspatch"
 	"github.com/egress-proxies/egress-proxies/services/controller/pkg/leaseview"
 )
 
@@ -172,10 +172,6 @@ func localName(r *v1.LocalSecretRef) string {
 	return r.Name
 }
 
-// conflictRetry is how soon a reconcile whose status write lost an
-// optimistic-lock race runs again.
-const conflictRetry = 100 * time.Millisecond
-
 // Reconcile is the fixed skeleton: fetch, deferred status patch, then
 // reconcileNormal. A source has no finalizer: its members and their
 // credential Secrets carry its ownerReference, so deleting it has the
@@ -193,19 +189,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (res ctrl.
 	}
 	base := src.DeepCopy()
 	defer func() {
-		if equality.Semantic.DeepEqual(base.Status, src.Status) {
-			return
-		}
-		err := r.client.Status().Patch(ctx, src, client.MergeFromWithOptions(base, client.MergeFromWithOptimisticLock{}))
-		switch {
-		case apierrors.IsConflict(err):
-			if retErr == nil {
-				res = ctrl.Result{RequeueAfter: conflictRetry}
-			}
-		case apierrors.IsNotFound(err):
-		case err != nil:
-			retErr = errors.Join(retErr, err)
-		}
+		statuspatch.Deferred(ctx, r.client, base, src, !equality.Semantic.DeepEqual(base.Status, src.Status), &res, &retErr)
 	}()
 	return r.reconcileNormal(ctx, src)
 }

@@ -128,10 +128,9 @@ func listed(names []string) string {
 }
 
 func (r *Reconciler) drainMember(ctx context.Context, src *v1.ProxySource, px *v1.Proxy, deadline time.Time, why string) error {
-	next := px.DeepCopy()
-	drain.Mark(next, deadline)
-	if err := r.client.Patch(ctx, next, client.MergeFromWithOptions(px, client.MergeFromWithOptimisticLock{})); err != nil {
-		return fmt.Errorf("draining member %s: %w", px.Name, err)
+	next, err := drain.Begin(ctx, r.client, px, deadline)
+	if err != nil {
+		return fmt.Errorf("member %s: %w", px.Name, err)
 	}
 	r.recorder.Eventf(src, next, v1.EventType(v1.EventMemberDraining), v1.EventMemberDraining, "Drain",
 		"member %s (%s) drains until %s: %s", px.Name, px.Annotations[v1.AnnotationSourceEntry], deadline.UTC().Format(time.RFC3339), why)
