@@ -37,8 +37,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/source"
 
 	v1 "github.com/egress-proxies/egress-proxies/pkg/api/v1alpha1"
-	"github.com/egress-proxies/egress-proxies/services/controller/pkg/drain"
 	"github.com/egress-proxies/egress-proxies/services/controller/pkg/controllers/statuspatch"
+	"github.com/egress-proxies/egress-proxies/services/controller/pkg/drain"
 	"github.com/egress-proxies/egress-proxies/services/controller/pkg/leaseview"
 )
 

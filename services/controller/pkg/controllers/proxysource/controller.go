@@ -38,8 +38,8 @@ import (
 
 	v1 "github.com/egress-proxies/egress-proxies/pkg/api/v1alpha1"
 	"github.com/egress-proxies/egress-proxies/pkg/netpolicy"
-	"github.com/egress-proxies/egress-proxies/services/controller/pkg/drain"
 	"github.com/egress-proxies/egress-proxies/services/controller/pkg/controllers/statuspatch"
+	"github.com/egress-proxies/egress-proxies/services/controller/pkg/drain"
 	"github.com/egress-proxies/egress-proxies/services/controller/pkg/leaseview"
 )
 
