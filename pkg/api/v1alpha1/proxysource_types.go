@@ -106,11 +106,13 @@ type SourceURL struct {
 
 	// RefreshInterval is how often the list is fetched again.
 	// +kubebuilder:default="5m"
+	// +kubebuilder:validation:XValidation:rule="duration(self) >= duration('10s')",message="spec.url.refreshInterval must be at least 10s"
 	// +optional
 	RefreshInterval *metav1.Duration `json:"refreshInterval,omitempty"`
 
 	// Timeout bounds one fetch, connection and body together.
 	// +kubebuilder:default="10s"
+	// +kubebuilder:validation:XValidation:rule="duration(self) >= duration('1s') && duration(self) <= duration('60s')",message="spec.url.timeout must be between 1s and 60s"
 	// +optional
 	Timeout *metav1.Duration `json:"timeout,omitempty"`
 
@@ -161,6 +163,7 @@ const (
 // +kubebuilder:validation:XValidation:rule="self.preset != 'BrightData' || (has(self.account) && has(self.zone))",message="spec.vendor.account and spec.vendor.zone are required for BrightData"
 // +kubebuilder:validation:XValidation:rule="!(self.preset in ['Oxylabs', 'Decodo']) || has(self.account)",message="spec.vendor.account is required for Oxylabs and Decodo"
 // +kubebuilder:validation:XValidation:rule="self.preset != 'Apify' || has(self.groups)",message="spec.vendor.groups is required for Apify"
+// +kubebuilder:validation:XValidation:rule="self.sessions * (has(self.countries) && size(self.countries) > 0 ? size(self.countries) : 1) <= 10000",message="spec.vendor.sessions times the countries must be at most 10000 proxies"
 type SourceVendor struct {
 	// +required
 	Preset VendorPreset `json:"preset"`
@@ -409,6 +412,10 @@ const (
 	// AnnotationConfirmShrink, on a ProxySource, confirms a held shrink
 	// to the size it names.
 	AnnotationConfirmShrink = "crawl.example.com/confirm-shrink"
+	// AnnotationRefresh, on a URL ProxySource, fetches the list again
+	// now whenever its value changes (`kubectl annotate --overwrite psrc
+	// <name> crawl.example.com/refresh=$(date +%s)`).
+	AnnotationRefresh = "crawl.example.com/refresh"
 )
 
 // Events of a ProxySource.

@@ -31,6 +31,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
@@ -90,6 +91,7 @@ type Reconciler struct {
 type fetch struct {
 	uid        types.UID
 	generation int64
+	refresh    string
 	at         time.Time
 	parsed     parsed
 	err        error
@@ -116,6 +118,8 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 		Owns(&v1.Proxy{}).
 		WatchesRawSource(source.Kind(r.sources, client.Object(&corev1.ConfigMap{}), refs)).
 		WatchesRawSource(source.Kind(r.sources, client.Object(&corev1.Secret{}), refs)).
+		// A URL source's fetch holds its worker up to spec.url.timeout.
+		WithOptions(controller.Options{MaxConcurrentReconciles: 4}).
 		Complete(r)
 }
 
@@ -273,7 +277,8 @@ func resolve(src *v1.ProxySource, settle time.Duration) limits {
 }
 
 // read is the source's entries: a URL source's last fetch until its
-// refresh interval (or its spec) says to fetch again, with how long until
+// refresh interval, its spec or its refresh annotation says to fetch
+// again, with how long until
 // then; any other source read now, from the cache.
 func (r *Reconciler) read(ctx context.Context, src *v1.ProxySource, now time.Time) (p parsed, err error, at time.Time, refetchIn time.Duration) {
 	u := src.Spec.URL
@@ -289,9 +294,10 @@ func (r *Reconciler) read(ctx context.Context, src *v1.ProxySource, now time.Tim
 	r.mu.Lock()
 	f, ok := r.fetched[key]
 	r.mu.Unlock()
-	if !ok || f.uid != src.UID || f.generation != src.Generation || now.Sub(f.at) >= refresh {
+	asked := src.Annotations[v1.AnnotationRefresh]
+	if !ok || f.uid != src.UID || f.generation != src.Generation || f.refresh != asked || now.Sub(f.at) >= refresh {
 		f.parsed, f.err = r.reader.read(ctx, src)
-		f.uid, f.generation, f.at = src.UID, src.Generation, now
+		f.uid, f.generation, f.refresh, f.at = src.UID, src.Generation, asked, now
 		r.mu.Lock()
 		r.fetched[key] = f
 		r.mu.Unlock()

@@ -69,6 +69,7 @@ type harness struct {
 	ns     string
 	leases *leases
 	opts   proxysource.Options
+	stop   func()
 }
 
 func start(t *testing.T, egress netpolicy.Egress) *harness {
@@ -79,6 +80,14 @@ func startWith(t *testing.T, opts proxysource.Options) *harness {
 	testenv.Require(t)
 	opts.Settle = 200 * time.Millisecond
 	h := &harness{t: t, ns: env.Namespace(t, "source"), leases: &leases{m: map[string]int32{}}, opts: opts}
+	h.run()
+	return h
+}
+
+// run starts a manager with the lifecycle and source reconcilers, until
+// stop or the test's end.
+func (h *harness) run() {
+	t := h.t
 	ctx, cancel := context.WithCancel(context.Background())
 	mgr := env.Manager(t, h.ns, nil)
 	reg, err := providers.NewRegistry(ctx, nil, nil, providers.Deps{Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(), Log: slog.Default()})
@@ -95,8 +104,8 @@ func startWith(t *testing.T, opts proxysource.Options) *harness {
 		}
 	}()
 	go h.prober(ctx)
-	t.Cleanup(func() { cancel(); <-done })
-	return h
+	h.stop = func() { cancel(); <-done }
+	t.Cleanup(h.stop)
 }
 
 // prober marks Ready members Healthy, as the probe fleet would.
@@ -153,6 +162,19 @@ func (h *harness) members(name string) map[string]*v1.Proxy {
 		out[list.Items[i].Annotations[v1.AnnotationSourceEntry]] = &list.Items[i]
 	}
 	return out
+}
+
+// refresh has the source fetch its URL again now.
+func (h *harness) refresh(name string) {
+	h.t.Helper()
+	require.Eventually(h.t, func() bool {
+		s := h.get(name)
+		if s.Annotations == nil {
+			s.Annotations = map[string]string{}
+		}
+		s.Annotations[v1.AnnotationRefresh] = time.Now().Format(time.RFC3339Nano)
+		return env.Client.Update(context.Background(), s) == nil
+	}, 10*time.Second, 20*time.Millisecond)
 }
 
 // waitFor waits until the source's status satisfies ok, and returns it.
@@ -324,7 +346,7 @@ func TestAURLSourceSurvivesWhatURLsDo(t *testing.T) {
 	h.create(&corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "list-auth", Labels: map[string]string{v1.LabelProxyCredentials: "true"}},
 		Data: map[string][]byte{"token": []byte("list-token")}})
 	h.source("url", v1.ProxySourceSpec{URL: &v1.SourceURL{URL: ls.URL + "/list", AuthSecretRef: &v1.LocalSecretRef{Name: "list-auth"},
-		RefreshInterval: &metav1.Duration{Duration: time.Second}, Timeout: &metav1.Duration{Duration: time.Second}, MaxBytes: ptr.To[int64](1 << 20)}})
+		RefreshInterval: &metav1.Duration{Duration: 10 * time.Second}, Timeout: &metav1.Duration{Duration: time.Second}, MaxBytes: ptr.To[int64](1 << 20)}})
 	h.waitFor("url", "ready with 10", ready(10))
 	before := identities(h.members("url"))
 
@@ -355,6 +377,7 @@ func TestAURLSourceSurvivesWhatURLsDo(t *testing.T) {
 	for _, f := range failures {
 		t.Run(f.name, func(t *testing.T) {
 			ls.serve(f.answer)
+			h.refresh("url")
 			s := h.waitFor("url", f.name, func(s *v1.ProxySource) bool {
 				c := cond(s, v1.ConditionSynced)
 				return c.Status == metav1.ConditionFalse && strings.Contains(c.Message, f.want)
@@ -382,6 +405,7 @@ func TestAURLSourceSurvivesWhatURLsDo(t *testing.T) {
 	ls.serve(func(w http.ResponseWriter, _ *http.Request) {
 		_, _ = fmt.Fprint(w, lines(10, 0)+lines(2, 10)+"bad one\n[::1:3128\nalso:bad:x\n:3128\nhost:\n10.3.0.1\n10.3.1.1:0\nx y:3128\n1.2.3.4:3128:user-only\n10.3.1.2:3128::pass\n10.3.1.3:3128:u:p\n10.3.1.4:3128:u:p\n")
 	})
+	h.refresh("url")
 	s := h.waitFor("url", "ready with 14", ready(14))
 	assert.Equal(t, int32(10), s.Status.Rejected, "every bad line counted")
 	assert.Len(t, s.Status.RejectedEntries, 10)
@@ -389,6 +413,7 @@ func TestAURLSourceSurvivesWhatURLsDo(t *testing.T) {
 
 	// 90 % gone at once: held, new entries still added.
 	ls.serve(func(w http.ResponseWriter, _ *http.Request) { _, _ = fmt.Fprint(w, lines(1, 0)+lines(1, 100)) })
+	h.refresh("url")
 	s = h.waitFor("url", "holding the shrink", synced(v1.ReasonShrinkHeld))
 	require.NotNil(t, s.Status.HeldShrink)
 	assert.Equal(t, int32(2), s.Status.HeldShrink.To)
@@ -402,7 +427,7 @@ func TestAURLSourceSurvivesWhatURLsDo(t *testing.T) {
 	// Confirmed: 13 drain (none is leased) and go.
 	require.Eventually(t, func() bool {
 		src := h.get("url")
-		src.Annotations = map[string]string{v1.AnnotationConfirmShrink: "2"}
+		src.Annotations[v1.AnnotationConfirmShrink] = "2"
 		return env.Client.Update(context.Background(), src) == nil
 	}, 10*time.Second, 50*time.Millisecond)
 	s = h.waitFor("url", "ready with 2", ready(2))
@@ -485,6 +510,9 @@ func TestBadSourcesAreRefused(t *testing.T) {
 		{"apify without groups", vendor(func(v *v1.SourceVendor) { v.Preset = v1.PresetApify }), "groups is required"},
 		{"bad country", vendor(func(v *v1.SourceVendor) { v.Countries = []string{"USA"} }), "countries[0]"},
 		{"no sessions", vendor(func(v *v1.SourceVendor) { v.Sessions = 0 }), "sessions"},
+		{"too many", vendor(func(v *v1.SourceVendor) { v.Sessions, v.Countries = 5001, []string{"us", "de"} }), "at most 10000 proxies"},
+		{"timeout over a minute", v1.ProxySourceSpec{URL: &v1.SourceURL{URL: "https://l.example/", Timeout: &metav1.Duration{Duration: 2 * time.Minute}}}, "spec.url.timeout must be between 1s and 60s"},
+		{"refresh too often", v1.ProxySourceSpec{URL: &v1.SourceURL{URL: "https://l.example/", RefreshInterval: &metav1.Duration{Duration: time.Second}}}, "at least 10s"},
 		{"shrink over 100", v1.ProxySourceSpec{URL: &v1.SourceURL{URL: "https://l.example/"}, MaxShrinkPercent: ptr.To[int32](101)}, "maxShrinkPercent"},
 	}
 	for _, c := range cases {
@@ -523,4 +551,35 @@ func TestASourceOutsideTheSecretNamespacesSaysSo(t *testing.T) {
 	s := h.waitFor("far", "refused", synced(v1.ReasonFetchFailed))
 	assert.Empty(t, h.members("far"))
 	assert.Contains(t, cond(s, v1.ConditionSynced).Message, "are not read in namespace "+h.ns+"; add it to the chart's secretNamespaces")
+}
+
+// A controller stopped and started again, with the list changed while it
+// was down, finds the members it made under the same names: it creates
+// none twice, adds what appeared and drains what left.
+func TestARestartedControllerFindsItsMembers(t *testing.T) {
+	h := start(t, netpolicy.Egress{})
+	h.create(listMap(lines(4, 0)))
+	h.source("list", v1.ProxySourceSpec{List: &v1.SourceList{ConfigMapRef: &v1.KeyRef{Name: "list"}}})
+	h.waitFor("list", "ready with 4", ready(4))
+	before := map[string]string{}
+	for id, px := range h.members("list") {
+		before[id] = string(px.UID)
+	}
+	h.stop()
+	var cm corev1.ConfigMap
+	require.NoError(t, env.Client.Get(context.Background(), client.ObjectKey{Namespace: h.ns, Name: "list"}, &cm))
+	cm.Data["proxies"] = lines(3, 2)
+	require.NoError(t, env.Client.Update(context.Background(), &cm))
+	h.run()
+	h.waitFor("list", "ready with 3", ready(3))
+	after := h.members("list")
+	assert.Len(t, after, 3)
+	for id, px := range after {
+		if uid, ok := before[id]; ok {
+			assert.Equal(t, uid, string(px.UID), "%s is the member made before the restart", id)
+		}
+	}
+	assert.NotContains(t, after, "10.3.0.1:3128", "the entries that left are gone")
+	assert.NotContains(t, after, "10.3.0.2:3128", "the entries that left are gone")
+	assert.Contains(t, after, "10.3.0.5:3128", "the entry that appeared is added")
 }
