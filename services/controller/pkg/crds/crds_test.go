@@ -42,7 +42,7 @@ func TestTheGeneratedCRDsLoad(t *testing.T) {
 	for _, d := range defs {
 		names = append(names, d.GetName())
 	}
-	assert.Equal(t, []string{"proxies.crawl.example.com", "proxypools.crawl.example.com", "targetpolicies.crawl.example.com", "tenants.crawl.example.com"}, names)
+	assert.Equal(t, []string{"proxies.crawl.example.com", "proxypools.crawl.example.com", "proxysources.crawl.example.com", "targetpolicies.crawl.example.com", "tenants.crawl.example.com"}, names)
 }
 
 // An upgrade's hook applies a changed schema over one another manager
