@@ -88,13 +88,12 @@ type Reconciler struct {
 	spent map[types.NamespacedName]spent
 }
 
+// fetch is a URL source's last read, and what it was read for.
 type fetch struct {
+	sourceRead
 	uid        types.UID
 	generation int64
 	refresh    string
-	at         time.Time
-	parsed     parsed
-	err        error
 }
 
 // New returns a reconciler writing through c, reading the labelled
@@ -209,14 +208,14 @@ func (r *Reconciler) forget(key types.NamespacedName) {
 // reconcileNormal reads, plans, executes and derives status.
 func (r *Reconciler) reconcileNormal(ctx context.Context, src *v1.ProxySource) (ctrl.Result, error) {
 	now := time.Now()
-	got, readErr, readAt, refetchIn := r.read(ctx, src, now)
+	rd := r.read(ctx, src, now)
 	var desired map[string]Entry
 	switch {
-	case readErr != nil:
-	case len(got.entries) == 0 && got.Rejected() > 0:
+	case rd.err != nil:
+	case len(rd.parsed.entries) == 0 && rd.parsed.Rejected() > 0:
 		// Garbage: applying it would empty the source.
 	default:
-		desired = withAttributes(src, got.entries)
+		desired = withAttributes(src, rd.parsed.entries)
 	}
 	snap := r.leases.Snapshot()
 	members, proxies, err := r.observe(ctx, src, snap)
@@ -226,18 +225,21 @@ func (r *Reconciler) reconcileNormal(ctx context.Context, src *v1.ProxySource) (
 	l := resolve(src, r.opts.Settle)
 	p := decide(l, desired, members, snap.At, now)
 	interval := r.meter(src, proxies, now)
+	if len(p.create)+len(p.drain)+len(p.undrain)+len(p.delete) > 0 {
+		r.log.DebugContext(ctx, "executing", "source", client.ObjectKeyFromObject(src), "create", len(p.create), "drain", p.drain, "undrain", p.undrain, "delete", p.delete)
+	}
 	execErr := r.execute(ctx, src, l, desired, proxies, p, interval, now)
 	was := ""
 	if c := meta.FindStatusCondition(src.Status.Conditions, v1.ConditionSynced); c != nil {
 		was = c.Reason
 	}
-	setStatus(src, got, readErr, readAt, desired, proxies, p)
+	setStatus(src, rd, desired, proxies, p)
 	// Someone has to act on a read that stopped applying: said once, when
 	// it begins.
 	if c := meta.FindStatusCondition(src.Status.Conditions, v1.ConditionSynced); c.Status == metav1.ConditionFalse && c.Reason != was {
 		r.recorder.Eventf(src, nil, v1.EventType(c.Reason), c.Reason, "Sync", "%s", c.Message)
 	}
-	next := refetchIn
+	next := rd.again
 	for _, m := range members {
 		if m.draining() {
 			next = minPositive(next, drain.NextCheck(m.deadline, l.drainTimeout, l.settle, maxDrainPoll, now))
@@ -276,15 +278,23 @@ func resolve(src *v1.ProxySource, settle time.Duration) limits {
 	return l
 }
 
+// sourceRead is one read of a source: its entries, or why there are
+// none; when it was read; and, for a URL, how soon to fetch again.
+type sourceRead struct {
+	parsed parsed
+	err    error
+	at     time.Time
+	again  time.Duration
+}
+
 // read is the source's entries: a URL source's last fetch until its
 // refresh interval, its spec or its refresh annotation says to fetch
-// again, with how long until
-// then; any other source read now, from the cache.
-func (r *Reconciler) read(ctx context.Context, src *v1.ProxySource, now time.Time) (p parsed, err error, at time.Time, refetchIn time.Duration) {
+// again; any other source read now, from the cache.
+func (r *Reconciler) read(ctx context.Context, src *v1.ProxySource, now time.Time) sourceRead {
 	u := src.Spec.URL
 	if u == nil {
 		p, err := r.reader.read(ctx, src)
-		return p, err, now, 0
+		return sourceRead{parsed: p, err: err, at: now}
 	}
 	refresh := defaultRefresh
 	if u.RefreshInterval != nil && u.RefreshInterval.Duration > 0 {
@@ -296,13 +306,15 @@ func (r *Reconciler) read(ctx context.Context, src *v1.ProxySource, now time.Tim
 	r.mu.Unlock()
 	asked := src.Annotations[v1.AnnotationRefresh]
 	if !ok || f.uid != src.UID || f.generation != src.Generation || f.refresh != asked || now.Sub(f.at) >= refresh {
-		f.parsed, f.err = r.reader.read(ctx, src)
-		f.uid, f.generation, f.refresh, f.at = src.UID, src.Generation, asked, now
+		p, err := r.reader.read(ctx, src)
+		f = fetch{sourceRead: sourceRead{parsed: p, err: err, at: now}, uid: src.UID, generation: src.Generation, refresh: asked}
 		r.mu.Lock()
 		r.fetched[key] = f
 		r.mu.Unlock()
 	}
-	return f.parsed, f.err, f.at, max(f.at.Add(refresh).Sub(now), time.Second)
+	rd := f.sourceRead
+	rd.again = max(f.at.Add(refresh).Sub(now), time.Second)
+	return rd
 }
 
 // withAttributes gives every entry the source's attributes, under its

@@ -2,6 +2,7 @@ package proxysource_test
 
 import (
 	"context"
+	"encoding/pem"
 	"fmt"
 	"log/slog"
 	"maps"
@@ -582,4 +583,33 @@ func TestARestartedControllerFindsItsMembers(t *testing.T) {
 	assert.NotContains(t, after, "10.3.0.1:3128", "the entries that left are gone")
 	assert.NotContains(t, after, "10.3.0.2:3128", "the entries that left are gone")
 	assert.Contains(t, after, "10.3.0.5:3128", "the entry that appeared is added")
+}
+
+// An HTTPS list verified with a CA from a Secret, behind basic auth from
+// another: read; without the CA, the system's roots refuse the server
+// and nothing changes.
+func TestAURLSourceOverTLSWithBasicAuth(t *testing.T) {
+	allow, err := netpolicy.ParseEgress(netpolicy.DefaultEgressDenyCIDRs, proc.SuiteAllowance, "80,443", "443")
+	require.NoError(t, err)
+	h := start(t, allow)
+	srv := proc.Serve(t, "127.0.0.1", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if u, p, ok := r.BasicAuth(); !ok || u != "lists" || p != "open-sesame" {
+			http.Error(w, "who are you", http.StatusUnauthorized)
+			return
+		}
+		_, _ = fmt.Fprint(w, lines(2, 0))
+	}), true)
+	ca := pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: srv.Certificate().Raw})
+	h.create(
+		&corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "list-ca", Labels: map[string]string{v1.LabelProxyCredentials: "true"}}, Data: map[string][]byte{"ca.crt": ca}},
+		&corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "list-login", Labels: map[string]string{v1.LabelProxyCredentials: "true"}},
+			Data: map[string][]byte{"username": []byte("lists"), "password": []byte("open-sesame")}},
+	)
+	h.source("tls", v1.ProxySourceSpec{URL: &v1.SourceURL{URL: srv.URL + "/list", CASecretRef: &v1.KeyRef{Name: "list-ca"}, AuthSecretRef: &v1.LocalSecretRef{Name: "list-login"}}})
+	h.waitFor("tls", "ready with 2", ready(2))
+
+	h.source("untrusted", v1.ProxySourceSpec{URL: &v1.SourceURL{URL: srv.URL + "/list", AuthSecretRef: &v1.LocalSecretRef{Name: "list-login"}}})
+	s := h.waitFor("untrusted", "refused", synced(v1.ReasonFetchFailed))
+	assert.Contains(t, cond(s, v1.ConditionSynced).Message, "certificate")
+	assert.Empty(t, h.members("untrusted"))
 }

@@ -16,7 +16,8 @@ const syncTimeEvery = time.Minute
 
 // setStatus derives the source's status from the read, the members and
 // the plan just executed: what the members are once its writes land.
-func setStatus(src *v1.ProxySource, got parsed, readErr error, readAt time.Time, desired map[string]Entry, proxies map[string]*v1.Proxy, p plan) {
+func setStatus(src *v1.ProxySource, rd sourceRead, desired map[string]Entry, proxies map[string]*v1.Proxy, p plan) {
+	got, readErr, readAt := rd.parsed, rd.err, rd.at
 	st := &src.Status
 	st.ObservedGeneration = src.Generation
 	gone := map[string]bool{}
