@@ -16,6 +16,15 @@ import (
 	v1 "github.com/egress-proxies/egress-proxies/pkg/api/v1alpha1"
 )
 
+// DefaultSettle is how long after a drain begins a lease count must have
+// been read to end it: brokers stop leasing a draining proxy only once
+// their informers have seen the mark.
+const DefaultSettle = 2 * time.Second
+
+// MaxPoll bounds how long a drain goes unchecked when nothing wakes its
+// owner (the broker does not answer).
+const MaxPoll = 10 * time.Second
+
 // Deadline is when a drain of timeout begun at now ends, rounded up to
 // the annotation's whole seconds, so the start derived from it (deadline
 // − timeout) is never before the real one and the settle time is never
@@ -53,9 +62,9 @@ func Ended(deadline time.Time, timeout, settle time.Duration, leases int32, leas
 
 // NextCheck is how soon a drain must be looked at again when nothing
 // else wakes its owner: when its settle time has passed, at its deadline,
-// and at least every poll.
-func NextCheck(deadline time.Time, timeout, settle, poll time.Duration, now time.Time) time.Duration {
-	next := min(deadline.Sub(now), poll)
+// and at least every MaxPoll.
+func NextCheck(deadline time.Time, timeout, settle time.Duration, now time.Time) time.Duration {
+	next := min(deadline.Sub(now), MaxPoll)
 	if settled := deadline.Add(-timeout + settle); settled.After(now) {
 		next = min(next, settled.Sub(now))
 	}

@@ -88,7 +88,7 @@ type Engine struct {
 	state map[types.UID]*counter
 	// spent counts probe bytes and probes per proxy id, for metered
 	// sources (ProbeBytes).
-	spent map[string]*probeSpend
+	spent map[types.NamespacedName]*probeSpend
 	queue workqueue.TypedRateLimitingInterface[types.UID]
 }
 
@@ -126,10 +126,10 @@ type counter struct {
 // probeSpend is what probes through one proxy have cost.
 type probeSpend struct{ bytes, probes int64 }
 
-// ProbeBytes sums the bytes probes spent through the proxies ids
-// ("namespace/name"), and counts the probes, since the process started:
-// a metered ProxySource's meter.
-func (e *Engine) ProbeBytes(ids []string) (bytes, probes int64) {
+// ProbeBytes sums the bytes probes spent through the proxies ids, and
+// counts the probes, since the process started: a metered ProxySource's
+// meter.
+func (e *Engine) ProbeBytes(ids []types.NamespacedName) (bytes, probes int64) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	for _, id := range ids {
@@ -193,7 +193,7 @@ func NewEngine(c client.Client, recorder events.EventRecorder, elected <-chan st
 	}
 	return &Engine{
 		client: c, recorder: recorder, elected: elected, log: log, opts: o,
-		state: map[types.UID]*counter{}, spent: map[string]*probeSpend{},
+		state: map[types.UID]*counter{}, spent: map[types.NamespacedName]*probeSpend{},
 		queue: workqueue.NewTypedRateLimitingQueueWithConfig(
 			workqueue.NewTypedItemExponentialFailureRateLimiter[types.UID](10*time.Millisecond, 30*time.Second),
 			// Named, so controller-runtime's workqueue_* metrics show its
@@ -295,7 +295,7 @@ func (e *Engine) Forget(uid types.UID) {
 	defer e.mu.Unlock()
 	if c, ok := e.state[uid]; ok {
 		lastCheck.DeleteLabelValues(c.key.Namespace, c.key.Name)
-		delete(e.spent, c.key.String())
+		delete(e.spent, c.key)
 		setVerdict(c, nil)
 		delete(e.state, uid)
 	}
@@ -319,13 +319,13 @@ func (e *Engine) Handle(_ context.Context, proberID string, r *probev1.ProbeResu
 		return // not (or no longer) a target: a stale result
 	}
 	lastCheck.WithLabelValues(c.key.Namespace, c.key.Name).Set(float64(r.GetFinishedAt().AsTime().UnixMilli()) / 1000)
-	if r.GetBytes() > 0 {
-		id := c.key.String()
-		if e.spent[id] == nil {
-			e.spent[id] = &probeSpend{}
+	if n := r.GetBytes(); n > 0 {
+		s := e.spent[c.key]
+		if s == nil {
+			s = &probeSpend{}
+			e.spent[c.key] = s
 		}
-		e.spent[id].bytes += r.GetBytes()
-		e.spent[id].probes++
+		s.bytes, s.probes = s.bytes+n, s.probes+1
 	}
 	c.last = time.Now()
 	// A stale proxy's first result decides it at once: the thresholds

@@ -16,6 +16,7 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/events"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -353,4 +354,33 @@ func TestANewInstanceGenerationStartsHealthOver(t *testing.T) {
 			}
 		})
 	}
+}
+
+// A metered ProxySource's meter: the bytes of each tracked proxy's
+// results, and their count, summed over the proxies asked about;
+// results for an untracked proxy, and a forgotten proxy's, count nothing.
+func TestProbeBytesSumWhatProbesSpent(t *testing.T) {
+	testenv.Require(t)
+	a, b := readyProxy(t, "metered", "127.0.0.8"), readyProxy(t, "metered", "127.0.0.9")
+	e := startEngine(t)
+	r := DefaultDefaults.Resolve(nil)
+	spend := func(px *v1.Proxy, n int64) *probev1.ProbeResult {
+		res := result(px, true)
+		res.Bytes = n
+		return res
+	}
+	handle(t, e, spend(a, 999))
+	track(e, a, "127.0.0.8:3128", r)
+	track(e, b, "127.0.0.9:3128", r)
+	handle(t, e, spend(a, 4000), spend(a, 5000), spend(b, 7000), spend(b, 0))
+	keys := []types.NamespacedName{client.ObjectKeyFromObject(a), client.ObjectKeyFromObject(b)}
+	bytes, probes := e.ProbeBytes(keys)
+	assert.Equal(t, int64(16000), bytes)
+	assert.Equal(t, int64(3), probes, "a result that counted no byte is not a metered probe")
+	bytes, _ = e.ProbeBytes(keys[:1])
+	assert.Equal(t, int64(9000), bytes)
+	e.Forget(a.UID)
+	bytes, probes = e.ProbeBytes(keys)
+	assert.Equal(t, int64(7000), bytes)
+	assert.Equal(t, int64(1), probes)
 }

@@ -22,7 +22,6 @@ import (
 	"slices"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	probev1 "github.com/egress-proxies/egress-proxies/pkg/gen/egressproxies/probe/v1"
@@ -167,31 +166,32 @@ func readFailure(deadline time.Time, b *budget, err error) string {
 // result counts the bytes that crossed the connection to the proxy both
 // ways, what a metered proxy bills.
 func (p *Prober) Do(ctx context.Context, proxyAddr string, s Settings) Result {
-	var n atomic.Int64
+	var n int64
 	r := p.do(ctx, proxyAddr, s, &n)
-	r.Bytes = n.Load()
+	r.Bytes = n
 	return r
 }
 
-// countingConn counts the bytes read and written into n.
+// countingConn counts the bytes read and written into n. One probe's
+// exchange runs on its own goroutine, so n needs no lock.
 type countingConn struct {
 	net.Conn
-	n *atomic.Int64
+	n *int64
 }
 
 func (c countingConn) Read(b []byte) (int, error) {
 	k, err := c.Conn.Read(b)
-	c.n.Add(int64(k))
+	*c.n += int64(k)
 	return k, err
 }
 
 func (c countingConn) Write(b []byte) (int, error) {
 	k, err := c.Conn.Write(b)
-	c.n.Add(int64(k))
+	*c.n += int64(k)
 	return k, err
 }
 
-func (p *Prober) do(ctx context.Context, proxyAddr string, s Settings, n *atomic.Int64) Result {
+func (p *Prober) do(ctx context.Context, proxyAddr string, s Settings, n *int64) Result {
 	start := time.Now()
 	ctx, cancel := context.WithTimeout(ctx, s.Timeout)
 	defer cancel()

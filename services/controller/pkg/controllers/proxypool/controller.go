@@ -61,7 +61,7 @@ type Options struct {
 
 func (o *Options) defaults() {
 	if o.Settle == 0 {
-		o.Settle = 2 * time.Second
+		o.Settle = drain.DefaultSettle
 	}
 	if o.CreateWorkers == 0 {
 		o.CreateWorkers = 32
@@ -187,13 +187,9 @@ func (r *Reconciler) reconcileNormal(ctx context.Context, pool *v1.ProxyPool) (c
 	return ctrl.Result{RequeueAfter: next}, nil
 }
 
-// maxDrainPoll bounds how long a draining member goes unchecked when no
-// poll of the broker wakes its pool (the broker does not answer).
-const maxDrainPoll = 10 * time.Second
-
 // nextDrainCheck is when a pool with draining members must look again:
 // at the earliest deadline, when a drain's settle time has passed, and
-// at least every maxDrainPoll; 0 when nothing drains.
+// at least every drain.MaxPoll; 0 when nothing drains.
 func (r *Reconciler) nextDrainCheck(l limits, o *observed, cmd Command, now time.Time) time.Duration {
 	next := time.Duration(0)
 	consider := func(d time.Duration) {
@@ -207,7 +203,7 @@ func (r *Reconciler) nextDrainCheck(l limits, o *observed, cmd Command, now time
 	}
 	for _, m := range o.members {
 		if m.draining() {
-			consider(drain.NextCheck(m.deadline, l.drainTimeout, l.settle, maxDrainPoll, now))
+			consider(drain.NextCheck(m.deadline, l.drainTimeout, l.settle, now))
 		}
 	}
 	return next

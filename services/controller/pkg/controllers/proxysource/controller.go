@@ -61,14 +61,10 @@ type Options struct {
 
 // Meter counts probe bytes per proxy.
 type Meter interface {
-	// ProbeBytes is the bytes probes have spent through the proxies ids
-	// ("namespace/name"), and how many probes they were, since the
-	// process started.
-	ProbeBytes(ids []string) (bytes, probes int64)
+	// ProbeBytes is the bytes probes have spent through the proxies ids,
+	// and how many probes they were, since the process started.
+	ProbeBytes(ids []types.NamespacedName) (bytes, probes int64)
 }
-
-// maxDrainPoll bounds how long a draining member goes unchecked.
-const maxDrainPoll = 10 * time.Second
 
 // Reconciler keeps ProxySources' members.
 type Reconciler struct {
@@ -101,7 +97,7 @@ type fetch struct {
 // leases from leases.
 func New(c client.Client, sources cache.Cache, leases leaseview.Source, recorder events.EventRecorder, log *slog.Logger, opts Options) *Reconciler {
 	if opts.Settle == 0 {
-		opts.Settle = 2 * time.Second
+		opts.Settle = drain.DefaultSettle
 	}
 	return &Reconciler{client: c, reader: reader{cache: sources, egress: opts.Egress, namespaces: opts.SecretNamespaces}, sources: sources, leases: leases,
 		recorder: recorder, log: log, opts: opts, fetched: map[types.NamespacedName]fetch{}, spent: map[types.NamespacedName]spent{}}
@@ -242,7 +238,7 @@ func (r *Reconciler) reconcileNormal(ctx context.Context, src *v1.ProxySource) (
 	next := rd.again
 	for _, m := range members {
 		if m.draining() {
-			next = minPositive(next, drain.NextCheck(m.deadline, l.drainTimeout, l.settle, maxDrainPoll, now))
+			next = minPositive(next, drain.NextCheck(m.deadline, l.drainTimeout, l.settle, now))
 		}
 	}
 	if len(p.drain) > 0 {

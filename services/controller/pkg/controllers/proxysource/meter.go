@@ -35,9 +35,9 @@ func (r *Reconciler) meter(src *v1.ProxySource, proxies map[string]*v1.Proxy, no
 		src.Status.Probe = nil
 		return 0
 	}
-	ids := make([]string, 0, len(proxies))
+	ids := make([]types.NamespacedName, 0, len(proxies))
 	for _, px := range proxies {
-		ids = append(ids, px.Key())
+		ids = append(ids, client.ObjectKeyFromObject(px))
 	}
 	bytes, probes := r.opts.Meter.ProbeBytes(ids)
 	key := client.ObjectKeyFromObject(src)

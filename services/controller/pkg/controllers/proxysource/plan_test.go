@@ -9,6 +9,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 
 	v1 "github.com/egress-proxies/egress-proxies/pkg/api/v1alpha1"
 )
@@ -95,7 +96,7 @@ func sortedKeys(m map[string]Entry) []string { return slices.Sorted(maps.Keys(m)
 
 type meter struct{ bytes, probes int64 }
 
-func (m *meter) ProbeBytes([]string) (int64, int64) { return m.bytes, m.probes }
+func (m *meter) ProbeBytes([]types.NamespacedName) (int64, int64) { return m.bytes, m.probes }
 
 // The meter counts what probes spent since its last read into the day's
 // figure, starts a new day at midnight UTC, and stretches the interval so

@@ -4,7 +4,6 @@ import (
 	"context"
 	"crypto/tls"
 	"crypto/x509"
-	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -37,26 +36,10 @@ type reader struct {
 	namespaces []string
 }
 
-// ErrFetch is a source that could not be read: nothing is changed.
-type ErrFetch struct{ Err error }
-
-func (e *ErrFetch) Error() string { return e.Err.Error() }
-func (e *ErrFetch) Unwrap() error { return e.Err }
-
-// IsFetch reports whether err is an ErrFetch.
-func IsFetch(err error) bool {
-	var f *ErrFetch
-	return errors.As(err, &f)
-}
-
-func fetchErr(format string, args ...any) error {
-	return &ErrFetch{Err: fmt.Errorf(format, args...)}
-}
-
-// read reads src's entries; an ErrFetch says why none could be read.
+// read reads src's entries; the error says why none could be read.
 func (r *reader) read(ctx context.Context, src *v1.ProxySource) (parsed, error) {
 	if err := kube.CheckSecretNamespace(r.namespaces, src.Namespace, src.Name); err != nil {
-		return parsed{}, fetchErr("ProxySource %s/%s: its ConfigMaps and Secrets are not read in namespace %s; add it to the chart's secretNamespaces (--secret-namespaces)", src.Namespace, src.Name, src.Namespace)
+		return parsed{}, fmt.Errorf("ProxySource %s/%s: its ConfigMaps and Secrets are not read in namespace %s; add it to the chart's secretNamespaces (--secret-namespaces)", src.Namespace, src.Name, src.Namespace)
 	}
 	switch s := src.Spec; {
 	case s.List != nil:
@@ -74,7 +57,7 @@ func (r *reader) read(ctx context.Context, src *v1.ProxySource) (parsed, error) 
 	case s.Vendor != nil:
 		return r.expand(ctx, src)
 	}
-	return parsed{}, fetchErr("spec has none of list, url and vendor")
+	return parsed{}, fmt.Errorf("spec has none of list, url and vendor")
 }
 
 func formatOr(f v1.SourceFormat) v1.SourceFormat {
@@ -95,7 +78,7 @@ func (r *reader) listBody(ctx context.Context, ns string, l *v1.SourceList) ([]b
 	if ref := l.ConfigMapRef; ref != nil {
 		var cm corev1.ConfigMap
 		if err := r.cache.Get(ctx, client.ObjectKey{Namespace: ns, Name: ref.Name}, &cm); err != nil {
-			return nil, fetchErr("reading ConfigMap %s/%s (it must be labelled %s=true): %v", ns, ref.Name, v1.LabelProxySource, err)
+			return nil, fmt.Errorf("reading ConfigMap %s/%s (it must be labelled %s=true): %w", ns, ref.Name, v1.LabelProxySource, err)
 		}
 		key := keyOr(ref.Key, "proxies")
 		if v, ok := cm.Data[key]; ok {
@@ -104,7 +87,7 @@ func (r *reader) listBody(ctx context.Context, ns string, l *v1.SourceList) ([]b
 		if v, ok := cm.BinaryData[key]; ok {
 			return v, nil
 		}
-		return nil, fetchErr("ConfigMap %s/%s has no key %q", ns, ref.Name, key)
+		return nil, fmt.Errorf("ConfigMap %s/%s has no key %q", ns, ref.Name, key)
 	}
 	return r.secretKey(ctx, ns, l.SecretRef.Name, keyOr(l.SecretRef.Key, "proxies"))
 }
@@ -112,7 +95,7 @@ func (r *reader) listBody(ctx context.Context, ns string, l *v1.SourceList) ([]b
 func (r *reader) secret(ctx context.Context, ns, name string) (*corev1.Secret, error) {
 	var s corev1.Secret
 	if err := r.cache.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, &s); err != nil {
-		return nil, fetchErr("reading Secret %s/%s (it must be labelled %s=true): %v", ns, name, v1.LabelProxyCredentials, err)
+		return nil, fmt.Errorf("reading Secret %s/%s (it must be labelled %s=true): %w", ns, name, v1.LabelProxyCredentials, err)
 	}
 	return &s, nil
 }
@@ -124,7 +107,7 @@ func (r *reader) secretKey(ctx context.Context, ns, name, key string) ([]byte, e
 	}
 	v, ok := s.Data[key]
 	if !ok {
-		return nil, fetchErr("Secret %s/%s has no key %q", ns, name, key)
+		return nil, fmt.Errorf("Secret %s/%s has no key %q", ns, name, key)
 	}
 	return v, nil
 }
@@ -147,13 +130,13 @@ func (r *reader) fetch(ctx context.Context, ns string, u *v1.SourceURL) ([]byte,
 		}
 		pool := x509.NewCertPool()
 		if !pool.AppendCertsFromPEM(pem) {
-			return nil, fetchErr("Secret %s/%s key %s holds no PEM certificate", ns, ref.Name, keyOr(ref.Key, "ca.crt"))
+			return nil, fmt.Errorf("Secret %s/%s key %s holds no PEM certificate", ns, ref.Name, keyOr(ref.Key, "ca.crt"))
 		}
 		tlsConf.RootCAs = pool
 	}
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u.URL, nil)
 	if err != nil {
-		return nil, fetchErr("spec.url.url: %v", err)
+		return nil, fmt.Errorf("spec.url.url: %w", err)
 	}
 	if ref := u.AuthSecretRef; ref != nil {
 		s, err := r.secret(ctx, ns, ref.Name)
@@ -166,7 +149,7 @@ func (r *reader) fetch(ctx context.Context, ns string, u *v1.SourceURL) ([]byte,
 		case len(s.Data["username"]) > 0:
 			req.SetBasicAuth(string(s.Data["username"]), string(s.Data["password"]))
 		default:
-			return nil, fetchErr("Secret %s/%s has neither a token nor a username", ns, ref.Name)
+			return nil, fmt.Errorf("Secret %s/%s has neither a token nor a username", ns, ref.Name)
 		}
 	}
 	dialer := &net.Dialer{Control: r.egress.Control}
@@ -176,21 +159,21 @@ func (r *reader) fetch(ctx context.Context, ns string, u *v1.SourceURL) ([]byte,
 	}, CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
 	resp, err := c.Do(req)
 	if err != nil {
-		return nil, fetchErr("fetching %s: %v", u.URL, err)
+		return nil, fmt.Errorf("fetching %s: %w", u.URL, err)
 	}
 	defer func() { _ = resp.Body.Close() }()
 	if resp.StatusCode != http.StatusOK {
-		return nil, fetchErr("fetching %s: it answered %s", u.URL, resp.Status)
+		return nil, fmt.Errorf("fetching %s: it answered %s", u.URL, resp.Status)
 	}
 	if resp.ContentLength > limit {
-		return nil, fetchErr("fetching %s: its body of %d bytes is over spec.url.maxBytes (%d)", u.URL, resp.ContentLength, limit)
+		return nil, fmt.Errorf("fetching %s: its body of %d bytes is over spec.url.maxBytes (%d)", u.URL, resp.ContentLength, limit)
 	}
 	body, err := io.ReadAll(io.LimitReader(resp.Body, limit+1))
 	switch {
 	case err != nil:
-		return nil, fetchErr("fetching %s: reading the body: %v", u.URL, err)
+		return nil, fmt.Errorf("fetching %s: reading the body: %w", u.URL, err)
 	case int64(len(body)) > limit:
-		return nil, fetchErr("fetching %s: its body is over spec.url.maxBytes (%d)", u.URL, limit)
+		return nil, fmt.Errorf("fetching %s: its body is over spec.url.maxBytes (%d)", u.URL, limit)
 	}
 	return body, nil
 }
@@ -213,7 +196,7 @@ func (r *reader) expand(ctx context.Context, src *v1.ProxySource) (parsed, error
 				ID: sessionPrefix(src) + cc + strconv.Itoa(i)}
 			user, err := vendors.Format(v.Preset, v.Template, s)
 			if err != nil {
-				return parsed{}, fetchErr("spec.vendor: %v", err)
+				return parsed{}, fmt.Errorf("spec.vendor: %w", err)
 			}
 			e := Entry{Host: v.Host, Port: v.Port, Username: user, Password: string(pass)}
 			if cc != "" {

@@ -10,7 +10,6 @@ package lifecycle
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"time"
@@ -36,6 +35,7 @@ import (
 
 	v1 "github.com/egress-proxies/egress-proxies/pkg/api/v1alpha1"
 	"github.com/egress-proxies/egress-proxies/pkg/proxyauth"
+	"github.com/egress-proxies/egress-proxies/services/controller/pkg/controllers/statuspatch"
 	"github.com/egress-proxies/egress-proxies/services/controller/pkg/providers"
 )
 
@@ -117,10 +117,6 @@ func New(c client.Client, registry *providers.Registry, recorder events.EventRec
 }
 
 const secretRefIndex = "spec.cloudInit.secretRef.name"
-
-// conflictRetry is how soon a reconcile whose status write lost an
-// optimistic-lock race runs again.
-const conflictRetry = 100 * time.Millisecond
 
 // SetupWithManager registers the reconciler, its Secret watch and index.
 func (r *Reconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manager) error {
@@ -206,20 +202,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (res ctrl.
 	}
 
 	s := &scope{px: px, base: px.DeepCopy()}
-	defer func() {
-		err := r.patchStatus(ctx, s)
-		switch {
-		case apierrors.IsConflict(err):
-			// Someone (often our own previous reconcile, through a cache
-			// that has not caught up) wrote first: decide again on a fresh
-			// read. Expected churn, not an error.
-			if retErr == nil {
-				res = ctrl.Result{RequeueAfter: conflictRetry}
-			}
-		case err != nil:
-			retErr = errors.Join(retErr, err)
-		}
-	}()
+	defer func() { statuspatch.Settle(r.patchStatus(ctx, s), &res, &retErr) }()
 
 	if !px.DeletionTimestamp.IsZero() {
 		return r.reconcileDelete(ctx, s)

@@ -5,12 +5,11 @@ import (
 	"fmt"
 
 	"k8s.io/apimachinery/pkg/api/equality"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	v1 "github.com/egress-proxies/egress-proxies/pkg/api/v1alpha1"
+	"github.com/egress-proxies/egress-proxies/services/controller/pkg/controllers/statuspatch"
 	"github.com/egress-proxies/egress-proxies/services/controller/pkg/metrics"
 )
 
@@ -63,11 +62,12 @@ func (r *Reconciler) patchStatus(ctx context.Context, s *scope) error {
 	if s.released || equality.Semantic.DeepEqual(s.base.Status, s.px.Status) {
 		return nil
 	}
-	if err := r.client.Status().Patch(ctx, s.px, client.MergeFromWithOptions(s.base, client.MergeFromWithOptimisticLock{})); err != nil {
-		if apierrors.IsNotFound(err) {
-			return nil
-		}
+	wrote, err := statuspatch.Patch(ctx, r.client, s.base, s.px)
+	if err != nil {
 		return fmt.Errorf("patching status: %w", err)
+	}
+	if !wrote {
+		return nil
 	}
 	metrics.StatusWrites.WithLabelValues("lifecycle").Inc()
 	r.emitTransition(s.base, s.px)
