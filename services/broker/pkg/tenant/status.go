@@ -8,11 +8,13 @@ import (
 	"time"
 
 	"k8s.io/apimachinery/pkg/api/equality"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	v1 "github.com/egress-proxies/egress-proxies/pkg/api/v1alpha1"
+	"github.com/egress-proxies/egress-proxies/pkg/statuspatch"
 )
 
 // DefaultStatusInterval is how often each broker writes the Tenants'
@@ -62,7 +64,9 @@ func (w *StatusWriter) write(ctx context.Context) error {
 		}
 		o := d.Object.DeepCopy()
 		o.Status = want
-		if err := w.Client.Status().Patch(ctx, o, client.MergeFrom(d.Object)); client.IgnoreNotFound(err) != nil {
+		// A conflict is another replica's write of the same status; the
+		// next tick writes again if this one still differs.
+		if _, err := statuspatch.New(v1.WriterTenant, w.Client).Patch(ctx, d.Object, o); err != nil && !apierrors.IsConflict(err) {
 			errs = append(errs, fmt.Sprintf("%s: %v", d.Object.Name, err))
 		}
 	}

@@ -19,6 +19,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	v1 "github.com/egress-proxies/egress-proxies/pkg/api/v1alpha1"
+	"github.com/egress-proxies/egress-proxies/pkg/statuspatch"
 	"github.com/egress-proxies/egress-proxies/services/controller/pkg/metrics"
 )
 
@@ -150,15 +151,15 @@ func (e *Engine) write(ctx context.Context, uid types.UID) (uint64, error) {
 	}
 	ctx, span := tracer.Start(ctx, "health.Transition", opts...)
 	defer span.End()
-	err := e.client.Status().Patch(ctx, px, client.MergeFromWithOptions(base, client.MergeFromWithOptimisticLock{}))
+	wrote, err := statuspatch.New(v1.WriterHealth, e.client).Patch(ctx, base, px)
 	switch {
 	case apierrors.IsConflict(err):
 		return 0, errStale
-	case apierrors.IsNotFound(err):
-		return w.queued, nil
 	case err != nil:
 		span.RecordError(err)
 		return 0, err
+	case !wrote:
+		return w.queued, nil // gone
 	}
 	metrics.StatusWrites.WithLabelValues("health").Inc()
 	if transition {

@@ -22,7 +22,6 @@ import (
 	"log/slog"
 	"time"
 
-	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/client-go/tools/events"
 	"k8s.io/client-go/util/workqueue"
@@ -37,7 +36,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/source"
 
 	v1 "github.com/egress-proxies/egress-proxies/pkg/api/v1alpha1"
-	"github.com/egress-proxies/egress-proxies/services/controller/pkg/controllers/statuspatch"
+	"github.com/egress-proxies/egress-proxies/pkg/statuspatch"
 	"github.com/egress-proxies/egress-proxies/services/controller/pkg/drain"
 	"github.com/egress-proxies/egress-proxies/services/controller/pkg/leaseview"
 )
@@ -144,7 +143,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (res ctrl.
 	}
 	base := pool.DeepCopy()
 	defer func() {
-		statuspatch.Deferred(ctx, r.client, base, pool, !equality.Semantic.DeepEqual(base.Status, pool.Status), &res, &retErr)
+		statuspatch.New(v1.WriterPool, r.client).Deferred(ctx, base, pool, &res, &retErr)
 	}()
 	return r.reconcileNormal(ctx, pool)
 }

@@ -54,7 +54,6 @@ func (r *Reconciler) setStatus(pool *v1.ProxyPool, l limits, o *observed, p Comm
 		}
 	}
 	st.Selector = labels.Set{v1.LabelPool: pool.Name}.String()
-	st.ObservedGeneration = pool.Generation
 
 	reason, msg, progressing := v1.ReasonAsDesired, fmt.Sprintf("%d members, all up to date and healthy", active), false
 	switch {

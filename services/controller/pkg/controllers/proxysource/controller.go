@@ -21,7 +21,6 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
-	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -39,7 +38,7 @@ import (
 
 	v1 "github.com/egress-proxies/egress-proxies/pkg/api/v1alpha1"
 	"github.com/egress-proxies/egress-proxies/pkg/netpolicy"
-	"github.com/egress-proxies/egress-proxies/services/controller/pkg/controllers/statuspatch"
+	"github.com/egress-proxies/egress-proxies/pkg/statuspatch"
 	"github.com/egress-proxies/egress-proxies/services/controller/pkg/drain"
 	"github.com/egress-proxies/egress-proxies/services/controller/pkg/leaseview"
 )
@@ -188,7 +187,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (res ctrl.
 	}
 	base := src.DeepCopy()
 	defer func() {
-		statuspatch.Deferred(ctx, r.client, base, src, !equality.Semantic.DeepEqual(base.Status, src.Status), &res, &retErr)
+		statuspatch.New(v1.WriterSource, r.client).Deferred(ctx, base, src, &res, &retErr)
 	}()
 	return r.reconcileNormal(ctx, src)
 }

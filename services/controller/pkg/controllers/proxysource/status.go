@@ -19,7 +19,6 @@ const syncTimeEvery = time.Minute
 func setStatus(src *v1.ProxySource, rd sourceRead, desired map[string]Entry, proxies map[string]*v1.Proxy, p plan) {
 	got, readErr, readAt := rd.parsed, rd.err, rd.at
 	st := &src.Status
-	st.ObservedGeneration = src.Generation
 	gone := map[string]bool{}
 	for _, name := range p.delete {
 		gone[name] = true

@@ -35,7 +35,7 @@ import (
 
 	v1 "github.com/egress-proxies/egress-proxies/pkg/api/v1alpha1"
 	"github.com/egress-proxies/egress-proxies/pkg/proxyauth"
-	"github.com/egress-proxies/egress-proxies/services/controller/pkg/controllers/statuspatch"
+	"github.com/egress-proxies/egress-proxies/pkg/statuspatch"
 	"github.com/egress-proxies/egress-proxies/services/controller/pkg/providers"
 )
 
@@ -202,7 +202,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (res ctrl.
 	}
 
 	s := &scope{px: px, base: px.DeepCopy()}
-	defer func() { statuspatch.Settle(r.patchStatus(ctx, s), &res, &retErr) }()
+	defer func() { statuspatch.Settle(r.patchStatus(ctx, s, retErr == nil), &res, &retErr) }()
 
 	if !px.DeletionTimestamp.IsZero() {
 		return r.reconcileDelete(ctx, s)

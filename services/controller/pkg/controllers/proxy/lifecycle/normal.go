@@ -16,7 +16,6 @@ import (
 // replace, or observe what runs.
 func (r *Reconciler) reconcileNormal(ctx context.Context, s *scope) (ctrl.Result, error) {
 	px := s.px
-	px.Status.ObservedGeneration = px.Generation
 	if px.Status.Phase == "" {
 		px.Status.Phase = v1.PhasePending
 	}

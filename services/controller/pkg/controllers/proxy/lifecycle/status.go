@@ -4,12 +4,11 @@ import (
 	"context"
 	"fmt"
 
-	"k8s.io/apimachinery/pkg/api/equality"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	v1 "github.com/egress-proxies/egress-proxies/pkg/api/v1alpha1"
-	"github.com/egress-proxies/egress-proxies/services/controller/pkg/controllers/statuspatch"
+	"github.com/egress-proxies/egress-proxies/pkg/statuspatch"
 	"github.com/egress-proxies/egress-proxies/services/controller/pkg/metrics"
 )
 
@@ -57,12 +56,16 @@ func setReady(px *v1.Proxy, status metav1.ConditionStatus, reason, msg string) {
 
 // patchStatus writes the status only when it changed, with an optimistic
 // lock so a decision taken on a stale read never lands, and emits an Event
-// for every change of the Ready condition.
-func (r *Reconciler) patchStatus(ctx context.Context, s *scope) error {
-	if s.released || equality.Semantic.DeepEqual(s.base.Status, s.px.Status) {
+// for every change of the Ready condition. The generation is observed
+// only by a reconcile that succeeded.
+func (r *Reconciler) patchStatus(ctx context.Context, s *scope, succeeded bool) error {
+	if s.released {
 		return nil
 	}
-	wrote, err := statuspatch.Patch(ctx, r.client, s.base, s.px)
+	if succeeded && s.px.DeletionTimestamp.IsZero() {
+		s.px.Observe()
+	}
+	wrote, err := statuspatch.New(v1.WriterLifecycle, r.client).Patch(ctx, s.base, s.px)
 	if err != nil {
 		return fmt.Errorf("patching status: %w", err)
 	}
