@@ -69,6 +69,7 @@ run-dev: build ## Run the three services locally against the current kubeconfig 
 generate: manifests ## Regenerate protobuf/gRPC/gateway code, the OpenAPI document, deepcopy, CRDs and the Python and Node clients' code.
 	$(TOOL) buf generate
 	cd pkg && $(CONTROLLER_GEN) object paths=./api/...
+	cd pkg && go run ./api/ownersdoc ../docs/api.md
 	bash clients/gen.sh
 
 .PHONY: manifests
@@ -76,7 +77,7 @@ manifests: ## Regenerate the CRD YAML in deploy/crds and the chart's crds/ (one 
 	cd pkg && $(CONTROLLER_GEN) crd:allowDangerousTypes=true paths=./api/... output:crd:artifacts:config=../deploy/crds
 	cp deploy/crds/*.yaml charts/egress-proxies/files/crds/
 
-GENERATED := pkg/gen pkg/openapi/gen deploy/crds charts/egress-proxies/files/crds pkg/api/v1alpha1/zz_generated.deepcopy.go \
+GENERATED := pkg/gen pkg/openapi/gen deploy/crds charts/egress-proxies/files/crds pkg/api/v1alpha1/zz_generated.deepcopy.go docs/api.md \
   clients/python/egress_proxies/_gen clients/node/src/gen
 
 .PHONY: verify-generated

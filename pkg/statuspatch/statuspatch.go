@@ -78,7 +78,7 @@ func (h Helper) Patch(ctx context.Context, base, obj client.Object) (wrote bool,
 	if err != nil || !changed {
 		return false, err
 	}
-	err = h.Client.Status().Patch(ctx, obj, locked(base))
+	err = h.Client.Status().Patch(ctx, obj, locked(base), client.FieldOwner(h.Writer.Name))
 	if apierrors.IsConflict(err) {
 		err = h.again(ctx, old, cur, obj, err)
 	}
@@ -164,7 +164,7 @@ func (h Helper) again(ctx context.Context, old, cur map[string]any, obj client.O
 	if err := runtime.DefaultUnstructuredConverter.FromUnstructured(u, next); err != nil {
 		return err
 	}
-	return h.Client.Status().Patch(ctx, next, locked(live))
+	return h.Client.Status().Patch(ctx, next, locked(live), client.FieldOwner(h.Writer.Name))
 }
 
 // owned is the part of status st that the writer owns.

@@ -67,7 +67,7 @@ var (
 	// WriterHealth folds the probers' results into a Proxy's health.
 	WriterHealth = StatusWriter{
 		Name: "health", Kind: "Proxy",
-		Fields:     []string{"healthy", "egressIP", "healthInstanceGeneration"},
+		Fields:     []string{"healthy", "egressIP", "lastHealthCheckTime", "healthInstanceGeneration"},
 		Conditions: []string{ConditionHealthy},
 		Who:        "the health engine (`services/controller/pkg/health`)",
 	}

@@ -161,7 +161,7 @@ func (e *Engine) write(ctx context.Context, uid types.UID) (uint64, error) {
 	case !wrote:
 		return w.queued, nil // gone
 	}
-	metrics.StatusWrites.WithLabelValues("health").Inc()
+	metrics.StatusWrites.WithLabelValues(v1.WriterHealth.Name).Inc()
 	if transition {
 		e.announce(px, was, w.verdict)
 	}

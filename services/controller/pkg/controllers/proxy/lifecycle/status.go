@@ -72,7 +72,7 @@ func (r *Reconciler) patchStatus(ctx context.Context, s *scope, succeeded bool) 
 	if !wrote {
 		return nil
 	}
-	metrics.StatusWrites.WithLabelValues("lifecycle").Inc()
+	metrics.StatusWrites.WithLabelValues(v1.WriterLifecycle.Name).Inc()
 	r.emitTransition(s.base, s.px)
 	return nil
 }
