@@ -1,6 +1,8 @@
 package v1alpha1
 
 import (
+	"time"
+
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/intstr"
@@ -316,4 +318,25 @@ func init() {
 // Key returns "namespace/name".
 func (p *ProxyPool) Key() string {
 	return types.NamespacedName{Namespace: p.Namespace, Name: p.Name}.String()
+}
+
+// DefaultStartupTimeout is spec.remediation.startupTimeout when unset.
+const DefaultStartupTimeout = 15 * time.Minute
+
+// DesiredReplicas is spec.replicas, 1 when unset (as the CRD defaults it).
+func (p *ProxyPool) DesiredReplicas() int {
+	if p.Spec.Replicas == nil {
+		return 1
+	}
+	return int(*p.Spec.Replicas)
+}
+
+// StartupTimeout is how long after its creation a member may take to be
+// Ready: the rollout replaces one that takes longer, and the autoscaler
+// waits for one that may still come up.
+func (p *ProxyPool) StartupTimeout() time.Duration {
+	if r := p.Spec.Remediation; r != nil && r.StartupTimeout != nil {
+		return r.StartupTimeout.Duration
+	}
+	return DefaultStartupTimeout
 }

@@ -23,6 +23,7 @@ import (
 
 	"golang.org/x/sync/singleflight"
 	"k8s.io/client-go/rest"
+	"k8s.io/utils/clock"
 
 	"github.com/egress-proxies/egress-proxies/services/broker/pkg/inventory"
 	"github.com/egress-proxies/egress-proxies/services/broker/pkg/store"
@@ -89,6 +90,9 @@ type Maintainer struct {
 	// recently used going first.
 	Resync, Idle time.Duration
 	MaxIndexes   int
+	// Clock says when an index was used and whether it is idle; nil is
+	// the wall clock. Tests step a fake one.
+	Clock clock.PassiveClock
 
 	once sync.Once
 	// used holds, per key leased from since the last resync, when it was
@@ -109,6 +113,9 @@ type Maintainer struct {
 func (m *Maintainer) init() {
 	m.once.Do(func() {
 		m.known, m.dirty, m.wake, m.missing = map[string]Selector{}, map[string]struct{}{}, make(chan struct{}, 1), map[string]bool{}
+		if m.Clock == nil {
+			m.Clock = clock.RealClock{}
+		}
 	})
 }
 
@@ -135,7 +142,7 @@ func (m *Maintainer) Ensure(ctx context.Context, sel Selector) (string, error) {
 	if !ok {
 		at, _ = m.used.LoadOrStore(key, new(atomic.Int64))
 	}
-	at.(*atomic.Int64).Store(time.Now().UnixMilli())
+	at.(*atomic.Int64).Store(m.Clock.Now().UnixMilli())
 	m.mu.RLock()
 	_, ok = m.known[key]
 	m.mu.RUnlock()
@@ -321,7 +328,7 @@ func (m *Maintainer) resync(ctx context.Context) error {
 		if json.Unmarshal([]byte(ix.Def), &sel) != nil || sel.Scope != m.Scope {
 			continue
 		}
-		if time.Since(ix.LastUsed) > m.Idle {
+		if m.Clock.Since(ix.LastUsed) > m.Idle {
 			if err := m.drop(ctx, key); err != nil {
 				return err
 			}

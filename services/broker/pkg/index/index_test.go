@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	clocktesting "k8s.io/utils/clock/testing"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	v1 "github.com/egress-proxies/egress-proxies/pkg/api/v1alpha1"
@@ -116,8 +117,9 @@ func TestResyncRepairsAndCollects(t *testing.T) {
 }
 
 func TestIdleAndSurplusIndexesAreDropped(t *testing.T) {
+	clk := clocktesting.NewFakeClock(time.Now())
 	s := brokertest.New(t, env, func(m *index.Maintainer) {
-		m.Resync, m.Idle, m.MaxIndexes = 100*time.Millisecond, 3*time.Second, 2
+		m.Resync, m.Idle, m.MaxIndexes, m.Clock = 100*time.Millisecond, time.Hour, 2, clk
 	})
 	s.Proxy(t, "a", "127.0.0.61", map[string]string{"geo": "eu", "tier": "x"})
 	ctx := context.Background()
@@ -126,7 +128,7 @@ func TestIdleAndSurplusIndexesAreDropped(t *testing.T) {
 		key, err := s.Index.Ensure(ctx, index.Selector{Labels: sel})
 		require.NoError(t, err)
 		keys = append(keys, key)
-		time.Sleep(150 * time.Millisecond) // uses 150 ms apart: the first is the least recent
+		clk.Step(time.Second) // uses a second apart: the first is the least recent
 	}
 	ixs := func() map[string]store.Index {
 		m, err := s.Store.Indexes(ctx)
@@ -138,6 +140,8 @@ func TestIdleAndSurplusIndexesAreDropped(t *testing.T) {
 		_, first := m[keys[0]]
 		return len(m) == 2 && !first
 	}, 5*time.Second, 20*time.Millisecond, "over the limit of 2, the least recently used went first")
+	require.Never(t, func() bool { return len(ixs()) < 2 }, 500*time.Millisecond, 20*time.Millisecond, "in use within --index-idle, they stay")
+	clk.Step(time.Hour)
 	require.Eventually(t, func() bool { return len(ixs()) == 0 }, 10*time.Second, 20*time.Millisecond, "unused, the others go after --index-idle")
 	key, err := s.Index.Ensure(ctx, index.Selector{})
 	require.NoError(t, err)

@@ -37,6 +37,7 @@ import (
 	"github.com/egress-proxies/egress-proxies/services/controller/pkg/controllers/proxy/garbagecollection"
 	"github.com/egress-proxies/egress-proxies/services/controller/pkg/controllers/proxy/lifecycle"
 	"github.com/egress-proxies/egress-proxies/services/controller/pkg/controllers/proxypool"
+	"github.com/egress-proxies/egress-proxies/services/controller/pkg/controllers/proxypool/autoscaler"
 	"github.com/egress-proxies/egress-proxies/services/controller/pkg/controllers/proxysource"
 	"github.com/egress-proxies/egress-proxies/services/controller/pkg/crds"
 	"github.com/egress-proxies/egress-proxies/services/controller/pkg/health"
@@ -233,7 +234,7 @@ func hookClient(o Options) (client.Client, error) {
 // brokers quarantined). It returns the live-lease view it made.
 func addPoolController(ctx context.Context, mgr ctrl.Manager, log *slog.Logger, o Options, quarantined func(map[string]time.Time)) (leaseview.Source, error) {
 	log = log.With("controller", "proxypool")
-	wakeups := proxypool.NewWakeups(mgr.GetClient())
+	wakeups, scaling := proxypool.NewWakeups(mgr.GetClient()), leaseview.NewWake()
 	var leases leaseview.Source = leaseview.None{}
 	var poller *leaseview.Poller
 	if o.BrokerAddr != "" {
@@ -241,7 +242,8 @@ func addPoolController(ctx context.Context, mgr ctrl.Manager, log *slog.Logger, 
 		if err != nil {
 			return nil, err
 		}
-		poller = leaseview.NewPoller(broker.API(), log, leaseview.PollerOptions{Interval: o.BrokerPoll}, wakeups.LeasesChanged, wakeups.Polled, quarantined)
+		polled := func() { wakeups.Polled(); scaling.Polled() }
+		poller = leaseview.NewPoller(broker.API(), log, leaseview.PollerOptions{Interval: o.BrokerPoll}, wakeups.LeasesChanged, polled, quarantined)
 		leases = poller
 		if err := mgr.Add(poller); err != nil {
 			return nil, err
@@ -251,7 +253,7 @@ func addPoolController(ctx context.Context, mgr ctrl.Manager, log *slog.Logger, 
 	if err := proxypool.New(mgr.GetClient(), leases, wakeups, recorder, log, proxypool.Options{}).SetupWithManager(mgr); err != nil {
 		return nil, fmt.Errorf("setting up the ProxyPool controller: %w", err)
 	}
-	if err := proxypool.NewAutoscaler(mgr.GetClient(), leases, wakeups, recorder).SetupWithManager(mgr); err != nil {
+	if err := autoscaler.New(mgr.GetClient(), leases, scaling, recorder, nil).SetupWithManager(mgr); err != nil {
 		return nil, fmt.Errorf("setting up the ProxyPool autoscaler: %w", err)
 	}
 	return leases, nil

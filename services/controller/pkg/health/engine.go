@@ -14,6 +14,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/events"
 	"k8s.io/client-go/util/workqueue"
+	"k8s.io/utils/clock"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
 
@@ -179,6 +180,9 @@ type EngineOptions struct {
 	// StaleIntervals: intervals without a result before health is stale;
 	// 0 means DefaultStaleIntervals.
 	StaleIntervals int
+	// Clock is the engine's time, its sweep's ticker included; nil is the
+	// wall clock. Tests step a fake one.
+	Clock clock.WithTicker
 }
 
 // NewEngine returns an engine that reads and writes Proxies through c,
@@ -190,6 +194,9 @@ func NewEngine(c client.Client, recorder events.EventRecorder, elected <-chan st
 	}
 	if o.StaleIntervals <= 0 {
 		o.StaleIntervals = DefaultStaleIntervals
+	}
+	if o.Clock == nil {
+		o.Clock = clock.RealClock{}
 	}
 	return &Engine{
 		client: c, recorder: recorder, elected: elected, log: log, opts: o,
@@ -226,7 +233,7 @@ func (e *Engine) Track(px *v1.Proxy, addr string, r Settings) {
 		// No longer denied (the deny list or the URL changed): probed
 		// from scratch, and status must stop saying it is refused.
 		setVerdict(c, &verdict{status: metav1.ConditionUnknown, reason: v1.ReasonNotProbed, msg: "no longer in --probe-deny-cidrs; not probed yet", at: metav1.Now()})
-		c.last = time.Now()
+		c.last = e.opts.Clock.Now()
 		e.owe(px.UID, c)
 	}
 	c.failureThresh, c.successThresh, c.interval = r.FailureThreshold, r.SuccessThreshold, r.Interval
@@ -243,7 +250,7 @@ func (e *Engine) counterFor(px *v1.Proxy, addr string) (*counter, bool) {
 	if ok {
 		setVerdict(old, nil)
 	}
-	c := &counter{key: types.NamespacedName{Namespace: px.Namespace, Name: px.Name}, addr: addr, gen: px.Status.InstanceGeneration, last: time.Now()}
+	c := &counter{key: types.NamespacedName{Namespace: px.Namespace, Name: px.Name}, addr: addr, gen: px.Status.InstanceGeneration, last: e.opts.Clock.Now()}
 	e.state[px.UID] = c
 	return c, true
 }
@@ -327,7 +334,7 @@ func (e *Engine) Handle(_ context.Context, proberID string, r *probev1.ProbeResu
 		}
 		s.bytes, s.probes = s.bytes+n, s.probes+1
 	}
-	c.last = time.Now()
+	c.last = e.opts.Clock.Now()
 	// A stale proxy's first result decides it at once: the thresholds
 	// guard a known verdict against one odd probe, and there is none.
 	wasStale := c.verdict.stale()

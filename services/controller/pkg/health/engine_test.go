@@ -17,6 +17,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	clocktesting "k8s.io/utils/clock/testing"
 	"k8s.io/client-go/tools/events"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -205,7 +206,8 @@ func TestNoResultsMakeHealthStaleOnceAndAResultRestoresIt(t *testing.T) {
 	px := readyProxy(t, "silent", "127.0.0.9")
 	rec := events.NewFakeRecorder(16)
 	elected := make(chan struct{})
-	e := NewEngine(env.Client, rec, elected, slog.Default(), EngineOptions{})
+	clk := clocktesting.NewFakeClock(time.Now())
+	e := NewEngine(env.Client, rec, elected, slog.Default(), EngineOptions{Clock: clk})
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { e.Run(ctx); close(done) }()
@@ -217,15 +219,18 @@ func TestNoResultsMakeHealthStaleOnceAndAResultRestoresIt(t *testing.T) {
 	w0 := writes()
 
 	e.Handle(ctx, "p1", result(px, true))
-	time.Sleep(2 * DefaultStaleIntervals * interval)
-	assert.Equal(t, w0, writes(), "a follower writes nothing, and does not sweep")
+	clk.Step(2 * DefaultStaleIntervals * interval)
+	assert.False(t, clk.HasWaiters(), "a follower does not sweep: it has no ticker")
+	assert.Equal(t, w0, writes(), "a follower writes nothing")
 	assert.Equal(t, 0.0, testutil.ToFloat64(staleProxies))
 
 	// Elected, it writes what it decided before it led (Healthy), then,
-	// with no result since the election, stale after 3 intervals: two
-	// writes, counted below. Polling for the Healthy state in between
-	// would race the sweep on a busy machine.
+	// with no result since the election, stale once 3 intervals pass on
+	// its clock: two writes, counted below.
 	close(elected)
+	require.Eventually(t, clk.HasWaiters, 10*time.Second, time.Millisecond, "elected, the engine sweeps")
+	require.Eventually(t, func() bool { return healthCond(get(t, px)).Status == metav1.ConditionTrue }, 10*time.Second, 10*time.Millisecond)
+	clk.Step(DefaultStaleIntervals*interval + sweepEvery)
 	require.Eventually(t, func() bool { return healthCond(get(t, px)).Reason == v1.ReasonProbeStale }, 10*time.Second, 10*time.Millisecond)
 	got := get(t, px)
 	c := healthCond(got)
@@ -236,7 +241,11 @@ func TestNoResultsMakeHealthStaleOnceAndAResultRestoresIt(t *testing.T) {
 	assert.Equal(t, 1.0, testutil.ToFloat64(staleProxies))
 	assert.Contains(t, <-rec.Events, "Warning ProbeStale no probe result for", "the pre-election verdict, a first success, was no Event")
 	require.Eventually(t, e.Idle, 5*time.Second, 5*time.Millisecond)
-	time.Sleep(5 * interval)
+	for range 5 {
+		clk.Step(sweepEvery)
+		e.sweep(clk.Now()) // as the ticker does, but done when it returns
+	}
+	require.Eventually(t, e.Idle, 5*time.Second, 5*time.Millisecond)
 	assert.Equal(t, w0+2, writes(), "the pre-election verdict, then staleness as one transition, not a write per sweep")
 	assert.Equal(t, got.ResourceVersion, get(t, px).ResourceVersion)
 

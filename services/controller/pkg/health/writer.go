@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"sync"
-	"time"
 
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
@@ -43,7 +42,7 @@ func (e *Engine) Run(ctx context.Context) {
 		case <-e.elected:
 		}
 	}
-	e.restart(time.Now())
+	e.restart(e.opts.Clock.Now())
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	for range e.opts.Workers {
@@ -52,14 +51,14 @@ func (e *Engine) Run(ctx context.Context) {
 			}
 		})
 	}
-	tick := time.NewTicker(sweepEvery)
+	tick := e.opts.Clock.NewTicker(sweepEvery)
 	defer tick.Stop()
 	for {
 		select {
 		case <-ctx.Done():
 			e.queue.ShutDown()
 			return
-		case now := <-tick.C:
+		case now := <-tick.C():
 			e.sweep(now)
 		}
 	}

@@ -14,6 +14,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"k8s.io/utils/clock"
 	"sigs.k8s.io/controller-runtime/pkg/metrics"
 
 	leasev1 "github.com/egress-proxies/egress-proxies/pkg/gen/egressproxies/lease/v1"
@@ -107,6 +108,8 @@ type PollerOptions struct {
 	Interval time.Duration
 	// Namespace limits the poll to one namespace; "" means all.
 	Namespace string
+	// Clock stamps each snapshot; nil is the wall clock.
+	Clock clock.PassiveClock
 }
 
 // NewPoller returns a poller of api that, after every answer, tells
@@ -118,6 +121,9 @@ func NewPoller(api leasev1.LeaseServiceClient, log *slog.Logger, o PollerOptions
 	changed func(ids []string), polled func(), quarantined func(since map[string]time.Time)) *Poller {
 	if o.Interval <= 0 {
 		o.Interval = 5 * time.Second
+	}
+	if o.Clock == nil {
+		o.Clock = clock.RealClock{}
 	}
 	return &Poller{api: api, log: log, opts: o, changed: changed, polled: polled, quarantined: quarantined}
 }
@@ -148,7 +154,7 @@ func (p *Poller) Start(ctx context.Context) error {
 func (p *Poller) poll(ctx context.Context) {
 	ctx, cancel := context.WithTimeout(ctx, p.opts.Interval)
 	defer cancel()
-	next := Snapshot{At: time.Now(), Leases: map[string]int32{}}
+	next := Snapshot{At: p.opts.Clock.Now(), Leases: map[string]int32{}}
 	quarantined := map[string]time.Time{}
 	// Page by page: one list of a large fleet would pass gRPC's message
 	// limit.

@@ -1,9 +1,9 @@
-// Package proxypool holds the ProxyPool's two reconcilers. The rollout
-// keeps spec.replicas Managed Proxies made from the pool's template, and
-// takes members out one way only, whatever the cause (scale-down, a
-// template rollout, remediation, maxAge): a replacement first, where there
-// is one, then a drain that lets the member's live leases end, then
-// deletion. The autoscaler only writes the pool's /scale, from lease
+// Package proxypool is the ProxyPool's rollout. It keeps spec.replicas
+// Managed Proxies made from the pool's template, and takes members out
+// one way only, whatever the cause (scale-down, a template rollout,
+// remediation, maxAge): a replacement first, where there is one, then a
+// drain that lets the member's live leases end, then deletion. Package
+// autoscaler, beside it, only writes the pool's /scale, from lease
 // demand, as a HorizontalPodAutoscaler drives a Deployment.
 //
 // A rollout reconcile has three steps, each in a file of its own:
@@ -25,6 +25,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/client-go/tools/events"
 	"k8s.io/client-go/util/workqueue"
+	"k8s.io/utils/clock"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -33,7 +34,6 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
-	"sigs.k8s.io/controller-runtime/pkg/source"
 
 	v1 "github.com/egress-proxies/egress-proxies/pkg/api/v1alpha1"
 	"github.com/egress-proxies/egress-proxies/pkg/statuspatch"
@@ -56,6 +56,9 @@ type Options struct {
 	// reconciles, so the changes of many members (a thousand coming up at
 	// once) make one reconcile and one status write, not one each.
 	MemberBatch time.Duration
+	// Clock is the reconciler's time; nil is the wall clock. Tests step
+	// a fake one.
+	Clock clock.PassiveClock
 }
 
 func (o *Options) defaults() {
@@ -70,6 +73,9 @@ func (o *Options) defaults() {
 	}
 	if o.MaxConcurrentReconciles == 0 {
 		o.MaxConcurrentReconciles = 4
+	}
+	if o.Clock == nil {
+		o.Clock = clock.RealClock{}
 	}
 }
 
@@ -98,7 +104,7 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 		// member's change would otherwise cost the pool two.
 		For(&v1.ProxyPool{}, builder.WithPredicates(predicate.GenerationChangedPredicate{})).
 		Watches(&v1.Proxy{}, r.memberEvents()).
-		WatchesRawSource(source.Channel(r.wakeups.rollout, &handler.EnqueueRequestForObject{})).
+		WatchesRawSource(r.wakeups.Source()).
 		WithOptions(controller.Options{MaxConcurrentReconciles: r.opts.MaxConcurrentReconciles}).
 		Complete(r)
 }
@@ -133,7 +139,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (res ctrl.
 	pool := &v1.ProxyPool{}
 	if err := r.client.Get(ctx, req.NamespacedName, pool); err != nil {
 		if apierrors.IsNotFound(err) {
-			r.wakeups.follow(r.wakeups.draining, req.NamespacedName, false)
+			r.wakeups.Follow(req.NamespacedName, false)
 			forgetGauges(req.NamespacedName)
 		}
 		return ctrl.Result{}, client.IgnoreNotFound(err)
@@ -162,7 +168,7 @@ func (r *Reconciler) reconcileNormal(ctx context.Context, pool *v1.ProxyPool) (c
 	if err != nil {
 		return ctrl.Result{}, err
 	}
-	now := time.Now()
+	now := r.opts.Clock.Now()
 	cmd := decide(l, o.members, snap.At, now)
 	r.setStatus(pool, l, o, cmd, snap.Known())
 	draining := len(cmd.drain)
@@ -178,7 +184,7 @@ func (r *Reconciler) reconcileNormal(ctx context.Context, pool *v1.ProxyPool) (c
 	if err := r.execute(ctx, pool, hash, l, o, cmd, now); err != nil {
 		return ctrl.Result{}, err
 	}
-	r.wakeups.follow(r.wakeups.draining, client.ObjectKeyFromObject(pool), draining > 0)
+	r.wakeups.Follow(client.ObjectKeyFromObject(pool), draining > 0)
 	next := r.nextDrainCheck(l, o, cmd, now)
 	if cmd.wake > 0 && (next == 0 || cmd.wake < next) {
 		next = cmd.wake

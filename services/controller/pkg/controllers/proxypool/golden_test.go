@@ -1,7 +1,11 @@
 package proxypool
 
 import (
+	"flag"
 	"fmt"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -11,19 +15,40 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// world is the planner's world, simulated: members come up Healthy
-// before the reconcile after their creation, a drain's leases end at once, and each step
-// is later than a drain's settle time, so a drain ends the step after it
-// began. Deletes take effect at once.
+// updateGolden rewrites testdata/rollout/*.golden from what the planner
+// decides now: go test ./pkg/controllers/proxypool -run TestRolloutSequences -update-golden
+var updateGolden = flag.Bool("update-golden", false, "rewrite the rollout sequences' golden files")
+
+// world is the planner's world, simulated step by step on a stepped
+// clock, as Cluster API's rollout sequence tests simulate a
+// MachineDeployment's: each step is one reconcile, its Command applied,
+// then the members' events until the next. In order, every event happens
+// before the next reconcile (a member created comes up Healthy, a deleted
+// one goes); with rng set, each pending event happens or waits a step at
+// random, as a busy cluster orders them. Drains hold no leases, and each
+// step is later than the settle time, so a drain ends the step after it
+// began.
 type world struct {
 	l       limits
 	now     time.Time
 	members []*member
 	next    int
+	rng     *rand.Rand
+	// fail names a member that turns unhealthy once it has come up, at
+	// step failAt or later; scaleTo, from step scaleAt, is the new
+	// spec.replicas.
+	fail             string
+	failAt, scaleAt  int
+	scaleTo, stepped int
 }
 
-func (w *world) step() (Command, string) {
-	cmd := decide(w.l, w.members, w.now, w.now)
+// step runs one reconcile and applies its Command; line is the golden
+// file's line for it. The events until the next are after.
+func (w *world) step() (cmd Command, line string) {
+	if w.scaleAt > 0 && w.stepped == w.scaleAt {
+		w.l.replicas = w.scaleTo
+	}
+	cmd = decide(w.l, w.members, w.now, w.now)
 	var created []string
 	for _, c := range cmd.creates {
 		m := &member{name: fmt.Sprintf("m%d", w.next), created: w.now, updated: true, replaces: c.replaces, retries: c.retries}
@@ -40,20 +65,32 @@ func (w *world) step() (Command, string) {
 			m.deadline = deadline
 		}
 	}
-	line := fmt.Sprintf("drain %v delete %v create %v | %s", cmd.drain, cmd.delete, created, w.state())
-	// Between reconciles: the new come up, the deleted go.
-	w.members = slices.DeleteFunc(w.members, func(m *member) bool { return m.deleting })
-	for _, m := range w.members {
-		if !m.ready {
-			m.ready, m.healthy, m.since = true, true, w.now
-		}
-	}
-	w.now = w.now.Add(w.l.settle + time.Second)
+	line = fmt.Sprintf("%2d r%d drain %v delete %v create %v | %s", w.stepped, w.l.replicas, cmd.drain, cmd.delete, created, w.state())
 	return cmd, line
 }
 
-// state is each member as name:flags, u updated, o outdated, H healthy,
-// - not yet, D draining.
+// events: the members' changes between two reconciles, and the time
+// they take.
+func (w *world) events() {
+	defer func() {
+		w.stepped++
+		w.now = w.now.Add(w.l.settle + time.Second)
+	}()
+	happens := func() bool { return w.rng == nil || w.rng.IntN(2) == 0 }
+	w.members = slices.DeleteFunc(w.members, func(m *member) bool { return m.deleting && happens() })
+	for _, m := range w.members {
+		switch {
+		case m.deleting:
+		case m.name == w.fail && m.healthy && w.stepped >= w.failAt:
+			m.healthy, m.since, w.fail = false, w.now, ""
+		case !m.ready && happens():
+			m.ready, m.healthy, m.since = true, true, w.now
+		}
+	}
+}
+
+// state is each member as name:flags: u updated, o outdated; H healthy,
+// - not yet up, X up but failing, D draining.
 func (w *world) state() string {
 	var out []string
 	for _, m := range w.members {
@@ -69,6 +106,8 @@ func (w *world) state() string {
 			f += "D"
 		case m.healthy:
 			f += "H"
+		case m.ready:
+			f += "X"
 		default:
 			f += "-"
 		}
@@ -77,60 +116,165 @@ func (w *world) state() string {
 	return strings.Join(out, " ")
 }
 
-// A rollout of three members under maxSurge 1 and maxUnavailable 0, step
-// by step, as Cluster API tests MachineSet: each reconcile's Command and
-// the world it leaves. Every step keeps all three replicas healthy and at
-// most one member over, and the rollout ends as desired.
-func TestRolloutGoldenSequence(t *testing.T) {
-	for _, tc := range []struct {
-		name               string
-		surge, unavailable int
-		golden             []string
-	}{
-		{
-			name: "maxSurge 1, maxUnavailable 0: make before break", surge: 1, unavailable: 0,
-			golden: []string{
-				"drain [] delete [] create [m3] | m0:oH m1:oH m2:oH m3:u-",
-				"drain [m2] delete [] create [m4] | m0:oH m1:oH m2:oD m3:uH m4:u-",
-				"drain [m1] delete [m2] create [m5] | m0:oH m1:oD m3:uH m4:uH m5:u-",
-				"drain [m0] delete [m1] create [] | m0:oD m3:uH m4:uH m5:uH",
-				"drain [] delete [m0] create [] | m3:uH m4:uH m5:uH",
-				"drain [] delete [] create [] | m3:uH m4:uH m5:uH",
-			},
-		},
-		{
-			name: "maxSurge 0, maxUnavailable 1: break before make", surge: 0, unavailable: 1,
-			golden: []string{
-				"drain [m2] delete [] create [m3] | m0:oH m1:oH m2:oD m3:u-",
-				"drain [m1] delete [m2] create [m4] | m0:oH m1:oD m3:uH m4:u-",
-				"drain [m0] delete [m1] create [m5] | m0:oD m3:uH m4:uH m5:u-",
-				"drain [] delete [m0] create [] | m3:uH m4:uH m5:uH",
-				"drain [] delete [] create [] | m3:uH m4:uH m5:uH",
-			},
-		},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			w := &world{l: limits{replicas: 3, surge: tc.surge, unavailable: tc.unavailable, budget: 3, settle: 2 * time.Second, drainTimeout: 10 * time.Minute}, now: t0, next: 3}
-			for i := range 3 {
-				w.members = append(w.members, &member{name: fmt.Sprintf("m%d", i), created: t0.Add(time.Duration(i-10) * time.Minute), ready: true, healthy: true, since: t0})
+// converged: replicas active members, all updated and healthy, none
+// draining or deleting.
+func (w *world) converged() bool {
+	n := 0
+	for _, m := range w.members {
+		if !m.active() || !m.updated || !m.healthy {
+			return false
+		}
+		n++
+	}
+	return n == w.l.replicas
+}
+
+// sequence is one rollout: three members of an old template replaced
+// under a surge and unavailability, with or without a member failing
+// (remediation) and a scale-down to two on the way.
+type sequence struct {
+	surge, unavailable int
+	remediation        bool
+	scaleDown          bool
+}
+
+func (s sequence) name() string {
+	n := fmt.Sprintf("surge%d-unavailable%d", s.surge, s.unavailable)
+	if s.remediation {
+		n += "-remediation"
+	}
+	if s.scaleDown {
+		n += "-scaledown"
+	}
+	return n
+}
+
+func (s sequence) world(rng *rand.Rand) *world {
+	w := &world{
+		l: limits{replicas: 3, surge: s.surge, unavailable: s.unavailable, budget: 3, settle: 2 * time.Second, drainTimeout: 10 * time.Minute,
+			startupTimeout: time.Hour, unhealthyTimeout: 5 * time.Second, maxUnhealthy: 1, maxRetries: 3, backoffBase: time.Second, backoffMax: 10 * time.Second},
+		now: t0, next: 3, rng: rng,
+	}
+	for i := range 3 {
+		w.members = append(w.members, &member{name: fmt.Sprintf("m%d", i), created: t0.Add(time.Duration(i-10) * time.Minute), ready: true, healthy: true, since: t0})
+	}
+	if s.remediation {
+		w.fail, w.failAt = "m3", 1 // the first replacement fails once up
+	}
+	if s.scaleDown {
+		w.scaleAt, w.scaleTo = 2, 2
+	}
+	return w
+}
+
+func sequences() []sequence {
+	var out []sequence
+	for _, su := range [][2]int{{1, 0}, {2, 0}, {0, 1}, {1, 1}, {2, 1}} {
+		for _, rem := range []bool{false, true} {
+			for _, down := range []bool{false, true} {
+				out = append(out, sequence{surge: su[0], unavailable: su[1], remediation: rem, scaleDown: down})
 			}
-			var got []string
-			for range len(tc.golden) {
-				cmd, line := w.step()
-				got = append(got, line)
-				active, healthy := 0, 0
-				for _, m := range w.members {
-					if m.active() {
-						active++
-						if m.healthy {
-							healthy++
-						}
-					}
-				}
-				assert.LessOrEqual(t, active, w.l.replicas+w.l.surge, "maxSurge: %s", line)
-				assert.GreaterOrEqual(t, healthy+len(cmd.creates), w.l.replicas-w.l.unavailable, "maxUnavailable: %s", line)
+		}
+	}
+	return out
+}
+
+// maxSteps bounds a rollout of three; the random orders take longer.
+const maxSteps = 60
+
+// run steps w until it converged and one more reconcile changed nothing,
+// checking the rollout's bounds at every step, and returns the lines.
+func run(t *testing.T, w *world) []string {
+	t.Helper()
+	var lines []string
+	for range maxSteps {
+		healthyBefore, activeBefore := w.healthyActive(), w.active()
+		cmd, line := w.step()
+		lines = append(lines, line)
+		draining := 0
+		for _, m := range w.members {
+			if m.draining() {
+				draining++
 			}
-			require.Equal(t, tc.golden, got)
+		}
+		// Never more than maxSurge over replicas, except that a scale-down
+		// in the middle of a rollout may leave more while availability
+		// holds the outdated members (their replacements are not up):
+		// then the surplus only shrinks.
+		require.LessOrEqual(t, w.active(), max(w.l.replicas+w.l.surge, activeBefore), "maxSurge broken at\n%s", strings.Join(lines, "\n"))
+		require.LessOrEqual(t, draining, w.l.budget, "the disruption budget broken at\n%s", strings.Join(lines, "\n"))
+		// A drain never takes healthy members below replicas less
+		// maxUnavailable, unless they were already below.
+		drainedHealthy := 0
+		for _, name := range cmd.drain {
+			if m := w.member(name); m != nil && m.healthy {
+				drainedHealthy++
+			}
+		}
+		if drainedHealthy > 0 {
+			require.GreaterOrEqual(t, healthyBefore-drainedHealthy, w.l.replicas-w.l.unavailable,
+				"maxUnavailable broken at\n%s", strings.Join(lines, "\n"))
+		}
+		if w.converged() && len(cmd.creates)+len(cmd.drain)+len(cmd.delete) == 0 {
+			return lines
+		}
+		w.events()
+	}
+	require.FailNow(t, "no convergence", "after %d steps:\n%s", maxSteps, strings.Join(lines, "\n"))
+	return nil
+}
+
+func (w *world) active() int {
+	n := 0
+	for _, m := range w.members {
+		if m.active() {
+			n++
+		}
+	}
+	return n
+}
+
+func (w *world) healthyActive() int {
+	n := 0
+	for _, m := range w.members {
+		if m.active() && m.healthy {
+			n++
+		}
+	}
+	return n
+}
+
+func (w *world) member(name string) *member {
+	for _, m := range w.members {
+		if m.name == name {
+			return m
+		}
+	}
+	return nil
+}
+
+// Every combination of surge, unavailability, remediation and
+// scale-down, step by step against its golden file; then each again with
+// the members' events in 50 random orders, which must keep the same
+// bounds at every step and end as desired.
+func TestRolloutSequences(t *testing.T) {
+	for _, s := range sequences() {
+		t.Run(s.name(), func(t *testing.T) {
+			got := strings.Join(run(t, s.world(nil)), "\n") + "\n"
+			path := filepath.Join("testdata", "rollout", s.name()+".golden")
+			if *updateGolden {
+				require.NoError(t, os.MkdirAll(filepath.Dir(path), 0o755))
+				require.NoError(t, os.WriteFile(path, []byte(got), 0o644))
+			}
+			want, err := os.ReadFile(path)
+			require.NoError(t, err, "no golden file: run with -update-golden and review it")
+			assert.Equal(t, string(want), got, "the sequence changed: review it, and rewrite %s with -update-golden if it is right", path)
+
+			for seed := range uint64(50) {
+				t.Run(fmt.Sprintf("random-order-%d", seed), func(t *testing.T) {
+					run(t, s.world(rand.New(rand.NewPCG(seed, 49))))
+				})
+			}
 		})
 	}
 }

@@ -32,7 +32,6 @@ var (
 
 const (
 	defaultDrainTimeout     = 10 * time.Minute
-	defaultStartupTimeout   = 15 * time.Minute
 	defaultUnhealthyTimeout = 10 * time.Minute
 	defaultMaxRetries       = 5
 	defaultRetryBackoff     = 30 * time.Second
@@ -51,10 +50,7 @@ func durationOr(d *metav1.Duration, def time.Duration) time.Duration {
 // do; when both rollout bounds come to 0 maxUnavailable becomes 1, so a
 // rollout can always move.
 func resolve(pool *v1.ProxyPool, settle time.Duration) (limits, error) {
-	l := limits{replicas: 1, settle: settle, drainTimeout: defaultDrainTimeout}
-	if pool.Spec.Replicas != nil {
-		l.replicas = int(*pool.Spec.Replicas)
-	}
+	l := limits{replicas: pool.DesiredReplicas(), settle: settle, drainTimeout: defaultDrainTimeout}
 	surge, unavailable, budget := &defaultMaxSurge, &defaultMaxUnavailable, &defaultDisruption
 	if s := pool.Spec.Strategy; s != nil {
 		surge = cmpOr(s.MaxSurge, surge)
@@ -81,7 +77,7 @@ func resolve(pool *v1.ProxyPool, settle time.Duration) (limits, error) {
 	if rem == nil {
 		rem = &v1.Remediation{}
 	}
-	l.startupTimeout = durationOr(rem.StartupTimeout, defaultStartupTimeout)
+	l.startupTimeout = pool.StartupTimeout()
 	l.unhealthyTimeout = durationOr(rem.UnhealthyTimeout, defaultUnhealthyTimeout)
 	l.backoffBase, l.backoffMax = durationOr(rem.RetryBackoff, defaultRetryBackoff), maxRetryBackoff
 	l.maxRetries = defaultMaxRetries

@@ -24,6 +24,7 @@ import (
 	"github.com/egress-proxies/egress-proxies/pkg/testutil/kubelet"
 	"github.com/egress-proxies/egress-proxies/services/controller/pkg/controllers/proxy/lifecycle"
 	"github.com/egress-proxies/egress-proxies/services/controller/pkg/controllers/proxypool"
+	"github.com/egress-proxies/egress-proxies/services/controller/pkg/controllers/proxypool/autoscaler"
 	"github.com/egress-proxies/egress-proxies/services/controller/pkg/leaseview"
 	"github.com/egress-proxies/egress-proxies/services/controller/pkg/providers"
 	"github.com/egress-proxies/egress-proxies/services/controller/pkg/providers/fake"
@@ -41,6 +42,7 @@ type leases struct {
 	m        map[string]int32
 	refusals []leaseview.Refusal
 	wakeups  *proxypool.Wakeups
+	scaling  *leaseview.Wake
 }
 
 func (l *leases) Snapshot() leaseview.Snapshot {
@@ -49,13 +51,15 @@ func (l *leases) Snapshot() leaseview.Snapshot {
 	return leaseview.Snapshot{At: time.Now(), Leases: maps.Clone(l.m), Refusals: l.refusals}
 }
 
-// poll wakes the autoscaled pools, as each poll of the broker does.
+// poll wakes the pools that follow polls, as each poll of the broker
+// does.
 func (l *leases) poll() {
 	l.mu.Lock()
-	w := l.wakeups
+	w, s := l.wakeups, l.scaling
 	l.mu.Unlock()
 	if w != nil {
 		w.Polled()
+		s.Polled()
 	}
 }
 
@@ -64,11 +68,8 @@ func (l *leases) poll() {
 func (l *leases) refuse(rs ...leaseview.Refusal) {
 	l.mu.Lock()
 	l.refusals = rs
-	w := l.wakeups
 	l.mu.Unlock()
-	if w != nil {
-		w.Polled()
-	}
+	l.poll()
 }
 
 func (l *leases) set(id string, n int32) {
@@ -159,9 +160,10 @@ func (h *harness) start() *harness {
 	wakeups := proxypool.NewWakeups(mgr.GetClient())
 	recorder := mgr.GetEventRecorder("egress-proxies-controller")
 	require.NoError(t, proxypool.New(c, h.leases, wakeups, recorder, slog.Default(), h.opts).SetupWithManager(mgr))
-	require.NoError(t, proxypool.NewAutoscaler(c, h.leases, wakeups, recorder).SetupWithManager(mgr))
+	scaling := leaseview.NewWake()
+	require.NoError(t, autoscaler.New(c, h.leases, scaling, recorder, nil).SetupWithManager(mgr))
 	h.leases.mu.Lock()
-	h.leases.wakeups = wakeups
+	h.leases.wakeups, h.leases.scaling = wakeups, scaling
 	h.leases.mu.Unlock()
 	done := make(chan struct{})
 	killed := h.wrap != nil

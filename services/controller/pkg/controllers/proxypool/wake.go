@@ -3,40 +3,30 @@ package proxypool
 import (
 	"context"
 	"strings"
-	"sync"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/event"
 
 	v1 "github.com/egress-proxies/egress-proxies/pkg/api/v1alpha1"
+	"github.com/egress-proxies/egress-proxies/services/controller/pkg/leaseview"
 )
 
-// Wakeups carry pools to their reconcilers outside the reconcilers' own
-// watches: the lease-view poller calls LeasesChanged and Polled, which
-// are its hooks. The rollout wants a pool whose members' lease counts
-// changed, and every poll while members drain (a drain ends on a count
-// read after it began); the autoscaler wants every poll for each pool it
-// scales (demand may have changed anywhere). Built before both
-// reconcilers and the poller, it is what ties them without a cycle.
+// Wakeups carry pools to the rollout outside its own watches: the
+// lease-view poller calls LeasesChanged and Polled, which are its hooks.
+// The rollout wants a pool whose members' lease counts changed, and
+// every poll while members drain (a drain ends on a count read after it
+// began). Built before the rollout and the poller, it ties them without
+// a cycle.
 type Wakeups struct {
-	reader    client.Reader
-	rollout   chan event.GenericEvent
-	autoscale chan event.GenericEvent
-
-	mu         sync.Mutex
-	draining   map[types.NamespacedName]bool
-	autoscaled map[types.NamespacedName]bool
+	reader client.Reader
+	*leaseview.Wake
 }
 
 // NewWakeups returns wake-ups that read Proxies through reader (the
 // manager's cache) to find their pools.
 func NewWakeups(reader client.Reader) *Wakeups {
-	return &Wakeups{
-		reader: reader, rollout: make(chan event.GenericEvent, 1024), autoscale: make(chan event.GenericEvent, 1024),
-		draining: map[types.NamespacedName]bool{}, autoscaled: map[types.NamespacedName]bool{},
-	}
+	return &Wakeups{reader: reader, Wake: leaseview.NewWake()}
 }
 
 // LeasesChanged wakes the rollout of the pools of the proxies (ids
@@ -49,47 +39,8 @@ func (w *Wakeups) LeasesChanged(ids []string) {
 			continue
 		}
 		if pool, ok := poolOf(px); ok {
-			send(w.rollout, pool)
+			w.Send(pool)
 		}
-	}
-}
-
-// Polled wakes the pools that follow every poll. It never blocks.
-func (w *Wakeups) Polled() {
-	w.mu.Lock()
-	var rollout, autoscale []types.NamespacedName
-	for key := range w.draining {
-		rollout = append(rollout, key)
-	}
-	for key := range w.autoscaled {
-		autoscale = append(autoscale, key)
-	}
-	w.mu.Unlock()
-	for _, key := range rollout {
-		send(w.rollout, key)
-	}
-	for _, key := range autoscale {
-		send(w.autoscale, key)
-	}
-}
-
-// follow records whether the pool wants every poll, for one of the sets.
-func (w *Wakeups) follow(set map[types.NamespacedName]bool, key types.NamespacedName, polls bool) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	if polls {
-		set[key] = true
-	} else {
-		delete(set, key)
-	}
-}
-
-// send enqueues a pool. It never blocks: when the channel is full the
-// pool's own requeue is the fallback.
-func send(ch chan event.GenericEvent, key types.NamespacedName) {
-	select {
-	case ch <- event.GenericEvent{Object: &v1.ProxyPool{ObjectMeta: metav1.ObjectMeta{Namespace: key.Namespace, Name: key.Name}}}:
-	default:
 	}
 }
 

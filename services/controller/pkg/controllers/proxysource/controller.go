@@ -26,6 +26,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/events"
+	"k8s.io/utils/clock"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
@@ -56,6 +57,9 @@ type Options struct {
 	// SecretNamespaces are where the ConfigMaps and Secrets a source
 	// names are read (all when empty): a source elsewhere is told so.
 	SecretNamespaces []string
+	// Clock is the reconciler's time; nil is the wall clock. Tests step
+	// a fake one.
+	Clock clock.PassiveClock
 }
 
 // Meter counts probe bytes per proxy.
@@ -97,6 +101,9 @@ type fetch struct {
 func New(c client.Client, sources cache.Cache, leases leaseview.Source, recorder events.EventRecorder, log *slog.Logger, opts Options) *Reconciler {
 	if opts.Settle == 0 {
 		opts.Settle = drain.DefaultSettle
+	}
+	if opts.Clock == nil {
+		opts.Clock = clock.RealClock{}
 	}
 	return &Reconciler{client: c, reader: reader{cache: sources, egress: opts.Egress, namespaces: opts.SecretNamespaces}, sources: sources, leases: leases,
 		recorder: recorder, log: log, opts: opts, fetched: map[types.NamespacedName]fetch{}, spent: map[types.NamespacedName]spent{}}
@@ -202,7 +209,7 @@ func (r *Reconciler) forget(key types.NamespacedName) {
 
 // reconcileNormal reads, plans, executes and derives status.
 func (r *Reconciler) reconcileNormal(ctx context.Context, src *v1.ProxySource) (ctrl.Result, error) {
-	now := time.Now()
+	now := r.opts.Clock.Now()
 	rd := r.read(ctx, src, now)
 	var desired map[string]Entry
 	switch {

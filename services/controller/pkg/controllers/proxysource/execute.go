@@ -259,7 +259,7 @@ func (r *Reconciler) sweepSecrets(ctx context.Context, src *v1.ProxySource, prox
 	for i := range list.Items {
 		s := &list.Items[i]
 		if _, ok := proxies[s.Name]; ok || wanted[s.Name] || !metav1.IsControlledBy(s, src) || slices.Contains(p.delete, s.Name) ||
-			time.Since(s.CreationTimestamp.Time) < sweepGrace {
+			r.opts.Clock.Since(s.CreationTimestamp.Time) < sweepGrace {
 			continue
 		}
 		errs = append(errs, client.IgnoreNotFound(r.client.Delete(ctx, s, client.Preconditions{UID: &s.UID})))

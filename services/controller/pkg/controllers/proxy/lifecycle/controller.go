@@ -23,6 +23,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/client-go/tools/events"
 	"k8s.io/client-go/util/workqueue"
+	"k8s.io/utils/clock"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -62,6 +63,9 @@ type Options struct {
 	// SecretNamespaces are where cloud-init Secrets are read (all when
 	// empty): a Proxy naming one elsewhere is told so.
 	SecretNamespaces []string
+	// Clock is the reconciler's time; nil is the wall clock. Tests step
+	// a fake one.
+	Clock clock.PassiveClock
 }
 
 // DefaultResyncQPS lets one provider entry re-read 6,000 Ready instances
@@ -93,6 +97,9 @@ func (o *Options) defaults() {
 	if o.MaxConcurrentReconciles == 0 {
 		o.MaxConcurrentReconciles = DefaultMaxConcurrentReconciles
 	}
+	if o.Clock == nil {
+		o.Clock = clock.RealClock{}
+	}
 }
 
 // Reconciler reconciles Proxy objects.
@@ -112,7 +119,7 @@ func New(c client.Client, registry *providers.Registry, recorder events.EventRec
 	return &Reconciler{
 		client: c, registry: registry, recorder: recorder, log: log, opts: opts,
 		backoff: workqueue.NewTypedItemExponentialFailureRateLimiter[string](opts.BackoffBase, opts.BackoffMax),
-		resync:  newResyncs(opts.ResyncInterval, opts.ResyncQPS),
+		resync:  newResyncs(opts.ResyncInterval, opts.ResyncQPS, opts.Clock),
 	}
 }
 

@@ -409,33 +409,6 @@ func TestSteadyProxyCausesNoStatusWrites(t *testing.T) {
 	assert.Equal(t, writes, testutil.ToFloat64(metrics.StatusWrites.WithLabelValues("lifecycle")), "no status write in %d reconciles", counter.n()-start)
 }
 
-// Resyncs of Ready instances are bounded per provider entry, however many
-// proxies want one: 12 proxies asking every 50 ms would make 240 provider
-// reads a second, and the budget of 5 a second holds them to that while
-// still re-reading every one of them in turn.
-func TestResyncsOfAFleetStayWithinTheBudget(t *testing.T) {
-	h := newHarness(t)
-	h.opts.ResyncInterval, h.opts.ResyncQPS = 50*time.Millisecond, 5
-	h.start()
-	const n = 12
-	for i := range n {
-		h.create(h.managed(fmt.Sprintf("r%02d", i), "fake"))
-	}
-	for i := range n {
-		h.waitReady(fmt.Sprintf("r%02d", i))
-	}
-	time.Sleep(time.Second) // let the bring-up's own reads pass
-
-	before := h.fake.Calls("Get")
-	const window = 4 * time.Second
-	time.Sleep(window)
-	gets := h.fake.Calls("Get") - before
-	// A token bucket of 5/s with a burst of 5 allows at most 5 + 5×4 in 4 s.
-	assert.LessOrEqual(t, gets, 5+5*4, "provider reads in %s", window)
-	assert.GreaterOrEqual(t, gets, n, "every Ready proxy was still re-read within %s", window)
-	assert.Positive(t, gathered(t, "proxy_operator_resyncs_deferred_total", "provider", "fake"), "the deferral is counted")
-}
-
 // gathered reads one series from the controller's metrics registry.
 func gathered(t *testing.T, name, label, value string) float64 {
 	t.Helper()

@@ -7,6 +7,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"golang.org/x/time/rate"
+	"k8s.io/utils/clock"
 	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
 )
 
@@ -33,6 +34,7 @@ func init() { ctrlmetrics.Registry.MustRegister(resyncsDeferred) }
 type resyncs struct {
 	interval time.Duration
 	qps      float64
+	clock    clock.PassiveClock
 
 	mu       sync.Mutex
 	limiters map[string]*rate.Limiter // by provider entry
@@ -41,8 +43,8 @@ type resyncs struct {
 	granted map[string]time.Time
 }
 
-func newResyncs(interval time.Duration, qps float64) *resyncs {
-	return &resyncs{interval: interval, qps: qps, limiters: map[string]*rate.Limiter{}, granted: map[string]time.Time{}}
+func newResyncs(interval time.Duration, qps float64, clk clock.PassiveClock) *resyncs {
+	return &resyncs{interval: interval, qps: qps, clock: clk, limiters: map[string]*rate.Limiter{}, granted: map[string]time.Time{}}
 }
 
 // next is when a Ready proxy is re-read again.
@@ -56,7 +58,7 @@ func (r *resyncs) wait(key, provider string) time.Duration {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if at, ok := r.granted[key]; ok {
-		if d := time.Until(at); d > 0 {
+		if d := at.Sub(r.clock.Now()); d > 0 {
 			return d
 		}
 		delete(r.granted, key)
@@ -67,11 +69,12 @@ func (r *resyncs) wait(key, provider string) time.Duration {
 		lim = rate.NewLimiter(rate.Limit(r.qps), max(1, int(r.qps)))
 		r.limiters[provider] = lim
 	}
-	d := lim.Reserve().Delay()
+	now := r.clock.Now()
+	d := lim.ReserveN(now, 1).DelayFrom(now)
 	if d <= 0 {
 		return 0
 	}
-	r.granted[key] = time.Now().Add(d)
+	r.granted[key] = now.Add(d)
 	resyncsDeferred.WithLabelValues(provider).Inc()
 	return d
 }
