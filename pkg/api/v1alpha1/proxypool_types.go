@@ -244,22 +244,28 @@ type Disruption struct {
 // ProxyPoolStatus is the observed state of a ProxyPool.
 type ProxyPoolStatus struct {
 	// Replicas counts members not being deleted, draining ones included.
+	// +kubebuilder:default=0
 	// +optional
 	Replicas int32 `json:"replicas"`
 	// ReadyReplicas counts members whose Ready condition is True.
+	// +kubebuilder:default=0
 	// +optional
 	ReadyReplicas int32 `json:"readyReplicas"`
 	// HealthyReplicas counts Ready members whose probes pass.
+	// +kubebuilder:default=0
 	// +optional
 	HealthyReplicas int32 `json:"healthyReplicas"`
 	// LeasedReplicas counts members holding at least one live lease, as
 	// the broker last reported.
+	// +kubebuilder:default=0
 	// +optional
 	LeasedReplicas int32 `json:"leasedReplicas"`
 	// UpdatedReplicas counts members made from the current template.
+	// +kubebuilder:default=0
 	// +optional
 	UpdatedReplicas int32 `json:"updatedReplicas"`
 	// DrainingReplicas counts members being drained.
+	// +kubebuilder:default=0
 	// +optional
 	DrainingReplicas int32 `json:"drainingReplicas"`
 	// Selector is the label selector of the members, for the /scale

@@ -8,8 +8,10 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	v1 "github.com/egress-proxies/egress-proxies/pkg/api/v1alpha1"
 	"github.com/egress-proxies/egress-proxies/pkg/testenv"
@@ -87,5 +89,28 @@ func TestInvalidPoolsAreRejectedNamingTheField(t *testing.T) {
 			tc.mutate(p)
 			rejected(t, p, tc.want)
 		})
+	}
+}
+
+// A status written by merge patch from an empty one leaves its zeros out
+// (the diff has nothing to say of them), so the stored counts are
+// defaulted: kubectl's HEALTHY and LEASED columns print 0, not nothing.
+func TestAPoolsZeroCountsAreStored(t *testing.T) {
+	testenv.Require(t)
+	ctx := context.Background()
+	p := pool(env.Namespace(t, "ppool"), "zeros")
+	require.NoError(t, env.Client.Create(ctx, p))
+	base := p.DeepCopy()
+	p.Status.Replicas, p.Status.Selector = 5, "x=y"
+	require.NoError(t, env.Client.Status().Patch(ctx, p, client.MergeFrom(base)))
+
+	u := &unstructured.Unstructured{}
+	u.SetGroupVersionKind(v1.GroupVersion.WithKind("ProxyPool"))
+	require.NoError(t, env.Client.Get(ctx, client.ObjectKeyFromObject(p), u))
+	for _, f := range []string{"readyReplicas", "healthyReplicas", "leasedReplicas", "updatedReplicas", "drainingReplicas"} {
+		v, found, err := unstructured.NestedInt64(u.Object, "status", f)
+		require.NoError(t, err)
+		assert.True(t, found, "status.%s is stored", f)
+		assert.Zero(t, v)
 	}
 }

@@ -266,16 +266,20 @@ type ProbeBudget struct {
 // ProxySourceStatus is the observed state of a ProxySource.
 type ProxySourceStatus struct {
 	// Desired counts the entries of the last good sync.
+	// +kubebuilder:default=0
 	// +optional
 	Desired int32 `json:"desired"`
 	// Present counts members not being deleted, draining ones included.
+	// +kubebuilder:default=0
 	// +optional
 	Present int32 `json:"present"`
 	// Healthy counts Ready members whose probes pass.
+	// +kubebuilder:default=0
 	// +optional
 	Healthy int32 `json:"healthy"`
 	// Draining counts members that left the source and wait for their
 	// leases to end.
+	// +kubebuilder:default=0
 	// +optional
 	Draining int32 `json:"draining"`
 	// LastSyncTime is when the source was last read successfully.
