@@ -1,6 +1,7 @@
-// Command target is the end-to-end test's crawl target inside the
-// cluster: HTTPS with a certificate from files (a Secret the test made),
-// answering 204 on /ok (the probe), the caller's address on /ip (the
+// Command target is the crawl and probe target inside the cluster:
+// HTTPS with a certificate from files (a Secret the end-to-end test
+// made), or plain HTTP with --http (the README's local cluster, which has
+// no CA to hand out), answering 204 on /ok (the probe), the caller's address on /ip (the
 // proxy's egress IP) and 429 on /ban (a site that rate-limits).
 package main
 
@@ -18,6 +19,7 @@ func main() {
 	addr := flag.String("addr", ":8443", "address to serve HTTPS on")
 	cert := flag.String("cert", "/etc/target/tls.crt", "PEM certificate")
 	key := flag.String("key", "/etc/target/tls.key", "PEM key")
+	plain := flag.Bool("http", false, "serve plain HTTP on --addr instead of HTTPS")
 	flag.Parse()
 	mux := http.NewServeMux()
 	mux.Handle("/", tlstarget.Handler())
@@ -27,6 +29,10 @@ func main() {
 	})
 	srv := &http.Server{Addr: *addr, Handler: mux, ReadHeaderTimeout: 5 * time.Second,
 		TLSConfig: &tls.Config{MinVersion: tls.VersionTLS12}}
+	if *plain {
+		log.Printf("target: serving HTTP on %s", *addr)
+		log.Fatal(srv.ListenAndServe())
+	}
 	log.Printf("target: serving HTTPS on %s", *addr)
 	log.Fatal(srv.ListenAndServeTLS(*cert, *key))
 }
