@@ -36,6 +36,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
+	"k8s.io/utils/clock"
 
 	"github.com/egress-proxies/egress-proxies/pkg/auth"
 	"github.com/egress-proxies/egress-proxies/pkg/faults"
@@ -94,13 +95,16 @@ func New(log *slog.Logger, o Options, l Leaser, v auth.Verifier) (*Gateway, erro
 		return nil, ErrNoCertificate
 	}
 	o.Resolver = o.resolver()
+	if o.Clock == nil {
+		o.Clock = clock.RealClock{}
+	}
 	// A tunnel holds two descriptors: a bound past the process's limit
 	// would have accept fail first, on the lease API's ports too.
 	var nofile syscall.Rlimit
 	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &nofile); err == nil && o.MaxConns > 0 && uint64(2*o.MaxConns+1024) > nofile.Cur {
 		log.Warn("--gateway-max-conns is above what the process's descriptor limit holds (two per tunnel, and room for the rest)", "maxConns", o.MaxConns, "nofile", nofile.Cur)
 	}
-	g := &Gateway{o: o, log: log, leaser: l, auth: v, conns: map[net.Conn]*tunnel{}, perSource: map[netip.Addr]int{}}
+	g := &Gateway{o: o, log: log, leaser: l, auth: v, conns: map[net.Conn]*tunnel{}, perSource: map[netip.Addr]int{}, renewer: renewer{clock: o.Clock}}
 	var err error
 	if g.ln, err = net.Listen("tcp", o.Addr); err != nil {
 		return nil, fmt.Errorf("--gateway-addr %s: %w", o.Addr, err)

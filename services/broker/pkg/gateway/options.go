@@ -12,6 +12,7 @@ import (
 
 	"github.com/egress-proxies/egress-proxies/pkg/netpolicy"
 	"github.com/egress-proxies/egress-proxies/pkg/vendors"
+	"k8s.io/utils/clock"
 )
 
 // Options configure a Gateway.
@@ -69,6 +70,9 @@ type Options struct {
 	// gatewayBytesPerDay quota, fleet-wide (the store); nil enforces no
 	// byte quota.
 	Meter Meter
+	// Clock times the leases' renewals; nil is the wall clock. Tests
+	// step a fake one.
+	Clock clock.WithTicker
 }
 
 // Meter counts each tenant's gateway bytes by UTC day.

@@ -9,6 +9,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
+	"k8s.io/utils/clock"
 
 	"github.com/egress-proxies/egress-proxies/pkg/auth"
 	leasev1 "github.com/egress-proxies/egress-proxies/pkg/gen/egressproxies/lease/v1"
@@ -18,6 +19,8 @@ import (
 // one loop: a goroutine or timer per tunnel would cost each idle tunnel
 // more than the tunnel itself.
 type renewer struct {
+	clock clock.WithTicker
+
 	mu   sync.Mutex
 	live map[string]*held
 }
@@ -37,7 +40,7 @@ func (r *renewer) hold(id string, md metadata.MD, end func()) {
 	if r.live == nil {
 		r.live = map[string]*held{}
 	}
-	r.live[id] = &held{id: id, md: md, end: end, renewed: time.Now()}
+	r.live[id] = &held{id: id, md: md, end: end, renewed: r.clock.Now()}
 }
 
 func (r *renewer) drop(id string) {
@@ -72,13 +75,13 @@ func (r *renewer) due(since time.Time) []*held {
 // revoked) ends what holds it; a failure that may pass (the store
 // unavailable) is retried at the next round.
 func (r *renewer) run(ctx context.Context, l Leaser, ttl time.Duration) {
-	t := time.NewTicker(min(ttl/6, time.Second))
+	t := r.clock.NewTicker(min(ttl/6, time.Second))
 	defer t.Stop()
 	for {
 		select {
 		case <-ctx.Done():
 			return
-		case <-t.C:
+		case <-t.C():
 		}
 		r.round(ctx, l, ttl)
 	}
@@ -86,12 +89,12 @@ func (r *renewer) run(ctx context.Context, l Leaser, ttl time.Duration) {
 
 // round renews the leases that are due, within a third of ttl.
 func (r *renewer) round(ctx context.Context, l Leaser, ttl time.Duration) {
-	start := time.Now()
+	start := r.clock.Now()
 	due := r.due(start.Add(-ttl / 3))
 	if len(due) == 0 {
 		return
 	}
-	defer func() { renewRounds.Observe(time.Since(start).Seconds()) }()
+	defer func() { renewRounds.Observe(r.clock.Since(start).Seconds()) }()
 	rctx, cancel := context.WithTimeout(auth.ViaGateway(ctx), ttl/3)
 	defer cancel()
 	sem := make(chan struct{}, renewConcurrency)
@@ -111,7 +114,7 @@ func (r *renewer) round(ctx context.Context, l Leaser, ttl time.Duration) {
 			case codes.OK:
 				renewals.WithLabelValues("renewed").Inc()
 				r.mu.Lock()
-				h.renewed = time.Now()
+				h.renewed = r.clock.Now()
 				r.mu.Unlock()
 			case codes.NotFound, codes.FailedPrecondition:
 				renewals.WithLabelValues("ended").Inc()

@@ -7,6 +7,7 @@ import (
 
 	"github.com/egress-proxies/egress-proxies/services/broker/pkg/index"
 	"github.com/egress-proxies/egress-proxies/services/broker/pkg/tenant"
+	"k8s.io/utils/clock"
 )
 
 // selectorBudget bounds the selectors each tenant brings in: each new
@@ -17,15 +18,16 @@ import (
 // this broker, until it has gone unused for an index's idle time; one
 // whose index exists already costs nothing and is not counted.
 type selectorBudget struct {
-	idle time.Duration
-	mu   sync.Mutex
+	idle  time.Duration
+	clock clock.PassiveClock
+	mu    sync.Mutex
 	// used is each tenant's selectors (by key) and when each was last
 	// leased with.
 	used map[string]map[string]time.Time
 }
 
-func newSelectorBudget(idle time.Duration) *selectorBudget {
-	return &selectorBudget{idle: idle, used: map[string]map[string]time.Time{}}
+func newSelectorBudget(idle time.Duration, clk clock.PassiveClock) *selectorBudget {
+	return &selectorBudget{idle: idle, clock: clk, used: map[string]map[string]time.Time{}}
 }
 
 // take counts sel against t, or refuses it when t holds its budget of
@@ -34,7 +36,7 @@ func (b *selectorBudget) take(t *tenant.Tenant, sel index.Selector, q tenant.Lim
 	if q.N <= 0 || t.Name == "" {
 		return nil
 	}
-	key, now := sel.Key(), time.Now()
+	key, now := sel.Key(), b.clock.Now()
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	mine := b.used[t.Name]

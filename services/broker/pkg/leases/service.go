@@ -22,6 +22,7 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 	"k8s.io/apimachinery/pkg/util/validation"
+	"k8s.io/utils/clock"
 
 	v1 "github.com/egress-proxies/egress-proxies/pkg/api/v1alpha1"
 	leasev1 "github.com/egress-proxies/egress-proxies/pkg/gen/egressproxies/lease/v1"
@@ -34,6 +35,10 @@ import (
 
 // Config bounds leases.
 type Config struct {
+	// Clock dates refusals and selectors' use; nil is the wall clock.
+	// Tests step a fake one. Leases, cooldowns and quarantines are timed
+	// by Redis's own clock, one for every broker.
+	Clock clock.PassiveClock
 	// DefaultTTL applies when a request's ttlSeconds is 0.
 	DefaultTTL time.Duration
 	// MinTTL and MaxTTL bound ttlSeconds.
@@ -92,7 +97,10 @@ type Service struct {
 
 // New returns a Service.
 func New(inv *inventory.Inventory, st *store.Store, idx *index.Maintainer, pol *policy.Policies, cfg Config) *Service {
-	s := &Service{inv: inv, store: st, idx: idx, pol: pol, cfg: cfg, selectors: newSelectorBudget(idx.IdleTime())}
+	if cfg.Clock == nil {
+		cfg.Clock = clock.RealClock{}
+	}
+	s := &Service{inv: inv, store: st, idx: idx, pol: pol, cfg: cfg, selectors: newSelectorBudget(idx.IdleTime(), cfg.Clock)}
 	s.hub = newHub(inv, s.views)
 	return s
 }
@@ -435,7 +443,7 @@ func (s *Service) CreateLease(ctx context.Context, req *leasev1.CreateLeaseReque
 		case errors.As(err, &none):
 			// Demand the fleet did not meet: pools with autoscaling grow
 			// on it. Counting is best effort; the refusal stands.
-			if err := s.store.Refused(ctx, a.Index, time.Now()); err != nil {
+			if err := s.store.Refused(ctx, a.Index, s.cfg.Clock.Now()); err != nil {
 				refusalsUncounted.Inc()
 			}
 			return nil, storeError(none)
@@ -702,7 +710,7 @@ func (s *Service) ListRefusals(ctx context.Context, req *leasev1.ListRefusalsReq
 		return nil, invalid("windowSeconds", "must be between 1 and %d (got %d)", int(maxRefusalWindow.Seconds()), req.GetWindowSeconds())
 	}
 	t := tenant.From(ctx)
-	counts, err := s.store.Refusals(ctx, window, time.Now())
+	counts, err := s.store.Refusals(ctx, window, s.cfg.Clock.Now())
 	if err != nil {
 		return nil, storeError(err)
 	}

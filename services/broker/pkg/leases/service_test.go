@@ -13,6 +13,7 @@ import (
 	"google.golang.org/grpc/status"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	clocktesting "k8s.io/utils/clock/testing"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	v1 "github.com/egress-proxies/egress-proxies/pkg/api/v1alpha1"
@@ -279,6 +280,8 @@ func TestListRefusalsCountsUnmetDemand(t *testing.T) {
 	s := brokertest.New(t, env, nil)
 	cfg := leases.DefaultConfig
 	cfg.LeaseCap = 1
+	clk := clocktesting.NewFakeClock(time.Now())
+	cfg.Clock = clk
 	svc := leases.New(s.Inv, s.Store, s.Index, &policy.Policies{Defaults: leases.DefaultPolicy}, cfg)
 	s.Proxy(t, "p", "127.0.0.73", map[string]string{"geo": "eu"})
 	ctx := context.Background()
@@ -299,6 +302,17 @@ func TestListRefusalsCountsUnmetDemand(t *testing.T) {
 	require.Len(t, got.GetSelectors(), 1, "%v", got)
 	assert.Equal(t, s.NS, got.GetSelectors()[0].GetNamespace())
 	assert.Equal(t, map[string]string{"geo": "eu"}, got.GetSelectors()[0].GetSelector())
+	assert.EqualValues(t, 3, got.GetSelectors()[0].GetRefused())
+
+	// Counted by the minute: two minutes on, a one-minute window holds
+	// none of them, a five-minute one all three.
+	clk.Step(2 * time.Minute)
+	got, err = svc.ListRefusals(ctx, &leasev1.ListRefusalsRequest{WindowSeconds: 60})
+	require.NoError(t, err)
+	assert.Empty(t, got.GetSelectors(), "the refusals left the window")
+	got, err = svc.ListRefusals(ctx, &leasev1.ListRefusalsRequest{WindowSeconds: 300})
+	require.NoError(t, err)
+	require.Len(t, got.GetSelectors(), 1)
 	assert.EqualValues(t, 3, got.GetSelectors()[0].GetRefused())
 
 	_, err = svc.ListRefusals(ctx, &leasev1.ListRefusalsRequest{WindowSeconds: 601})
