@@ -8,6 +8,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"net"
 	"net/http"
 	"os"
@@ -178,12 +179,24 @@ func (p *Process) Exited() bool {
 // FreePort returns a TCP port free on 127.0.0.1 at the time of the call.
 func FreePort(t T) int {
 	t.Helper()
+	low := ephemeralLow()
 	for {
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		// Below the kernel's ephemeral range: a port picked from it could
+		// be taken, between this check and the service's bind, as the
+		// source port of any outgoing connection, or even by a client
+		// dialing it before its server is up (TCP's self-connect).
+		port := 0
+		if low > minPicked+1000 {
+			port = minPicked + rand.IntN(low-minPicked)
+		}
+		ln, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(port)))
 		if err != nil {
+			if port != 0 {
+				continue // in use
+			}
 			t.Fatal(err)
 		}
-		port := ln.Addr().(*net.TCPAddr).Port
+		port = ln.Addr().(*net.TCPAddr).Port
 		_ = ln.Close()
 		// The kernel may hand a just-closed port out again: two calls
 		// before either port is bound (a service's ops and REST ports)
@@ -196,6 +209,27 @@ func FreePort(t T) int {
 			return port
 		}
 	}
+}
+
+// minPicked is the lowest port FreePort hands out.
+const minPicked = 12000
+
+// ephemeralLow is where the kernel's range of source ports begins, or
+// Linux's default, 32768, when it cannot be read.
+func ephemeralLow() int {
+	b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range")
+	if err != nil {
+		return 32768
+	}
+	f := strings.Fields(string(b))
+	if len(f) != 2 {
+		return 32768
+	}
+	low, err := strconv.Atoi(f[0])
+	if err != nil {
+		return 32768
+	}
+	return low
 }
 
 var (
