@@ -25,12 +25,17 @@ mkdir -p "$OUT"
 work=$(mktemp -d "$CACHE/envtest-build.XXXXXX")
 trap 'rm -rf "$work"' EXIT
 
+# No debug information: nobody steps through these binaries, and leaving it
+# out takes an eighth off kube-apiserver's build (201 s against 230 s, and
+# 105 MB against 150 MB, built alternately on 2 cores).
+BUILD_FLAGS=(-trimpath -gcflags=all=-dwarf=false "-ldflags=-s -w")
+
 build_apiserver() {
   # shellcheck source=k8s-module.sh
   source "$(dirname "${BASH_SOURCE[0]}")/k8s-module.sh"
   k8s_module "$work/k8s" "$K8S_VERSION"
   cd "$work/k8s"
-  go build -trimpath -o "$OUT/kube-apiserver.tmp" k8s.io/kubernetes/cmd/kube-apiserver
+  go build "${BUILD_FLAGS[@]}" -o "$OUT/kube-apiserver.tmp" k8s.io/kubernetes/cmd/kube-apiserver
   mv "$OUT/kube-apiserver.tmp" "$OUT/kube-apiserver"
 }
 
@@ -55,7 +60,7 @@ import (
 func main() { etcdmain.Main(os.Args) }
 GO
   go mod tidy >&2
-  go build -trimpath -o "$OUT/etcd.tmp" .
+  go build "${BUILD_FLAGS[@]}" -o "$OUT/etcd.tmp" .
   mv "$OUT/etcd.tmp" "$OUT/etcd"
 }
 

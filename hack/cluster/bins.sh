@@ -75,7 +75,7 @@ build_k8s() {
   # Without the version ldflags a node reports v0.0.0-master and kubectl
   # warns of skew on every call.
   local v=k8s.io/component-base/version
-  (cd "$work/k8s" && go build -trimpath -o "$work/k8s/out/" \
+  (cd "$work/k8s" && go build -trimpath -gcflags=all=-dwarf=false -o "$work/k8s/out/" \
     -ldflags "-s -w -X $v.gitVersion=v$K8S_VERSION -X $v.gitMajor=1 -X $v.gitMinor=$minor -X $v.gitTreeState=clean" \
     k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager \
     k8s.io/kubernetes/cmd/kube-scheduler k8s.io/kubernetes/cmd/kubelet \
@@ -98,7 +98,7 @@ build_cmds() {
   { echo 'package main'; for p in "$@"; do echo "import _ \"$p\""; done; } >"$s/tools.go"
   # tidy complains that the imports are programs, and writes go.sum all the same.
   (cd "$s" && { go mod tidy >/dev/null 2>&1 || true; } &&
-    CGO_ENABLED=$cgo go build -trimpath -tags "$tags" -ldflags "-s -w $ldflags" -o "$s/out/" "$@") >&2
+    CGO_ENABLED=$cgo go build -trimpath -gcflags=all=-dwarf=false -tags "$tags" -ldflags "-s -w $ldflags" -o "$s/out/" "$@") >&2
   mkdir -p "$dir"
   mv "$s/out/"* "$dir/"
 }
@@ -154,7 +154,7 @@ func init() {
 
 func main() { coremain.Run() }
 GO
-  (cd "$s" && go mod tidy >&2 && CGO_ENABLED=0 go build -trimpath -o "$s/coredns" -ldflags "-s -w" .) >&2
+  (cd "$s" && go mod tidy >&2 && CGO_ENABLED=0 go build -trimpath -gcflags=all=-dwarf=false -o "$s/coredns" -ldflags "-s -w" .) >&2
   mkdir -p "$dir"
   mv "$s/coredns" "$dir/"
 }

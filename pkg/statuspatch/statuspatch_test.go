@@ -199,7 +199,30 @@ func TestALostRaceMergesPerOwner(t *testing.T) {
 	assert.True(t, meta.IsStatusConditionTrue(got.Status.Conditions, v1.ConditionReady))
 	assert.True(t, meta.IsStatusConditionTrue(got.Status.Conditions, v1.ConditionHealthy))
 
+	// A field the writer clears is cleared on the live object too: the
+	// lifecycle takes the address away after health changed underneath.
+	before := got.DeepCopy()
+	h2 := got.DeepCopy()
+	h2.Status.EgressIP = "127.0.0.10"
+	_, err = health.Patch(ctx, got, h2)
+	require.NoError(t, err)
+	l3 := before.DeepCopy()
+	l3.Status.Phase, l3.Status.IP = v1.PhaseProvisioning, ""
+	setCond(l3, v1.ConditionReady, metav1.ConditionFalse, v1.ReasonProvisioning)
+	_, err = lifecycle.Patch(ctx, before, l3)
+	require.NoError(t, err)
+	require.NoError(t, c.Get(ctx, client.ObjectKeyFromObject(px), got))
+	assert.Empty(t, got.Status.IP, "the address the lifecycle cleared is gone")
+	assert.Equal(t, "127.0.0.10", got.Status.EgressIP, "and health's write stays")
+	assert.False(t, meta.IsStatusConditionTrue(got.Status.Conditions, v1.ConditionReady))
+	assert.True(t, meta.IsStatusConditionTrue(got.Status.Conditions, v1.ConditionHealthy))
+	stale = got.DeepCopy()
+
 	// The lifecycle again from its stale read: its own phase moved since.
+	l1 := stale.DeepCopy()
+	l1.Status.Phase = v1.PhaseReady
+	_, err = lifecycle.Patch(ctx, stale, l1)
+	require.NoError(t, err)
 	l2 := stale.DeepCopy()
 	l2.Status.Phase = v1.PhaseFailed
 	_, err = lifecycle.Patch(ctx, stale, l2)
