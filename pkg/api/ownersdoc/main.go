@@ -47,7 +47,7 @@ func rewrite(path string) error {
 
 func table(ws []v1.StatusWriter) string {
 	var b strings.Builder
-	b.WriteString("| status of | fields and conditions | writer (field manager) | also writes |\n| --- | --- | --- | --- |\n")
+	b.WriteString("| status of | fields and conditions | writer | also writes |\n| --- | --- | --- | --- |\n")
 	for _, w := range ws {
 		what := "all"
 		if !w.Owns(v1.AllFields) {

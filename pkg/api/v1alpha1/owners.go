@@ -12,8 +12,8 @@ package v1alpha1
 //
 // +kubebuilder:object:generate=false
 type StatusWriter struct {
-	// Name is the writer's name: its field manager, and the writer label
-	// of egress_controller_status_writes_total.
+	// Name is the writer's name, in errors and docs and as the writer
+	// label of the controller's status-write counter.
 	Name string
 	// Kind is the kind whose status it writes.
 	Kind string
