@@ -20,6 +20,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"reflect"
 	"slices"
 	"time"
 
@@ -71,6 +72,11 @@ func New(w v1.StatusWriter, c client.Client) Helper {
 // Patch writes obj's status as a patch from base, when it changed.
 // wrote is false when nothing changed or the object is gone.
 func (h Helper) Patch(ctx context.Context, base, obj client.Object) (wrote bool, err error) {
+	// Most reconciles change nothing: the typed comparison is what they
+	// cost, not two conversions.
+	if equality.Semantic.DeepEqual(statusField(base), statusField(obj)) {
+		return false, nil
+	}
 	old, err := statusOf(base)
 	if err != nil {
 		return false, err
@@ -93,13 +99,19 @@ func (h Helper) Patch(ctx context.Context, base, obj client.Object) (wrote bool,
 	return err == nil, err
 }
 
-// Deferred is the deferred status write of a reconcile: the generation
-// observed when the reconcile succeeded, Patch, then Settle.
-func (h Helper) Deferred(ctx context.Context, base, obj client.Object, res *ctrl.Result, retErr *error) {
-	if o, ok := obj.(v1.Observer); ok && *retErr == nil && h.Writer.Owns("observedGeneration") {
+// Write is a reconcile's status write: the generation observed when the
+// reconcile succeeded (and the object is not being deleted), then Patch.
+func (h Helper) Write(ctx context.Context, base, obj client.Object, succeeded bool) (wrote bool, err error) {
+	if o, ok := obj.(v1.Observer); ok && succeeded && obj.GetDeletionTimestamp().IsZero() && h.Writer.Owns("observedGeneration") {
 		o.Observe()
 	}
-	_, err := h.Patch(ctx, base, obj)
+	return h.Patch(ctx, base, obj)
+}
+
+// Deferred is Write, then Settle: the deferred status write of a
+// reconciler that needs nothing else of it.
+func (h Helper) Deferred(ctx context.Context, base, obj client.Object, res *ctrl.Result, retErr *error) {
+	_, err := h.Write(ctx, base, obj, *retErr == nil)
 	Settle(err, res, retErr)
 }
 
@@ -124,8 +136,9 @@ func (h Helper) check(old, cur map[string]any) (bool, error) {
 	changed := false
 	for _, f := range keys(old, cur) {
 		if f == "conditions" {
-			for _, t := range keys(conditionsOf(old), conditionsOf(cur)) {
-				if equality.Semantic.DeepEqual(conditionsOf(old)[t], conditionsOf(cur)[t]) {
+			was, is := conditionsOf(old), conditionsOf(cur)
+			for _, t := range keys(was, is) {
+				if equality.Semantic.DeepEqual(was[t], is[t]) {
 					continue
 				}
 				if !h.Writer.OwnsCondition(t) {
@@ -229,12 +242,18 @@ func locked(base client.Object) client.Patch {
 	return client.MergeFromWithOptions(base, client.MergeFromWithOptimisticLock{})
 }
 
+// statusField is o's Status field, addressed: every kind a writer is
+// declared for has one.
+func statusField(o client.Object) any {
+	return reflect.ValueOf(o).Elem().FieldByName("Status").Addr().Interface()
+}
+
+// statusOf is o's status as JSON would have it.
 func statusOf(o client.Object) (map[string]any, error) {
-	u, err := runtime.DefaultUnstructuredConverter.ToUnstructured(o)
+	st, err := runtime.DefaultUnstructuredConverter.ToUnstructured(statusField(o))
 	if err != nil {
 		return nil, fmt.Errorf("reading %T's status: %w", o, err)
 	}
-	st, _ := u["status"].(map[string]any)
 	return st, nil
 }
 

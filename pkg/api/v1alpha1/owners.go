@@ -113,6 +113,3 @@ func (p *ProxyPool) Observe() { p.Status.ObservedGeneration = p.Generation }
 
 // Observe records that the status reflects the current generation.
 func (s *ProxySource) Observe() { s.Status.ObservedGeneration = s.Generation }
-
-// Observe records that the status reflects the current generation.
-func (t *Tenant) Observe() { t.Status.ObservedGeneration = t.Generation }

@@ -62,10 +62,7 @@ func (r *Reconciler) patchStatus(ctx context.Context, s *scope, succeeded bool) 
 	if s.released {
 		return nil
 	}
-	if succeeded && s.px.DeletionTimestamp.IsZero() {
-		s.px.Observe()
-	}
-	wrote, err := statuspatch.New(v1.WriterLifecycle, r.client).Patch(ctx, s.base, s.px)
+	wrote, err := statuspatch.New(v1.WriterLifecycle, r.client).Write(ctx, s.base, s.px, succeeded)
 	if err != nil {
 		return fmt.Errorf("patching status: %w", err)
 	}

@@ -101,6 +101,7 @@ func (a *Autoscaler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 // holds a scale-up back until it has.
 func demandOf(pool *v1.ProxyPool, proxies []v1.Proxy, snap leaseview.Snapshot, now time.Time) demand {
 	d := demand{current: pool.DesiredReplicas(), refused: snap.Refused(pool.Namespace, pool.Spec.Template.Spec.Attributes)}
+	startup := pool.StartupTimeout()
 	active := 0
 	for i := range proxies {
 		px := &proxies[i]
@@ -114,7 +115,7 @@ func demandOf(pool *v1.ProxyPool, proxies []v1.Proxy, snap leaseview.Snapshot, n
 		d.leases += int64(snap.Leases[px.Key()])
 		if px.IsReady() && px.Status.IsHealthy() {
 			d.leasable++
-		} else if now.Sub(px.CreationTimestamp.Time) < pool.StartupTimeout() {
+		} else if now.Sub(px.CreationTimestamp.Time) < startup {
 			d.settling = true
 		}
 	}
