@@ -5,6 +5,7 @@
 package sanitize
 
 import (
+	"regexp"
 	"strings"
 	"unicode"
 	"unicode/utf8"
@@ -55,4 +56,18 @@ func cut(s string, max int) string {
 		end--
 	}
 	return s[:end] + ellipsis
+}
+
+// userinfo is the user:pass@ of a URL in text: a scheme, then anything
+// up to an @ before the host's first slash, space or quote.
+var userinfo = regexp.MustCompile(`([A-Za-z][A-Za-z0-9+.-]*://)[^/?#@\s"'<>]*@`)
+
+// Userinfo removes the user name and password of every URL in s: a
+// source's URL may carry them, and it is quoted in conditions, Events,
+// logs and reports that more people read than may use them.
+func Userinfo(s string) string {
+	if !strings.Contains(s, "@") {
+		return s
+	}
+	return userinfo.ReplaceAllString(s, "${1}")
 }

@@ -37,3 +37,18 @@ func TestTextOfAHugeReasonIsBounded(t *testing.T) {
 	assert.Len(t, got, MaxReason)
 	assert.True(t, strings.HasSuffix(got, "…"))
 }
+
+func TestUserinfo(t *testing.T) {
+	cases := []struct{ name, in, want string }{
+		{"user and password", "fetching https://u:secret@lists.example/x: refused", "fetching https://lists.example/x: refused"},
+		{"user only", `Get "http://token@10.0.0.1:8080/p?a=b": EOF`, `Get "http://10.0.0.1:8080/p?a=b": EOF`},
+		{"Go's starred password", "https://u:***@h/x", "https://h/x"},
+		{"two URLs", "a http://x:y@h1/ b https://z@h2", "a http://h1/ b https://h2"},
+		{"an @ in the path is kept", "https://h/users/@me", "https://h/users/@me"},
+		{"an e-mail is not a URL", "mail ops@example.com", "mail ops@example.com"},
+		{"no URL", "nothing here", "nothing here"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) { assert.Equal(t, c.want, Userinfo(c.in)) })
+	}
+}

@@ -58,6 +58,17 @@ type ProxySourceSpec struct {
 	// +kubebuilder:validation:Maximum=100
 	// +optional
 	MaxShrinkPercent *int32 `json:"maxShrinkPercent,omitempty"`
+
+	// MaxEntries bounds the members a list or URL source makes: valid
+	// entries past it are counted in the Synced condition, not made. It
+	// is what keeps a list, which anyone serving the URL may write, from
+	// costing the controller memory or etcd objects without bound. A
+	// vendor source is bounded by sessions × countries (at most 10000).
+	// +kubebuilder:default=10000
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=10000
+	// +optional
+	MaxEntries *int32 `json:"maxEntries,omitempty"`
 }
 
 // SourceFormat is how a list's entries are written.

@@ -16,6 +16,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/yaml"
 
 	v1 "github.com/egress-proxies/egress-proxies/pkg/api/v1alpha1"
 	"github.com/egress-proxies/egress-proxies/pkg/testenv"
@@ -129,13 +130,34 @@ func TestStatusWithoutTheBrokers(t *testing.T) {
 	assert.Contains(t, out, "kubectl egress uncordon cordoned -n "+ns, "the fix is a command")
 }
 
-// report writes a zip of what a bug report needs and nothing secret: a
-// Proxy's inline cloud-init is redacted, and no Secret is read.
+// report writes a zip of what a bug report needs and nothing secret:
+// every inline cloud-init (a Proxy's, a ProxyPool template's) and a
+// source URL's user name and password are redacted, and no Secret is
+// read.
 func TestReportRedacts(t *testing.T) {
 	ns := api.Namespace(t, "plugin")
 	px := &v1.Proxy{ObjectMeta: metav1.ObjectMeta{Name: "vm", Namespace: ns}, Spec: v1.ProxySpec{Mode: v1.ModeManaged, Provider: "gcp",
 		CloudInit: &v1.CloudInit{Inline: "#cloud-config\nchpasswd: {list: 'root:hunter2hunter2'}"}}}
 	require.NoError(t, api.Client.Create(context.Background(), px))
+	pool := &v1.ProxyPool{}
+	require.NoError(t, yaml.Unmarshal([]byte(`
+metadata: {name: vms}
+spec:
+  replicas: 0
+  template:
+    spec:
+      provider: gcp
+      cloudInit:
+        inline: |
+          #cloud-config
+          ssh_authorized_keys:
+            - ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIPoolKeyPoolKey ops
+`), pool))
+	pool.Namespace = ns
+	require.NoError(t, api.Client.Create(context.Background(), pool))
+	src := &v1.ProxySource{ObjectMeta: metav1.ObjectMeta{Name: "list", Namespace: ns},
+		Spec: v1.ProxySourceSpec{URL: &v1.SourceURL{URL: "https://lister:listpass99@lists.example/proxies"}}}
+	require.NoError(t, api.Client.Create(context.Background(), src))
 	file := filepath.Join(t.TempDir(), "report.zip")
 	code, out, errOut := plugin(t, "report", "-n", ns, "--output-file", file)
 	require.Equal(t, 0, code, errOut)
@@ -155,8 +177,12 @@ func TestReportRedacts(t *testing.T) {
 		assert.Contains(t, files, name)
 	}
 	assert.Contains(t, files["objects/proxies.yaml"], "name: vm")
+	assert.Contains(t, files["objects/proxypools.yaml"], "name: vms")
+	assert.Contains(t, files["objects/proxysources.yaml"], "https://lists.example/proxies")
 	for name, body := range files {
 		assert.NotContains(t, body, "hunter2hunter2", "%s carries the cloud-init's password", name)
+		assert.NotContains(t, body, "PoolKeyPoolKey", "%s carries the pool template's SSH key", name)
+		assert.NotContains(t, body, "listpass99", "%s carries the source URL's password", name)
 	}
 	assert.Contains(t, files["check-install.json"], `"ok": false`, "the install's faults are in it")
 	code, _, errOut = plugin(t, "report", "-n", ns, "--output-file", file)
@@ -170,7 +196,7 @@ func TestRedactorScrubs(t *testing.T) {
 		`Authorization: Bearer abc.def`:       `Authorization: Bearer [REDACTED]`,
 		`the token s3cr3t-token-value leaked`: `the token [REDACTED] leaked`,
 		`{"password":"hunter2"}`:              `{"password":"[REDACTED]"}`,
-		`redis://u:pw@x token=abc&x=1`:        `redis://u:pw@x token=[REDACTED]&x=1`,
+		`redis://u:pw@x token=abc&x=1`:        `redis://x token=[REDACTED]&x=1`,
 		`nothing here`:                        `nothing here`,
 	} {
 		assert.Equal(t, want, string(r.scrub([]byte(in))), in)

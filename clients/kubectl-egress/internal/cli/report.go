@@ -22,6 +22,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	v1 "github.com/egress-proxies/egress-proxies/pkg/api/v1alpha1"
+	"github.com/egress-proxies/egress-proxies/pkg/sanitize"
 )
 
 // secretish finds what must not leave in a report even where a log or a
@@ -39,7 +40,42 @@ func (r redactor) scrub(b []byte) []byte {
 			s = strings.ReplaceAll(s, k, "[REDACTED]")
 		}
 	}
-	return []byte(secretish.ReplaceAllString(s, "${1}[REDACTED]"))
+	return []byte(secretish.ReplaceAllString(sanitize.Userinfo(s), "${1}[REDACTED]"))
+}
+
+// redactCloudInit replaces every inline cloud-init in v (a Proxy's, a
+// ProxyPool template's, any to come) by walking v as JSON: user-data
+// holds SSH keys, htpasswd lines and passwords no regular expression
+// can tell from the rest of it.
+func redactCloudInit(v any) (any, error) {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return nil, err
+	}
+	var tree any
+	if err := json.Unmarshal(b, &tree); err != nil {
+		return nil, err
+	}
+	var walk func(any)
+	walk = func(n any) {
+		switch n := n.(type) {
+		case map[string]any:
+			for k, c := range n {
+				if ci, ok := c.(map[string]any); ok && k == "cloudInit" {
+					if _, inline := ci["inline"]; inline {
+						ci["inline"] = "[REDACTED]"
+					}
+				}
+				walk(c)
+			}
+		case []any:
+			for _, c := range n {
+				walk(c)
+			}
+		}
+	}
+	walk(tree)
+	return tree, nil
 }
 
 func (e *env) reportCmd() *cobra.Command {
@@ -87,6 +123,11 @@ func (e *env) report(ctx context.Context, file string, logLines int64) error {
 		}
 	}
 	putYAML := func(name string, v any) {
+		v, err := redactCloudInit(v)
+		if err != nil {
+			problems = append(problems, name+": "+err.Error())
+			return
+		}
 		b, err := yaml.Marshal(v)
 		if err != nil {
 			problems = append(problems, name+": "+err.Error())
@@ -122,8 +163,8 @@ func (e *env) report(ctx context.Context, file string, logLines int64) error {
 	b, _ := json.MarshalIndent(e.checkInstall(ctx), "", "  ")
 	put("check-install.json", b)
 
-	// The project's objects, without managedFields and without a Proxy's
-	// inline cloud-init (user-data often holds credentials).
+	// The project's objects, without managedFields; putYAML redacts every
+	// inline cloud-init.
 	lists := map[string]client.ObjectList{
 		"proxies": &v1.ProxyList{}, "proxypools": &v1.ProxyPoolList{}, "proxysources": &v1.ProxySourceList{}, "targetpolicies": &v1.TargetPolicyList{}, "tenants": &v1.TenantList{},
 	}
@@ -131,13 +172,6 @@ func (e *env) report(ctx context.Context, file string, logLines int64) error {
 		if err := e.kube.List(ctx, l, client.InNamespace(e.scope())); err != nil {
 			note(name, err)
 			continue
-		}
-		if pl, ok := l.(*v1.ProxyList); ok {
-			for i := range pl.Items {
-				if ci := pl.Items[i].Spec.CloudInit; ci != nil && ci.Inline != "" {
-					ci.Inline = "[REDACTED]"
-				}
-			}
 		}
 		putYAML("objects/"+name+".yaml", stripManaged(l))
 	}

@@ -277,7 +277,7 @@ func addSourceController(mgr ctrl.Manager, log *slog.Logger, o Options, leases l
 		return err
 	}
 	rec := proxysource.New(mgr.GetClient(), sources, leases, mgr.GetEventRecorder(EventSource), log.With("controller", "proxysource"),
-		proxysource.Options{Egress: o.egress, Meter: meter, SecretNamespaces: o.secretNamespaces})
+		proxysource.Options{Egress: o.egress, Deny: o.deny, Meter: meter, SecretNamespaces: o.secretNamespaces})
 	if err := rec.SetupWithManager(mgr); err != nil {
 		return fmt.Errorf("setting up the ProxySource controller: %w", err)
 	}

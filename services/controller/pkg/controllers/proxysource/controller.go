@@ -16,6 +16,7 @@ package proxysource
 import (
 	"context"
 	"log/slog"
+	"maps"
 	"strconv"
 	"sync"
 	"time"
@@ -51,6 +52,9 @@ type Options struct {
 	Settle time.Duration
 	// Egress holds URL fetches, as it holds probes.
 	Egress netpolicy.Egress
+	// Deny is the proxy-address policy (--probe-deny-cidrs): an entry
+	// at an address in it is rejected, not made a member.
+	Deny netpolicy.DenyList
 	// Meter, when set, counts the bytes probes spend through proxies, for
 	// sources with a probe budget.
 	Meter Meter
@@ -105,7 +109,7 @@ func New(c client.Client, sources cache.Cache, leases leaseview.Source, recorder
 	if opts.Clock == nil {
 		opts.Clock = clock.RealClock{}
 	}
-	return &Reconciler{client: c, reader: reader{cache: sources, egress: opts.Egress, namespaces: opts.SecretNamespaces}, sources: sources, leases: leases,
+	return &Reconciler{client: c, reader: reader{cache: sources, egress: opts.Egress, deny: opts.Deny, namespaces: opts.SecretNamespaces}, sources: sources, leases: leases,
 		recorder: recorder, log: log, opts: opts, fetched: map[types.NamespacedName]fetch{}, spent: map[types.NamespacedName]spent{}}
 }
 
@@ -250,6 +254,9 @@ func (r *Reconciler) reconcileNormal(ctx context.Context, src *v1.ProxySource) (
 	if len(p.drain) > 0 {
 		next = minPositive(next, l.settle)
 	}
+	if p.pending > 0 {
+		next = minPositive(next, time.Second)
+	}
 	if src.Spec.ProbeBudget != nil {
 		next = minPositive(next, meterEvery)
 	}
@@ -319,19 +326,17 @@ func (r *Reconciler) read(ctx context.Context, src *v1.ProxySource, now time.Tim
 	return rd
 }
 
-// withAttributes gives every entry the source's attributes, under its
-// own (a vendor session's country, a JSON entry's).
+// withAttributes gives every entry the source's attributes over its own
+// (a vendor session's country, a JSON entry's): the spec is written by
+// whoever may edit the source, the entries by whoever serves the list,
+// and a Tenant's selector must not be claimable from a list.
 func withAttributes(src *v1.ProxySource, entries map[string]Entry) map[string]Entry {
 	out := make(map[string]Entry, len(entries))
 	for id, e := range entries {
 		if len(src.Spec.Attributes) > 0 {
 			attrs := make(map[string]string, len(src.Spec.Attributes)+len(e.Attributes))
-			for k, v := range src.Spec.Attributes {
-				attrs[k] = v
-			}
-			for k, v := range e.Attributes {
-				attrs[k] = v
-			}
+			maps.Copy(attrs, e.Attributes)
+			maps.Copy(attrs, src.Spec.Attributes)
 			e.Attributes = attrs
 		}
 		out[id] = e

@@ -1,11 +1,14 @@
 package proxysource
 
 import (
+	"bufio"
 	"bytes"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"io"
 	"net"
 	"regexp"
 	"strconv"
@@ -14,6 +17,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/validation"
 
 	v1 "github.com/egress-proxies/egress-proxies/pkg/api/v1alpha1"
+	"github.com/egress-proxies/egress-proxies/pkg/netpolicy"
 )
 
 // Entry is one proxy a source names. Host, port and user name together
@@ -47,12 +51,40 @@ func memberName(source string, e Entry) string {
 // maxRejected bounds the rejected entries a status names.
 const maxRejected = 10
 
+// DefaultMaxEntries is spec.maxEntries' default, and a vendor source's
+// bound (sessions × countries).
+const DefaultMaxEntries = 10000
+
+// maxLine bounds one line of a list: the longest valid one (a 253-byte
+// host, a port, a 256-byte user name and password) is under a kilobyte.
+const maxLine = 4 << 10
+
 // parsed is what one read of a source gave: the valid entries, by
-// identity, and why each bad one was skipped.
+// identity, up to the source's cap; why each bad one was skipped; how
+// many valid ones the cap left out.
 type parsed struct {
 	entries  map[string]Entry
 	rejected []string
 	total    int
+	rules
+	// over counts the valid entries past the limit.
+	over int
+}
+
+// rules are what an entry is held to beyond its syntax.
+type rules struct {
+	// limit is the most entries kept (spec.maxEntries).
+	limit int
+	// deny is the proxy-address policy: no member may be made at an
+	// address in it, whoever wrote the list.
+	deny netpolicy.DenyList
+}
+
+func newParsed(r rules) parsed {
+	if r.limit <= 0 {
+		r.limit = DefaultMaxEntries
+	}
+	return parsed{entries: map[string]Entry{}, rules: r}
 }
 
 func (p *parsed) reject(format string, args ...any) {
@@ -67,8 +99,18 @@ func (p *parsed) add(where string, e Entry) {
 		p.reject("%s: %v", where, err)
 		return
 	}
+	if prefix, denied := p.deny.DeniesHost(e.Host); denied {
+		p.reject("%s: %s is in the proxy-address deny list (%s)", where, e.Host, prefix)
+		return
+	}
 	if _, dup := p.entries[e.Identity()]; dup {
 		p.reject("%s: %s is listed twice", where, e.Identity())
+		return
+	}
+	if len(p.entries) >= p.limit {
+		// Counted, not kept: the cap is what bounds the controller's
+		// memory and the members one list can make.
+		p.over++
 		return
 	}
 	p.entries[e.Identity()] = e
@@ -103,36 +145,89 @@ func validEntry(e Entry) error {
 	return nil
 }
 
-// parse reads body in format.
-func parse(body []byte, format v1.SourceFormat) parsed {
-	p := parsed{entries: map[string]Entry{}}
+// parse reads body in format as it streams, keeping at most r.limit
+// entries: what it holds is bounded by the cap and a line, never by the
+// body. The error is body's own (a failed or oversized read); what is
+// wrong with the list is in the result's rejections.
+func parse(body io.Reader, format v1.SourceFormat, r rules) (parsed, error) {
+	p := newParsed(r)
 	if format == v1.FormatJSON {
-		var list []Entry
-		dec := json.NewDecoder(bytes.NewReader(body))
-		dec.DisallowUnknownFields()
-		if err := dec.Decode(&list); err != nil {
-			// One array: it is whole or it is garbage.
-			p.reject("the body is not a JSON array of {host, port, username, password, attributes}: %v", err)
-			return p
-		}
-		for i, e := range list {
-			p.add(fmt.Sprintf("entry %d", i), e)
-		}
-		return p
+		return p, parseJSON(&p, body)
 	}
-	for i, line := range strings.Split(string(body), "\n") {
-		line = strings.TrimSpace(line)
-		if line == "" || strings.HasPrefix(line, "#") {
-			continue
+	br := bufio.NewReaderSize(body, maxLine)
+	for n := 1; ; n++ {
+		line, err := br.ReadSlice('\n')
+		if errors.Is(err, bufio.ErrBufferFull) {
+			p.reject("line %d: longer than %d bytes", n, maxLine)
+			for errors.Is(err, bufio.ErrBufferFull) {
+				_, err = br.ReadSlice('\n')
+			}
+			line = nil
 		}
-		e, err := parseLine(line)
+		if err != nil && !errors.Is(err, io.EOF) {
+			return p, err
+		}
+		if t := bytes.TrimSpace(line); len(t) > 0 && t[0] != '#' {
+			if e, perr := parseLine(string(t)); perr != nil {
+				p.reject("line %d: %v", n, perr)
+			} else {
+				p.add(fmt.Sprintf("line %d", n), e)
+			}
+		}
 		if err != nil {
-			p.reject("line %d: %v", i+1, err)
-			continue
+			return p, nil
 		}
-		p.add(fmt.Sprintf("line %d", i+1), e)
 	}
-	return p
+}
+
+// parseJSON reads one array of entries an element at a time. The array
+// is whole or garbage: a syntax error anywhere leaves no entry.
+func parseJSON(p *parsed, body io.Reader) error {
+	cr := &bodyErr{r: body}
+	dec := json.NewDecoder(cr)
+	dec.DisallowUnknownFields()
+	garbage := func(err error) error {
+		if cr.err != nil {
+			return cr.err
+		}
+		p.entries, p.over, p.rejected, p.total = map[string]Entry{}, 0, nil, 0
+		p.reject("the body is not a JSON array of {host, port, username, password, attributes}: %v", err)
+		return nil
+	}
+	if tok, err := dec.Token(); err != nil || tok != json.Delim('[') {
+		if err == nil {
+			err = fmt.Errorf("it starts with %v, not [", tok)
+		}
+		return garbage(err)
+	}
+	for i := 0; dec.More(); i++ {
+		var e Entry
+		if err := dec.Decode(&e); err != nil {
+			return garbage(err)
+		}
+		p.add(fmt.Sprintf("entry %d", i), e)
+	}
+	if _, err := dec.Token(); err != nil {
+		return garbage(err)
+	}
+	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
+		return garbage(fmt.Errorf("something follows the array"))
+	}
+	return nil
+}
+
+// bodyErr keeps the body's own error apart from the decoder's.
+type bodyErr struct {
+	r   io.Reader
+	err error
+}
+
+func (c *bodyErr) Read(b []byte) (int, error) {
+	n, err := c.r.Read(b)
+	if err != nil && !errors.Is(err, io.EOF) {
+		c.err = err
+	}
+	return n, err
 }
 
 // parseLine reads host:port[:user:pass]; an IPv6 host goes in brackets.

@@ -158,11 +158,43 @@ func (r *Reconciler) deleteMember(ctx context.Context, src *v1.ProxySource, px *
 	if px.Spec.CredentialsSecretRef == nil {
 		return nil
 	}
-	s := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: px.Namespace, Name: px.Spec.CredentialsSecretRef.Name}}
-	if err := r.client.Delete(ctx, s); client.IgnoreNotFound(err) != nil {
-		return fmt.Errorf("deleting the credentials of member %s: %w", px.Name, err)
+	return r.deleteCredentials(ctx, src, px.Namespace, px.Name)
+}
+
+// deleteCredentials deletes the credentials Secret the source made for
+// member name, and only that: the Secret is found by the name the source
+// gave it, never by the member's credentialsSecretRef (which whoever may
+// edit Proxies can point anywhere), and it must be controlled by src.
+func (r *Reconciler) deleteCredentials(ctx context.Context, src *v1.ProxySource, ns, name string) error {
+	s, err := r.ownCredentials(ctx, src, ns, name)
+	if s == nil || err != nil {
+		return client.IgnoreNotFound(err)
+	}
+	if err := r.client.Delete(ctx, s, client.Preconditions{UID: &s.UID}); client.IgnoreNotFound(err) != nil {
+		return fmt.Errorf("deleting the credentials of member %s: %w", name, err)
 	}
 	return nil
+}
+
+// ownCredentials reads the Secret named name: nil when it is missing, an
+// error naming it when src does not control it.
+func (r *Reconciler) ownCredentials(ctx context.Context, src *v1.ProxySource, ns, name string) (*corev1.Secret, error) {
+	var s corev1.Secret
+	if err := r.sources.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, &s); err != nil {
+		return nil, client.IgnoreNotFound(err)
+	}
+	if !metav1.IsControlledBy(&s, src) {
+		return nil, &ForeignSecretError{Namespace: ns, Name: name, Source: src.Name}
+	}
+	return &s, nil
+}
+
+// ForeignSecretError says a Secret where a member's credentials belong is
+// not the source's: it is left alone, neither written nor deleted.
+type ForeignSecretError struct{ Namespace, Name, Source string }
+
+func (e *ForeignSecretError) Error() string {
+	return fmt.Sprintf("Secret %s/%s is not controlled by ProxySource %s, so it is neither written nor deleted; delete or rename it to let the source keep its member's credentials there", e.Namespace, e.Name, e.Source)
 }
 
 // syncMember brings a member's mutable part (attributes, health check,
@@ -178,23 +210,22 @@ func (r *Reconciler) syncMember(ctx context.Context, src *v1.ProxySource, px *v1
 	if e.Username == "" {
 		return nil
 	}
-	var s corev1.Secret
-	err := r.sources.Get(ctx, client.ObjectKey{Namespace: px.Namespace, Name: px.Name}, &s)
+	s, err := r.ownCredentials(ctx, src, px.Namespace, px.Name)
 	switch {
-	case apierrors.IsNotFound(err):
+	case err != nil:
+		return fmt.Errorf("member %s: %w", px.Name, err)
+	case s == nil:
 		want, err := r.credentials(src, px.Name, e)
 		if err == nil {
 			err = client.IgnoreAlreadyExists(r.client.Create(ctx, want))
 		}
-		return err
-	case err != nil:
 		return err
 	case string(s.Data["password"]) == e.Password && string(s.Data["username"]) == e.Username:
 		return nil
 	}
 	next := s.DeepCopy()
 	next.Data = map[string][]byte{"username": []byte(e.Username), "password": []byte(e.Password)}
-	if err := r.client.Patch(ctx, next, client.MergeFrom(&s)); err != nil {
+	if err := r.client.Patch(ctx, next, client.MergeFromWithOptions(s, client.MergeFromWithOptimisticLock{})); err != nil {
 		return fmt.Errorf("updating the credentials of member %s: %w", px.Name, err)
 	}
 	return nil

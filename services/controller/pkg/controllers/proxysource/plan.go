@@ -35,7 +35,9 @@ type limits struct {
 // entry left, delete those whose drain ended. It decides nothing about
 // the members' content, which execute keeps in step with their entries.
 type plan struct {
-	create   []Entry
+	create []Entry
+	// pending counts the creates left for the next sync.
+	pending  int
 	undrain  []string
 	drain    []string
 	delete   []string
@@ -43,6 +45,11 @@ type plan struct {
 	held     *held
 	draining int
 }
+
+// createsPerSync bounds the members one reconcile creates: a list of
+// thousands becomes members over several syncs a second apart, each
+// short, not one reconcile that holds a worker for minutes.
+const createsPerSync = 500
 
 // held is a shrink waiting for confirmation: from members to the
 // entries the source now lists.
@@ -103,6 +110,10 @@ func decide(l limits, desired map[string]Entry, members []*member, leasesAt, now
 		p.whyGone[name] = "it left the source"
 	}
 	slices.SortFunc(p.create, func(a, b Entry) int { return strings.Compare(a.Identity(), b.Identity()) })
+	if len(p.create) > createsPerSync {
+		p.pending = len(p.create) - createsPerSync
+		p.create = p.create[:createsPerSync]
+	}
 	slices.Sort(p.drain)
 	slices.Sort(p.undrain)
 	slices.Sort(p.delete)

@@ -1,6 +1,7 @@
 package proxysource
 
 import (
+	"fmt"
 	"maps"
 	"slices"
 	"testing"
@@ -76,20 +77,36 @@ func TestDecide(t *testing.T) {
 	}
 }
 
-func TestParseLinesAndJSON(t *testing.T) {
-	p := parse([]byte("a.example:1\n[fd00::1]:2:u:p:with:colons\nb.example:3:u\n"), v1.FormatLines)
-	assert.Equal(t, []string{"[fd00::1]:2 u", "a.example:1"}, sortedKeys(p.entries))
-	assert.Equal(t, "p:with:colons", p.entries["[fd00::1]:2 u"].Password, "a password may hold colons")
-	assert.Equal(t, []string{"line 3: credentials must be user:pass"}, p.rejected)
+// A list of thousands becomes members createsPerSync at a time, in a
+// stable order, the rest counted for the next sync.
+func TestDecideCreatesABigListOverSeveralSyncs(t *testing.T) {
+	now := time.Unix(1_000_000, 0)
+	l := limits{drainTimeout: time.Minute, settle: time.Second, maxShrinkPercent: 50, confirmed: -1}
+	desired := map[string]Entry{}
+	for i := range createsPerSync + 7 {
+		e := Entry{Host: fmt.Sprintf("h%04d.example", i), Port: 1}
+		desired[e.Identity()] = e
+	}
+	p := decide(l, desired, nil, now, now)
+	require.Len(t, p.create, createsPerSync)
+	assert.Equal(t, 7, p.pending)
+	assert.Equal(t, "h0000.example", p.create[0].Host)
 
-	p = parse([]byte(`[{"host":"h","port":1,"attributes":{"bad key!":"x"}},{"host":"g","port":2,"extra":1}]`), v1.FormatJSON)
-	assert.Empty(t, p.entries, "an unknown field makes the whole array garbage")
-	require.Len(t, p.rejected, 1)
-	assert.Contains(t, p.rejected[0], `unknown field "extra"`)
+	var members []*member
+	for _, e := range p.create {
+		members = append(members, &member{name: e.Host, identity: e.Identity()})
+	}
+	p = decide(l, desired, members, now, now)
+	assert.Len(t, p.create, 7, "the next sync creates the rest")
+	assert.Zero(t, p.pending)
+}
 
-	p = parse([]byte(`[{"host":"h","port":1,"attributes":{"bad key!":"x"}},{"host":"g","port":2}]`), v1.FormatJSON)
-	assert.Equal(t, []string{"g:2"}, sortedKeys(p.entries))
-	assert.Equal(t, []string{`entry 0: attribute name "bad key!" is not 1-63 letters, digits, '-', '_' or '.'`}, p.rejected)
+// The source's spec.attributes win over an entry's: a list server cannot
+// claim a Tenant's selector key.
+func TestSpecAttributesWinOverAnEntrys(t *testing.T) {
+	src := &v1.ProxySource{Spec: v1.ProxySourceSpec{Attributes: map[string]string{"team": "a", "geo": "eu"}}}
+	got := withAttributes(src, map[string]Entry{"h:1": {Host: "h", Port: 1, Attributes: map[string]string{"team": "b", "tier": "resi"}}})
+	assert.Equal(t, map[string]string{"team": "a", "geo": "eu", "tier": "resi"}, got["h:1"].Attributes)
 }
 
 func sortedKeys(m map[string]Entry) []string { return slices.Sorted(maps.Keys(m)) }

@@ -1,9 +1,11 @@
 package proxysource
 
 import (
+	"bytes"
 	"context"
 	"crypto/tls"
 	"crypto/x509"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -17,6 +19,7 @@ import (
 	v1 "github.com/egress-proxies/egress-proxies/pkg/api/v1alpha1"
 	"github.com/egress-proxies/egress-proxies/pkg/kube"
 	"github.com/egress-proxies/egress-proxies/pkg/netpolicy"
+	"github.com/egress-proxies/egress-proxies/pkg/sanitize"
 	"github.com/egress-proxies/egress-proxies/pkg/vendors"
 )
 
@@ -33,6 +36,7 @@ const (
 type reader struct {
 	cache      client.Reader
 	egress     netpolicy.Egress
+	deny       netpolicy.DenyList
 	namespaces []string
 }
 
@@ -41,21 +45,21 @@ func (r *reader) read(ctx context.Context, src *v1.ProxySource) (parsed, error) 
 	if err := kube.CheckSecretNamespace(r.namespaces, src.Namespace, src.Name); err != nil {
 		return parsed{}, fmt.Errorf("ProxySource %s/%s: its ConfigMaps and Secrets are not read in namespace %s; add it to the chart's secretNamespaces (--secret-namespaces)", src.Namespace, src.Name, src.Namespace)
 	}
+	rs := rules{limit: DefaultMaxEntries, deny: r.deny}
+	if m := src.Spec.MaxEntries; m != nil {
+		rs.limit = int(*m)
+	}
 	switch s := src.Spec; {
 	case s.List != nil:
 		body, err := r.listBody(ctx, src.Namespace, s.List)
 		if err != nil {
 			return parsed{}, err
 		}
-		return parse(body, formatOr(s.List.Format)), nil
+		return parse(bytes.NewReader(body), formatOr(s.List.Format), rs)
 	case s.URL != nil:
-		body, err := r.fetch(ctx, src.Namespace, s.URL)
-		if err != nil {
-			return parsed{}, err
-		}
-		return parse(body, formatOr(s.URL.Format)), nil
+		return r.fetch(ctx, src.Namespace, s.URL, rs)
 	case s.Vendor != nil:
-		return r.expand(ctx, src)
+		return r.expand(ctx, src, rs)
 	}
 	return parsed{}, fmt.Errorf("spec has none of list, url and vendor")
 }
@@ -113,8 +117,8 @@ func (r *reader) secretKey(ctx context.Context, ns, name, key string) ([]byte, e
 }
 
 // fetch GETs u's list, bounded in time and size, over a connection held
-// to the egress policy.
-func (r *reader) fetch(ctx context.Context, ns string, u *v1.SourceURL) ([]byte, error) {
+// to the egress policy, and parses it as it arrives.
+func (r *reader) fetch(ctx context.Context, ns string, u *v1.SourceURL, rs rules) (parsed, error) {
 	timeout, limit := defaultTimeout, int64(defaultMaxBytes)
 	if u.Timeout != nil {
 		timeout = u.Timeout.Duration
@@ -126,22 +130,23 @@ func (r *reader) fetch(ctx context.Context, ns string, u *v1.SourceURL) ([]byte,
 	if ref := u.CASecretRef; ref != nil {
 		pem, err := r.secretKey(ctx, ns, ref.Name, keyOr(ref.Key, "ca.crt"))
 		if err != nil {
-			return nil, err
+			return parsed{}, err
 		}
 		pool := x509.NewCertPool()
 		if !pool.AppendCertsFromPEM(pem) {
-			return nil, fmt.Errorf("Secret %s/%s key %s holds no PEM certificate", ns, ref.Name, keyOr(ref.Key, "ca.crt"))
+			return parsed{}, fmt.Errorf("Secret %s/%s key %s holds no PEM certificate", ns, ref.Name, keyOr(ref.Key, "ca.crt"))
 		}
 		tlsConf.RootCAs = pool
 	}
+	redacted := sanitize.Userinfo(u.URL)
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u.URL, nil)
 	if err != nil {
-		return nil, fmt.Errorf("spec.url.url: %w", err)
+		return parsed{}, fmt.Errorf("spec.url.url %s: %s", redacted, sanitize.Userinfo(err.Error()))
 	}
 	if ref := u.AuthSecretRef; ref != nil {
 		s, err := r.secret(ctx, ns, ref.Name)
 		if err != nil {
-			return nil, err
+			return parsed{}, err
 		}
 		switch {
 		case len(s.Data["token"]) > 0:
@@ -149,7 +154,7 @@ func (r *reader) fetch(ctx context.Context, ns string, u *v1.SourceURL) ([]byte,
 		case len(s.Data["username"]) > 0:
 			req.SetBasicAuth(string(s.Data["username"]), string(s.Data["password"]))
 		default:
-			return nil, fmt.Errorf("Secret %s/%s has neither a token nor a username", ns, ref.Name)
+			return parsed{}, fmt.Errorf("Secret %s/%s has neither a token nor a username", ns, ref.Name)
 		}
 	}
 	dialer := &net.Dialer{Control: r.egress.Control}
@@ -159,33 +164,58 @@ func (r *reader) fetch(ctx context.Context, ns string, u *v1.SourceURL) ([]byte,
 	}, CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
 	resp, err := c.Do(req)
 	if err != nil {
-		return nil, fmt.Errorf("fetching %s: %w", u.URL, err)
+		return parsed{}, fmt.Errorf("fetching %s: %s", redacted, sanitize.Userinfo(err.Error()))
 	}
 	defer func() { _ = resp.Body.Close() }()
 	if resp.StatusCode != http.StatusOK {
-		return nil, fmt.Errorf("fetching %s: it answered %s", u.URL, resp.Status)
+		return parsed{}, fmt.Errorf("fetching %s: it answered %s", redacted, clip(resp.Status))
 	}
 	if resp.ContentLength > limit {
-		return nil, fmt.Errorf("fetching %s: its body of %d bytes is over spec.url.maxBytes (%d)", u.URL, resp.ContentLength, limit)
+		return parsed{}, fmt.Errorf("fetching %s: its body of %d bytes is over spec.url.maxBytes (%d)", redacted, resp.ContentLength, limit)
 	}
-	body, err := io.ReadAll(io.LimitReader(resp.Body, limit+1))
+	p, err := parse(&capped{r: resp.Body, left: limit}, formatOr(u.Format), rs)
 	switch {
+	case errors.Is(err, errOverMaxBytes):
+		return parsed{}, fmt.Errorf("fetching %s: its body is over spec.url.maxBytes (%d)", redacted, limit)
 	case err != nil:
-		return nil, fmt.Errorf("fetching %s: reading the body: %w", u.URL, err)
-	case int64(len(body)) > limit:
-		return nil, fmt.Errorf("fetching %s: its body is over spec.url.maxBytes (%d)", u.URL, limit)
+		return parsed{}, fmt.Errorf("fetching %s: reading the body: %s", redacted, sanitize.Userinfo(err.Error()))
 	}
-	return body, nil
+	return p, nil
+}
+
+var errOverMaxBytes = errors.New("over spec.url.maxBytes")
+
+// capped reads r until left bytes have passed, then fails: a body over
+// the cap is refused whole, not cut where a line happens to end.
+type capped struct {
+	r    io.Reader
+	left int64
+}
+
+func (c *capped) Read(b []byte) (int, error) {
+	if c.left < 0 {
+		return 0, errOverMaxBytes
+	}
+	if int64(len(b)) > c.left+1 {
+		b = b[:c.left+1]
+	}
+	n, err := c.r.Read(b)
+	c.left -= int64(n)
+	if c.left < 0 {
+		return n, errOverMaxBytes
+	}
+	return n, err
 }
 
 // expand turns a vendor endpoint into one entry per session and country.
-func (r *reader) expand(ctx context.Context, src *v1.ProxySource) (parsed, error) {
+func (r *reader) expand(ctx context.Context, src *v1.ProxySource, rs rules) (parsed, error) {
 	v := src.Spec.Vendor
 	pass, err := r.secretKey(ctx, src.Namespace, v.PasswordSecretRef.Name, "password")
 	if err != nil {
 		return parsed{}, err
 	}
-	p := parsed{entries: map[string]Entry{}}
+	rs.limit = DefaultMaxEntries // the CRD bounds sessions × countries
+	p := newParsed(rs)
 	countries := v.Countries
 	if len(countries) == 0 {
 		countries = []string{""}

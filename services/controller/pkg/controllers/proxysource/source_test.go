@@ -8,6 +8,7 @@ import (
 	"maps"
 	"net/http"
 	"net/http/httptest"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"slices"
@@ -21,6 +22,7 @@ import (
 	"github.com/stretchr/testify/require"
 	corev1 "k8s.io/api/core/v1"
 	eventsv1 "k8s.io/api/events/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -282,6 +284,97 @@ func TestAListInAConfigMapIsKeptInSync(t *testing.T) {
 	}, 10*time.Second, 50*time.Millisecond, "the member's credentials are deleted with it")
 }
 
+// A source deletes and writes only the credential Secrets it made: a
+// member whose credentialsSecretRef was pointed at another Secret (by
+// anyone who may edit Proxies) leaves that Secret alone when it goes, and
+// a Secret of someone else's where a member's credentials belong is
+// named in an error, never overwritten.
+func TestASourceTouchesOnlySecretsItMade(t *testing.T) {
+	h := start(t, netpolicy.Egress{})
+	victim := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "victim", Labels: map[string]string{v1.LabelProxyCredentials: "true"}},
+		Data: map[string][]byte{"username": []byte("other"), "password": []byte("team's")}}
+	h.create(victim, listMap("10.5.0.1:3128:u:p\n10.5.0.2:3128\n"))
+	h.source("list", v1.ProxySourceSpec{List: &v1.SourceList{ConfigMapRef: &v1.KeyRef{Name: "list"}}, MaxShrinkPercent: ptr.To[int32](100)})
+	h.waitFor("list", "ready with 2", ready(2))
+	member := h.members("list")["10.5.0.1:3128 u"]
+	own := member.Spec.CredentialsSecretRef.Name
+
+	// Someone who may edit Proxies points the member at the victim.
+	require.Eventually(t, func() bool {
+		px := h.members("list")["10.5.0.1:3128 u"]
+		px.Spec.CredentialsSecretRef.Name = "victim"
+		return env.Client.Update(context.Background(), px) == nil
+	}, 10*time.Second, 50*time.Millisecond)
+
+	// Its entry leaves; it drains (no lease) and goes.
+	var cm corev1.ConfigMap
+	require.NoError(t, env.Client.Get(context.Background(), client.ObjectKey{Namespace: h.ns, Name: "list"}, &cm))
+	cm.Data["proxies"] = "10.5.0.2:3128\n"
+	require.NoError(t, env.Client.Update(context.Background(), &cm))
+	h.waitFor("list", "ready with 1", ready(1))
+	require.Eventually(t, func() bool {
+		return apierrors.IsNotFound(env.Client.Get(context.Background(), client.ObjectKey{Namespace: h.ns, Name: own}, &corev1.Secret{}))
+	}, 10*time.Second, 50*time.Millisecond, "the Secret the source made is deleted")
+	var got corev1.Secret
+	require.NoError(t, env.Client.Get(context.Background(), client.ObjectKey{Namespace: h.ns, Name: "victim"}, &got), "the victim is not deleted")
+	assert.Equal(t, "team's", string(got.Data["password"]))
+
+	// A foreign Secret already where the returning member's credentials
+	// belong: the member is made, the Secret is not written, the error
+	// says whose it is.
+	squatter := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: own, Labels: map[string]string{v1.LabelProxyCredentials: "true"}},
+		Data: map[string][]byte{"username": []byte("x"), "password": []byte("squatter's")}}
+	h.create(squatter)
+	require.NoError(t, env.Client.Get(context.Background(), client.ObjectKey{Namespace: h.ns, Name: "list"}, &cm))
+	cm.Data["proxies"] = "10.5.0.1:3128:u:p\n10.5.0.2:3128\n"
+	require.NoError(t, env.Client.Update(context.Background(), &cm))
+	require.Eventually(t, func() bool { return h.members("list")["10.5.0.1:3128 u"] != nil }, 10*time.Second, 50*time.Millisecond)
+	time.Sleep(time.Second) // several reconciles
+	require.NoError(t, env.Client.Get(context.Background(), client.ObjectKey{Namespace: h.ns, Name: own}, &got))
+	assert.Equal(t, "squatter's", string(got.Data["password"]), "a Secret the source did not make is never written")
+}
+
+// A list is held to spec.maxEntries and to the proxy-address policy, and
+// Synced says what was left out and why.
+func TestAListIsCappedAndHeldToTheProxyAddressPolicy(t *testing.T) {
+	h := startWith(t, proxysource.Options{Deny: netpolicy.DenyList{netip.MustParsePrefix("169.254.0.0/16")}})
+	h.create(listMap("169.254.169.254:80\n" + lines(5, 0)))
+	h.source("capped", v1.ProxySourceSpec{List: &v1.SourceList{ConfigMapRef: &v1.KeyRef{Name: "list"}}, MaxEntries: ptr.To[int32](3)})
+	s := h.waitFor("capped", "ready with 3", ready(3))
+	assert.Len(t, h.members("capped"), 3)
+	msg := cond(s, v1.ConditionSynced).Message
+	assert.Contains(t, msg, "3 entries applied; 2 more valid entries are past spec.maxEntries (3) and were not applied")
+	assert.Contains(t, msg, "line 1: 169.254.169.254 is in the proxy-address deny list (169.254.0.0/16)")
+}
+
+// A URL's user name and password are in no condition and no Event.
+func TestAURLsUserinfoIsNeverShown(t *testing.T) {
+	allow, err := netpolicy.ParseEgress(netpolicy.DefaultEgressDenyCIDRs, proc.SuiteAllowance, "80,443", "443")
+	require.NoError(t, err)
+	h := start(t, allow)
+	ls := newListServer(t)
+	ls.serve(func(w http.ResponseWriter, _ *http.Request) { http.Error(w, "down", 500) })
+	u := strings.Replace(ls.URL, "http://", "http://lister:hunter2@", 1) + "/list"
+	h.source("creds", v1.ProxySourceSpec{URL: &v1.SourceURL{URL: u}})
+	s := h.waitFor("creds", "failed", synced(v1.ReasonFetchFailed))
+	msg := cond(s, v1.ConditionSynced).Message
+	assert.Contains(t, msg, "fetching "+ls.URL+"/list: it answered 500")
+	var evs eventsv1.EventList
+	require.Eventually(t, func() bool {
+		_ = env.Client.List(context.Background(), &evs, client.InNamespace(h.ns))
+		return len(evs.Items) > 0
+	}, 10*time.Second, 50*time.Millisecond)
+	for _, text := range append([]string{msg}, func() (out []string) {
+		for _, e := range evs.Items {
+			out = append(out, e.Note)
+		}
+		return out
+	}()...) {
+		assert.NotContains(t, text, "hunter2")
+		assert.NotContains(t, text, "lister")
+	}
+}
+
 // A JSON list in a Secret, with per-entry attributes.
 func TestAJSONListInASecret(t *testing.T) {
 	h := start(t, netpolicy.Egress{})
@@ -291,7 +384,7 @@ func TestAJSONListInASecret(t *testing.T) {
 		Attributes: map[string]string{"tier": "isp", "country": "us"}})
 	h.waitFor("json", "ready with 2", ready(2))
 	ms := h.members("json")
-	assert.Equal(t, map[string]string{"tier": "isp", "country": "de"}, ms["10.2.0.1:3128 u"].Spec.Attributes, "the entry's own attributes win")
+	assert.Equal(t, map[string]string{"tier": "isp", "country": "us"}, ms["10.2.0.1:3128 u"].Spec.Attributes, "the spec's attributes win over the list's")
 	assert.Equal(t, map[string]string{"tier": "isp", "country": "us"}, ms["10.2.0.2:3128"].Spec.Attributes)
 }
 

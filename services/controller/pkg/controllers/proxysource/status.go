@@ -59,6 +59,12 @@ func setStatus(src *v1.ProxySource, rd sourceRead, desired map[string]Entry, pro
 		st.Rejected, st.RejectedEntries = int32(got.Rejected()), got.rejected
 		synced.Status, synced.Reason = metav1.ConditionTrue, v1.ReasonSourceApplied
 		synced.Message = fmt.Sprintf("%d entries applied", len(desired))
+		if got.over > 0 {
+			synced.Message += fmt.Sprintf("; %d more valid entries are past spec.maxEntries (%d) and were not applied", got.over, got.limit)
+		}
+		if p.pending > 0 {
+			synced.Message += fmt.Sprintf("; %d new members are created per sync, %d wait for the next", createsPerSync, p.pending)
+		}
 		if got.Rejected() > 0 {
 			synced.Message += fmt.Sprintf("; %d rejected: %s", got.Rejected(), strings.Join(got.rejected, "; "))
 		}
