@@ -202,3 +202,36 @@ func TestRedactorScrubs(t *testing.T) {
 		assert.Equal(t, want, string(r.scrub([]byte(in))), in)
 	}
 }
+
+// --broker off this machine without TLS is refused before any byte is
+// sent, unless --insecure says so; loopback needs no flag.
+func TestPlaintextToARemoteBrokerIsRefused(t *testing.T) {
+	cases := []struct {
+		broker   string
+		insecure bool
+		want     string
+	}{
+		{broker: "typo.example:9090", want: "--broker typo.example:9090 is off this machine and no TLS is configured"},
+		{broker: "10.0.0.7:9090", want: "give --ca-file, or --insecure"},
+		{broker: "typo.example:9090", insecure: true},
+		{broker: "127.0.0.1:9090"},
+		{broker: "[::1]:9090"},
+		{broker: "localhost:9090"},
+		{broker: "no-port", want: `--broker "no-port" is not host:port`},
+	}
+	kc, err := api.WriteKubeconfig(t.TempDir())
+	require.NoError(t, err)
+	var out, errOut bytes.Buffer
+	code := Main([]string{"leases", "-A", "--kubeconfig", kc, "--broker", "typo.example:9090", "--token", "t"}, &out, &errOut)
+	assert.Equal(t, 1, code)
+	assert.Contains(t, errOut.String(), "is off this machine and no TLS is configured", "the verb refuses before dialing")
+	for _, c := range cases {
+		e := &env{broker: c.broker, insecure: c.insecure}
+		err := e.plaintextAllowed()
+		if c.want == "" {
+			assert.NoError(t, err, c.broker)
+		} else {
+			assert.ErrorContains(t, err, c.want, c.broker)
+		}
+	}
+}

@@ -8,6 +8,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/netip"
 	"net/url"
 	"os"
 	"slices"
@@ -98,6 +99,8 @@ func (e *env) leaseClient(ctx context.Context) (*leaseclient.Client, func(), err
 			return nil, nil, err
 		}
 		opts = append(opts, leaseclient.WithTLS(creds))
+	} else if err := e.plaintextAllowed(); err != nil {
+		return nil, nil, err
 	}
 	addr, stop := e.broker, func() {}
 	if addr == "" {
@@ -112,6 +115,24 @@ func (e *env) leaseClient(ctx context.Context) (*leaseclient.Client, func(), err
 		return nil, nil, fmt.Errorf("dialing the lease API at %s: %w", addr, err)
 	}
 	return c, func() { _ = c.Close(); stop() }, nil
+}
+
+// plaintextAllowed refuses to send a token in plaintext to a --broker
+// off this machine unless --insecure says so: a typo in the address would
+// otherwise hand the cluster's token to whoever answers it. Loopback (a
+// port-forward of one's own) stays on this machine.
+func (e *env) plaintextAllowed() error {
+	if e.broker == "" || e.insecure {
+		return nil
+	}
+	host, _, err := net.SplitHostPort(e.broker)
+	if err != nil {
+		return fmt.Errorf("--broker %q is not host:port: %w", e.broker, err)
+	}
+	if ip, err := netip.ParseAddr(host); (err == nil && ip.IsLoopback()) || host == "localhost" {
+		return nil
+	}
+	return fmt.Errorf("--broker %s is off this machine and no TLS is configured (the brokers serve none, or no --ca-file was given): the token would cross the network in plaintext; give --ca-file, or --insecure to send it anyway", e.broker)
 }
 
 func (e *env) brokerTLS(ctx context.Context, in *install) (credentials.TransportCredentials, error) {

@@ -54,6 +54,8 @@ type env struct {
 	release, releaseNS string
 	// broker is the lease API's gRPC address; empty: port-forward.
 	broker, token, caFile, serverName string
+	// insecure allows plaintext to a --broker off this machine.
+	insecure bool
 	output                            string
 	timeout                           time.Duration
 	// namespace is -n, or the kubeconfig context's.
@@ -90,6 +92,7 @@ takes --dry-run.`,
 	pf.StringVar(&e.broker, "broker", "", "the lease API's gRPC address (host:port); default: a port-forward to a broker pod")
 	pf.StringVar(&e.token, "token", "", "the lease API's bearer token; default: $EGRESS_PROXIES_TOKEN, else the release's discovery token Secret")
 	pf.StringVar(&e.caFile, "ca-file", "", "the CA of the brokers' TLS certificate; default: ca.crt of their TLS Secret")
+	pf.BoolVar(&e.insecure, "insecure", false, "allow --broker off loopback without TLS: the token then crosses the network in plaintext")
 	pf.StringVar(&e.serverName, "tls-server-name", "", "the name the brokers' certificate is checked for; default: <release>-broker-grpc.<namespace>.svc")
 	pf.DurationVar(&e.timeout, "timeout", 30*time.Second, "how long one verb may take")
 	e.flags = clientcmd.NewNonInteractiveDeferredLoadingClientConfig(rules, overrides)
