@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bufio"
 	"context"
 	"crypto/tls"
 	"errors"
@@ -376,4 +377,38 @@ func TestTenantsReportsWeighForThemselves(t *testing.T) {
 	assert.Equal(t, []any{"COOLDOWN_STARTED"}, block("ops", b), "a trusted tenant's is the fleet's at once")
 	assert.True(t, cooling("team-c", b))
 	assert.True(t, cooling("team-b", b))
+}
+
+// A watch outlives neither its credential nor its scope: a REST watch
+// whose credential Secret is deleted ends within 10 s (one reread of the
+// Secrets, one re-authorisation of the watch) with an Unauthenticated
+// error line.
+func TestTenantsWatchEndsWithItsCredential(t *testing.T) {
+	f := newTenantFleet(t)
+	req, err := http.NewRequestWithContext(t.Context(), http.MethodGet, f.b.rest+"/v1/proxies:watch", nil)
+	require.NoError(t, err)
+	req.Header.Set("Authorization", "Bearer "+f.tokens["team-a"])
+	resp, err := http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	lines := make(chan string, 64)
+	go func() {
+		defer close(lines)
+		sc := bufio.NewScanner(resp.Body)
+		for sc.Scan() {
+			lines <- sc.Text()
+		}
+	}()
+	require.NoError(t, env.Client.Delete(context.Background(), &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: f.tenants, Name: "team-a-v1"}}))
+	removed := time.Now()
+	var last string
+	for l := range lines {
+		last = l
+	}
+	took := time.Since(removed)
+	t.Logf("the watch ended %s after its credential's Secret was deleted", took.Round(100*time.Millisecond))
+	assert.Contains(t, last, `"error"`)
+	assert.Contains(t, last, "invalid bearer token")
+	assert.Less(t, took, 12*time.Second, "ended within the promised 10 s (and a scheduling margin)")
 }

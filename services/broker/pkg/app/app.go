@@ -22,6 +22,7 @@ import (
 	"github.com/egress-proxies/egress-proxies/pkg/auth"
 	"github.com/egress-proxies/egress-proxies/pkg/certs"
 	"github.com/egress-proxies/egress-proxies/pkg/filewatch"
+	leasev1 "github.com/egress-proxies/egress-proxies/pkg/gen/egressproxies/lease/v1"
 	"github.com/egress-proxies/egress-proxies/pkg/kube"
 	"github.com/egress-proxies/egress-proxies/pkg/service"
 	"github.com/egress-proxies/egress-proxies/pkg/version"
@@ -84,6 +85,13 @@ func Run(ctx context.Context, env service.Env, o Options) error {
 	serverTLS, err := servingTLS(ctx, log, o)
 	if err != nil {
 		return err
+	}
+	o.Leases.Reauthorize = func(ctx context.Context) (*tenant.Tenant, error) {
+		ctx, err := auth.Reverify(ctx, tenants, leasev1.LeaseService_WatchProxies_FullMethodName)
+		if err != nil {
+			return nil, err
+		}
+		return tenant.From(ctx), nil
 	}
 	svc := leases.New(inv, st, idx, pol, o.Leases)
 	go svc.RunWatches(ctx)

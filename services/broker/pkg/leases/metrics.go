@@ -49,5 +49,5 @@ var (
 	watchers = prometheus.NewGauge(prometheus.GaugeOpts{Name: "proxy_operator_broker_watches",
 		Help: "WatchProxies streams open."})
 	watchesEnded = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "proxy_operator_broker_watches_ended_total",
-		Help: "WatchProxies streams the broker ended, by why: behind (WatchBacklog batches of changes unsent), stalled (a batch not taken within WatchSendTimeout: the watcher stopped reading)."}, []string{"why"})
+		Help: "WatchProxies streams the broker ended, by why: behind (WatchBacklog batches of changes unsent), stalled (a batch not taken within --watch-send-timeout: the watcher stopped reading), unauthorized (its credential was removed or its tenant's scope changed)."}, []string{"why"})
 )

@@ -70,12 +70,24 @@ type Config struct {
 	// TokenMaxSelectors is the most distinct selectors one tenant leases
 	// with on each broker within an index's idle time (0: no cap).
 	TokenMaxSelectors int
+	// WatchSendTimeout bounds each batch's send to a watcher: one whose
+	// stream does not take a batch within it (it stopped reading, and
+	// flow control holds the send) is ended, so it pins neither its
+	// batches nor its goroutine. Quiet gaps between batches are not timed.
+	WatchSendTimeout time.Duration
+	// Reauthorize, when set, is who holds the credential of the call ctx
+	// belongs to now, or why no one may use it any more: an open watch
+	// asks it every WatchReauthorize, and ends when the answer, or the
+	// scope it gives, changes. docs/security.md promises 10 s.
+	Reauthorize      func(ctx context.Context) (*tenant.Tenant, error)
+	WatchReauthorize time.Duration
 }
 
 // DefaultConfig is what the flags default to.
 var DefaultConfig = Config{DefaultTTL: 5 * time.Minute, MinTTL: 10 * time.Second, MaxTTL: time.Hour, LeaseCap: 10, BanAware: true,
 	Faults:         store.Faults{Targets: 3, Window: 10 * time.Minute, Period: 30 * time.Minute, MaxFraction: 0.3},
-	TokenMaxLeases: 10000, TokenReportRate: 200, TokenReportBurst: 400, TokenMaxWatches: 64, TokenMaxSelectors: 64}
+	TokenMaxLeases: 10000, TokenReportRate: 200, TokenReportBurst: 400, TokenMaxWatches: 64, TokenMaxSelectors: 64,
+	WatchSendTimeout: 30 * time.Second, WatchReauthorize: 5 * time.Second}
 
 // DefaultPolicy is what the flags default to where no TargetPolicy matches.
 var DefaultPolicy = policy.Target{Policy: store.Policy{CooldownBase: 15 * time.Minute, CooldownMax: 4 * time.Hour, CooldownWindow: time.Hour,
@@ -99,6 +111,12 @@ type Service struct {
 func New(inv *inventory.Inventory, st *store.Store, idx *index.Maintainer, pol *policy.Policies, cfg Config) *Service {
 	if cfg.Clock == nil {
 		cfg.Clock = clock.RealClock{}
+	}
+	if cfg.WatchSendTimeout <= 0 {
+		cfg.WatchSendTimeout = DefaultConfig.WatchSendTimeout
+	}
+	if cfg.WatchReauthorize <= 0 {
+		cfg.WatchReauthorize = DefaultConfig.WatchReauthorize
 	}
 	s := &Service{inv: inv, store: st, idx: idx, pol: pol, cfg: cfg, selectors: newSelectorBudget(idx.IdleTime(), cfg.Clock)}
 	s.hub = newHub(inv, s.views)

@@ -41,12 +41,6 @@ func sameView(a, b inventory.Proxy) bool {
 		a.Reason == b.Reason && a.Pool == b.Pool && maps.Equal(a.Attributes, b.Attributes)
 }
 
-// WatchSendTimeout bounds each batch's send to a watcher: one whose
-// stream does not take a batch within it (it stopped reading, and gRPC's
-// flow control holds the send) is ended, so it pins neither its batches
-// nor its goroutine.
-var WatchSendTimeout = 30 * time.Second
-
 // watch is one open WatchProxies stream, as the hub sees it.
 type watch struct {
 	filter filter
@@ -230,10 +224,13 @@ func (h *hub) subscribe(f filter, caller string, limit tenant.Limit) (*watch, []
 	return w, first, nil
 }
 
-func (h *hub) unsubscribe(w *watch) {
+func (h *hub) unsubscribe(w *watch) { h.end(w, nil) }
+
+// end ends w: its writer sends what it holds, then err.
+func (h *hub) end(w *watch, err error) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	h.endLocked(w, nil)
+	h.endLocked(w, err)
 }
 
 func (h *hub) endLocked(w *watch, err error) {
@@ -301,39 +298,120 @@ func (s *Service) WatchProxies(req *leasev1.WatchProxiesRequest, stream grpc.Ser
 	}
 	defer s.hub.unsubscribe(w)
 	ctx := stream.Context()
-	// The stream is written by one goroutine; this one ends the call when
-	// a send takes longer than WatchSendTimeout, the hub ends the watch,
-	// or the caller leaves. Ending it ends a send held by flow control.
-	sent := make(chan error, 1)
-	progress := make(chan struct{}, 1)
+	// The stream is written by one goroutine, each send timed; this one
+	// ends the call when a send takes longer than cfg.WatchSendTimeout (quiet
+	// gaps between sends are not timed: a quiet fleet is no stall), ends
+	// the watch when its credential or scope changes, or returns when the
+	// caller leaves.
+	var clock sendClock
 	send := func(r *leasev1.WatchProxiesResponse) error {
-		err := stream.Send(r)
-		select {
-		case progress <- struct{}{}:
-		default:
-		}
-		return err
+		clock.begin()
+		defer clock.end()
+		return stream.Send(r)
 	}
+	sent := make(chan error, 1)
 	go func() { sent <- s.stream(ctx, w, first, send) }()
-	stall := time.NewTimer(WatchSendTimeout)
-	defer stall.Stop()
+	sendTimeout, reauthorize := s.cfg.WatchSendTimeout, s.cfg.WatchReauthorize
+	tick := time.NewTicker(min(sendTimeout/4, reauthorize))
+	defer tick.Stop()
+	authorized := time.Now()
+	ended := w.ended
 	for {
 		select {
 		case err := <-sent:
 			return err
-		case <-progress:
-			stall.Reset(WatchSendTimeout)
-		case <-stall.C:
-			watchesEnded.WithLabelValues("stalled").Inc()
-			return status.Errorf(codes.DeadlineExceeded, "this watch took no batch for %s; watch again", WatchSendTimeout)
-		case <-w.ended:
-			if w.err != nil {
+		case <-ended:
+			// A gRPC stream ends here: its held send ends with the
+			// handler. An Aborter's writer sends what it holds and then
+			// the error itself (a stalled one is cut by the timer).
+			if aborterOf(stream) == nil && w.err != nil {
 				return w.err
 			}
+			ended = nil
+		case <-tick.C:
+			if clock.stalled(sendTimeout) {
+				watchesEnded.WithLabelValues("stalled").Inc()
+				return finish(stream, sent, status.Errorf(codes.DeadlineExceeded, "this watch took no batch for %s; watch again", sendTimeout))
+			}
+			if time.Since(authorized) >= reauthorize {
+				authorized = time.Now()
+				if err := s.reauthorize(ctx, req, w.filter); err != nil {
+					watchesEnded.WithLabelValues("unauthorized").Inc()
+					// The writer sends what it holds, then this error.
+					s.hub.end(w, err)
+				}
+			}
 		case <-ctx.Done():
-			return nil
+			return finish(stream, sent, nil)
 		}
 	}
+}
+
+// reauthorize says why a watch opened with filter may no longer go on:
+// its credential is gone or lost the watch verb, or its tenant's scope
+// is no longer what the watch was opened with.
+func (s *Service) reauthorize(ctx context.Context, req *leasev1.WatchProxiesRequest, f filter) error {
+	if s.cfg.Reauthorize == nil {
+		return nil
+	}
+	t, err := s.cfg.Reauthorize(ctx)
+	if err != nil {
+		return err
+	}
+	ns, sel, err := t.Scope(req.GetNamespace(), req.GetSelector())
+	if err != nil {
+		return err
+	}
+	if !slices.Equal(ns, f.namespaces) || !maps.Equal(sel, f.selector) {
+		return t.Denied("TENANT_SCOPE_CHANGED", "tenant %q's namespaces or selector changed since this watch began; watch again to see its scope now", t.Name)
+	}
+	return nil
+}
+
+// Aborter is a stream whose blocked Send another goroutine can end: the
+// REST watch's (by its write deadline). A gRPC stream needs none: the
+// handler's return ends a send that flow control holds.
+type Aborter interface{ Abort() }
+
+type aborterKey struct{}
+
+// WithAborter marks ctx, a stream's, as one a can abort: the mark
+// survives the interceptors' wrapping of the stream, which a type
+// assertion on the stream would not.
+func WithAborter(ctx context.Context, a Aborter) context.Context {
+	return context.WithValue(ctx, aborterKey{}, a)
+}
+
+func aborterOf(stream grpc.ServerStream) Aborter {
+	a, _ := stream.Context().Value(aborterKey{}).(Aborter)
+	return a
+}
+
+// finish returns err once the stream's writer is done, where the stream
+// can make it be: a handler that returned while its writer still wrote
+// would leave two writers on one answer.
+func finish(stream grpc.ServerStream, sent <-chan error, err error) error {
+	if a := aborterOf(stream); a != nil {
+		a.Abort()
+		<-sent
+	}
+	return err
+}
+
+// sendClock times the send in progress, if any.
+type sendClock struct {
+	mu    sync.Mutex
+	since time.Time
+}
+
+func (c *sendClock) begin() { c.mu.Lock(); c.since = time.Now(); c.mu.Unlock() }
+func (c *sendClock) end()   { c.mu.Lock(); c.since = time.Time{}; c.mu.Unlock() }
+
+// stalled says whether the send in progress has taken longer than d.
+func (c *sendClock) stalled(d time.Duration) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return !c.since.IsZero() && time.Since(c.since) > d
 }
 
 // stream sends w's starting set, the synced mark and then its changes

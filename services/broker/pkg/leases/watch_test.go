@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -76,12 +77,12 @@ func watchService(t *testing.T, cfg leases.Config) (*brokertest.Stack, *leases.S
 }
 
 // A watcher that never reads (its sends held by flow control) is ended
-// within WatchSendTimeout: its handler returns, which ends the held send,
+// within cfg.WatchSendTimeout: its handler returns, which ends the held send,
 // and neither its goroutine nor its batches stay pinned.
 func TestAWatcherThatNeverReadsIsEnded(t *testing.T) {
-	defer func(d time.Duration) { leases.WatchSendTimeout = d }(leases.WatchSendTimeout)
-	leases.WatchSendTimeout = 300 * time.Millisecond
-	s, svc := watchService(t, leases.DefaultConfig)
+	cfg := leases.DefaultConfig
+	cfg.WatchSendTimeout = 300 * time.Millisecond
+	s, svc := watchService(t, cfg)
 	s.Proxy(t, "w0", "127.0.0.121", nil)
 	var done <-chan error
 	require.Eventually(t, func() bool {
@@ -192,5 +193,70 @@ func TestAThousandWatchesFanOut(t *testing.T) {
 	for i, st := range streams {
 		st.cancel()
 		assert.NoError(t, <-dones[i])
+	}
+}
+
+// A watch is authorised again every WatchReauthorize: a credential
+// removed ends it Unauthenticated, and a tenant whose namespaces or
+// selector changed ends it PermissionDenied, each while it streams.
+func TestAWatchEndsWhenItsCredentialOrScopeChanges(t *testing.T) {
+	cases := []struct {
+		name string
+		now  func() (*tenant.Tenant, error)
+		code codes.Code
+		msg  string
+	}{
+		{"credential removed", func() (*tenant.Tenant, error) { return nil, status.Error(codes.Unauthenticated, "invalid bearer token") },
+			codes.Unauthenticated, "invalid bearer token"},
+		{"namespaces narrowed", func() (*tenant.Tenant, error) {
+			return &tenant.Tenant{Name: "team", Namespaces: []string{"elsewhere"}, Verbs: []tenant.Verb{tenant.Watch}}, nil
+		}, codes.PermissionDenied, `tenant "team"'s namespaces or selector changed since this watch began`},
+		{"selector narrowed", func() (*tenant.Tenant, error) {
+			return &tenant.Tenant{Name: "team", Selector: map[string]string{"team": "a"}, Verbs: []tenant.Verb{tenant.Watch}}, nil
+		}, codes.PermissionDenied, "watch again to see its scope now"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			var changed atomic.Bool
+			cfg := leases.DefaultConfig
+			cfg.WatchReauthorize = 100 * time.Millisecond
+			cfg.Reauthorize = func(context.Context) (*tenant.Tenant, error) {
+				if changed.Load() {
+					return c.now()
+				}
+				return &tenant.Tenant{Name: "team", Verbs: []tenant.Verb{tenant.Watch}}, nil
+			}
+			s, svc := watchService(t, cfg)
+			s.Proxy(t, "r0", "127.0.0.131", nil)
+			st := newStream("team", false)
+			var done <-chan error
+			require.Eventually(t, func() bool {
+				st = newStream("team", false)
+				done = watch(svc, st)
+				select {
+				case <-st.got:
+					return true
+				case <-done:
+					return false // not synced yet
+				}
+			}, 10*time.Second, 20*time.Millisecond)
+			select {
+			case err := <-done:
+				t.Fatalf("the watch ended before its scope changed: %v", err)
+			case <-time.After(500 * time.Millisecond):
+			}
+			changed.Store(true)
+			go func() {
+				for range st.got {
+				}
+			}()
+			select {
+			case err := <-done:
+				assert.Equal(t, c.code, status.Code(err), "%v", err)
+				assert.Contains(t, status.Convert(err).Message(), c.msg)
+			case <-time.After(5 * time.Second):
+				t.Fatal("the watch outlived its credential's change")
+			}
+		})
 	}
 }

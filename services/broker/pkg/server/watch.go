@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"sync"
 	"time"
 
 	"github.com/grpc-ecosystem/grpc-gateway/v2/runtime"
@@ -16,6 +17,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	leasev1 "github.com/egress-proxies/egress-proxies/pkg/gen/egressproxies/lease/v1"
+	"github.com/egress-proxies/egress-proxies/services/broker/pkg/leases"
 )
 
 // watchREST serves GET /v1/proxies:watch: WatchProxies as newline-
@@ -39,11 +41,13 @@ func watchREST(mux *runtime.ServeMux, in inProcess, writeTimeout time.Duration) 
 		// The request was read: the port's read timeout must not go on
 		// to cancel the watch (net/http cancels a request's context when
 		// its connection's read deadline passes; golang/go#70834).
-		st := &restStream{ctx: ctx, w: w, rc: http.NewResponseController(w), m: m, timeout: writeTimeout}
+		st := &restStream{w: w, rc: http.NewResponseController(w), m: m, timeout: writeTimeout}
+		st.ctx = leases.WithAborter(ctx, st)
 		_ = st.rc.SetReadDeadline(time.Time{})
 		err := in.WatchProxies(req, st)
 		switch {
-		case err == nil:
+		case err == nil, st.isAborted():
+			// A client cut for not reading is sent nothing more.
 		case !st.started:
 			retryAfterHeader(ctx, mux, m, w, r, err)
 		default:
@@ -60,6 +64,26 @@ type restStream struct {
 	m       runtime.Marshaler
 	timeout time.Duration
 	started bool
+
+	// mu orders Abort against a line's deadline: once aborted, no line
+	// moves the deadline forward again.
+	mu      sync.Mutex
+	aborted bool
+}
+
+// Abort implements leases.Aborter: a line blocked on a client that does
+// not read fails now, and no line is written after it.
+func (s *restStream) Abort() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.aborted = true
+	_ = s.rc.SetWriteDeadline(time.Now())
+}
+
+func (s *restStream) isAborted() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.aborted
 }
 
 func (s *restStream) Send(r *leasev1.WatchProxiesResponse) error { return s.line("result", r) }
@@ -74,12 +98,20 @@ func (s *restStream) line(key string, msg proto.Message) error {
 		s.w.WriteHeader(http.StatusOK)
 		s.started = true
 	}
+	s.mu.Lock()
+	if s.aborted {
+		s.mu.Unlock()
+		return errAborted
+	}
 	_ = s.rc.SetWriteDeadline(time.Now().Add(s.timeout))
+	s.mu.Unlock()
 	if _, err := fmt.Fprintf(s.w, "{%q:%s}\n", key, b); err != nil {
 		return err
 	}
 	return s.rc.Flush()
 }
+
+var errAborted = status.Error(codes.DeadlineExceeded, "the watch was ended: its client took no batch in time")
 
 func (s *restStream) Context() context.Context     { return s.ctx }
 func (s *restStream) SetHeader(metadata.MD) error  { return nil }

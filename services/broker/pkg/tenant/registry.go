@@ -48,7 +48,7 @@ var leaseService = "/" + leasev1.LeaseService_ServiceDesc.ServiceName + "/"
 
 // DefaultReread is how often the credentials Secrets are read again: how
 // long a rotated or removed credential takes to count.
-const DefaultReread = 10 * time.Second
+const DefaultReread = 5 * time.Second
 
 // Registry finds the tenant of a bearer token among the token file's
 // lines and the Tenant objects' credentials; it is the broker's
