@@ -221,4 +221,8 @@ const (
 	// ReasonCredentialMissing: a credential Secret or key could not be
 	// read; the message names it. The others still work.
 	ReasonCredentialMissing = "CredentialMissing"
+	// ReasonCredentialUnreadable: a credential Secret's read fails for a
+	// reason that may pass (Forbidden, the API server unreachable): its
+	// token is kept as last read for the brokers' grace, then refused.
+	ReasonCredentialUnreadable = "CredentialUnreadable"
 )

@@ -14,6 +14,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/types"
 	toolscache "k8s.io/client-go/tools/cache"
+	"k8s.io/utils/clock"
 	crcache "sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -57,6 +58,15 @@ type Registry struct {
 	// File is the token file (nil: none).
 	File *auth.Token
 	Log  *slog.Logger
+	// Grace is how long a credential whose Secret cannot be read (for a
+	// reason that may pass) keeps its token as last read; after it the
+	// credential is refused until it is read. 0 is DefaultGrace.
+	Grace time.Duration
+	// Clock times the grace; nil is the wall clock.
+	Clock clock.PassiveClock
+	// unreadable is since when each credential's read has failed (by
+	// credentialKey); only read touches it.
+	unreadable map[string]time.Time
 
 	snap atomic.Pointer[snapshot]
 	// watching: Tenants are read, so calls need a credential even while
@@ -83,11 +93,13 @@ type credential struct {
 }
 
 // Declared is a Tenant object as the registry last read it: the tenant,
-// and which of its credentials could not be read.
+// which of its credentials could not be read (and are refused), and
+// which are kept as last read while their Secret cannot be.
 type Declared struct {
-	Object  *v1.Tenant
-	Tenant  *Tenant
-	Missing []string
+	Object     *v1.Tenant
+	Tenant     *Tenant
+	Missing    []string
+	Unreadable []string
 	// tokens are the credentials' tokens in spec order (nil: unread).
 	tokens [][]byte
 }
@@ -232,10 +244,16 @@ func (r *Registry) Watch(ctx context.Context, c crcache.Cache, secrets client.Re
 	return nil
 }
 
+// DefaultGrace is Registry.Grace's default: a minute of an API server
+// outage or a botched RBAC change does not lock every crawler out, and
+// a credential whose read the brokers lost stops working soon after.
+const DefaultGrace = time.Minute
+
 // read builds a new snapshot. A Secret that cannot be read for a reason
-// that may pass (the API server unreachable) keeps the token last read
-// from it; one that is gone, or lacks its key, is dropped: a removed
-// credential stops working within one reread.
+// that may pass (the API server unreachable, a get no longer granted)
+// keeps the token last read from it for Grace, then fails closed; one
+// that is gone, or lacks its key, is dropped: a removed credential stops
+// working within one reread.
 func (r *Registry) read(ctx context.Context, c crcache.Cache, secrets client.Reader) error {
 	var list v1.TenantList
 	if err := c.List(ctx, &list); err != nil {
@@ -251,6 +269,11 @@ func (r *Registry) read(ctx context.Context, c crcache.Cache, secrets client.Rea
 			}
 		}
 	}
+	grace, now := r.Grace, r.clock().Now()
+	if grace <= 0 {
+		grace = DefaultGrace
+	}
+	failing := map[string]time.Time{}
 	next := &snapshot{}
 	for i := range list.Items {
 		o := list.Items[i].DeepCopy()
@@ -260,8 +283,18 @@ func (r *Registry) read(ctx context.Context, c crcache.Cache, secrets client.Rea
 			key := credentialKey(o, cr)
 			tok, err := readCredential(ctx, secrets, o, cr)
 			if err != nil && !apierrors.IsNotFound(err) && !isMissingKey(err) && prev[key] != nil {
-				r.Log.Warn("keeping a tenant's credential as last read", "tenant", o.Name, "secret", key, "err", err)
-				tok, err = prev[key], nil
+				since, ok := r.unreadable[key]
+				if !ok {
+					since = now
+				}
+				failing[key] = since
+				if left := grace - now.Sub(since); left > 0 {
+					r.Log.Warn("keeping a tenant's credential as last read", "tenant", o.Name, "secret", key, "err", err, "refusedIn", left)
+					d.Unreadable = append(d.Unreadable, fmt.Sprintf("%s: %v (kept as last read; refused in %s unless it is read)", key, err, left.Round(time.Second)))
+					tok, err = prev[key], nil
+				} else {
+					err = fmt.Errorf("unreadable for %s, longer than the brokers' grace of %s: %w", now.Sub(since).Round(time.Second), grace, err)
+				}
 			}
 			if err != nil {
 				d.Missing = append(d.Missing, fmt.Sprintf("%s: %v", key, err))
@@ -272,8 +305,16 @@ func (r *Registry) read(ctx context.Context, c crcache.Cache, secrets client.Rea
 		}
 		next.tenants = append(next.tenants, d)
 	}
+	r.unreadable = failing
 	r.snap.Store(next)
 	return nil
+}
+
+func (r *Registry) clock() clock.PassiveClock {
+	if r.Clock == nil {
+		return clock.RealClock{}
+	}
+	return r.Clock
 }
 
 func credentialKey(o *v1.Tenant, c v1.TenantCredential) string {

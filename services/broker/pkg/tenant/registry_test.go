@@ -2,15 +2,20 @@ package tenant_test
 
 import (
 	"context"
+	"errors"
 	"log/slog"
 	"os"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	clocktesting "k8s.io/utils/clock/testing"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -151,4 +156,57 @@ func TestStatusSaysReadyLeasesAndLastSeen(t *testing.T) {
 	assert.Equal(t, v1.ReasonCredentialMissing, got.Status.Conditions[0].Reason)
 	assert.Contains(t, got.Status.Conditions[0].Message, ns+"/team-a-v2[token]")
 	assert.Equal(t, "team-a", holder(reg, "alpha"), "the other credential works")
+}
+
+// forbidding reads Secrets through env.Client, or answers Forbidden for
+// every one while forbid is set: a get grant removed.
+type forbidding struct {
+	client.Reader
+	forbid atomic.Bool
+}
+
+func (f *forbidding) Get(ctx context.Context, key client.ObjectKey, obj client.Object, opts ...client.GetOption) error {
+	if f.forbid.Load() {
+		return apierrors.NewForbidden(schema.GroupResource{Resource: "secrets"}, key.Name, errors.New("no get"))
+	}
+	return f.Reader.Get(ctx, key, obj, opts...)
+}
+
+// A credential whose Secret cannot be read for a reason that may pass is
+// kept as last read for the grace, with Ready saying so, then refused
+// (fail closed) until it is read again.
+func TestAnUnreadableCredentialFailsClosedAfterTheGrace(t *testing.T) {
+	testenv.Require(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	ns := env.Namespace(t, "tenant-grace")
+	secret(t, ns, "team-a-v1", "alpha")
+	require.NoError(t, env.Client.Create(ctx, &v1.Tenant{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "team-a"},
+		Spec: v1.TenantSpec{Namespaces: []string{"crawl-a"}, Credentials: []v1.TenantCredential{{Name: "team-a-v1"}}}}))
+	c, err := cache.New(env.Config, cache.Options{Scheme: env.Scheme, DefaultNamespaces: map[string]cache.Config{ns: {}}})
+	require.NoError(t, err)
+	go func() { _ = c.Start(ctx) }()
+	clk := clocktesting.NewFakePassiveClock(time.Unix(1_000_000, 0))
+	secrets := &forbidding{Reader: env.Client}
+	reg := &tenant.Registry{Log: slog.Default(), Grace: time.Minute, Clock: clk}
+	require.NoError(t, reg.Watch(ctx, c, secrets, 20*time.Millisecond))
+	require.Equal(t, "team-a", holder(reg, "alpha"))
+
+	secrets.forbid.Store(true)
+	require.Eventually(t, func() bool { return len(reg.Declared()[0].Unreadable) == 1 }, 5*time.Second, 10*time.Millisecond)
+	assert.Equal(t, "team-a", holder(reg, "alpha"), "kept as last read within the grace")
+	st := tenant.Status(reg.Declared()[0], 0, time.Time{})
+	assert.Equal(t, v1.ReasonCredentialUnreadable, st.Conditions[0].Reason)
+	assert.Contains(t, st.Conditions[0].Message, "forbidden")
+
+	clk.SetTime(clk.Now().Add(61 * time.Second))
+	require.Eventually(t, func() bool { return holder(reg, "alpha") == "" }, 5*time.Second, 10*time.Millisecond, "refused after the grace")
+	d := reg.Declared()[0]
+	require.Len(t, d.Missing, 1)
+	assert.Contains(t, d.Missing[0], "longer than the brokers' grace of 1m0s")
+	assert.Equal(t, v1.ReasonCredentialMissing, tenant.Status(d, 0, time.Time{}).Conditions[0].Reason)
+
+	secrets.forbid.Store(false)
+	require.Eventually(t, func() bool { return holder(reg, "alpha") == "team-a" }, 5*time.Second, 10*time.Millisecond, "read again, it works again")
+	assert.Empty(t, reg.Declared()[0].Unreadable)
 }

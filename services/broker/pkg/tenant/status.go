@@ -87,9 +87,13 @@ func Status(d Declared, leases int64, seen time.Time) v1.TenantStatus {
 	}
 	ready := metav1.Condition{Type: v1.ConditionReady, Status: metav1.ConditionTrue, Reason: v1.ReasonCredentialsRead,
 		Message: "every credential Secret was read", ObservedGeneration: d.Object.Generation}
-	if len(d.Missing) > 0 {
+	switch {
+	case len(d.Missing) > 0:
 		ready.Status, ready.Reason = metav1.ConditionFalse, v1.ReasonCredentialMissing
 		ready.Message = "unread, so refused: " + strings.Join(d.Missing, "; ")
+	case len(d.Unreadable) > 0:
+		ready.Status, ready.Reason = metav1.ConditionFalse, v1.ReasonCredentialUnreadable
+		ready.Message = "its Secret cannot be read: " + strings.Join(d.Unreadable, "; ")
 	}
 	meta.SetStatusCondition(&s.Conditions, ready)
 	return s
