@@ -20,9 +20,11 @@ import (
 	"bytes"
 	"context"
 	"crypto/subtle"
+	"errors"
 	"fmt"
 	"log/slog"
 	"regexp"
+	"slices"
 	"strings"
 	"time"
 
@@ -68,7 +70,9 @@ func FromFile(ctx context.Context, log *slog.Logger, path string, interval time.
 // Static returns fixed tokens, lines as in a file: the first sent, any
 // accepted (tests).
 func Static(lines ...string) *Token {
-	return &Token{static: parse([]byte(strings.Join(lines, "\n")))}
+	// A client sends what it was given; the server it calls judges it.
+	toks, _ := parse([]byte(strings.Join(lines, "\n")))
+	return &Token{static: toks}
 }
 
 // tokens are the tokens in use.
@@ -86,10 +90,18 @@ func (t *Token) tokens() []named {
 // labels.
 var tokenName = regexp.MustCompile(`^[a-z0-9]([a-z0-9._-]{0,61}[a-z0-9])?$`)
 
+// MinTokenLength is the shortest token a file may hold: a floor against
+// a slip (a name with its token left out, a placeholder), not a strength
+// rating. The chart's generated tokens are 32 random characters.
+const MinTokenLength = 8
+
 // parse splits a file's content into its tokens, one per non-empty line,
-// "name:token" or a bare token.
-func parse(b []byte) []named {
+// "name:token" or a bare token. The error names each line that holds no
+// token or one under MinTokenLength, never the token: a file with one is
+// refused whole, so a typo cannot open the API to a guessable token.
+func parse(b []byte) ([]named, error) {
 	var toks []named
+	var errs []error
 	for i, line := range bytes.Split(b, []byte("\n")) {
 		if line = bytes.TrimSpace(line); len(line) == 0 {
 			continue
@@ -99,12 +111,29 @@ func parse(b []byte) []named {
 			line, gatewayOnly = head, true
 		}
 		n := named{name: fmt.Sprintf("token-%d", i+1), tok: line, gatewayOnly: gatewayOnly}
-		if name, tok, ok := bytes.Cut(line, []byte(":")); ok && len(tok) > 0 && tokenName.Match(name) {
+		if name, tok, ok := bytes.Cut(line, []byte(":")); ok && tokenName.Match(name) {
 			n = named{name: string(name), tok: tok, gatewayOnly: gatewayOnly}
+		}
+		switch {
+		case len(n.tok) == 0:
+			errs = append(errs, fmt.Errorf("line %d names %q but holds no token after the colon", i+1, n.name))
+		case len(n.tok) < MinTokenLength:
+			errs = append(errs, fmt.Errorf("line %d (%s): its token is %d bytes, under the least of %d (generate one with: openssl rand -hex 32)", i+1, n.name, len(n.tok), MinTokenLength))
 		}
 		toks = append(toks, n)
 	}
-	return toks
+	return toks, errors.Join(errs...)
+}
+
+// Names are the holders the tokens name, in file order, once each.
+func (t *Token) Names() []string {
+	var out []string
+	for _, n := range t.tokens() {
+		if !slices.Contains(out, n.name) {
+			out = append(out, n.name)
+		}
+	}
+	return out
 }
 
 // Enabled reports whether a token is configured.

@@ -61,22 +61,50 @@ func TestTokensAreNamed(t *testing.T) {
 	assert.Empty(t, Caller(context.Background()))
 }
 
+// A file with a line that holds no token, or a token shorter than
+// MinTokenLength, is refused at load, naming the line and never the token.
+func TestEmptyAndShortTokensAreRefused(t *testing.T) {
+	cases := []struct{ file, want string }{
+		{"team:\n", `line 1 names "team" but holds no token after the colon`},
+		{"good:long-enough-token\nteam:short\n", "line 2 (team): its token is 5 bytes, under the least of 8"},
+		{"tiny\n", "line 1 (token-1): its token is 4 bytes"},
+		{"gw:1234567 scope=gateway\n", "line 1 (gw): its token is 7 bytes"},
+	}
+	for _, c := range cases {
+		path := filepath.Join(t.TempDir(), "token")
+		require.NoError(t, os.WriteFile(path, []byte(c.file), 0o600))
+		_, err := FromFile(t.Context(), slog.Default(), path, time.Second)
+		require.ErrorContains(t, err, c.want, c.file)
+		assert.NotContains(t, err.Error(), "short", "the token itself is never in the error")
+	}
+	path := filepath.Join(t.TempDir(), "token")
+	require.NoError(t, os.WriteFile(path, []byte("a:12345678\nb:abcdefgh scope=gateway\na:87654321\n"), 0o600))
+	tok, err := FromFile(t.Context(), slog.Default(), path, time.Second)
+	require.NoError(t, err, "eight bytes is enough")
+	assert.Equal(t, []string{"a", "b"}, tok.Names())
+}
+
 func TestFileIsReloadedWhenItChanges(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "token")
-	require.NoError(t, os.WriteFile(path, []byte("one\n"), 0o600))
+	require.NoError(t, os.WriteFile(path, []byte("token-one\n"), 0o600))
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	tok, err := FromFile(ctx, slog.Default(), path, 10*time.Millisecond)
 	require.NoError(t, err)
-	require.NoError(t, check(tok, "Bearer one"), "trailing newline trimmed")
+	require.NoError(t, check(tok, "Bearer token-one"), "trailing newline trimmed")
 
-	require.NoError(t, os.WriteFile(path, []byte("two"), 0o600))
-	require.Eventually(t, func() bool { return check(tok, "Bearer two") == nil }, 5*time.Second, 10*time.Millisecond)
-	assert.Error(t, check(tok, "Bearer one"), "the old token stops working")
+	require.NoError(t, os.WriteFile(path, []byte("token-two"), 0o600))
+	require.Eventually(t, func() bool { return check(tok, "Bearer token-two") == nil }, 5*time.Second, 10*time.Millisecond)
+	assert.Error(t, check(tok, "Bearer token-one"), "the old token stops working")
 
 	require.NoError(t, os.WriteFile(path, nil, 0o600))
 	time.Sleep(50 * time.Millisecond)
-	assert.NoError(t, check(tok, "Bearer two"), "an emptied file keeps the previous token")
+	assert.NoError(t, check(tok, "Bearer token-two"), "an emptied file keeps the previous token")
+
+	require.NoError(t, os.WriteFile(path, []byte("team:\n"), 0o600))
+	time.Sleep(50 * time.Millisecond)
+	assert.NoError(t, check(tok, "Bearer token-two"), "a file with a bad line keeps the previous tokens")
+	assert.Error(t, check(tok, "Bearer team:"))
 
 	_, err = FromFile(ctx, slog.Default(), filepath.Join(t.TempDir(), "absent"), time.Second)
 	assert.ErrorContains(t, err, "absent")
@@ -88,8 +116,8 @@ func TestRotationHasNoGap(t *testing.T) {
 	dir := t.TempDir()
 	serverFile, clientFile := filepath.Join(dir, "server"), filepath.Join(dir, "client")
 	write := func(path, content string) { require.NoError(t, os.WriteFile(path, []byte(content), 0o600)) }
-	write(serverFile, "old\n")
-	write(clientFile, "old\n")
+	write(serverFile, "old-token\n")
+	write(clientFile, "old-token\n")
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	server, err := FromFile(ctx, slog.Default(), serverFile, 5*time.Millisecond)
@@ -102,9 +130,9 @@ func TestRotationHasNoGap(t *testing.T) {
 	// Each step reaches the client first, then the server, or the other
 	// way round; both orders must hold.
 	for _, order := range [][2]string{{clientFile, serverFile}, {serverFile, clientFile}} {
-		write(serverFile, "old\n")
-		write(clientFile, "old\n")
-		for _, step := range []string{"old\nnew\n", "new\nold\n", "new\n"} {
+		write(serverFile, "old-token\n")
+		write(clientFile, "old-token\n")
+		for _, step := range []string{"old-token\nnew-token\n", "new-token\nold-token\n", "new-token\n"} {
 			for _, f := range order {
 				write(f, step)
 				time.Sleep(30 * time.Millisecond)
@@ -112,7 +140,7 @@ func TestRotationHasNoGap(t *testing.T) {
 			}
 		}
 	}
-	require.Eventually(t, func() bool { return client.Value() == "new" && check(server, "Bearer old") != nil }, 5*time.Second, 5*time.Millisecond,
+	require.Eventually(t, func() bool { return client.Value() == "new-token" && check(server, "Bearer old-token") != nil }, 5*time.Second, 5*time.Millisecond,
 		"at the end the client sends the new token and the old one is gone")
 }
 

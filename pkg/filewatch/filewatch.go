@@ -61,12 +61,12 @@ func (f *File[T]) Value() T {
 }
 
 // FollowFile reads path, which must not be empty, parses it, and re-reads
-// it every interval until ctx ends; a read that fails (an emptied file)
-// keeps what is in use. It compares content, not modification times:
+// it every interval until ctx ends; a read or a parse that fails (an
+// emptied file, a bad line) keeps what is in use, and says so. It compares content, not modification times:
 // Kubernetes swaps a mounted Secret through a symlink whose target's mtime
 // says nothing reliable. The comparison is constant-time: the content is
 // a secret.
-func FollowFile[T any](ctx context.Context, log *slog.Logger, interval time.Duration, what, path string, parse func([]byte) T) (*File[T], error) {
+func FollowFile[T any](ctx context.Context, log *slog.Logger, interval time.Duration, what, path string, parse func([]byte) (T, error)) (*File[T], error) {
 	read := func() ([]byte, error) {
 		b, err := os.ReadFile(path)
 		if err != nil {
@@ -81,7 +81,11 @@ func FollowFile[T any](ctx context.Context, log *slog.Logger, interval time.Dura
 	if err != nil {
 		return nil, err
 	}
-	f := &File[T]{raw: b, v: parse(b)}
+	v, err := parse(b)
+	if err != nil {
+		return nil, fmt.Errorf("%s %s: %w", what, path, err)
+	}
+	f := &File[T]{raw: b, v: v}
 	Follow(ctx, log, interval, what, path, func() (bool, error) {
 		b, err := read()
 		if err != nil {
@@ -92,11 +96,15 @@ func FollowFile[T any](ctx context.Context, log *slog.Logger, interval time.Dura
 		if subtle.ConstantTimeCompare(b, f.raw) == 1 {
 			return false, nil
 		}
-		f.raw, f.v = b, parse(b)
+		v, err := parse(b)
+		if err != nil {
+			return false, fmt.Errorf("%s %s: %w", what, path, err)
+		}
+		f.raw, f.v = b, v
 		return true, nil
 	})
 	return f, nil
 }
 
 // String is the content as it is, for FollowFile.
-func String(b []byte) string { return string(b) }
+func String(b []byte) (string, error) { return string(b), nil }

@@ -40,14 +40,14 @@ func TestLeaseRenewReportRelease(t *testing.T) {
 	kc, err := env.WriteKubeconfig(t.TempDir())
 	require.NoError(t, err)
 	tokenFile := t.TempDir() + "/token"
-	require.NoError(t, os.WriteFile(tokenFile, []byte("tok"), 0o600))
+	require.NoError(t, os.WriteFile(tokenFile, []byte("crawler-token"), 0o600))
 	grpcPort, ops := proc.FreePort(t), proc.FreePort(t)
 	b := proc.Start(t, "broker", proc.Build(t, "github.com/egress-proxies/egress-proxies/services/broker/cmd/broker"),
 		"--kubeconfig", kc, "--namespace", ns, "--redis-addrs", r.Addr, "--token-file", tokenFile, "--min-ttl", "1s",
 		"--grpc-addr", proc.Addr(grpcPort), "--http-addr", proc.Addr(proc.FreePort(t)), "--ops-addr", proc.Addr(ops))
 	proc.WaitHTTP(t, b, "http://"+proc.Addr(ops)+"/readyz", 60*time.Second)
 
-	c, err := leaseclient.Dial(proc.Addr(grpcPort), leaseclient.WithToken("tok"))
+	c, err := leaseclient.Dial(proc.Addr(grpcPort), leaseclient.WithToken("crawler-token"))
 	require.NoError(t, err)
 	defer func() { _ = c.Close() }()
 

@@ -56,8 +56,8 @@ type env struct {
 	broker, token, caFile, serverName string
 	// insecure allows plaintext to a --broker off this machine.
 	insecure bool
-	output                            string
-	timeout                           time.Duration
+	output   string
+	timeout  time.Duration
 	// namespace is -n, or the kubeconfig context's.
 	namespace     string
 	allNamespaces bool

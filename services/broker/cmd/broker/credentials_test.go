@@ -29,13 +29,13 @@ func TestLeaseCarriesTheProxysCredentials(t *testing.T) {
 	require.NoError(t, env.Client.Patch(t.Context(), px, patch))
 
 	tokenFile := filepath.Join(t.TempDir(), "token")
-	require.NoError(t, os.WriteFile(tokenFile, []byte("tok"), 0o600))
+	require.NoError(t, os.WriteFile(tokenFile, []byte("crawler-token"), 0o600))
 	r := proc.StartRedis(t, false)
 	authed := startBroker(t, f, r, "--token-file", tokenFile)
 	open := startBroker(t, f, r)
 	open.waitListed(1)
 
-	l := authed.do("POST", "/v1/leases", `{"ttlSeconds":60}`, "Authorization", "Bearer tok")
+	l := authed.do("POST", "/v1/leases", `{"ttlSeconds":60}`, "Authorization", "Bearer crawler-token")
 	require.Equal(t, 200, l.Status, string(l.Body))
 	assert.Equal(t, map[string]any{"username": "crawler", "password": "s3cret"}, l.JSON["credentials"])
 

@@ -206,7 +206,9 @@ func TestAWatchEndsWhenItsCredentialOrScopeChanges(t *testing.T) {
 		code codes.Code
 		msg  string
 	}{
-		{"credential removed", func() (*tenant.Tenant, error) { return nil, status.Error(codes.Unauthenticated, "invalid bearer token") },
+		{"credential removed", func() (*tenant.Tenant, error) {
+			return nil, status.Error(codes.Unauthenticated, "invalid bearer token")
+		},
 			codes.Unauthenticated, "invalid bearer token"},
 		{"namespaces narrowed", func() (*tenant.Tenant, error) {
 			return &tenant.Tenant{Name: "team", Namespaces: []string{"elsewhere"}, Verbs: []tenant.Verb{tenant.Watch}}, nil

@@ -59,7 +59,9 @@ func restWatch(t *testing.T, sendTimeout time.Duration, proxies, attrs int) (str
 	cfg.WatchSendTimeout = sendTimeout
 	svc := leases.New(s.Inv, s.Store, s.Index, &policy.Policies{Defaults: leases.DefaultPolicy}, cfg)
 	go svc.RunWatches(t.Context())
-	pass := func(srv any, ss grpc.ServerStream, _ *grpc.StreamServerInfo, h grpc.StreamHandler) error { return h(srv, ss) }
+	pass := func(srv any, ss grpc.ServerStream, _ *grpc.StreamServerInfo, h grpc.StreamHandler) error {
+		return h(srv, ss)
+	}
 	h := watchREST(runtime.NewServeMux(), inProcess{svc: svc, sic: pass}, time.Minute)
 	returned := make(chan struct{}, 16)
 	lc := net.ListenConfig{Control: smallBuffers}

@@ -5,6 +5,7 @@ import (
 	"crypto/subtle"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -274,11 +275,22 @@ func (r *Registry) read(ctx context.Context, c crcache.Cache, secrets client.Rea
 		grace = DefaultGrace
 	}
 	failing := map[string]time.Time{}
+	fileNames := r.File.Names()
 	next := &snapshot{}
 	for i := range list.Items {
 		o := list.Items[i].DeepCopy()
 		d := Declared{Object: o, Tenant: FromObject(o)}
 		d.tokens = make([][]byte, len(o.Spec.Credentials))
+		if slices.Contains(fileNames, o.Name) {
+			// One name space keys leases, sessions, request ids and quotas:
+			// a Tenant named as a token-file line would be that holder.
+			r.Log.Error("a Tenant is named as a token-file line: its credentials are refused until it is renamed", "tenant", o.Namespace+"/"+o.Name)
+			for _, cr := range o.Spec.Credentials {
+				d.Missing = append(d.Missing, fmt.Sprintf("%s: the Tenant's name %q is the name of a line of the brokers' token file (an unnamed line's is token-<line>), and names key leases, sessions and quotas; rename the Tenant", credentialKey(o, cr), o.Name))
+			}
+			next.tenants = append(next.tenants, d)
+			continue
+		}
 		for k, cr := range o.Spec.Credentials {
 			key := credentialKey(o, cr)
 			tok, err := readCredential(ctx, secrets, o, cr)

@@ -210,3 +210,24 @@ func TestAnUnreadableCredentialFailsClosedAfterTheGrace(t *testing.T) {
 	require.Eventually(t, func() bool { return holder(reg, "alpha") == "team-a" }, 5*time.Second, 10*time.Millisecond, "read again, it works again")
 	assert.Empty(t, reg.Declared()[0].Unreadable)
 }
+
+// A Tenant named as a token-file line (here an unnamed line's token-1)
+// would be that holder: its credentials are refused, and its status says
+// why.
+func TestATenantNamedAsATokenFileLineIsRefused(t *testing.T) {
+	testenv.Require(t)
+	ctx := context.Background()
+	ns := env.Namespace(t, "tenant-clash")
+	secret(t, ns, "clash-v1", "clashing-token")
+	require.NoError(t, env.Client.Create(ctx, &v1.Tenant{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "token-1"},
+		Spec: v1.TenantSpec{Namespaces: []string{"crawl-a"}, Credentials: []v1.TenantCredential{{Name: "clash-v1"}}}}))
+	reg := watch(t, ns, auth.Static("the-discovery-token"))
+	assert.Equal(t, "token-1", holder(reg, "the-discovery-token"), "the file's line keeps its name")
+	assert.Empty(t, holder(reg, "clashing-token"), "the clashing Tenant's credential is refused")
+	d := reg.Declared()
+	require.Len(t, d, 1)
+	require.Len(t, d[0].Missing, 1)
+	st := tenant.Status(d[0], 0, time.Time{})
+	assert.Equal(t, v1.ReasonCredentialMissing, st.Conditions[0].Reason)
+	assert.Contains(t, st.Conditions[0].Message, `the Tenant's name "token-1" is the name of a line of the brokers' token file`)
+}
