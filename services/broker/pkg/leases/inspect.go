@@ -212,12 +212,28 @@ func (s *Service) ExplainTarget(ctx context.Context, req *leasev1.ExplainTargetR
 	if err != nil {
 		return nil, storeError(err)
 	}
-	st, err := s.store.Target(ctx, target)
-	if err != nil {
-		return nil, storeError(err)
+	resp := &leasev1.ExplainTargetResponse{Target: target, Proxies: int32(len(ps)), Policy: s.pol.For(target).Source}
+	if who := whose(t); who == "*" {
+		st, err := s.store.Target(ctx, target)
+		if err != nil {
+			return nil, storeError(err)
+		}
+		resp.Leases, resp.PacePerSecond, resp.PacedUntil = int32(st.Leases), st.Pace, timestamp(st.PacedUntil)
+	} else {
+		// The fleet's count and pace would tell whether another tenant
+		// crawls the target: without inspect, a caller counts its own.
+		live, err := s.store.Leases(ctx, uids)
+		if err != nil {
+			return nil, storeError(err)
+		}
+		for _, ls := range live {
+			for _, l := range ls {
+				if l.Tenant == who && l.Target == target {
+					resp.Leases++
+				}
+			}
+		}
 	}
-	resp := &leasev1.ExplainTargetResponse{Target: target, Proxies: int32(len(ps)), Leases: int32(st.Leases),
-		PacePerSecond: st.Pace, PacedUntil: timestamp(st.PacedUntil), Policy: s.pol.For(target).Source}
 	type cooling struct {
 		p inventory.Proxy
 		c store.Cooldown

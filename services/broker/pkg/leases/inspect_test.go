@@ -132,6 +132,16 @@ func TestTheOperatorsReads(t *testing.T) {
 	assert.Empty(t, tgt.GetCooling()[0].GetCooldown().GetTenant(), "bob is trusted here: the fleet's cooldown")
 	assert.EqualValues(t, 0, tgt.GetCooling()[0].GetCooldown().GetLevel())
 
+	// Without inspect, a tenant counts only its own leases on a target:
+	// whether another tenant crawls it is not its business.
+	forAlice, err := svc.ExplainTarget(alice, &leasev1.ExplainTargetRequest{Target: "news.example"})
+	require.NoError(t, err)
+	assert.EqualValues(t, 0, forAlice.GetLeases(), "bob's lease is not counted for alice")
+	assert.Zero(t, forAlice.GetPacePerSecond())
+	forBob, err := svc.ExplainTarget(bob, &leasev1.ExplainTargetRequest{Target: "news.example"})
+	require.NoError(t, err)
+	assert.EqualValues(t, 1, forBob.GetLeases(), "bob counts his own")
+
 	_, err = svc.ExplainProxy(outsider, &leasev1.ExplainProxyRequest{Id: a.ID})
 	assert.Equal(t, codes.NotFound, status.Code(err), "a proxy outside the caller's scope is not found: %v", err)
 	for _, tc := range []struct {

@@ -2212,12 +2212,14 @@ type ExplainTargetResponse struct {
 	// proxies counts the proxies the caller may list (in namespace, when
 	// given), cooling or not.
 	Proxies int32 `protobuf:"varint,3,opt,name=proxies,proto3" json:"proxies,omitempty"`
-	// leases is the target's live leases, fleet-wide.
+	// leases is the target's live leases: fleet-wide for a caller with the
+	// inspect verb; the caller's own, on the proxies it may list, for any
+	// other (the fleet's count would say whether another tenant crawls it).
 	Leases int32 `protobuf:"varint,4,opt,name=leases,proto3" json:"leases,omitempty"`
-	// pace_per_second is its fleet-wide lease rate while paced; 0 when
-	// not.
+	// pace_per_second is its fleet-wide lease rate while paced; 0 when not
+	// paced, and always 0 for a caller without the inspect verb.
 	PacePerSecond float64 `protobuf:"fixed64,5,opt,name=pace_per_second,json=pacePerSecond,proto3" json:"pace_per_second,omitempty"`
-	// paced_until is when that pace lapses.
+	// paced_until is when that pace lapses (inspect only).
 	PacedUntil *timestamppb.Timestamp `protobuf:"bytes,6,opt,name=paced_until,json=pacedUntil,proto3" json:"paced_until,omitempty"`
 	// policy is the TargetPolicy ("namespace/name") that governs it, or
 	// empty for the broker's defaults.

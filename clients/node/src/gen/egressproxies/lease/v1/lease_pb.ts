@@ -1323,22 +1323,24 @@ export type ExplainTargetResponse = Message<"egressproxies.lease.v1.ExplainTarge
   proxies: number;
 
   /**
-   * leases is the target's live leases, fleet-wide.
+   * leases is the target's live leases: fleet-wide for a caller with the
+   * inspect verb; the caller's own, on the proxies it may list, for any
+   * other (the fleet's count would say whether another tenant crawls it).
    *
    * @generated from field: int32 leases = 4;
    */
   leases: number;
 
   /**
-   * pace_per_second is its fleet-wide lease rate while paced; 0 when
-   * not.
+   * pace_per_second is its fleet-wide lease rate while paced; 0 when not
+   * paced, and always 0 for a caller without the inspect verb.
    *
    * @generated from field: double pace_per_second = 5;
    */
   pacePerSecond: number;
 
   /**
-   * paced_until is when that pace lapses.
+   * paced_until is when that pace lapses (inspect only).
    *
    * @generated from field: google.protobuf.Timestamp paced_until = 6;
    */
