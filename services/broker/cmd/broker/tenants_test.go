@@ -2,6 +2,7 @@ package main
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"crypto/tls"
 	"errors"
@@ -411,4 +412,73 @@ func TestTenantsWatchEndsWithItsCredential(t *testing.T) {
 	assert.Contains(t, last, `"error"`)
 	assert.Contains(t, last, "invalid bearer token")
 	assert.Less(t, took, 12*time.Second, "ended within the promised 10 s (and a scheduling margin)")
+}
+
+// gatewayBytesPerDay counts plain-HTTP bytes, and a tunnel's while it
+// flows: plain requests pass the quota and the next is refused; an open
+// tunnel downloading far more than its tenant's quota is cut within
+// 1 MiB past it, not when it ends.
+func TestTenantsGatewayBytesAreCountedAsTheyFlow(t *testing.T) {
+	f := newTenantFleet(t)
+	const quota = 2 << 20
+	for _, name := range []string{"team-c", "team-d"} {
+		f.tokens[name] = "token-of-" + name
+		f.secret(name+"-v1", f.tokens[name])
+		f.tenant(name, v1.TenantSpec{Namespaces: []string{f.ns["team-a"]}, Verbs: []v1.TenantVerb{v1.VerbGateway},
+			Quotas: v1.TenantQuotas{GatewayBytesPerDay: ptr.To(*resource.NewQuantity(quota, resource.BinarySI))}})
+	}
+	serve := func(w http.ResponseWriter, r *http.Request) {
+		chunk := bytes.Repeat([]byte("x"), 64<<10)
+		for range 64 << 20 / len(chunk) { // 64 MiB, unless cut
+			if _, err := w.Write(chunk); err != nil {
+				return
+			}
+			if r.URL.Path == "/small" {
+				return
+			}
+		}
+	}
+	plain := httptest.NewServer(http.HandlerFunc(serve))
+	t.Cleanup(plain.Close)
+	tlsSite := httptest.NewTLSServer(http.HandlerFunc(serve))
+	t.Cleanup(tlsSite.Close)
+	via := func(tenant string) *http.Client {
+		return &http.Client{Timeout: 60 * time.Second, Transport: &http.Transport{DisableKeepAlives: true, TLSClientConfig: &tls.Config{RootCAs: tlsSite.Client().Transport.(*http.Transport).TLSClientConfig.RootCAs},
+			Proxy: http.ProxyURL(&url.URL{Scheme: "http", User: url.UserPassword("", f.tokens[tenant]), Host: f.gw})}}
+	}
+	// Plain requests of 64 KiB each: their bytes count, and once the day
+	// holds 2 MiB the next is refused.
+	var refused *http.Response
+	require.Eventually(t, func() bool {
+		resp, err := via("team-c").Get(plain.URL + "/small")
+		if err != nil {
+			return false // the Tenant not read yet
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		_ = resp.Body.Close()
+		if resp.StatusCode == http.StatusTooManyRequests {
+			refused = resp
+			return true
+		}
+		return false
+	}, 60*time.Second, time.Millisecond, "plain requests never reached the quota")
+	assert.Equal(t, "TENANT_BYTES_QUOTA", refused.Header.Get("X-Egress-Proxies-Reason"))
+
+	// One tunnel downloading 64 MiB against a quota of 2 MiB is cut.
+	var got int64
+	require.Eventually(t, func() bool {
+		resp, err := via("team-d").Get(tlsSite.URL + "/big")
+		if err != nil {
+			return false
+		}
+		defer resp.Body.Close()
+		got, _ = io.Copy(io.Discard, resp.Body)
+		return resp.StatusCode == http.StatusOK
+	}, 30*time.Second, 50*time.Millisecond)
+	t.Logf("a tunnel with %d bytes of quota left carried %d bytes before it was cut", quota, got)
+	assert.Less(t, got, int64(quota+1<<20), "cut within 1 MiB past the quota")
+	assert.Greater(t, got, int64(quota/2), "the quota's bytes went through first")
+	assert.Eventually(t, func() bool {
+		return f.b.metrics()[`proxy_operator_broker_gateway_tunnel_ends_total{why="quota"}`] >= 1
+	}, 10*time.Second, 50*time.Millisecond)
 }

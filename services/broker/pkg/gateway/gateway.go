@@ -375,6 +375,9 @@ type request struct {
 	addr    netip.Addr   // the first, where a plain request goes
 	opts    userOptions
 	started time.Time
+	// bytes counts what it carries against its tenant's day; nil when
+	// the tenant has no byte quota.
+	bytes *byteMeter
 }
 
 // handle serves one request; it says whether the connection may carry
@@ -412,6 +415,8 @@ func (g *Gateway) handle(c net.Conn, br *bufio.Reader, req *http.Request) bool {
 		g.answer(c, r.kind, a)
 		return false
 	}
+	r.bytes = g.byteMeter(who)
+	defer r.bytes.flush()
 	if limit, ok := g.takeSlot(who); !ok {
 		g.answer(c, r.kind, withRetryAfter(deny("TOKEN_TUNNEL_CAP",
 			fmt.Sprintf("tenant %q holds its %d tunnels on this gateway (%s); close one or wait", r.caller, limit.N, limit.Source)), time.Second))
@@ -639,7 +644,7 @@ func (g *Gateway) splice(c net.Conn, br *bufio.Reader, r *request, t *try, h hop
 		_ = up.Close()
 		return
 	}
-	tn := &tunnel{client: c, up: up, idle: g.o.IdleTimeout, deadline: r.started.Add(g.o.TunnelTimeout)}
+	tn := &tunnel{client: c, up: up, idle: g.o.IdleTimeout, deadline: r.started.Add(g.o.TunnelTimeout), bytes: r.bytes}
 	if !g.spliced(c, tn) {
 		tn.shut("shutdown")
 		return
@@ -652,7 +657,6 @@ func (g *Gateway) splice(c net.Conn, br *bufio.Reader, r *request, t *try, h hop
 	who := tenant.Label(r.caller)
 	tenant.GatewayBytes.WithLabelValues(who, "sent").Add(float64(sent))
 	tenant.GatewayBytes.WithLabelValues(who, "received").Add(float64(received))
-	g.meter(r, sent+received)
 	if received > 0 && clean {
 		g.report(r, t.lease.GetLeaseId(), faults.OK, 0)
 	}
@@ -693,7 +697,7 @@ func flush(w io.Writer, br *bufio.Reader) error {
 func (g *Gateway) relay(c net.Conn, req *http.Request, r *request, t *try, h hop) (bool, faults.Result, int) {
 	resp := h.resp
 	defer func() { _ = h.up.Close(); _ = resp.Body.Close() }()
-	c = bounded{Conn: c, idle: g.o.IdleTimeout, deadline: r.started.Add(g.o.TunnelTimeout)}
+	c = metered{Conn: bounded{Conn: c, idle: g.o.IdleTimeout, deadline: r.started.Add(g.o.TunnelTimeout)}, bytes: r.bytes}
 	defer func() { _ = c.SetDeadline(time.Time{}) }()
 	var body io.Reader = resp.Body
 	if resp.Header.Get("X-Squid-Error") != "" && resp.StatusCode >= 400 {
@@ -756,19 +760,6 @@ func (g *Gateway) withinBytes(t *tenant.Tenant) (answer, bool) {
 	midnight := now.UTC().Truncate(24 * time.Hour).Add(24 * time.Hour)
 	return withRetryAfter(deny("TENANT_BYTES_QUOTA", fmt.Sprintf("tenant %q carried %d bytes through the gateway today, its quota (its Tenant's spec.quotas.gatewayBytesPerDay %d); it renews at 00:00 UTC",
 		t.Name, used, quota)), midnight.Sub(now)), false
-}
-
-// meter counts a tunnel's bytes against its tenant's day, when it has a
-// byte quota.
-func (g *Gateway) meter(r *request, n int64) {
-	if g.o.Meter == nil || tenant.From(r.tenant).Quotas.GatewayBytesPerDay <= 0 {
-		return
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	if _, err := g.o.Meter.AddTenantBytes(ctx, r.caller, n, time.Now()); err != nil {
-		g.log.Warn("gateway could not count a tunnel's bytes against its tenant's day", "tenant", r.caller, "bytes", n, "err", err)
-	}
 }
 
 // takeSlot counts a tunnel against its tenant's limit: its Tenant's

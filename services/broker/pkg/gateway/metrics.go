@@ -28,7 +28,7 @@ var (
 	tlsFailed = prometheus.NewCounter(prometheus.CounterOpts{Name: "proxy_operator_broker_gateway_tls_handshake_failures_total",
 		Help: "Connections to --gateway-tls-addr that ended in their TLS handshake."})
 	tunnelEnds = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "proxy_operator_broker_gateway_tunnel_ends_total",
-		Help: "Tunnels the gateway ended itself, by why: idle (no byte either way), stalled (a side stopped reading: a write waited an idle timeout), deadline (--gateway-tunnel-timeout), lease (it could not be renewed: the proxy left, or the token was revoked), shutdown."}, []string{"why"})
+		Help: "Tunnels the gateway ended itself, by why: idle (no byte either way), stalled (a side stopped reading: a write waited an idle timeout), deadline (--gateway-tunnel-timeout), lease (it could not be renewed: the proxy left, or the token was revoked), quota (its tenant passed spec.quotas.gatewayBytesPerDay while it flowed), shutdown."}, []string{"why"})
 	renewRounds = prometheus.NewHistogram(prometheus.HistogramOpts{Name: "proxy_operator_broker_gateway_renewal_round_seconds",
 		Help: "How long each round renewing the due leases of live tunnels took; bounded by a third of --gateway-lease-ttl.", Buckets: prometheus.ExponentialBuckets(0.001, 4, 9)})
 	capacityWaits = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "proxy_operator_broker_gateway_capacity_waits_total",

@@ -277,7 +277,7 @@ func (g *Gateway) send(r *request, req *http.Request, t *try, c net.Conn) (hop, 
 	out.Close = true // one request per tunnel: the lease ends with it
 	gate := newBodyGate(out)
 	wrote := make(chan error, 1)
-	go func() { wrote <- out.Write(up) }()
+	go func() { wrote <- out.Write(metered{Conn: up, bytes: r.bytes}) }()
 	// The answer's head is bounded (it comes from the site); its body is
 	// not.
 	h.head.n = 4 * g.o.MaxHeaderBytes

@@ -30,6 +30,8 @@ type tunnel struct {
 	cut atomic.Bool
 	// first is the direction that ended first.
 	first atomic.Pointer[half]
+	// bytes meters the tunnel as it flows; nil: unmetered.
+	bytes *byteMeter
 }
 
 // half is one direction's copy.
@@ -115,7 +117,7 @@ func (t *tunnel) pump(h, other *half) {
 		_ = h.src.SetReadDeadline(t.until(window))
 		writeBy := t.until(window + t.idle)
 		_ = h.dst.SetWriteDeadline(writeBy)
-		n, err := io.Copy(h.dst, h.src)
+		n, err := t.copy(h)
 		h.n += n
 		if n > 0 {
 			h.idle.Store(false)
@@ -129,6 +131,9 @@ func (t *tunnel) pump(h, other *half) {
 			}
 			h.idle.Store(true)
 			return
+		case errors.Is(err, errOverQuota):
+			t.shut("quota")
+			return
 		case errors.Is(err, os.ErrDeadlineExceeded) && !time.Now().Before(writeBy) && writeBy.Before(t.deadline):
 			t.shut("stalled")
 			return
@@ -136,6 +141,28 @@ func (t *tunnel) pump(h, other *half) {
 			return
 		case !pollable && n == 0 && t.idled(h, other):
 			return
+		}
+	}
+}
+
+// copy splices h until its source ends or fails. A metered tunnel
+// splices meterStep bytes at a time and counts each step as it goes, so
+// a tunnel passing its tenant's quota ends within a step or two of it
+// rather than when it closes.
+func (t *tunnel) copy(h *half) (int64, error) {
+	if t.bytes == nil {
+		return io.Copy(h.dst, h.src)
+	}
+	var n int64
+	for {
+		lr := io.LimitedReader{R: h.src, N: meterStep}
+		m, err := io.Copy(h.dst, &lr)
+		n += m
+		if !t.bytes.add(m) {
+			return n, errOverQuota
+		}
+		if err != nil || lr.N > 0 {
+			return n, err // an end, a failure, or a deadline
 		}
 	}
 }
