@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Creates, once, the Secrets `make deploy` cannot have the chart make (the
-# probe token, the lease API's token, the bundled Redis's password, the
+# probe token, the lease API's token, the gateway's token, the bundled
+# Redis's password, the
 # proxy credentials key and the probe certificate):
 # `helm template` cannot look up what exists, so a chart-made token or
 # certificate would be replaced on every apply, cutting every prober off
@@ -19,6 +20,7 @@ once() {
 }
 once "$release-probe-token" token
 once "$release-discovery-token" token
+once "$release-gateway-token" token
 # The Redis password twice: for the brokers, and as the config file Redis
 # reads (the chart's redis.conf key), so it is on no command line.
 if ! kubectl -n "$ns" get secret "$release-redis" >/dev/null 2>&1; then

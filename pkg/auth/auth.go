@@ -43,6 +43,8 @@ type Token struct {
 	// any is accepted.
 	file   *filewatch.File[[]named]
 	static []named
+	// more are further sets served with these as one (Merge).
+	more []*Token
 }
 
 // named is one line of a token file.
@@ -65,6 +67,43 @@ func FromFile(ctx context.Context, log *slog.Logger, path string, interval time.
 		return nil, err
 	}
 	return &Token{file: f}, nil
+}
+
+// FromGatewayFile is FromFile for a file every token of which is limited
+// to the gateway, as if each line ended in scope=gateway; its unnamed
+// lines are named "gateway-<line>". It is the chart's default gateway
+// password: one crawlers may put in their proxy URLs.
+func FromGatewayFile(ctx context.Context, log *slog.Logger, path string, interval time.Duration) (*Token, error) {
+	f, err := filewatch.FollowFile(ctx, log, interval, "gateway token file", path, func(b []byte) ([]named, error) {
+		toks, err := parseNamed(b, "gateway")
+		for i := range toks {
+			toks[i].gatewayOnly = true
+		}
+		return toks, err
+	})
+	if err != nil {
+		return nil, err
+	}
+	return &Token{file: f}, nil
+}
+
+// Merge serves sets as one: a token of any is accepted as its set says,
+// and a client sends the first set's first token. Nil sets are skipped;
+// none left is nil (no token configured).
+func Merge(sets ...*Token) *Token {
+	var in []*Token
+	for _, t := range sets {
+		if t != nil {
+			in = append(in, t)
+		}
+	}
+	switch len(in) {
+	case 0:
+		return nil
+	case 1:
+		return in[0]
+	}
+	return &Token{more: in}
 }
 
 // Static returns fixed tokens, lines as in a file: the first sent, any
@@ -99,7 +138,10 @@ const MinTokenLength = 8
 // "name:token" or a bare token. The error names each line that holds no
 // token or one under MinTokenLength, never the token: a file with one is
 // refused whole, so a typo cannot open the API to a guessable token.
-func parse(b []byte) ([]named, error) {
+func parse(b []byte) ([]named, error) { return parseNamed(b, "token") }
+
+// parseNamed is parse, naming an unnamed line "<unnamed>-<line>".
+func parseNamed(b []byte, unnamed string) ([]named, error) {
 	var toks []named
 	var errs []error
 	for i, line := range bytes.Split(b, []byte("\n")) {
@@ -110,7 +152,7 @@ func parse(b []byte) ([]named, error) {
 		if head, opt, ok := bytes.Cut(line, []byte(" ")); ok && string(bytes.TrimSpace(opt)) == scopeGateway {
 			line, gatewayOnly = head, true
 		}
-		n := named{name: fmt.Sprintf("token-%d", i+1), tok: line, gatewayOnly: gatewayOnly}
+		n := named{name: fmt.Sprintf("%s-%d", unnamed, i+1), tok: line, gatewayOnly: gatewayOnly}
 		if name, tok, ok := bytes.Cut(line, []byte(":")); ok && tokenName.Match(name) {
 			n = named{name: string(name), tok: tok, gatewayOnly: gatewayOnly}
 		}
@@ -128,6 +170,16 @@ func parse(b []byte) ([]named, error) {
 // Names are the holders the tokens name, in file order, once each.
 func (t *Token) Names() []string {
 	var out []string
+	if t != nil && len(t.more) > 0 {
+		for _, m := range t.more {
+			for _, n := range m.Names() {
+				if !slices.Contains(out, n) {
+					out = append(out, n)
+				}
+			}
+		}
+		return out
+	}
 	for _, n := range t.tokens() {
 		if !slices.Contains(out, n.name) {
 			out = append(out, n.name)
@@ -137,10 +189,23 @@ func (t *Token) Names() []string {
 }
 
 // Enabled reports whether a token is configured.
-func (t *Token) Enabled() bool { return len(t.tokens()) > 0 }
+func (t *Token) Enabled() bool {
+	if t != nil && len(t.more) > 0 {
+		return slices.ContainsFunc(t.more, (*Token).Enabled)
+	}
+	return len(t.tokens()) > 0
+}
 
 // Value returns the token a client sends: the first.
 func (t *Token) Value() string {
+	if t != nil && len(t.more) > 0 {
+		for _, m := range t.more {
+			if v := m.Value(); v != "" {
+				return v
+			}
+		}
+		return ""
+	}
 	if toks := t.tokens(); len(toks) > 0 {
 		return string(toks[0].tok)
 	}
@@ -157,6 +222,16 @@ type Holder struct {
 // Lookup finds the holder of token, comparing it with every token in
 // constant time, so the time taken does not say which matched.
 func (t *Token) Lookup(token string) (Holder, bool) {
+	if t != nil && len(t.more) > 0 {
+		var h Holder
+		found := false
+		for _, m := range t.more { // every set, whichever holds it
+			if mh, ok := m.Lookup(token); ok {
+				h, found = mh, true
+			}
+		}
+		return h, found
+	}
 	match := -1
 	want := t.tokens()
 	for i, w := range want {

@@ -188,3 +188,30 @@ func TestGatewayScopedTokens(t *testing.T) {
 		}
 	}
 }
+
+// The gateway token file's tokens are limited to the gateway whatever
+// their lines say, its unnamed lines are gateway-<n>, and merged with the
+// token file they are served as one: each token as its own file says.
+func TestAGatewayTokenFileMergesWithTheTokenFile(t *testing.T) {
+	dir := t.TempDir()
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "tokens"), []byte("discovery-secret-1\n"), 0o600))
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "gateway"), []byte("crawler-proxy-password\n"), 0o600))
+	main, err := FromFile(t.Context(), slog.Default(), filepath.Join(dir, "tokens"), time.Second)
+	require.NoError(t, err)
+	gw, err := FromGatewayFile(t.Context(), slog.Default(), filepath.Join(dir, "gateway"), time.Second)
+	require.NoError(t, err)
+	tok := Merge(main, nil, gw)
+	assert.True(t, tok.Enabled())
+	assert.Equal(t, "discovery-secret-1", tok.Value(), "a client sends the first set's token")
+	assert.Equal(t, []string{"token-1", "gateway-1"}, tok.Names())
+
+	ctx, err := verifyHeader(t.Context(), tok, "Bearer discovery-secret-1")
+	require.NoError(t, err)
+	assert.Equal(t, "token-1", Caller(ctx))
+	_, err = verifyHeader(t.Context(), tok, "Bearer crawler-proxy-password")
+	assert.Equal(t, codes.PermissionDenied, status.Code(err), "the gateway token cannot call the lease API: %v", err)
+	ctx, err = verifyHeader(ViaGateway(t.Context()), tok, "Bearer crawler-proxy-password")
+	require.NoError(t, err, "the gateway accepts it")
+	assert.Equal(t, "gateway-1", Caller(ctx))
+	assert.Nil(t, Merge(nil, nil))
+}

@@ -152,6 +152,14 @@ data:
 {{- end -}}
 {{- end }}
 
+{{/* The gateway token's Secret name, or empty when there is none: the
+gateway-only credential crawlers put in their proxy URLs. */}}
+{{- define "ep.gatewayTokenSecret" -}}
+{{- if and .Values.auth.discoveryToken.enabled .Values.auth.gatewayToken.enabled .Values.broker.gateway.enabled -}}
+{{ include "ep.secretName" (dict "root" . "cfg" .Values.auth.gatewayToken) }}
+{{- end -}}
+{{- end }}
+
 {{/* The proxy credentials key's Secret name, or empty when Managed proxies are open. */}}
 {{- define "ep.credentialsKeySecret" -}}
 {{- if .Values.auth.proxyCredentials.enabled -}}

@@ -401,13 +401,15 @@ func (h *harness) crawl(in *install) {
 	h.namespace(crawlerNS)
 	token := h.secretData(in.ns, in.release+"-discovery-token", "token")
 	require.NotEmpty(t, token, "the generated lease API token")
-	data := map[string][]byte{"token": token, "target-ca.crt": h.targetTLS["ca.crt"]}
+	gwToken := h.secretData(in.ns, in.release+"-gateway-token", "token")
+	require.NotEmpty(t, gwToken, "the generated gateway-only token")
+	data := map[string][]byte{"token": token, "gateway-token": gwToken, "target-ca.crt": h.targetTLS["ca.crt"]}
 	args := []string{
 		fmt.Sprintf("--rest=%s://%s-discovery-service.%s.svc:8090", in.scheme(), in.release, in.ns),
 		fmt.Sprintf("--grpc=%s-broker-grpc.%s.svc:9090", in.release, in.ns),
 		"--token-file=/etc/crawler/token", "--target=" + targetURL, "--target-ca-file=/etc/crawler/target-ca.crt",
 		"--namespace=" + proxiesNS, "--selector=geo=e2e",
-		fmt.Sprintf("--gateway=%s-gateway.%s.svc:8888", in.release, in.ns),
+		fmt.Sprintf("--gateway=%s-gateway.%s.svc:8888", in.release, in.ns), "--gateway-token-file=/etc/crawler/gateway-token",
 	}
 	if in.brokerCA != nil {
 		data["broker-ca.crt"] = in.brokerCA
@@ -447,6 +449,7 @@ func (h *harness) crawl(in *install) {
 	}
 	one("grpc-release")
 
+	assert.EqualValues(t, 403, one("gateway-token-api")["status"], "the chart's gateway token cannot lease over the API")
 	gw := one("gateway-fetch")
 	assert.EqualValues(t, 200, gw["status"], "through the gateway, with only a proxy URL")
 	assert.NotEmpty(t, gw["egressIP"])

@@ -321,6 +321,10 @@ func TestValuesThatBreakTheSchemaAreNamed(t *testing.T) {
 		{[]string{"broker.gateway.service.type=LoadBalancer", "broker.gateway.allowPlaintextOutsideCluster=true"}, ""},
 		{[]string{"broker.gateway.tls.enabled=true"}, "broker.gateway.tls.enabled needs broker.tls.enabled"},
 		{[]string{"broker.gateway.service.type=LoadBalancer", "broker.gateway.tls.enabled=true", "broker.tls.enabled=true", "broker.tls.secretName=t"}, ""},
+		// The release namespace's Secrets (the KVM key, the tokens, Helm's
+		// releases) are never opened up to the brokers and the controller.
+		{[]string{"secretNamespaces={crawl,default}"}, "secretNamespaces lists the release namespace default"},
+		{[]string{"secretNamespaces={crawl}"}, ""},
 	} {
 		args := []string{"template", "ep", chart}
 		for _, s := range c.set {
@@ -443,6 +447,7 @@ func TestDeploySecretsAreMadeOnce(t *testing.T) {
 	discovery, redis := get("egress-proxies-discovery-token"), get("egress-proxies-redis")
 	assert.Len(t, token.Data["token"], 48)
 	assert.Len(t, discovery.Data["token"], 48)
+	assert.Len(t, get("egress-proxies-gateway-token").Data["token"], 48)
 	assert.Len(t, redis.Data["password"], 48)
 	assert.Len(t, get("egress-proxies-proxy-credentials-key").Data["key"], 48)
 	assert.Equal(t, corev1.SecretTypeTLS, tls.Type)
@@ -510,6 +515,13 @@ func TestDefaultInstallMountsOnlyWhatExists(t *testing.T) {
 	var token corev1.Secret
 	require.NoError(t, env.Client.Get(ctx, client.ObjectKey{Namespace: ins, Name: "ep-discovery-token"}, &token))
 	assert.Len(t, token.Data["token"], 48)
+	// The gateway's password is a gateway-only token of its own, never
+	// the discovery token (which may lease and inspect).
+	assert.Contains(t, args, "--gateway-token-file=/etc/egress-proxies/gateway-token/token")
+	var gwToken corev1.Secret
+	require.NoError(t, env.Client.Get(ctx, client.ObjectKey{Namespace: ins, Name: "ep-gateway-token"}, &gwToken))
+	assert.Len(t, gwToken.Data["token"], 48)
+	assert.NotEqual(t, token.Data, gwToken.Data)
 	var kinds []string
 	for _, u := range objs {
 		if u.GetKind() == "NetworkPolicy" {

@@ -43,7 +43,7 @@ import (
 
 type config struct {
 	rest, grpc, tokenFile, brokerCA string
-	gateway                         string
+	gateway, gatewayTokenFile       string
 	targetURL, targetCA, namespace  string
 	selector                        map[string]string
 	// tenantFor, otherNamespace and leaseTarget: the tenant mode.
@@ -59,6 +59,7 @@ func main() {
 	flag.StringVar(&c.tokenFile, "token-file", "", "file holding the lease API's bearer token")
 	flag.StringVar(&c.brokerCA, "broker-ca-file", "", "CA of the broker's certificate; set: REST and gRPC over TLS")
 	flag.StringVar(&c.gateway, "gateway", "", "the broker's proxy gateway (host:port); empty skips it")
+	flag.StringVar(&c.gatewayTokenFile, "gateway-token-file", "", "file holding the gateway's password (the chart's gateway-only token)")
 	flag.StringVar(&c.targetURL, "target", "", "base URL of the crawl target (https://...)")
 	flag.StringVar(&c.targetCA, "target-ca-file", "", "CA of the target's certificate")
 	flag.StringVar(&c.namespace, "namespace", "", "namespace of the Proxies to lease")
@@ -131,7 +132,11 @@ func run(ctx context.Context, c config) error {
 		return fmt.Errorf("gRPC: %w", err)
 	}
 	if c.gateway != "" {
-		if err := r.walkGateway(ctx, c, targetRoots); err != nil {
+		gw, err := os.ReadFile(c.gatewayTokenFile)
+		if err != nil {
+			return fmt.Errorf("gateway: %w", err)
+		}
+		if err := r.walkGateway(ctx, c, strings.TrimSpace(string(gw)), targetRoots); err != nil {
 			return fmt.Errorf("gateway: %w", err)
 		}
 	}
@@ -185,8 +190,9 @@ func (r *rest) asTenant(ctx context.Context, c config) error {
 }
 
 // walkGateway crawls through the gateway as any HTTP client would: the
-// proxy URL carries the options and the token, nothing else.
-func (r *rest) walkGateway(ctx context.Context, c config, roots *x509.CertPool) error {
+// proxy URL carries the options and the gateway token, nothing else; the
+// lease API refuses that token. Reports go over REST with the lease API's.
+func (r *rest) walkGateway(ctx context.Context, c config, gwToken string, roots *x509.CertPool) error {
 	base := strings.Replace(c.targetURL, ".svc.cluster.local", ".svc", 1)
 	host := strings.TrimPrefix(base, "https://")
 	proxy := func(session string) *url.URL {
@@ -197,8 +203,14 @@ func (r *rest) walkGateway(ctx context.Context, c config, roots *x509.CertPool) 
 		if session != "" {
 			user += ",session=" + session
 		}
-		return &url.URL{Scheme: "http", User: url.UserPassword(user, r.token), Host: c.gateway}
+		return &url.URL{Scheme: "http", User: url.UserPassword(user, gwToken), Host: c.gateway}
 	}
+	api := &rest{base: r.base, token: gwToken, http: r.http}
+	status, err := api.call(ctx, http.MethodPost, "/v1/leases", map[string]any{"ttlSeconds": 60}, nil)
+	if err != nil && status == 0 {
+		return err
+	}
+	emit(map[string]any{"step": "gateway-token-api", "status": status})
 	code, ip, err := fetch(proxy(""), roots, base+"/ip")
 	if err != nil {
 		return err

@@ -495,3 +495,23 @@ func TestGatewayStopReleasesItsTunnels(t *testing.T) {
 	require.Eventually(t, func() bool { return f.liveLeases() == 0 }, 30*time.Second, 200*time.Millisecond,
 		"a killed gateway's leases end within its 10 s lease TTL")
 }
+
+// The chart's default gateway password: a --gateway-token-file token
+// opens tunnels and plain requests through the gateway, and the lease
+// API refuses it (its leases carry proxies' credentials).
+func TestTheGatewayTokenFileIsGatewayOnly(t *testing.T) {
+	const gwOnly = "gateway-only-crawler-password"
+	file := filepath.Join(t.TempDir(), "gateway-token")
+	require.NoError(t, os.WriteFile(file, []byte(gwOnly+"\n"), 0o600))
+	f := newGatewayFleet(t, "--gateway-token-file", file)
+	code, _, _ := get(t, f.client("", gwOnly, false), f.echo.URL)
+	assert.Equal(t, http.StatusOK, code, "a tunnel with the gateway token")
+	code, _, _ = get(t, f.client("", gwOnly, false), f.site.URL+"/")
+	assert.Equal(t, http.StatusOK, code, "a plain request with the gateway token")
+	r := f.b.do("POST", "/v1/leases", `{"ttlSeconds":60}`, "Authorization", "Bearer "+gwOnly)
+	assert.Equal(t, http.StatusForbidden, r.Status, string(r.Body))
+	assert.Contains(t, string(r.Body), "for the proxy gateway only")
+	r = f.b.do("GET", "/v1/leases", "", "Authorization", "Bearer "+gwOnly)
+	assert.Equal(t, http.StatusForbidden, r.Status, "nor may it inspect leases: %s", r.Body)
+	f.waitNoLeases()
+}

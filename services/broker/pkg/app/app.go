@@ -46,6 +46,13 @@ func Run(ctx context.Context, env service.Env, o Options) error {
 	if err != nil {
 		return service.UsageError{Err: err}
 	}
+	if o.GatewayTokenFile != "" {
+		gw, err := auth.FromGatewayFile(ctx, log, o.GatewayTokenFile, filewatch.Interval)
+		if err != nil {
+			return service.UsageError{Err: fmt.Errorf("--gateway-token-file: %w", err)}
+		}
+		tok = auth.Merge(tok, gw)
+	}
 	tenants := &tenant.Registry{File: tok, Log: log}
 	var tenantClient client.Client
 	if o.TenantNamespace != "" {
