@@ -80,7 +80,7 @@ func main() {
 	// it through a round-robin balancer, the probe stream over TLS.
 	// The brokers want a token, as the chart's do by default, and serve the
 	// proxy gateway, whose password it is.
-	sys := system.Start(r, env, system.Options{Controllers: 2, Probers: 2, Brokers: 2, BrokerToken: demoToken, Gateway: true, Step: step})
+	sys := system.Start(r, env, system.Options{Controllers: 2, Probers: 2, Brokers: 2, BrokerToken: demoToken, Gateway: true, GatewayToken: demoGatewayToken, Step: step})
 	c := env.Client
 	kubeconfig := sys.Kubeconfig
 	for i, ctl := range sys.Controllers {
@@ -176,14 +176,19 @@ func main() {
 	step("stopping everything")
 }
 
-// demoToken is the brokers' bearer token and the gateway's password.
-const demoToken = "demo-token"
+// demoToken is the brokers' bearer token; demoGatewayToken the gateway's
+// password, which opens tunnels and nothing else (the chart's
+// auth.gatewayToken).
+const (
+	demoToken        = "demo-token"
+	demoGatewayToken = "demo-gateway-token"
+)
 
 // gatewayWalk fetches the probe target's /ip through broker 0's gateway,
 // as the curl line it prints does, and returns that line.
 func gatewayWalk(r *system.Runner, sys *system.System) string {
 	gw := sys.Brokers[0].Gateway
-	proxy := &url.URL{Scheme: "http", User: url.UserPassword("attr.geo=local", demoToken), Host: gw}
+	proxy := &url.URL{Scheme: "http", User: url.UserPassword("attr.geo=local", demoGatewayToken), Host: gw}
 	line := fmt.Sprintf("curl -s --cacert %s -x '%s' %s/ip", sys.Target.CAFile, proxy, sys.Target.URL)
 	fmt.Printf("\n$ %s\n", line)
 	pool, err := certs.LoadPool(sys.Target.CAFile)

@@ -58,6 +58,9 @@ type Options struct {
 	// (Broker.Gateway), letting loopback targets through as the suites'
 	// Squids do.
 	Gateway bool
+	// GatewayToken, when set, is a gateway-only password the brokers
+	// accept (--gateway-token-file), as the chart's auth.gatewayToken.
+	GatewayToken string
 	// ProxyCredentials gives the controllers and brokers a credentials
 	// key: Managed proxies then ask every client for their own.
 	ProxyCredentials bool
@@ -199,6 +202,13 @@ func Start(t proc.T, env *testenv.Env, o Options) *System {
 		}
 		brokerAuth = []string{"--token-file", tokenFile}
 		controllerAuth = []string{"--broker-token-file", tokenFile}
+	}
+	if o.GatewayToken != "" {
+		gwFile := filepath.Join(dir, "gateway-token")
+		if err := os.WriteFile(gwFile, []byte(o.GatewayToken), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		brokerAuth = append(brokerAuth, "--gateway-token-file", gwFile)
 	}
 	if o.ProxyCredentials {
 		keyFile := filepath.Join(dir, "proxy-credentials-key")
