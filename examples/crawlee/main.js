@@ -6,7 +6,7 @@ import { CheerioCrawler } from "@crawlee/cheerio";
 import { egressProxyConfiguration } from "@egress-proxies/client/crawlee";
 
 const proxyConfiguration = egressProxyConfiguration({
-  url: process.env.EGRESS_PROXIES_URL, // grpcs://broker:9090
+  url: process.env.EGRESS_PROXIES_URL, // grpc://egress-proxies-broker-grpc.egress-proxies-system:9090 (grpcs:// with EGRESS_PROXIES_CA_FILE when the brokers serve TLS)
   token: process.env.EGRESS_PROXIES_TOKEN,
   caFile: process.env.EGRESS_PROXIES_CA_FILE,
   selector: { pool: "crawl" },

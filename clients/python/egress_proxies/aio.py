@@ -3,7 +3,7 @@ reactor.
 
     from egress_proxies.aio import AsyncClient
 
-    async with AsyncClient("grpcs://broker:9090", token=token) as client:
+    async with AsyncClient("grpc://egress-proxies-broker-grpc.egress-proxies-system:9090", token=token) as client:
         async with client.lease({"geo": "eu"}, target="example.com") as lease:
             ...  # fetch through lease.proxy_url
 """

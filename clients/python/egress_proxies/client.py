@@ -2,7 +2,7 @@
 
     from egress_proxies import Client
 
-    client = Client("grpcs://broker:9090", token=token)
+    client = Client("grpc://egress-proxies-broker-grpc.egress-proxies-system:9090", token=token)
     with client.lease({"geo": "eu"}, target="example.com") as lease:
         requests.get("https://example.com/", proxies=lease.proxies)
 

@@ -5,7 +5,7 @@ Enable it with settings alone (it needs Scrapy's asyncio reactor)::
 
     TWISTED_REACTOR = "twisted.internet.asyncioreactor.AsyncioSelectorReactor"
     DOWNLOADER_MIDDLEWARES = {"egress_proxies.scrapy.EgressProxiesMiddleware": 610}
-    EGRESS_PROXIES_URL = "grpcs://egress-proxies-broker.egress-proxies-system:9090"
+    EGRESS_PROXIES_URL = "grpc://egress-proxies-broker-grpc.egress-proxies-system:9090"
     EGRESS_PROXIES_TOKEN = os.environ["EGRESS_PROXIES_TOKEN"]
     EGRESS_PROXIES_SELECTOR = {"geo": "eu"}
 
