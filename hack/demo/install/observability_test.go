@@ -83,6 +83,22 @@ func TestAlertsAndDashboardReadExportedSeries(t *testing.T) {
 			alerts = append(alerts, r["alert"].(string))
 			exprs = append(exprs, r["expr"].(string))
 			assert.Contains(t, r["annotations"], "description", r["alert"])
+			runbook, _ := r["annotations"].(map[string]any)["runbook_url"].(string)
+			assert.True(t, strings.HasSuffix(runbook, "docs/operations.md#"+strings.ToLower(r["alert"].(string))), "%s's runbook_url %q", r["alert"], runbook)
+		}
+	}
+	// Each alert's runbook is in docs/operations.md: what it means, the
+	// first kubectl egress command, the fix.
+	ops, err := os.ReadFile(filepath.Join(testenv.RepoRoot(), "docs", "operations.md"))
+	require.NoError(t, err)
+	for _, a := range alerts {
+		_, section, ok := strings.Cut(string(ops), "\n### "+a+"\n")
+		if !assert.True(t, ok, "docs/operations.md has no runbook for %s", a) {
+			continue
+		}
+		section, _, _ = strings.Cut(section, "\n#")
+		for _, part := range []string{"**Means**", "**First**: `kubectl egress", "**Fix**"} {
+			assert.Contains(t, section, part, "%s's runbook", a)
 		}
 	}
 	assert.ElementsMatch(t, []string{"EgressProxiesNoHealthyProxy", "EgressProxiesProbeFleetStale", "EgressProxiesLeaseRefusalsRising",
