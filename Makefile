@@ -230,6 +230,10 @@ cluster-up: deps cluster-bins ## Start a single-node cluster on this machine (as
 cluster-images: ## Build the project's images (services, Squid, Redis, curl, e2e programs) and load them into the running cluster.
 	$(CLUSTER) images --bins $(CLUSTER_BINS) --tag $(TAG)
 
+.PHONY: images
+images: ## Write an install's images (the services, Squid, Redis, curl) as OCI archives into bin/images, no Docker needed: import them on each node (ctr -n k8s.io images import) or copy them to a registry (skopeo copy oci-archive:...).
+	$(CLUSTER) save --out bin/images --tag $(TAG)
+
 .PHONY: cluster-down
 cluster-down: ## Stop the cluster and remove everything it made on the host (processes, bridge, iptables, mounts, cgroups, state).
 	$(CLUSTER) down

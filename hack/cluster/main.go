@@ -3,6 +3,7 @@
 //
 //	cluster up --bins DIR      start it (or find it running) and print its kubeconfig and kubectl
 //	cluster images --bins DIR  build the project's images and load them into the node
+//	cluster save --out DIR     write an install's images as OCI archives (make images)
 //	cluster down --bins DIR    stop it and undo everything it did to the host
 //
 // `make cluster-up`, `make cluster-images` and `make cluster-down` run these.
@@ -31,7 +32,15 @@ func main() {
 	bins := fs.String("bins", "", "directory of the cluster's binaries (bash hack/cluster/bins.sh prints it)")
 	repo := fs.String("repo", ".", "the repository's root, whose services the images are built from")
 	tag := fs.String("tag", images.DevTag, "tag of the project's images")
+	out := fs.String("out", "bin/images", "save: the directory the OCI archives are written to")
 	_ = fs.Parse(os.Args[2:])
+	if os.Args[1] == "save" {
+		if err := saveImages(*repo, *out, *tag); err != nil {
+			fmt.Fprintln(os.Stderr, "cluster:", err)
+			os.Exit(1)
+		}
+		return
+	}
 	if *bins == "" && os.Args[1] != "down" {
 		fmt.Fprintln(os.Stderr, "--bins is required: the directory bash hack/cluster/bins.sh prints")
 		os.Exit(2)
@@ -65,8 +74,32 @@ func main() {
 }
 
 func usage() {
-	fmt.Fprintln(os.Stderr, "usage: cluster up|status|images|down --bins DIR [--repo DIR] [--tag TAG]")
+	fmt.Fprintln(os.Stderr, "usage: cluster up|status|images|down --bins DIR [--repo DIR] [--tag TAG]\n       cluster save [--out DIR] [--repo DIR] [--tag TAG]")
 	os.Exit(2)
+}
+
+// saveImages writes an install's images (the three services, Squid,
+// Redis, curl) as OCI archives into out, for a cluster with no way to
+// build or pull them: each node imports them (ctr images import), or any
+// OCI tool copies them into a registry.
+func saveImages(repo, out, tag string) error {
+	dir, err := os.MkdirTemp("", "save-images-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(dir)
+	imgs, err := images.Install(repo, dir, tag)
+	if err != nil {
+		return err
+	}
+	paths, err := images.Save(out, imgs...)
+	if err != nil {
+		return err
+	}
+	for i, p := range paths {
+		fmt.Printf("%s  %s\n", p, imgs[i].Name)
+	}
+	return nil
 }
 
 func step(s string) { fmt.Fprintf(os.Stderr, "cluster: %s\n", s) }

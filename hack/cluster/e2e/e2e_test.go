@@ -106,11 +106,11 @@ func TestInstalledAsUsersDeployIt(t *testing.T) {
 	step("4. kubectl scale ppool up and down; a leased member drains; the GC deletes members", func() { h.scaleAndDrain(plain) })
 	step("5. probers scaled 1 → 3 → 1; controller leader and Redis deleted", func() { h.probersAndFaults(plain) })
 	step("6. helm test; helm upgrade rolls without losing leases", func() { h.testAndUpgrade(plain) })
-	step("8. helm uninstall: the hook leaves no Squid pod, Proxy, ProxyPool or lease key", func() { h.uninstall(plain) })
-	step("7. a second install, in another namespace, with broker TLS: a drain completes", func() {
+	step("7. helm uninstall: the hook leaves no Squid pod, Proxy, ProxyPool or lease key", func() { h.uninstall(plain) })
+	step("8. a second install, in another namespace, with broker TLS: a drain completes", func() {
 		h.tlsInstall(tlsInstall)
 	})
-	step("8. helm uninstall of the TLS install", func() { h.uninstall(tlsInstall) })
+	step("9. helm uninstall of the TLS install", func() { h.uninstall(tlsInstall) })
 }
 
 // cleanSlate removes what an earlier, interrupted run left.

@@ -154,6 +154,35 @@ func Import(ctr []string, imgs ...*oci.Image) error {
 	return nil
 }
 
+// Save writes each image as an OCI layout archive into dir, named after
+// the image's last path element (egress-proxies-controller.tar), and
+// returns the files' paths in the images' order. An archive is what
+// `ctr images import` loads and what skopeo (oci-archive:) or crane
+// pushes to a registry.
+func Save(dir string, imgs ...*oci.Image) ([]string, error) {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, err
+	}
+	var paths []string
+	for _, img := range imgs {
+		name, _, _ := strings.Cut(img.Name[strings.LastIndex(img.Name, "/")+1:], ":")
+		path := filepath.Join(dir, name+".tar")
+		f, err := os.Create(path)
+		if err != nil {
+			return nil, err
+		}
+		_, err = img.WriteLayout(f)
+		if cerr := f.Close(); err == nil {
+			err = cerr
+		}
+		if err != nil {
+			return nil, fmt.Errorf("image %s: %w", img.Name, err)
+		}
+		paths = append(paths, path)
+	}
+	return paths, nil
+}
+
 // GoBuild builds a static program of this repository into dir, with the
 // flags of the Makefile's build target.
 func GoBuild(repo, dir, pkg string) (string, error) {

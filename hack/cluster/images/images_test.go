@@ -1,6 +1,9 @@
 package images
 
 import (
+	"archive/tar"
+	"encoding/json"
+	"io"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -79,4 +82,39 @@ func TestServiceImagesMatchTheDockerfile(t *testing.T) {
 	for _, f := range img.Files {
 		assert.NotContains(t, []string{"/bin/sh", "/usr/bin/sh", "/bin/busybox"}, f.Path, "no shell, as distroless has none")
 	}
+}
+
+// Save writes each image as an OCI archive named after it, which holds
+// the layout containerd imports and registries take: oci-layout, and an
+// index naming the image.
+func TestSaveWritesOneOCIArchivePerImage(t *testing.T) {
+	bin := filepath.Join(t.TempDir(), "service")
+	require.NoError(t, os.WriteFile(bin, []byte("#!/bin/true\n"), 0o755))
+	dir := filepath.Join(t.TempDir(), "images")
+	paths, err := Save(dir, Service("broker", bin, "v9"), Service("prober", bin, "v9"))
+	require.NoError(t, err)
+	assert.Equal(t, []string{filepath.Join(dir, "egress-proxies-broker.tar"), filepath.Join(dir, "egress-proxies-prober.tar")}, paths)
+	f, err := os.Open(paths[0])
+	require.NoError(t, err)
+	defer f.Close()
+	files := map[string][]byte{}
+	tr := tar.NewReader(f)
+	for {
+		h, err := tr.Next()
+		if err == io.EOF {
+			break
+		}
+		require.NoError(t, err)
+		b, err := io.ReadAll(tr)
+		require.NoError(t, err)
+		files[h.Name] = b
+	}
+	assert.JSONEq(t, `{"imageLayoutVersion":"1.0.0"}`, string(files["oci-layout"]))
+	var index struct {
+		Manifests []struct{ Annotations map[string]string }
+	}
+	require.NoError(t, json.Unmarshal(files["index.json"], &index))
+	require.Len(t, index.Manifests, 1)
+	assert.Equal(t, Ref("egress-proxies-broker", "v9"), index.Manifests[0].Annotations["io.containerd.image.name"])
+	assert.Equal(t, "v9", index.Manifests[0].Annotations["org.opencontainers.image.ref.name"])
 }

@@ -21,6 +21,24 @@ const (
 // end-to-end test's target and crawler. The binaries are built into dir,
 // which must outlive the images' import.
 func Project(repo, dir, tag string) ([]*oci.Image, error) {
+	imgs, err := Install(repo, dir, tag)
+	if err != nil {
+		return nil, err
+	}
+	for _, prog := range []string{"target", "crawler"} {
+		bin, err := GoBuild(repo, dir, "./hack/cluster/cmd/"+prog)
+		if err != nil {
+			return nil, err
+		}
+		imgs = append(imgs, Static("e2e-"+prog, tag, bin, Nonroot))
+	}
+	return imgs, nil
+}
+
+// Install builds the images an install runs: the three services, Squid
+// (the kubernetes provider's pods), Redis (the bundled one) and curl (the
+// helm test).
+func Install(repo, dir, tag string) ([]*oci.Image, error) {
 	make := exec.Command("make", "--no-print-directory", "build", "BIN="+dir)
 	make.Dir = repo
 	if out, err := make.CombinedOutput(); err != nil {
@@ -29,13 +47,6 @@ func Project(repo, dir, tag string) ([]*oci.Image, error) {
 	var imgs []*oci.Image
 	for _, s := range []string{"controller", "prober", "broker"} {
 		imgs = append(imgs, Service(s, filepath.Join(dir, s), tag))
-	}
-	for _, prog := range []string{"target", "crawler"} {
-		bin, err := GoBuild(repo, dir, "./hack/cluster/cmd/"+prog)
-		if err != nil {
-			return nil, err
-		}
-		imgs = append(imgs, Static("e2e-"+prog, tag, bin, Nonroot))
 	}
 	for _, mk := range []func(string) (*oci.Image, error){Squid, Redis, Curl} {
 		img, err := mk(tag)
