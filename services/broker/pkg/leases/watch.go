@@ -433,10 +433,19 @@ func (s *Service) stream(ctx context.Context, w *watch, first []inventory.Proxy,
 	if err := send(&leasev1.WatchProxiesResponse{Events: []*leasev1.ProxyEvent{{Type: leasev1.ProxyEvent_TYPE_SYNCED}}}); err != nil {
 		return err
 	}
-	for evs := range w.events {
-		if err := send(&leasev1.WatchProxiesResponse{Events: evs}); err != nil {
-			return err
+	for {
+		// The caller leaving ends a wait for changes too: the handler
+		// waits for this writer before it returns.
+		select {
+		case evs, ok := <-w.events:
+			if !ok {
+				return w.err
+			}
+			if err := send(&leasev1.WatchProxiesResponse{Events: evs}); err != nil {
+				return err
+			}
+		case <-ctx.Done():
+			return ctx.Err()
 		}
 	}
-	return w.err
 }

@@ -103,7 +103,8 @@ func TestARESTWatcherThatStopsReadingIsCutCleanly(t *testing.T) {
 }
 
 // A quiet watch (nothing changes) outlives many send timeouts: only a
-// send is timed, not the gaps between them.
+// send is timed, not the gaps between them; and it ends when its client
+// leaves.
 func TestAQuietRESTWatchIsNotEnded(t *testing.T) {
 	addr, returned := restWatch(t, 300*time.Millisecond, 1, 0)
 	resp, err := http.Get("http://" + addr + "/v1/proxies:watch")
@@ -126,6 +127,14 @@ func TestAQuietRESTWatchIsNotEnded(t *testing.T) {
 		case <-returned:
 			t.Fatal("the quiet watch's handler returned")
 		case <-deadline:
+			// The client leaves while the watch waits for a change: the
+			// handler, which waits for its writer, still returns.
+			_ = resp.Body.Close()
+			select {
+			case <-returned:
+			case <-time.After(10 * time.Second):
+				t.Fatal("the handler of a watch whose client left never returned")
+			}
 			return
 		}
 	}
