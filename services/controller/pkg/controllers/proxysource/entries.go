@@ -10,7 +10,6 @@ import (
 	"fmt"
 	"io"
 	"net"
-	"regexp"
 	"strconv"
 	"strings"
 
@@ -67,7 +66,7 @@ type parsed struct {
 	rejected []string
 	total    int
 	rules
-	// over counts the valid entries past the limit.
+	// over counts the entries past the limit, unread.
 	over int
 }
 
@@ -94,38 +93,60 @@ func (p *parsed) reject(format string, args ...any) {
 	}
 }
 
-func (p *parsed) add(where string, e Entry) {
+// add keeps e, or rejects it naming where it was: kind and n ("line",
+// 7), formatted only for a rejection, since most lines are fine; n < 0
+// names it by kind alone.
+func (p *parsed) add(kind string, n int, e Entry) {
+	where := func() string {
+		if n < 0 {
+			return kind
+		}
+		return kind + " " + strconv.Itoa(n)
+	}
 	if err := validEntry(e); err != nil {
-		p.reject("%s: %v", where, err)
+		p.reject("%s: %v", where(), err)
 		return
 	}
 	if prefix, denied := p.deny.DeniesHost(e.Host); denied {
-		p.reject("%s: %s is in the proxy-address deny list (%s)", where, e.Host, prefix)
+		p.reject("%s: %s is in the proxy-address deny list (%s)", where(), e.Host, prefix)
 		return
 	}
-	if _, dup := p.entries[e.Identity()]; dup {
-		p.reject("%s: %s is listed twice", where, e.Identity())
+	id := e.Identity()
+	if _, dup := p.entries[id]; dup {
+		p.reject("%s: %s is listed twice", where(), id)
 		return
 	}
-	if len(p.entries) >= p.limit {
-		// Counted, not kept: the cap is what bounds the controller's
-		// memory and the members one list can make.
-		p.over++
-		return
-	}
-	p.entries[e.Identity()] = e
+	p.entries[id] = e
 }
+
+// full says whether the cap is reached: what comes after is counted as
+// over, not read, so a list's length past the cap costs a byte scan.
+func (p *parsed) full() bool { return len(p.entries) >= p.limit }
 
 // Rejected counts every skipped entry, named or not.
 func (p *parsed) Rejected() int { return p.total }
 
-var hostPattern = regexp.MustCompile(`^[A-Za-z0-9]([-A-Za-z0-9.:]*[A-Za-z0-9])?$`)
+// validHost is a Proxy's spec.address pattern,
+// ^[A-Za-z0-9]([-A-Za-z0-9.:]*[A-Za-z0-9])?$, checked byte by byte: it
+// runs once per line of lists of millions.
+func validHost(h string) bool {
+	alnum := func(c byte) bool { return c >= '0' && c <= '9' || c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' }
+	if h == "" || !alnum(h[0]) || !alnum(h[len(h)-1]) {
+		return false
+	}
+	for i := 1; i < len(h)-1; i++ {
+		if c := h[i]; !alnum(c) && c != '-' && c != '.' && c != ':' {
+			return false
+		}
+	}
+	return true
+}
 
 // validEntry holds an entry to what a Proxy's spec accepts, so a bad
 // line is named here rather than failing a create.
 func validEntry(e Entry) error {
 	switch {
-	case e.Host == "" || len(e.Host) > 253 || !hostPattern.MatchString(e.Host):
+	case len(e.Host) > 253 || !validHost(e.Host):
 		return fmt.Errorf("host %q is not a host name or IP address", clip(e.Host))
 	case e.Port < 1 || e.Port > 65535:
 		return fmt.Errorf("port %d is not 1-65535", e.Port)
@@ -167,11 +188,15 @@ func parse(body io.Reader, format v1.SourceFormat, r rules) (parsed, error) {
 		if err != nil && !errors.Is(err, io.EOF) {
 			return p, err
 		}
-		if t := bytes.TrimSpace(line); len(t) > 0 && t[0] != '#' {
+		switch t := bytes.TrimSpace(line); {
+		case len(t) == 0 || t[0] == '#':
+		case p.full():
+			p.over++
+		default:
 			if e, perr := parseLine(string(t)); perr != nil {
 				p.reject("line %d: %v", n, perr)
 			} else {
-				p.add(fmt.Sprintf("line %d", n), e)
+				p.add("line", n, e)
 			}
 		}
 		if err != nil {
@@ -205,7 +230,11 @@ func parseJSON(p *parsed, body io.Reader) error {
 		if err := dec.Decode(&e); err != nil {
 			return garbage(err)
 		}
-		p.add(fmt.Sprintf("entry %d", i), e)
+		if p.full() {
+			p.over++
+			continue
+		}
+		p.add("entry", i, e)
 	}
 	if _, err := dec.Token(); err != nil {
 		return garbage(err)
@@ -242,8 +271,10 @@ func parseLine(line string) (Entry, error) {
 		rest := line[end+2:]
 		port, c, _ := strings.Cut(rest, ":")
 		hostport, creds = line[:end+2]+port, c
-	} else if parts := strings.SplitN(line, ":", 3); len(parts) == 3 {
-		hostport, creds = parts[0]+":"+parts[1], parts[2]
+	} else if host, rest, ok := strings.Cut(line, ":"); ok {
+		if port, c, ok := strings.Cut(rest, ":"); ok {
+			hostport, creds = line[:len(host)+1+len(port)], c
+		}
 	}
 	host, port, err := net.SplitHostPort(hostport)
 	if err != nil {

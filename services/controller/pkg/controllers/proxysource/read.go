@@ -232,7 +232,7 @@ func (r *reader) expand(ctx context.Context, src *v1.ProxySource, rs rules) (par
 			if cc != "" {
 				e.Attributes = map[string]string{"country": cc}
 			}
-			p.add("session "+s.ID, e)
+			p.add("session "+s.ID, -1, e)
 		}
 	}
 	return p, nil

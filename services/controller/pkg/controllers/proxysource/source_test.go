@@ -343,7 +343,7 @@ func TestAListIsCappedAndHeldToTheProxyAddressPolicy(t *testing.T) {
 	s := h.waitFor("capped", "ready with 3", ready(3))
 	assert.Len(t, h.members("capped"), 3)
 	msg := cond(s, v1.ConditionSynced).Message
-	assert.Contains(t, msg, "3 entries applied; 2 more valid entries are past spec.maxEntries (3) and were not applied")
+	assert.Contains(t, msg, "3 entries applied; 2 more entries are past spec.maxEntries (3) and were not read")
 	assert.Contains(t, msg, "line 1: 169.254.169.254 is in the proxy-address deny list (169.254.0.0/16)")
 }
 

@@ -60,7 +60,7 @@ func setStatus(src *v1.ProxySource, rd sourceRead, desired map[string]Entry, pro
 		synced.Status, synced.Reason = metav1.ConditionTrue, v1.ReasonSourceApplied
 		synced.Message = fmt.Sprintf("%d entries applied", len(desired))
 		if got.over > 0 {
-			synced.Message += fmt.Sprintf("; %d more valid entries are past spec.maxEntries (%d) and were not applied", got.over, got.limit)
+			synced.Message += fmt.Sprintf("; %d more entries are past spec.maxEntries (%d) and were not read", got.over, got.limit)
 		}
 		if p.pending > 0 {
 			synced.Message += fmt.Sprintf("; %d new members are created per sync, %d wait for the next", createsPerSync, p.pending)

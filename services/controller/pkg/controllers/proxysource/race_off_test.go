@@ -1,0 +1,5 @@
+//go:build !race
+
+package proxysource
+
+const raceEnabled = false
