@@ -7,9 +7,10 @@
 // says who calls (a crawler team, the controller) in logs and metrics and
 // keys per-caller limits, and never the token itself does; a line with no
 // name is named "token-<line number>". A line may end in " scope=gateway":
-// that token is accepted only through the broker's proxy gateway, so a
+// that token is for the broker's proxy gateway (Holder.GatewayOnly; the
+// broker lets it report on its own tunnels too, and nothing else), so a
 // gateway password sniffed or leaked from a crawler's proxy URL cannot
-// call the lease API, whose leases carry every proxy's credentials. A client sends the first token; a
+// lease over the API, whose leases carry every proxy's credentials. A client sends the first token; a
 // server accepts any. That makes rotation gapless: add the new token as a
 // second line (under the same name), then (once every replica has re-read
 // the file) move it first, then drop the old one. At every step each

@@ -191,7 +191,7 @@ func (r *rest) asTenant(ctx context.Context, c config) error {
 
 // walkGateway crawls through the gateway as any HTTP client would: the
 // proxy URL carries the options and the gateway token, nothing else; the
-// lease API refuses that token. Reports go over REST with the lease API's.
+// lease API refuses that token a lease, and takes its session's report.
 func (r *rest) walkGateway(ctx context.Context, c config, gwToken string, roots *x509.CertPool) error {
 	base := strings.Replace(c.targetURL, ".svc.cluster.local", ".svc", 1)
 	host := strings.TrimPrefix(base, "https://")
@@ -234,8 +234,9 @@ func (r *rest) walkGateway(ctx context.Context, c config, gwToken string, roots 
 	if err != nil {
 		return err
 	}
+	// The session is the gateway credential's: it reports with it.
 	var report map[string]any
-	if _, err := r.call(ctx, http.MethodPost, "/v1/sessions/e2e-1/report",
+	if _, err := api.call(ctx, http.MethodPost, "/v1/sessions/e2e-1/report",
 		map[string]any{"result": "rate_limited", "target": host, "statusCode": code}, &report); err != nil {
 		return err
 	}

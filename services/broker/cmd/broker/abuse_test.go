@@ -183,7 +183,7 @@ func TestGatewayOnlyTokenCannotCallTheAPI(t *testing.T) {
 		return r.Status != http.StatusUnauthorized
 	}, 15*time.Second, 100*time.Millisecond, "the token file was not re-read")
 	assert.Equal(t, http.StatusForbidden, r.Status)
-	assert.Contains(t, string(r.Body), `tenant \"crawl-gw\" (the token file): its credentials are for the proxy gateway only`)
+	assert.Contains(t, string(r.Body), `tenant \"crawl-gw\" (the token file): its credentials are for the proxy gateway (verbs: gateway, report): they cannot list`)
 
 	c, err := leaseclient.Dial(f.b.grpc, leaseclient.WithToken(gwOnly))
 	require.NoError(t, err)

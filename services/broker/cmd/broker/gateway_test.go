@@ -497,8 +497,9 @@ func TestGatewayStopReleasesItsTunnels(t *testing.T) {
 }
 
 // The chart's default gateway password: a --gateway-token-file token
-// opens tunnels and plain requests through the gateway, and the lease
-// API refuses it (its leases carry proxies' credentials).
+// opens tunnels and plain requests through the gateway, and reports by
+// session what its own requests saw; the lease API refuses it anything
+// else (its leases carry proxies' credentials).
 func TestTheGatewayTokenFileIsGatewayOnly(t *testing.T) {
 	const gwOnly = "gateway-only-crawler-password"
 	file := filepath.Join(t.TempDir(), "gateway-token")
@@ -506,11 +507,13 @@ func TestTheGatewayTokenFileIsGatewayOnly(t *testing.T) {
 	f := newGatewayFleet(t, "--gateway-token-file", file)
 	code, _, _ := get(t, f.client("", gwOnly, false), f.echo.URL)
 	assert.Equal(t, http.StatusOK, code, "a tunnel with the gateway token")
-	code, _, _ = get(t, f.client("", gwOnly, false), f.site.URL+"/")
+	code, _, _ = get(t, f.client("session=s1", gwOnly, false), f.site.URL+"/blocked")
 	assert.Equal(t, http.StatusOK, code, "a plain request with the gateway token")
-	r := f.b.do("POST", "/v1/leases", `{"ttlSeconds":60}`, "Authorization", "Bearer "+gwOnly)
+	r := f.b.do("POST", "/v1/sessions/s1/report", `{"target":"127.0.0.1","result":"blocked","statusCode":200}`, "Authorization", "Bearer "+gwOnly)
+	assert.Equal(t, http.StatusOK, r.Status, "a crawler behind a proxy URL reports a ban by session with the same password: %s", r.Body)
+	r = f.b.do("POST", "/v1/leases", `{"ttlSeconds":60}`, "Authorization", "Bearer "+gwOnly)
 	assert.Equal(t, http.StatusForbidden, r.Status, string(r.Body))
-	assert.Contains(t, string(r.Body), "for the proxy gateway only")
+	assert.Contains(t, string(r.Body), "for the proxy gateway (verbs: gateway, report)")
 	r = f.b.do("GET", "/v1/leases", "", "Authorization", "Bearer "+gwOnly)
 	assert.Equal(t, http.StatusForbidden, r.Status, "nor may it inspect leases: %s", r.Body)
 	f.waitNoLeases()

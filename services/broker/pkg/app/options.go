@@ -115,7 +115,7 @@ func (o *Options) Register(fs *flag.FlagSet) {
 	fs.DurationVar(&o.IndexResync, "index-resync", index.DefaultResync, "how often every selector index is checked against the inventory")
 	fs.DurationVar(&o.IndexIdle, "index-idle", index.DefaultIdle, "how long a selector index nobody leases from is kept")
 	fs.IntVar(&o.MaxIndexes, "max-indexes", index.DefaultMaxIndexes, "most selector indexes kept at once (distinct namespace and selector pairs in use); the least recently used go first")
-	fs.StringVar(&o.GatewayTokenFile, "gateway-token-file", "", "file of gateway-only tokens, lines as in --token-file: each opens gateway tunnels and cannot call the lease API, the password to put in crawlers' proxy URLs (the chart's auth.gatewayToken)")
+	fs.StringVar(&o.GatewayTokenFile, "gateway-token-file", "", "file of gateway-only tokens, lines as in --token-file: each opens gateway tunnels and reports on them, and can neither lease over the API nor list: the password to put in crawlers' proxy URLs (the chart's auth.gatewayToken)")
 	fs.StringVar(&o.TokenFile, "token-file", "", "file of bearer tokens, one \"name:token\" per line: each line is a tenant of that name with every namespace and verb (the bootstrap); empty, with no --tenant-namespace, serves unauthenticated")
 	fs.StringVar(&o.TenantNamespace, "tenant-namespace", "", "namespace whose Tenants (credentials in Secrets, namespaces, verbs, quotas) may call; empty: only --token-file's")
 	fs.StringVar(&o.TLSCert, "tls-cert-file", "", "PEM certificate the gRPC and REST ports serve (re-read when it changes, so cert-manager can rotate it); empty serves plaintext")

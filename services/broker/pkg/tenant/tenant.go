@@ -44,6 +44,13 @@ const (
 // allVerbs are the token file's tenants'.
 var allVerbs = []Verb{List, Watch, Lease, Report, Gateway, Inspect}
 
+// gatewayVerbs are a gateway-scoped token line's (scope=gateway, or the
+// gateway token file): tunnels through the gateway, and reports on what
+// its own tunnels saw, by lease or session over the API. A crawler behind
+// a proxy URL can say a site banned its exit; the password in that URL
+// can neither lease (leases carry proxies' credentials) nor list.
+var gatewayVerbs = []Verb{Gateway, Report}
+
 // defaultVerbs are a Tenant's that names none: the API, not the gateway.
 var defaultVerbs = []Verb{List, Watch, Lease, Report}
 
@@ -96,7 +103,7 @@ var Open = &Tenant{Verbs: allVerbs, Trusted: true}
 func fromFile(h auth.Holder) *Tenant {
 	t := &Tenant{Name: h.Name, Verbs: allVerbs, Trusted: true, Source: "the token file"}
 	if h.GatewayOnly {
-		t.Verbs = []Verb{Gateway}
+		t.Verbs = gatewayVerbs
 	}
 	return t
 }
@@ -167,8 +174,8 @@ func (t *Tenant) Allow(ctx context.Context, v Verb) error {
 	if t.Can(v) {
 		return nil
 	}
-	if slices.Equal(t.Verbs, []Verb{Gateway}) {
-		return t.Denied("TENANT_VERB", "its credentials are for the proxy gateway only (verbs: gateway): they cannot call the lease API")
+	if t.Can(Gateway) && !t.Can(List) && !t.Can(Lease) {
+		return t.Denied("TENANT_VERB", "its credentials are for the proxy gateway (verbs: %s): they cannot %s over the lease API", joinVerbs(t.Verbs), v)
 	}
 	return t.Denied("TENANT_VERB", "may not %s (its verbs: %s)", v, joinVerbs(t.Verbs))
 }

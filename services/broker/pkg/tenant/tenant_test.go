@@ -92,12 +92,13 @@ func TestVerbs(t *testing.T) {
 		{"default verbs report", "default", leasev1.LeaseService_ReportSession_FullMethodName, nil, codes.OK, ""},
 		{"default verbs exclude the gateway", "default", GatewayMethod, via, codes.PermissionDenied, "may not gateway"},
 		{"default verbs exclude leasing through the gateway", "default", leasev1.LeaseService_CreateLease_FullMethodName, via, codes.PermissionDenied, "may not gateway"},
-		{"gateway only at the API", "gateway", leasev1.LeaseService_CreateLease_FullMethodName, nil, codes.PermissionDenied, "for the proxy gateway only"},
+		{"gateway only at the API", "gateway", leasev1.LeaseService_CreateLease_FullMethodName, nil, codes.PermissionDenied, "for the proxy gateway (verbs: gateway): they cannot lease"},
 		{"gateway only through the gateway", "gateway", leasev1.LeaseService_ReleaseLease_FullMethodName, via, codes.OK, ""},
 		{"a method with no verb", "default", "/egressproxies.lease.v1.LeaseService/DeleteEverything", nil, codes.PermissionDenied, "has no verb"},
 		{"another service needs only a credential", "lister", "/grpc.health.v1.Health/Check", nil, codes.OK, ""},
 		{"the file's line is everything", "root-secret", leasev1.LeaseService_WatchProxies_FullMethodName, nil, codes.OK, ""},
-		{"the file's gateway line", "gw-secret", leasev1.LeaseService_ListProxies_FullMethodName, nil, codes.PermissionDenied, "for the proxy gateway only"},
+		{"the file's gateway line", "gw-secret", leasev1.LeaseService_ListProxies_FullMethodName, nil, codes.PermissionDenied, "for the proxy gateway (verbs: gateway, report): they cannot list"},
+		{"the file's gateway line reports what its tunnels saw", "gw-secret", leasev1.LeaseService_ReportSession_FullMethodName, nil, codes.OK, ""},
 		{"no one's", "guess", leasev1.LeaseService_ListProxies_FullMethodName, nil, codes.Unauthenticated, ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
