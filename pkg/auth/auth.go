@@ -40,12 +40,9 @@ import (
 // Token holds the current tokens. The zero value (and a nil *Token)
 // allows every call: no token configured.
 type Token struct {
-	// file holds a file's tokens, static fixed ones: the first is sent,
-	// any is accepted.
-	file   *filewatch.File[[]named]
-	static []named
-	// more are further sets served with these as one (Merge).
-	more []*Token
+	// sets are the token lists in use, each a file's (as last read) or
+	// fixed ones: the first set's first token is sent, any is accepted.
+	sets []func() []named
 }
 
 // named is one line of a token file.
@@ -63,11 +60,7 @@ const scopeGateway = "scope=gateway"
 // ctx ends, so a rotated Secret takes effect without a restart. The file
 // must hold at least one token.
 func FromFile(ctx context.Context, log *slog.Logger, path string, interval time.Duration) (*Token, error) {
-	f, err := filewatch.FollowFile(ctx, log, interval, "token file", path, parse)
-	if err != nil {
-		return nil, err
-	}
-	return &Token{file: f}, nil
+	return follow(ctx, log, interval, "token file", path, parse)
 }
 
 // FromGatewayFile is FromFile for a file every token of which is limited
@@ -75,36 +68,38 @@ func FromFile(ctx context.Context, log *slog.Logger, path string, interval time.
 // lines are named "gateway-<line>". It is the chart's default gateway
 // password: one crawlers may put in their proxy URLs.
 func FromGatewayFile(ctx context.Context, log *slog.Logger, path string, interval time.Duration) (*Token, error) {
-	f, err := filewatch.FollowFile(ctx, log, interval, "gateway token file", path, func(b []byte) ([]named, error) {
+	return follow(ctx, log, interval, "gateway token file", path, func(b []byte) ([]named, error) {
 		toks, err := parseNamed(b, "gateway")
 		for i := range toks {
 			toks[i].gatewayOnly = true
 		}
 		return toks, err
 	})
+}
+
+// follow is a Token of the file at path, parsed by parse and re-read.
+func follow(ctx context.Context, log *slog.Logger, interval time.Duration, what, path string, parse func([]byte) ([]named, error)) (*Token, error) {
+	f, err := filewatch.FollowFile(ctx, log, interval, what, path, parse)
 	if err != nil {
 		return nil, err
 	}
-	return &Token{file: f}, nil
+	return &Token{sets: []func() []named{f.Value}}, nil
 }
 
-// Merge serves sets as one: a token of any is accepted as its set says,
-// and a client sends the first set's first token. Nil sets are skipped;
-// none left is nil (no token configured).
-func Merge(sets ...*Token) *Token {
-	var in []*Token
-	for _, t := range sets {
+// Merge serves tokens as one: a token of any is accepted as its line
+// says, and a client sends the first one's first token. Nil ones are
+// skipped; none left is nil (no token configured).
+func Merge(tokens ...*Token) *Token {
+	var sets []func() []named
+	for _, t := range tokens {
 		if t != nil {
-			in = append(in, t)
+			sets = append(sets, t.sets...)
 		}
 	}
-	switch len(in) {
-	case 0:
+	if len(sets) == 0 {
 		return nil
-	case 1:
-		return in[0]
 	}
-	return &Token{more: in}
+	return &Token{sets: sets}
 }
 
 // Static returns fixed tokens, lines as in a file: the first sent, any
@@ -112,18 +107,7 @@ func Merge(sets ...*Token) *Token {
 func Static(lines ...string) *Token {
 	// A client sends what it was given; the server it calls judges it.
 	toks, _ := parse([]byte(strings.Join(lines, "\n")))
-	return &Token{static: toks}
-}
-
-// tokens are the tokens in use.
-func (t *Token) tokens() []named {
-	switch {
-	case t == nil:
-		return nil
-	case t.file != nil:
-		return t.file.Value()
-	}
-	return t.static
+	return &Token{sets: []func() []named{func() []named { return toks }}}
 }
 
 // tokenName is what a line's name may be: it goes into logs and metric
@@ -168,47 +152,36 @@ func parseNamed(b []byte, unnamed string) ([]named, error) {
 	return toks, errors.Join(errs...)
 }
 
-// Names are the holders the tokens name, in file order, once each.
+// Names are the holders the tokens name, in order, once each.
 func (t *Token) Names() []string {
 	var out []string
-	if t != nil && len(t.more) > 0 {
-		for _, m := range t.more {
-			for _, n := range m.Names() {
-				if !slices.Contains(out, n) {
-					out = append(out, n)
-				}
+	for _, set := range t.lists() {
+		for _, n := range set() {
+			if !slices.Contains(out, n.name) {
+				out = append(out, n.name)
 			}
-		}
-		return out
-	}
-	for _, n := range t.tokens() {
-		if !slices.Contains(out, n.name) {
-			out = append(out, n.name)
 		}
 	}
 	return out
 }
 
-// Enabled reports whether a token is configured.
-func (t *Token) Enabled() bool {
-	if t != nil && len(t.more) > 0 {
-		return slices.ContainsFunc(t.more, (*Token).Enabled)
+// lists are t's sets; none for a nil t.
+func (t *Token) lists() []func() []named {
+	if t == nil {
+		return nil
 	}
-	return len(t.tokens()) > 0
+	return t.sets
 }
+
+// Enabled reports whether a token is configured.
+func (t *Token) Enabled() bool { return t.Value() != "" }
 
 // Value returns the token a client sends: the first.
 func (t *Token) Value() string {
-	if t != nil && len(t.more) > 0 {
-		for _, m := range t.more {
-			if v := m.Value(); v != "" {
-				return v
-			}
+	for _, set := range t.lists() {
+		if toks := set(); len(toks) > 0 {
+			return string(toks[0].tok)
 		}
-		return ""
-	}
-	if toks := t.tokens(); len(toks) > 0 {
-		return string(toks[0].tok)
 	}
 	return ""
 }
@@ -223,27 +196,17 @@ type Holder struct {
 // Lookup finds the holder of token, comparing it with every token in
 // constant time, so the time taken does not say which matched.
 func (t *Token) Lookup(token string) (Holder, bool) {
-	if t != nil && len(t.more) > 0 {
-		var h Holder
-		found := false
-		for _, m := range t.more { // every set, whichever holds it
-			if mh, ok := m.Lookup(token); ok {
-				h, found = mh, true
+	var h Holder
+	found := false
+	tok := []byte(token)
+	for _, set := range t.lists() {
+		for _, w := range set() {
+			if subtle.ConstantTimeCompare(tok, w.tok) == 1 {
+				h, found = Holder{Name: w.name, GatewayOnly: w.gatewayOnly}, true
 			}
 		}
-		return h, found
 	}
-	match := -1
-	want := t.tokens()
-	for i, w := range want {
-		if subtle.ConstantTimeCompare([]byte(token), w.tok) == 1 {
-			match = i
-		}
-	}
-	if match < 0 {
-		return Holder{}, false
-	}
-	return Holder{Name: want[match].name, GatewayOnly: want[match].gatewayOnly}, true
+	return h, found
 }
 
 // Verify implements Verifier: a call of any method with any token in the

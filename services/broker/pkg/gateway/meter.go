@@ -72,16 +72,19 @@ func (m *byteMeter) flushLocked() {
 	if m.pending == 0 {
 		return
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	// Bounded as withinBytes's read: the tunnel waits on it.
+	ctx, cancel := context.WithTimeout(context.Background(), m.g.o.DialTimeout)
 	defer cancel()
-	total, err := m.g.o.Meter.AddTenantBytes(ctx, m.tenant, m.pending, time.Now())
+	n := m.pending
+	m.pending = 0
+	total, err := m.g.o.Meter.AddTenantBytes(ctx, m.tenant, n, time.Now())
 	if err != nil {
 		// A store that cannot count lets the bytes through, as
-		// withinBytes does: leasing says why the store is away.
-		m.g.log.Warn("gateway could not count bytes against their tenant's day", "tenant", m.tenant, "bytes", m.pending, "err", err)
+		// withinBytes does (leasing says why the store is away), and
+		// they are not tried again with every step while it is away.
+		m.g.log.Warn("gateway could not count bytes against their tenant's day", "tenant", m.tenant, "bytes", n, "err", err)
 		return
 	}
-	m.pending = 0
 	if total >= m.quota {
 		m.over = true
 	}

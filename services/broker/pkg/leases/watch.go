@@ -8,6 +8,7 @@ import (
 	"slices"
 	"sort"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"google.golang.org/grpc"
@@ -303,10 +304,12 @@ func (s *Service) WatchProxies(req *leasev1.WatchProxiesRequest, stream grpc.Ser
 	// gaps between sends are not timed: a quiet fleet is no stall), ends
 	// the watch when its credential or scope changes, or returns when the
 	// caller leaves.
-	var clock sendClock
+	// sending is when the send in progress began (Unix nanoseconds), 0
+	// between sends.
+	var sending atomic.Int64
 	send := func(r *leasev1.WatchProxiesResponse) error {
-		clock.begin()
-		defer clock.end()
+		sending.Store(time.Now().UnixNano())
+		defer sending.Store(0)
 		return stream.Send(r)
 	}
 	sent := make(chan error, 1)
@@ -329,7 +332,7 @@ func (s *Service) WatchProxies(req *leasev1.WatchProxiesRequest, stream grpc.Ser
 			}
 			ended = nil
 		case <-tick.C:
-			if clock.stalled(sendTimeout) {
+			if began := sending.Load(); began != 0 && time.Since(time.Unix(0, began)) > sendTimeout {
 				watchesEnded.WithLabelValues("stalled").Inc()
 				return finish(stream, sent, status.Errorf(codes.DeadlineExceeded, "this watch took no batch for %s; watch again", sendTimeout))
 			}
@@ -396,22 +399,6 @@ func finish(stream grpc.ServerStream, sent <-chan error, err error) error {
 		<-sent
 	}
 	return err
-}
-
-// sendClock times the send in progress, if any.
-type sendClock struct {
-	mu    sync.Mutex
-	since time.Time
-}
-
-func (c *sendClock) begin() { c.mu.Lock(); c.since = time.Now(); c.mu.Unlock() }
-func (c *sendClock) end()   { c.mu.Lock(); c.since = time.Time{}; c.mu.Unlock() }
-
-// stalled says whether the send in progress has taken longer than d.
-func (c *sendClock) stalled(d time.Duration) bool {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return !c.since.IsZero() && time.Since(c.since) > d
 }
 
 // stream sends w's starting set, the synced mark and then its changes

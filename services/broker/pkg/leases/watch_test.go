@@ -256,7 +256,7 @@ func TestAWatchEndsWhenItsCredentialOrScopeChanges(t *testing.T) {
 			case err := <-done:
 				assert.Equal(t, c.code, status.Code(err), "%v", err)
 				assert.Contains(t, status.Convert(err).Message(), c.msg)
-			case <-time.After(5 * time.Second):
+			case <-time.After(30 * time.Second):
 				t.Fatal("the watch outlived its credential's change")
 			}
 		})

@@ -106,7 +106,7 @@ func TestARESTWatcherThatStopsReadingIsCutCleanly(t *testing.T) {
 // send is timed, not the gaps between them; and it ends when its client
 // leaves.
 func TestAQuietRESTWatchIsNotEnded(t *testing.T) {
-	addr, returned := restWatch(t, 300*time.Millisecond, 1, 0)
+	addr, returned := restWatch(t, time.Second, 1, 0)
 	resp, err := http.Get("http://" + addr + "/v1/proxies:watch")
 	require.NoError(t, err)
 	defer resp.Body.Close()
@@ -118,7 +118,7 @@ func TestAQuietRESTWatchIsNotEnded(t *testing.T) {
 		}
 		close(lines)
 	}()
-	deadline := time.After(2 * time.Second) // more than six send timeouts
+	deadline := time.After(4 * time.Second) // four send timeouts of quiet
 	for {
 		select {
 		case l, ok := <-lines:

@@ -155,9 +155,6 @@ func (r *Reconciler) deleteMember(ctx context.Context, src *v1.ProxySource, px *
 		return fmt.Errorf("deleting member %s: %w", px.Name, err)
 	}
 	r.recorder.Eventf(src, px, v1.EventType(v1.EventMemberDeleted), v1.EventMemberDeleted, "Delete", "member %s deleted: %s", px.Name, why)
-	if px.Spec.CredentialsSecretRef == nil {
-		return nil
-	}
 	return r.deleteCredentials(ctx, src, px.Namespace, px.Name)
 }
 
@@ -184,16 +181,16 @@ func (r *Reconciler) ownCredentials(ctx context.Context, src *v1.ProxySource, ns
 		return nil, client.IgnoreNotFound(err)
 	}
 	if !metav1.IsControlledBy(&s, src) {
-		return nil, &ForeignSecretError{Namespace: ns, Name: name, Source: src.Name}
+		return nil, &foreignSecretError{Namespace: ns, Name: name, Source: src.Name}
 	}
 	return &s, nil
 }
 
-// ForeignSecretError says a Secret where a member's credentials belong is
+// foreignSecretError says a Secret where a member's credentials belong is
 // not the source's: it is left alone, neither written nor deleted.
-type ForeignSecretError struct{ Namespace, Name, Source string }
+type foreignSecretError struct{ Namespace, Name, Source string }
 
-func (e *ForeignSecretError) Error() string {
+func (e *foreignSecretError) Error() string {
 	return fmt.Sprintf("Secret %s/%s is not controlled by ProxySource %s, so it is neither written nor deleted; delete or rename it to let the source keep its member's credentials there", e.Namespace, e.Name, e.Source)
 }
 

@@ -19,7 +19,6 @@ import (
 	v1 "github.com/egress-proxies/egress-proxies/pkg/api/v1alpha1"
 	"github.com/egress-proxies/egress-proxies/pkg/kube"
 	"github.com/egress-proxies/egress-proxies/pkg/netpolicy"
-	"github.com/egress-proxies/egress-proxies/pkg/sanitize"
 	"github.com/egress-proxies/egress-proxies/pkg/vendors"
 )
 
@@ -138,10 +137,9 @@ func (r *reader) fetch(ctx context.Context, ns string, u *v1.SourceURL, rs rules
 		}
 		tlsConf.RootCAs = pool
 	}
-	redacted := sanitize.Userinfo(u.URL)
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u.URL, nil)
 	if err != nil {
-		return parsed{}, fmt.Errorf("spec.url.url %s: %s", redacted, sanitize.Userinfo(err.Error()))
+		return parsed{}, fmt.Errorf("spec.url.url: %w", err)
 	}
 	if ref := u.AuthSecretRef; ref != nil {
 		s, err := r.secret(ctx, ns, ref.Name)
@@ -164,21 +162,21 @@ func (r *reader) fetch(ctx context.Context, ns string, u *v1.SourceURL, rs rules
 	}, CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
 	resp, err := c.Do(req)
 	if err != nil {
-		return parsed{}, fmt.Errorf("fetching %s: %s", redacted, sanitize.Userinfo(err.Error()))
+		return parsed{}, fmt.Errorf("fetching %s: %w", u.URL, err)
 	}
 	defer func() { _ = resp.Body.Close() }()
 	if resp.StatusCode != http.StatusOK {
-		return parsed{}, fmt.Errorf("fetching %s: it answered %s", redacted, clip(resp.Status))
+		return parsed{}, fmt.Errorf("fetching %s: it answered %s", u.URL, clip(resp.Status))
 	}
 	if resp.ContentLength > limit {
-		return parsed{}, fmt.Errorf("fetching %s: its body of %d bytes is over spec.url.maxBytes (%d)", redacted, resp.ContentLength, limit)
+		return parsed{}, fmt.Errorf("fetching %s: its body of %d bytes is over spec.url.maxBytes (%d)", u.URL, resp.ContentLength, limit)
 	}
 	p, err := parse(&capped{r: resp.Body, left: limit}, formatOr(u.Format), rs)
 	switch {
 	case errors.Is(err, errOverMaxBytes):
-		return parsed{}, fmt.Errorf("fetching %s: its body is over spec.url.maxBytes (%d)", redacted, limit)
+		return parsed{}, fmt.Errorf("fetching %s: its body is over spec.url.maxBytes (%d)", u.URL, limit)
 	case err != nil:
-		return parsed{}, fmt.Errorf("fetching %s: reading the body: %s", redacted, sanitize.Userinfo(err.Error()))
+		return parsed{}, fmt.Errorf("fetching %s: reading the body: %w", u.URL, err)
 	}
 	return p, nil
 }

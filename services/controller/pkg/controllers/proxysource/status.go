@@ -9,6 +9,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	v1 "github.com/egress-proxies/egress-proxies/pkg/api/v1alpha1"
+	"github.com/egress-proxies/egress-proxies/pkg/sanitize"
 )
 
 // syncTimeEvery is how stale status.lastSyncTime may be.
@@ -43,7 +44,9 @@ func setStatus(src *v1.ProxySource, rd sourceRead, desired map[string]Entry, pro
 	synced := metav1.Condition{Type: v1.ConditionSynced, ObservedGeneration: src.Generation}
 	switch {
 	case readErr != nil:
-		synced.Status, synced.Reason, synced.Message = metav1.ConditionFalse, v1.ReasonFetchFailed, readErr.Error()+"; no member was changed"
+		// A URL's user name and password are in its errors; the
+		// condition, and the Event made of it, are read more widely.
+		synced.Status, synced.Reason, synced.Message = metav1.ConditionFalse, v1.ReasonFetchFailed, sanitize.Userinfo(readErr.Error())+"; no member was changed"
 	case desired == nil:
 		st.Rejected, st.RejectedEntries = int32(got.Rejected()), got.rejected
 		synced.Status, synced.Reason = metav1.ConditionFalse, v1.ReasonNoValidEntries
