@@ -33,7 +33,7 @@ import (
 	"github.com/egress-proxies/egress-proxies/services/broker/pkg/policy"
 	"github.com/egress-proxies/egress-proxies/services/broker/pkg/server"
 	"github.com/egress-proxies/egress-proxies/services/broker/pkg/store"
-	"github.com/egress-proxies/egress-proxies/services/broker/pkg/tenant"
+	"github.com/egress-proxies/egress-proxies/services/broker/pkg/access"
 )
 
 // Name is the broker's name in logs and flags' environment variables.
@@ -53,7 +53,7 @@ func Run(ctx context.Context, env service.Env, o Options) error {
 		}
 		tok = auth.Merge(tok, gw)
 	}
-	tenants := &tenant.Registry{File: tok, Log: log}
+	tenants := &access.Registry{File: tok, Log: log}
 	var tenantClient client.Client
 	if o.TenantNamespace != "" {
 		if tenantClient, err = watchTenants(ctx, o, tenants); err != nil {
@@ -76,7 +76,7 @@ func Run(ctx context.Context, env service.Env, o Options) error {
 	// (decision 115).
 	st.Pipeline(ctx, 2)
 	if tenantClient != nil {
-		w := &tenant.StatusWriter{Client: tenantClient, Registry: tenants, Leases: st.TenantLeases, Interval: tenant.DefaultStatusInterval, Log: log}
+		w := &access.StatusWriter{Client: tenantClient, Registry: tenants, Leases: st.TenantLeases, Interval: access.DefaultStatusInterval, Log: log}
 		go w.Run(ctx)
 	}
 
@@ -93,12 +93,12 @@ func Run(ctx context.Context, env service.Env, o Options) error {
 	if err != nil {
 		return err
 	}
-	o.Leases.Reauthorize = func(ctx context.Context) (*tenant.Tenant, error) {
+	o.Leases.Reauthorize = func(ctx context.Context) (*access.Tenant, error) {
 		ctx, err := auth.Reverify(ctx, tenants, leasev1.LeaseService_WatchProxies_FullMethodName)
 		if err != nil {
 			return nil, err
 		}
-		return tenant.From(ctx), nil
+		return access.From(ctx), nil
 	}
 	svc := leases.New(inv, st, idx, pol, o.Leases)
 	go svc.RunWatches(ctx)
@@ -216,7 +216,7 @@ func watchProxies(ctx context.Context, o Options, st *store.Store, env service.E
 // --tenant-namespace, whose credentials it reads Secret by Secret (the
 // brokers may get those Secrets and list none); it returns the client
 // that reads them, which writes the Tenants' status too.
-func watchTenants(ctx context.Context, o Options, tenants *tenant.Registry) (client.Client, error) {
+func watchTenants(ctx context.Context, o Options, tenants *access.Registry) (client.Client, error) {
 	cfg, err := kube.RestConfig(o.Kubeconfig)
 	if err != nil {
 		return nil, service.Usagef("--kubeconfig: %v", err)
@@ -230,7 +230,7 @@ func watchTenants(ctx context.Context, o Options, tenants *tenant.Registry) (cli
 		return nil, fmt.Errorf("creating the Secret reader: %w", err)
 	}
 	go func() { _ = c.Start(ctx) }()
-	return direct, tenants.Watch(ctx, c, direct, tenant.DefaultReread)
+	return direct, tenants.Watch(ctx, c, direct, access.DefaultReread)
 }
 
 // serveOps serves /healthz, /readyz (Redis answers, the inventory and
@@ -238,7 +238,7 @@ func watchTenants(ctx context.Context, o Options, tenants *tenant.Registry) (cli
 // them to stop.
 func serveOps(ctx context.Context, o Options, env service.Env, st *store.Store, inv *inventory.Inventory, pol *policy.Policies) (func() error, error) {
 	ops := service.NewOps()
-	ops.Registry.MustRegister(append(append(append(append(append(leases.Collectors(), server.Collectors()...), index.Collectors()...), store.Collectors()...), gateway.Collectors()...), tenant.Collectors()...)...)
+	ops.Registry.MustRegister(append(append(append(append(append(leases.Collectors(), server.Collectors()...), index.Collectors()...), store.Collectors()...), gateway.Collectors()...), access.Collectors()...)...)
 	ops.Registry.MustRegister(store.FleetCollector(st))
 	ops.AddReadyCheck("redis", st.Ping)
 	ops.AddReadyCheck("inventory", func(context.Context) error {

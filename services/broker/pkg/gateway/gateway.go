@@ -44,7 +44,7 @@ import (
 	"github.com/egress-proxies/egress-proxies/pkg/netpolicy"
 	"github.com/egress-proxies/egress-proxies/pkg/proxyauth"
 	"github.com/egress-proxies/egress-proxies/services/broker/pkg/leases"
-	"github.com/egress-proxies/egress-proxies/services/broker/pkg/tenant"
+	"github.com/egress-proxies/egress-proxies/services/broker/pkg/access"
 )
 
 // Leaser is the part of the lease API the gateway calls, in process;
@@ -392,7 +392,7 @@ func (g *Gateway) handle(c net.Conn, br *bufio.Reader, req *http.Request) bool {
 		g.answer(c, r.kind, needAuth("no proxy credentials"))
 		return false
 	}
-	tctx, err := g.auth.Verify(auth.ViaGateway(context.Background()), tenant.GatewayMethod, pass)
+	tctx, err := g.auth.Verify(auth.ViaGateway(context.Background()), access.GatewayMethod, pass)
 	switch {
 	case status.Code(err) == codes.Unauthenticated:
 		g.answer(c, r.kind, needAuth("invalid proxy password"))
@@ -401,7 +401,7 @@ func (g *Gateway) handle(c net.Conn, br *bufio.Reader, req *http.Request) bool {
 		g.answer(c, r.kind, refusal(err))
 		return false
 	}
-	who := tenant.From(tctx)
+	who := access.From(tctx)
 	r.caller, r.tenant = who.Name, tctx
 	if r.opts, err = parseUser(user); err != nil {
 		g.answer(c, r.kind, deny("BAD_OPTIONS", err.Error()))
@@ -654,9 +654,9 @@ func (g *Gateway) splice(c net.Conn, br *bufio.Reader, r *request, t *try, h hop
 	tunnelsOpen.Dec()
 	tunnelBytes.WithLabelValues("sent").Add(float64(sent))
 	tunnelBytes.WithLabelValues("received").Add(float64(received))
-	who := tenant.Label(r.caller)
-	tenant.GatewayBytes.WithLabelValues(who, "sent").Add(float64(sent))
-	tenant.GatewayBytes.WithLabelValues(who, "received").Add(float64(received))
+	who := access.Label(r.caller)
+	access.GatewayBytes.WithLabelValues(who, "sent").Add(float64(sent))
+	access.GatewayBytes.WithLabelValues(who, "received").Add(float64(received))
 	if received > 0 && clean {
 		g.report(r, t.lease.GetLeaseId(), faults.OK, 0)
 	}
@@ -745,7 +745,7 @@ func removeHopByHop(h http.Header) {
 // answer refusing one: its gatewayBytesPerDay is reached, until the
 // next UTC midnight. A store that cannot say lets the tunnel through:
 // leasing fails then anyway, and says why.
-func (g *Gateway) withinBytes(t *tenant.Tenant) (answer, bool) {
+func (g *Gateway) withinBytes(t *access.Tenant) (answer, bool) {
 	quota := t.Quotas.GatewayBytesPerDay
 	if quota <= 0 || g.o.Meter == nil {
 		return answer{}, true
@@ -764,8 +764,8 @@ func (g *Gateway) withinBytes(t *tenant.Tenant) (answer, bool) {
 
 // takeSlot counts a tunnel against its tenant's limit: its Tenant's
 // maxTunnels, else the flag's; it says which when the limit is reached.
-func (g *Gateway) takeSlot(t *tenant.Tenant) (tenant.Limit, bool) {
-	limit := tenant.LimitOf(t.Quotas.MaxTunnels, "maxTunnels", g.o.TokenMaxTunnels, "--gateway-token-max-tunnels")
+func (g *Gateway) takeSlot(t *access.Tenant) (access.Limit, bool) {
+	limit := access.LimitOf(t.Quotas.MaxTunnels, "maxTunnels", g.o.TokenMaxTunnels, "--gateway-token-max-tunnels")
 	v, ok := g.perTenant.Load(t.Name)
 	if !ok {
 		v, _ = g.perTenant.LoadOrStore(t.Name, new(atomic.Int64))
@@ -775,14 +775,14 @@ func (g *Gateway) takeSlot(t *tenant.Tenant) (tenant.Limit, bool) {
 		tokenCapped.WithLabelValues(t.Name).Inc()
 		return limit, false
 	}
-	tenant.Tunnels.WithLabelValues(tenant.Label(t.Name)).Inc()
+	access.Tunnels.WithLabelValues(access.Label(t.Name)).Inc()
 	return limit, true
 }
 
 func (g *Gateway) freeSlot(caller string) {
 	if v, ok := g.perTenant.Load(caller); ok {
 		v.(*atomic.Int64).Add(-1)
-		tenant.Tunnels.WithLabelValues(tenant.Label(caller)).Dec()
+		access.Tunnels.WithLabelValues(access.Label(caller)).Dec()
 	}
 }
 

@@ -8,7 +8,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/egress-proxies/egress-proxies/services/broker/pkg/tenant"
+	"github.com/egress-proxies/egress-proxies/services/broker/pkg/access"
 )
 
 // meterStep is how many bytes a metered tunnel or request carries
@@ -37,7 +37,7 @@ type byteMeter struct {
 
 // byteMeter is t's meter, nil (counting nothing) when t has no byte
 // quota or the gateway no store.
-func (g *Gateway) byteMeter(t *tenant.Tenant) *byteMeter {
+func (g *Gateway) byteMeter(t *access.Tenant) *byteMeter {
 	if g.o.Meter == nil || t.Quotas.GatewayBytesPerDay <= 0 {
 		return nil
 	}

@@ -14,7 +14,7 @@ import (
 	leasev1 "github.com/egress-proxies/egress-proxies/pkg/gen/egressproxies/lease/v1"
 	"github.com/egress-proxies/egress-proxies/services/broker/pkg/inventory"
 	"github.com/egress-proxies/egress-proxies/services/broker/pkg/store"
-	"github.com/egress-proxies/egress-proxies/services/broker/pkg/tenant"
+	"github.com/egress-proxies/egress-proxies/services/broker/pkg/access"
 )
 
 // The operator's reads: who holds what, and why a proxy or a target is
@@ -24,8 +24,8 @@ import (
 
 // whose is the tenants whose own cooldowns and leases t may see, as the
 // store's inspect reads name them: "*" for every tenant's.
-func whose(t *tenant.Tenant) string {
-	if t.Can(tenant.Inspect) {
+func whose(t *access.Tenant) string {
+	if t.Can(access.Inspect) {
 		return "*"
 	}
 	return t.Name
@@ -47,7 +47,7 @@ func checkTenantName(name string) error {
 }
 
 // visible finds the proxy id names among those t may list.
-func (s *Service) visible(t *tenant.Tenant, id string) (inventory.Proxy, error) {
+func (s *Service) visible(t *access.Tenant, id string) (inventory.Proxy, error) {
 	ns, sel, err := t.Scope("", nil)
 	if err != nil {
 		return inventory.Proxy{}, err
@@ -79,7 +79,7 @@ func (s *Service) ListLeases(ctx context.Context, req *leasev1.ListLeasesRequest
 	if err != nil {
 		return nil, err
 	}
-	t := tenant.From(ctx)
+	t := access.From(ctx)
 	ns, sel, err := t.Scope(req.GetNamespace(), nil)
 	if err != nil {
 		return nil, err
@@ -154,7 +154,7 @@ func (s *Service) ExplainProxy(ctx context.Context, req *leasev1.ExplainProxyReq
 	if err := s.checkSynced(); err != nil {
 		return nil, err
 	}
-	t := tenant.From(ctx)
+	t := access.From(ctx)
 	p, err := s.visible(t, req.GetId())
 	if err != nil {
 		return nil, err
@@ -197,7 +197,7 @@ func (s *Service) ExplainTarget(ctx context.Context, req *leasev1.ExplainTargetR
 	if err := s.checkSynced(); err != nil {
 		return nil, err
 	}
-	t := tenant.From(ctx)
+	t := access.From(ctx)
 	ns, sel, err := t.Scope(req.GetNamespace(), nil)
 	if err != nil {
 		return nil, err

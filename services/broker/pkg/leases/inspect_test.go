@@ -12,7 +12,7 @@ import (
 
 	v1 "github.com/egress-proxies/egress-proxies/pkg/api/v1alpha1"
 	leasev1 "github.com/egress-proxies/egress-proxies/pkg/gen/egressproxies/lease/v1"
-	"github.com/egress-proxies/egress-proxies/services/broker/pkg/tenant"
+	"github.com/egress-proxies/egress-proxies/services/broker/pkg/access"
 )
 
 func cordon(t *testing.T, ns, name string, on bool) {
@@ -68,10 +68,10 @@ func TestTheOperatorsReads(t *testing.T) {
 	a := s.Proxy(t, "a", "127.0.0.74", nil)
 	s.Proxy(t, "b", "127.0.0.75", nil)
 	ns := []string{s.NS}
-	alice := tenant.With(context.Background(), &tenant.Tenant{Name: "alice", Namespaces: ns, Verbs: []tenant.Verb{tenant.List, tenant.Lease, tenant.Report}})
-	bob := tenant.With(context.Background(), &tenant.Tenant{Name: "bob", Namespaces: ns, Trusted: true, Verbs: []tenant.Verb{tenant.List, tenant.Lease, tenant.Report}})
-	ops := tenant.With(context.Background(), &tenant.Tenant{Name: "ops", Namespaces: ns, Verbs: []tenant.Verb{tenant.List, tenant.Inspect}})
-	outsider := tenant.With(context.Background(), &tenant.Tenant{Name: "out", Namespaces: []string{"elsewhere"}, Verbs: []tenant.Verb{tenant.List, tenant.Inspect}})
+	alice := access.With(context.Background(), &access.Tenant{Name: "alice", Namespaces: ns, Verbs: []access.Verb{access.List, access.Lease, access.Report}})
+	bob := access.With(context.Background(), &access.Tenant{Name: "bob", Namespaces: ns, Trusted: true, Verbs: []access.Verb{access.List, access.Lease, access.Report}})
+	ops := access.With(context.Background(), &access.Tenant{Name: "ops", Namespaces: ns, Verbs: []access.Verb{access.List, access.Inspect}})
+	outsider := access.With(context.Background(), &access.Tenant{Name: "out", Namespaces: []string{"elsewhere"}, Verbs: []access.Verb{access.List, access.Inspect}})
 
 	la, err := svc.CreateLease(alice, &leasev1.CreateLeaseRequest{Target: "shop.example", SessionKey: "cart-1"})
 	require.NoError(t, err)

@@ -13,7 +13,7 @@ import (
 	"github.com/egress-proxies/egress-proxies/services/broker/internal/brokertest"
 	"github.com/egress-proxies/egress-proxies/services/broker/pkg/leases"
 	"github.com/egress-proxies/egress-proxies/services/broker/pkg/policy"
-	"github.com/egress-proxies/egress-proxies/services/broker/pkg/tenant"
+	"github.com/egress-proxies/egress-proxies/services/broker/pkg/access"
 )
 
 // One token cannot sink the fleet: its reports count only for the targets
@@ -29,8 +29,8 @@ func TestOneTokenCannotSinkTheFleet(t *testing.T) {
 	for _, ip := range []string{"127.0.0.111", "127.0.0.112", "127.0.0.113"} {
 		s.Proxy(t, "p"+ip[len(ip)-1:], ip, nil)
 	}
-	greedy := tenant.With(context.Background(), &tenant.Tenant{Name: "greedy"})
-	other := tenant.With(context.Background(), &tenant.Tenant{Name: "other"})
+	greedy := access.With(context.Background(), &access.Tenant{Name: "greedy"})
+	other := access.With(context.Background(), &access.Tenant{Name: "other"})
 
 	l, err := svc.CreateLease(greedy, &leasev1.CreateLeaseRequest{Target: "shop.example"})
 	require.NoError(t, err)

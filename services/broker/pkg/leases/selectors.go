@@ -6,7 +6,7 @@ import (
 	"time"
 
 	"github.com/egress-proxies/egress-proxies/services/broker/pkg/index"
-	"github.com/egress-proxies/egress-proxies/services/broker/pkg/tenant"
+	"github.com/egress-proxies/egress-proxies/services/broker/pkg/access"
 	"k8s.io/utils/clock"
 )
 
@@ -32,7 +32,7 @@ func newSelectorBudget(idle time.Duration, clk clock.PassiveClock) *selectorBudg
 
 // take counts sel against t, or refuses it when t holds its budget of
 // selectors (q) and sel is new; holds says whether sel's index exists.
-func (b *selectorBudget) take(t *tenant.Tenant, sel index.Selector, q tenant.Limit, holds func(index.Selector) bool) error {
+func (b *selectorBudget) take(t *access.Tenant, sel index.Selector, q access.Limit, holds func(index.Selector) bool) error {
 	if q.N <= 0 || t.Name == "" {
 		return nil
 	}

@@ -30,7 +30,7 @@ import (
 	"github.com/egress-proxies/egress-proxies/services/broker/pkg/inventory"
 	"github.com/egress-proxies/egress-proxies/services/broker/pkg/policy"
 	"github.com/egress-proxies/egress-proxies/services/broker/pkg/store"
-	"github.com/egress-proxies/egress-proxies/services/broker/pkg/tenant"
+	"github.com/egress-proxies/egress-proxies/services/broker/pkg/access"
 )
 
 // Config bounds leases.
@@ -79,7 +79,7 @@ type Config struct {
 	// belongs to now, or why no one may use it any more: an open watch
 	// asks it every WatchReauthorize, and ends when the answer, or the
 	// scope it gives, changes. docs/security.md promises 10 s.
-	Reauthorize      func(ctx context.Context) (*tenant.Tenant, error)
+	Reauthorize      func(ctx context.Context) (*access.Tenant, error)
 	WatchReauthorize time.Duration
 }
 
@@ -137,7 +137,7 @@ func Observed(ctx context.Context) context.Context {
 // allowReport takes one of the caller's reports from its tenant's
 // budget, or says how long to wait.
 func (s *Service) allowReport(ctx context.Context) error {
-	t := tenant.From(ctx)
+	t := access.From(ctx)
 	if t.Name == "" || ctx.Value(observedKey{}) != nil {
 		return nil
 	}
@@ -182,7 +182,7 @@ func overQuota(tenant, limit, reason, msg string, retry time.Duration) error {
 }
 
 // ErrorDomain is the domain of the ErrorInfo details the service returns.
-const ErrorDomain = tenant.ErrorDomain
+const ErrorDomain = access.ErrorDomain
 
 var (
 	leaseIDPattern = regexp.MustCompile(`^[0-9a-f]{32}$`)
@@ -285,7 +285,7 @@ func (s *Service) credentials(ctx context.Context, p inventory.Proxy) *leasev1.P
 }
 
 // storeError maps store errors to the documented codes.
-func storeError(err error) error { return storeErrorFrom(err, tenant.Limit{}, tenant.Limit{}) }
+func storeError(err error) error { return storeErrorFrom(err, access.Limit{}, access.Limit{}) }
 
 func withSource(msg, source string) string {
 	if source == "" {
@@ -297,7 +297,7 @@ func withSource(msg, source string) string {
 // storeErrorFrom is storeError for a CreateLease, whose quota refusals
 // name where the tenant's quota is set (leases: maxLeases, perMinute:
 // leasesPerMinute).
-func storeErrorFrom(err error, leases, perMinute tenant.Limit) error {
+func storeErrorFrom(err error, leases, perMinute access.Limit) error {
 	var refused store.Refusal
 	var un *store.UnavailableError
 	var reused *store.RequestReusedError
@@ -371,7 +371,7 @@ func (s *Service) ListProxies(ctx context.Context, req *leasev1.ListProxiesReque
 	if err != nil {
 		return nil, err
 	}
-	t := tenant.From(ctx)
+	t := access.From(ctx)
 	ns, sel, err := t.Scope(req.GetNamespace(), req.GetSelector())
 	if err != nil {
 		return nil, err
@@ -417,18 +417,18 @@ func (s *Service) CreateLease(ctx context.Context, req *leasev1.CreateLeaseReque
 	if err := s.checkSynced(); err != nil {
 		return nil, err
 	}
-	t := tenant.From(ctx)
+	t := access.From(ctx)
 	ns, labels, err := t.Scope(req.GetNamespace(), req.GetSelector())
 	if err != nil {
 		return nil, err
 	}
 	sel := index.Selector{Namespaces: ns, Labels: labels}
 	target := strings.ToLower(req.GetTarget())
-	leases := tenant.LimitOf(t.Quotas.MaxLeases, "maxLeases", s.cfg.TokenMaxLeases, "--token-max-leases")
-	perMinute := tenant.LimitOf(t.Quotas.LeasesPerMinute, "leasesPerMinute", 0, "")
-	a := store.Acquire{Target: target, Cap: s.cfg.LeaseCap, TTL: ttl, LeaseID: store.NewLeaseID(), RequestID: tenant.Scoped(ctx, req.GetRequestId()),
-		PerTarget: s.cfg.BanAware, Session: tenant.Scoped(ctx, req.GetSessionKey()), Caller: t.Name, CallerCap: leases.N, CallerRate: perMinute.N}
-	if err := s.selectors.take(t, sel, tenant.LimitOf(t.Quotas.MaxSelectors, "maxSelectors", s.cfg.TokenMaxSelectors, "--token-max-selectors"), s.idx.Holds); err != nil {
+	leases := access.LimitOf(t.Quotas.MaxLeases, "maxLeases", s.cfg.TokenMaxLeases, "--token-max-leases")
+	perMinute := access.LimitOf(t.Quotas.LeasesPerMinute, "leasesPerMinute", 0, "")
+	a := store.Acquire{Target: target, Cap: s.cfg.LeaseCap, TTL: ttl, LeaseID: store.NewLeaseID(), RequestID: access.Scoped(ctx, req.GetRequestId()),
+		PerTarget: s.cfg.BanAware, Session: access.Scoped(ctx, req.GetSessionKey()), Caller: t.Name, CallerCap: leases.N, CallerRate: perMinute.N}
+	if err := s.selectors.take(t, sel, access.LimitOf(t.Quotas.MaxSelectors, "maxSelectors", s.cfg.TokenMaxSelectors, "--token-max-selectors"), s.idx.Holds); err != nil {
 		return nil, err
 	}
 	if a.PerTarget {
@@ -523,7 +523,7 @@ func (s *Service) RenewLease(ctx context.Context, req *leasev1.RenewLeaseRequest
 	if err != nil {
 		return nil, storeError(err)
 	}
-	if t := tenant.From(ctx); l.Owner != t.Name {
+	if t := access.From(ctx); l.Owner != t.Name {
 		return nil, notOwner(t, l.ID)
 	}
 	until, lost := s.renewable(l)
@@ -581,7 +581,7 @@ func (s *Service) ReleaseLease(ctx context.Context, req *leasev1.ReleaseLeaseReq
 	if err := checkLeaseID(req.GetLeaseId()); err != nil {
 		return nil, err
 	}
-	t := tenant.From(ctx)
+	t := access.From(ctx)
 	released, err := s.store.Release(ctx, req.GetLeaseId(), t.Name)
 	if errors.Is(err, store.ErrNotOwner) {
 		return nil, notOwner(t, req.GetLeaseId())
@@ -605,7 +605,7 @@ func (s *Service) ReportLease(ctx context.Context, req *leasev1.ReportLeaseReque
 	if err := s.allowReport(ctx); err != nil {
 		return nil, err
 	}
-	t := tenant.From(ctx)
+	t := access.From(ctx)
 	target := strings.ToLower(req.GetTarget())
 	if target == "" {
 		l, err := s.store.Get(ctx, req.GetLeaseId())
@@ -642,8 +642,8 @@ func (s *Service) ReportSession(ctx context.Context, req *leasev1.ReportSessionR
 	if err := s.allowReport(ctx); err != nil {
 		return nil, err
 	}
-	t := tenant.From(ctx)
-	r := store.Report{Session: tenant.Scoped(ctx, req.GetSessionKey()), Owner: t.Name, Trusted: t.Trusted, Outcome: outcome, Target: strings.ToLower(req.GetTarget())}
+	t := access.From(ctx)
+	r := store.Report{Session: access.Scoped(ctx, req.GetSessionKey()), Owner: t.Name, Trusted: t.Trusted, Outcome: outcome, Target: strings.ToLower(req.GetTarget())}
 	v, err := s.report(ctx, r, req.GetStatusCode(), req.GetLatencyMs())
 	if status.Code(err) == codes.NotFound {
 		return nil, status.Errorf(codes.NotFound, "session %q has had no lease for target %q in the last 10 minutes (or was another tenant's)", req.GetSessionKey(), r.Target)
@@ -657,7 +657,7 @@ func (s *Service) ReportSession(ctx context.Context, req *leasev1.ReportSessionR
 
 // notOwner refuses a call on a lease another tenant holds. Lease ids are
 // 128 random bits: a caller naming another's has it from that tenant.
-func notOwner(t *tenant.Tenant, id string) error {
+func notOwner(t *access.Tenant, id string) error {
 	return t.Denied("TENANT_LEASE", "lease %s is another tenant's: only the tenant that took a lease renews, reports on or releases it", id)
 }
 
@@ -683,7 +683,7 @@ func (s *Service) report(ctx context.Context, r store.Report, statusCode, latenc
 		return nil, storeError(err)
 	}
 	observeReport(outcome, statusCode, latencyMs, v.Actions)
-	tenant.Outcomes.WithLabelValues(tenant.Label(tenant.From(ctx).Name), string(outcome)).Inc()
+	access.Outcomes.WithLabelValues(access.Label(access.From(ctx).Name), string(outcome)).Inc()
 	return &leasev1.ReportLeaseResponse{
 		CooldownStart: timestamp(v.CooldownStart), CooldownUntil: timestamp(v.CooldownEnd),
 		CooldownLevel: int32(v.CooldownLevel), CooldownShared: int32(v.CooldownShared),
@@ -727,7 +727,7 @@ func (s *Service) ListRefusals(ctx context.Context, req *leasev1.ListRefusalsReq
 	case window < time.Second || window > maxRefusalWindow:
 		return nil, invalid("windowSeconds", "must be between 1 and %d (got %d)", int(maxRefusalWindow.Seconds()), req.GetWindowSeconds())
 	}
-	t := tenant.From(ctx)
+	t := access.From(ctx)
 	counts, err := s.store.Refusals(ctx, window, s.cfg.Clock.Now())
 	if err != nil {
 		return nil, storeError(err)

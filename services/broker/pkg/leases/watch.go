@@ -17,7 +17,7 @@ import (
 
 	leasev1 "github.com/egress-proxies/egress-proxies/pkg/gen/egressproxies/lease/v1"
 	"github.com/egress-proxies/egress-proxies/services/broker/pkg/inventory"
-	"github.com/egress-proxies/egress-proxies/services/broker/pkg/tenant"
+	"github.com/egress-proxies/egress-proxies/services/broker/pkg/access"
 )
 
 // WatchBacklog is how many batches of changes a watch may have unsent
@@ -201,7 +201,7 @@ func (h *hub) send(ctx context.Context) error {
 
 // subscribe opens a watch and returns the set it starts from, sorted by
 // id; every change after that set comes on the watch's events.
-func (h *hub) subscribe(f filter, caller string, limit tenant.Limit) (*watch, []inventory.Proxy, error) {
+func (h *hub) subscribe(f filter, caller string, limit access.Limit) (*watch, []inventory.Proxy, error) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if !h.readyLocked() {
@@ -287,13 +287,13 @@ func (s *Service) WatchProxies(req *leasev1.WatchProxiesRequest, stream grpc.Ser
 	if err := s.checkSynced(); err != nil {
 		return err
 	}
-	t := tenant.From(stream.Context())
+	t := access.From(stream.Context())
 	ns, sel, err := t.Scope(req.GetNamespace(), req.GetSelector())
 	if err != nil {
 		return err
 	}
 	w, first, err := s.hub.subscribe(filter{namespaces: ns, selector: sel, healthy: req.Healthy}, t.Name,
-		tenant.LimitOf(t.Quotas.MaxWatches, "maxWatches", s.cfg.TokenMaxWatches, "--token-max-watches"))
+		access.LimitOf(t.Quotas.MaxWatches, "maxWatches", s.cfg.TokenMaxWatches, "--token-max-watches"))
 	if err != nil {
 		return err
 	}

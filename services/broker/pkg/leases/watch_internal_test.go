@@ -13,7 +13,7 @@ import (
 
 	leasev1 "github.com/egress-proxies/egress-proxies/pkg/gen/egressproxies/lease/v1"
 	"github.com/egress-proxies/egress-proxies/services/broker/pkg/inventory"
-	"github.com/egress-proxies/egress-proxies/services/broker/pkg/tenant"
+	"github.com/egress-proxies/egress-proxies/services/broker/pkg/access"
 )
 
 // A watch that stops reading is ended once it has WatchBacklog batches
@@ -28,9 +28,9 @@ func TestAWatchThatFallsBehindIsEndedAndTheOthersGoOn(t *testing.T) {
 		return out, nil
 	})
 	h.ready = true // as if the inventory had synced, empty
-	stuck, _, err := h.subscribe(filter{}, "", tenant.Limit{})
+	stuck, _, err := h.subscribe(filter{}, "", access.Limit{})
 	require.NoError(t, err)
-	reader, _, err := h.subscribe(filter{}, "", tenant.Limit{})
+	reader, _, err := h.subscribe(filter{}, "", access.Limit{})
 	require.NoError(t, err)
 	for i := range WatchBacklog + 1 {
 		inv.Set(inventory.Proxy{UID: "u", ID: "ns/p", Healthy: i%2 == 0})
@@ -69,7 +69,7 @@ func TestAChangeIsRecordedDuringAFanOut(t *testing.T) {
 		return out, nil
 	})
 	h.ready = true
-	w, _, err := h.subscribe(filter{}, "", tenant.Limit{})
+	w, _, err := h.subscribe(filter{}, "", access.Limit{})
 	require.NoError(t, err)
 	h.mu.Lock() // a fan-out in progress
 	recorded := make(chan struct{})

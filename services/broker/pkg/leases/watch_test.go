@@ -18,7 +18,7 @@ import (
 	"github.com/egress-proxies/egress-proxies/services/broker/internal/brokertest"
 	"github.com/egress-proxies/egress-proxies/services/broker/pkg/leases"
 	"github.com/egress-proxies/egress-proxies/services/broker/pkg/policy"
-	"github.com/egress-proxies/egress-proxies/services/broker/pkg/tenant"
+	"github.com/egress-proxies/egress-proxies/services/broker/pkg/access"
 )
 
 // stream is a WatchProxies server stream as gRPC gives one to a handler:
@@ -33,7 +33,7 @@ type stream struct {
 }
 
 func newStream(caller string, stuck bool) *stream {
-	ctx, cancel := context.WithCancel(tenant.With(context.Background(), &tenant.Tenant{Name: caller}))
+	ctx, cancel := context.WithCancel(access.With(context.Background(), &access.Tenant{Name: caller}))
 	return &stream{ctx: ctx, cancel: cancel, got: make(chan *leasev1.WatchProxiesResponse, 64), stuck: stuck}
 }
 
@@ -202,19 +202,19 @@ func TestAThousandWatchesFanOut(t *testing.T) {
 func TestAWatchEndsWhenItsCredentialOrScopeChanges(t *testing.T) {
 	cases := []struct {
 		name string
-		now  func() (*tenant.Tenant, error)
+		now  func() (*access.Tenant, error)
 		code codes.Code
 		msg  string
 	}{
-		{"credential removed", func() (*tenant.Tenant, error) {
+		{"credential removed", func() (*access.Tenant, error) {
 			return nil, status.Error(codes.Unauthenticated, "invalid bearer token")
 		},
 			codes.Unauthenticated, "invalid bearer token"},
-		{"namespaces narrowed", func() (*tenant.Tenant, error) {
-			return &tenant.Tenant{Name: "team", Namespaces: []string{"elsewhere"}, Verbs: []tenant.Verb{tenant.Watch}}, nil
+		{"namespaces narrowed", func() (*access.Tenant, error) {
+			return &access.Tenant{Name: "team", Namespaces: []string{"elsewhere"}, Verbs: []access.Verb{access.Watch}}, nil
 		}, codes.PermissionDenied, `tenant "team"'s namespaces or selector changed since this watch began`},
-		{"selector narrowed", func() (*tenant.Tenant, error) {
-			return &tenant.Tenant{Name: "team", Selector: map[string]string{"team": "a"}, Verbs: []tenant.Verb{tenant.Watch}}, nil
+		{"selector narrowed", func() (*access.Tenant, error) {
+			return &access.Tenant{Name: "team", Selector: map[string]string{"team": "a"}, Verbs: []access.Verb{access.Watch}}, nil
 		}, codes.PermissionDenied, "watch again to see its scope now"},
 	}
 	for _, c := range cases {
@@ -222,11 +222,11 @@ func TestAWatchEndsWhenItsCredentialOrScopeChanges(t *testing.T) {
 			var changed atomic.Bool
 			cfg := leases.DefaultConfig
 			cfg.WatchReauthorize = 100 * time.Millisecond
-			cfg.Reauthorize = func(context.Context) (*tenant.Tenant, error) {
+			cfg.Reauthorize = func(context.Context) (*access.Tenant, error) {
 				if changed.Load() {
 					return c.now()
 				}
-				return &tenant.Tenant{Name: "team", Verbs: []tenant.Verb{tenant.Watch}}, nil
+				return &access.Tenant{Name: "team", Verbs: []access.Verb{access.Watch}}, nil
 			}
 			s, svc := watchService(t, cfg)
 			s.Proxy(t, "r0", "127.0.0.131", nil)

@@ -40,7 +40,7 @@ import (
 	"github.com/egress-proxies/egress-proxies/pkg/openapi"
 	"github.com/egress-proxies/egress-proxies/pkg/service"
 	"github.com/egress-proxies/egress-proxies/services/broker/pkg/console"
-	"github.com/egress-proxies/egress-proxies/services/broker/pkg/tenant"
+	"github.com/egress-proxies/egress-proxies/services/broker/pkg/access"
 )
 
 // Options configure the listeners.
@@ -90,7 +90,7 @@ func countByCaller(ctx context.Context, req any, info *grpc.UnaryServerInfo, h g
 		if reason == "" {
 			reason = st.Code().String()
 		}
-		tenant.Refusals.WithLabelValues(tenant.Label(caller), reason).Inc()
+		access.Refusals.WithLabelValues(access.Label(caller), reason).Inc()
 	}
 	return resp, err
 }

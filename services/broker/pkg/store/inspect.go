@@ -38,7 +38,7 @@ func (s *Store) Leases(ctx context.Context, proxies []string) (map[string][]Live
 		for i := 0; i+5 < len(r); i += 6 {
 			l := LiveLease{ID: r[i].(string), Proxy: uid, Target: r[i+1].(string), Tenant: r[i+2].(string),
 				Granted: millis(r[i+4]), Expires: millis(r[i+5])}
-			// Session keys are stored under their tenant (tenant.Scoped).
+			// Session keys are stored under their tenant (access.Scoped).
 			l.Session = strings.TrimPrefix(r[i+3].(string), l.Tenant+"/")
 			out[uid] = append(out[uid], l)
 		}

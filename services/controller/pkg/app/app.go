@@ -44,7 +44,7 @@ import (
 	"github.com/egress-proxies/egress-proxies/services/controller/pkg/leaseview"
 	"github.com/egress-proxies/egress-proxies/services/controller/pkg/metrics"
 	"github.com/egress-proxies/egress-proxies/services/controller/pkg/providers"
-	"github.com/egress-proxies/egress-proxies/services/controller/pkg/tenants"
+	"github.com/egress-proxies/egress-proxies/services/controller/pkg/tenanthook"
 	"github.com/egress-proxies/egress-proxies/services/controller/pkg/uninstall"
 )
 
@@ -199,7 +199,7 @@ func runApplyHook(ctx context.Context, log *slog.Logger, o Options) error {
 		}
 	}
 	if o.ApplyTenants != "" {
-		if declared, err = tenants.Load(o.ApplyTenants); err != nil {
+		if declared, err = tenanthook.Load(o.ApplyTenants); err != nil {
 			return service.Usagef("--apply-tenants: %v", err)
 		}
 	}
@@ -215,7 +215,7 @@ func runApplyHook(ctx context.Context, log *slog.Logger, o Options) error {
 	if o.ApplyTenants == "" {
 		return nil
 	}
-	return tenants.Sync(ctx, c, log, o.TenantNamespace, o.Release, declared)
+	return tenanthook.Sync(ctx, c, log, o.TenantNamespace, o.Release, declared)
 }
 
 // hookClient is the API client of the chart's hooks, which run the

@@ -10,7 +10,7 @@
 // every call in the interceptor (Registry.Verify), the namespaces and
 // selector of every request in the service (Tenant.Scope), and the
 // ownership of leases in the store's scripts.
-package tenant
+package access
 
 import (
 	"context"

@@ -1,4 +1,4 @@
-// Package tenants applies the Tenants a Helm release declares in its
+// Package tenanthook applies the Tenants a Helm release declares in its
 // values: the chart's pre-install and pre-upgrade hook runs the
 // controller's image with --apply-tenants on a file of them.
 //
@@ -8,7 +8,7 @@
 // by the same hook, after the CRDs, the Tenants exist before the brokers
 // start; labelled with the release, those a later upgrade no longer
 // declares are deleted, so taking a tenant out of the values revokes it.
-package tenants
+package tenanthook
 
 import (
 	"context"

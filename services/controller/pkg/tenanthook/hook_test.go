@@ -1,4 +1,4 @@
-package tenants_test
+package tenanthook_test
 
 import (
 	"context"
@@ -15,7 +15,7 @@ import (
 
 	v1 "github.com/egress-proxies/egress-proxies/pkg/api/v1alpha1"
 	"github.com/egress-proxies/egress-proxies/pkg/testenv"
-	"github.com/egress-proxies/egress-proxies/services/controller/pkg/tenants"
+	"github.com/egress-proxies/egress-proxies/services/controller/pkg/tenanthook"
 )
 
 var env *testenv.Env
@@ -28,17 +28,17 @@ func TestLoad(t *testing.T) {
 - metadata: {name: team-a}
   spec: {credentials: [{name: ep-tenant-team-a}], namespaces: [crawl-a], quotas: {maxLeases: 50}}
 `), 0o600))
-	got, err := tenants.Load(path)
+	got, err := tenanthook.Load(path)
 	require.NoError(t, err)
 	require.Len(t, got, 1)
 	assert.Equal(t, "team-a", got[0].Name)
 	assert.Equal(t, ptr.To[int32](50), got[0].Spec.Quotas.MaxLeases)
 
 	require.NoError(t, os.WriteFile(path, []byte("- metadata: {name: a}\n  spec: {namespace: [x]}\n"), 0o600))
-	_, err = tenants.Load(path)
+	_, err = tenanthook.Load(path)
 	assert.ErrorContains(t, err, `unknown field "namespace"`, "a misspelt field is named, not dropped")
 	require.NoError(t, os.WriteFile(path, []byte("- spec: {namespaces: [x]}\n"), 0o600))
-	_, err = tenants.Load(path)
+	_, err = tenanthook.Load(path)
 	assert.ErrorContains(t, err, "tenant 0 has no metadata.name")
 }
 
@@ -69,7 +69,7 @@ func TestSyncAppliesAndPrunesTheReleasesTenants(t *testing.T) {
 	testenv.Require(t)
 	ctx := context.Background()
 	ns := env.Namespace(t, "hook")
-	mine := tenants.Sync
+	mine := tenanthook.Sync
 	require.NoError(t, mine(ctx, env.Client, slog.Default(), ns, "ep", declared("a", "b")))
 	byHand := declared("by-hand")[0]
 	byHand.Namespace = ns
@@ -83,7 +83,7 @@ func TestSyncAppliesAndPrunesTheReleasesTenants(t *testing.T) {
 	var b v1.Tenant
 	require.NoError(t, env.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: "b"}, &b))
 	assert.Equal(t, ptr.To[int32](7), b.Spec.Quotas.MaxLeases)
-	assert.Equal(t, "ep", b.Labels[tenants.ReleaseLabel])
+	assert.Equal(t, "ep", b.Labels[tenanthook.ReleaseLabel])
 
 	bad := declared("c")
 	bad[0].Spec.Namespaces = []string{"Not A Namespace"}

@@ -1,4 +1,4 @@
-package tenant_test
+package access_test
 
 import (
 	"context"
@@ -22,7 +22,7 @@ import (
 	v1 "github.com/egress-proxies/egress-proxies/pkg/api/v1alpha1"
 	"github.com/egress-proxies/egress-proxies/pkg/auth"
 	"github.com/egress-proxies/egress-proxies/pkg/testenv"
-	"github.com/egress-proxies/egress-proxies/services/broker/pkg/tenant"
+	"github.com/egress-proxies/egress-proxies/services/broker/pkg/access"
 )
 
 var env *testenv.Env
@@ -36,19 +36,19 @@ func secret(t *testing.T, ns, name, token string) {
 }
 
 // watch runs a registry over the Tenants of ns, rereading every 50ms.
-func watch(t *testing.T, ns string, file *auth.Token) *tenant.Registry {
+func watch(t *testing.T, ns string, file *auth.Token) *access.Registry {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
 	c, err := cache.New(env.Config, cache.Options{Scheme: env.Scheme, DefaultNamespaces: map[string]cache.Config{ns: {}}})
 	require.NoError(t, err)
 	go func() { _ = c.Start(ctx) }()
-	reg := &tenant.Registry{File: file, Log: slog.Default()}
+	reg := &access.Registry{File: file, Log: slog.Default()}
 	require.NoError(t, reg.Watch(ctx, c, env.Client, 50*time.Millisecond))
 	return reg
 }
 
-func holder(reg *tenant.Registry, token string) string {
+func holder(reg *access.Registry, token string) string {
 	if t, ok := reg.Lookup(token); ok {
 		return t.Name
 	}
@@ -132,7 +132,7 @@ func TestStatusSaysReadyLeasesAndLastSeen(t *testing.T) {
 	reg := watch(t, ns, nil)
 	_, err := reg.Verify(ctx, "/grpc.health.v1.Health/Check", "alpha")
 	require.NoError(t, err)
-	w := &tenant.StatusWriter{Client: env.Client, Registry: reg, Interval: 50 * time.Millisecond, Log: slog.Default(),
+	w := &access.StatusWriter{Client: env.Client, Registry: reg, Interval: 50 * time.Millisecond, Log: slog.Default(),
 		Leases: func(context.Context) (map[string]int64, error) { return map[string]int64{"team-a": 3}, nil }}
 	go w.Run(ctx)
 
@@ -188,14 +188,14 @@ func TestAnUnreadableCredentialFailsClosedAfterTheGrace(t *testing.T) {
 	go func() { _ = c.Start(ctx) }()
 	clk := clocktesting.NewFakePassiveClock(time.Unix(1_000_000, 0))
 	secrets := &forbidding{Reader: env.Client}
-	reg := &tenant.Registry{Log: slog.Default(), Grace: time.Minute, Clock: clk}
+	reg := &access.Registry{Log: slog.Default(), Grace: time.Minute, Clock: clk}
 	require.NoError(t, reg.Watch(ctx, c, secrets, 20*time.Millisecond))
 	require.Equal(t, "team-a", holder(reg, "alpha"))
 
 	secrets.forbid.Store(true)
 	require.Eventually(t, func() bool { return len(reg.Declared()[0].Unreadable) == 1 }, 5*time.Second, 10*time.Millisecond)
 	assert.Equal(t, "team-a", holder(reg, "alpha"), "kept as last read within the grace")
-	st := tenant.Status(reg.Declared()[0], 0, time.Time{})
+	st := access.Status(reg.Declared()[0], 0, time.Time{})
 	assert.Equal(t, v1.ReasonCredentialUnreadable, st.Conditions[0].Reason)
 	assert.Contains(t, st.Conditions[0].Message, "forbidden")
 
@@ -204,7 +204,7 @@ func TestAnUnreadableCredentialFailsClosedAfterTheGrace(t *testing.T) {
 	d := reg.Declared()[0]
 	require.Len(t, d.Missing, 1)
 	assert.Contains(t, d.Missing[0], "longer than the brokers' grace of 1m0s")
-	assert.Equal(t, v1.ReasonCredentialMissing, tenant.Status(d, 0, time.Time{}).Conditions[0].Reason)
+	assert.Equal(t, v1.ReasonCredentialMissing, access.Status(d, 0, time.Time{}).Conditions[0].Reason)
 
 	secrets.forbid.Store(false)
 	require.Eventually(t, func() bool { return holder(reg, "alpha") == "team-a" }, 5*time.Second, 10*time.Millisecond, "read again, it works again")
@@ -227,7 +227,7 @@ func TestATenantNamedAsATokenFileLineIsRefused(t *testing.T) {
 	d := reg.Declared()
 	require.Len(t, d, 1)
 	require.Len(t, d[0].Missing, 1)
-	st := tenant.Status(d[0], 0, time.Time{})
+	st := access.Status(d[0], 0, time.Time{})
 	assert.Equal(t, v1.ReasonCredentialMissing, st.Conditions[0].Reason)
 	assert.Contains(t, st.Conditions[0].Message, `the Tenant's name "token-1" is the name of a line of the brokers' token file`)
 }
