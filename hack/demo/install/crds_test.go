@@ -65,9 +65,9 @@ func TestCRDsAreAppliedByAHookNotOwnedByTheRelease(t *testing.T) {
 	assert.Equal(t, "/etc/egress-proxies/tenants", c.VolumeMounts[1].MountPath)
 	assert.Equal(t, "ep-tenants", job.Volumes[1].ConfigMap.Name)
 	tenants := find(t, objs, "ConfigMap", "ep-tenants")
-	assert.Equal(t, "pre-install,pre-upgrade", tenanthook.GetAnnotations()["helm.sh/hook"])
-	assert.Less(t, tenanthook.GetAnnotations()["helm.sh/hook-weight"], hooks["Job"].GetAnnotations()["helm.sh/hook-weight"])
-	list, _, _ := unstructured.NestedString(tenanthook.Object, "data", "tenants.yaml")
+	assert.Equal(t, "pre-install,pre-upgrade", tenants.GetAnnotations()["helm.sh/hook"])
+	assert.Less(t, tenants.GetAnnotations()["helm.sh/hook-weight"], hooks["Job"].GetAnnotations()["helm.sh/hook-weight"])
+	list, _, _ := unstructured.NestedString(tenants.Object, "data", "tenants.yaml")
 	assert.Equal(t, "[]", list)
 	declared := find(t, render(t, "--set", "tenants[0].name=team-a", "--set", "tenants[0].namespaces={crawl-a}", "--set", "tenants[0].quotas.gatewayBytesPerDay=50Gi",
 		"--set", "tenants[0].verbs={gateway}"), "ConfigMap", "ep-tenants")
