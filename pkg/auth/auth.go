@@ -210,13 +210,14 @@ func (t *Token) Lookup(token string) (Holder, bool) {
 }
 
 // Verify implements Verifier: a call of any method with any token in the
-// file, but one limited to the gateway.
+// file, but one limited to the gateway (the broker's proxy gateway
+// authenticates its passwords itself, and never through a Verifier).
 func (t *Token) Verify(ctx context.Context, _, token string) (context.Context, error) {
 	h, ok := t.Lookup(token)
 	if !ok {
 		return ctx, ErrInvalidToken
 	}
-	if h.GatewayOnly && !IsViaGateway(ctx) {
+	if h.GatewayOnly {
 		return ctx, status.Errorf(codes.PermissionDenied, "token %q is limited to the proxy gateway (%s in the token file): it cannot call the lease API", h.Name, scopeGateway)
 	}
 	return WithCaller(ctx, h.Name), nil
@@ -247,7 +248,7 @@ func BearerToken(authorization string) (string, error) {
 }
 
 func verify(ctx context.Context, v Verifier, method string) (context.Context, error) {
-	if v == nil || !v.Enabled() || ctx.Value(verifiedKey{}) != nil {
+	if v == nil || !v.Enabled() {
 		return ctx, nil
 	}
 	// One key, not the whole map: FromIncomingContext copies every key.
@@ -268,29 +269,6 @@ func verify(ctx context.Context, v Verifier, method string) (context.Context, er
 func Reverify(ctx context.Context, v Verifier, method string) (context.Context, error) {
 	return verify(ctx, v, method)
 }
-
-type gatewayKey struct{}
-
-// ViaGateway marks ctx as the proxy gateway's, in process: the calls it
-// makes for a client may use a token limited to it. Nothing that comes
-// over a network can carry the mark.
-func ViaGateway(ctx context.Context) context.Context {
-	return context.WithValue(ctx, gatewayKey{}, true)
-}
-
-type verifiedKey struct{}
-
-// Verified marks ctx, in process, as already authenticated as the caller
-// it names: the gateway's release of a tunnel's own lease, which must go
-// through even once the credential that opened it is removed (else the
-// lease would hold its proxy until its TTL). Nothing that comes over a
-// network can carry the mark.
-func Verified(ctx context.Context) context.Context {
-	return context.WithValue(ctx, verifiedKey{}, true)
-}
-
-// IsViaGateway reports whether ctx carries ViaGateway's mark.
-func IsViaGateway(ctx context.Context) bool { return ctx.Value(gatewayKey{}) != nil }
 
 type callerKey struct{}
 

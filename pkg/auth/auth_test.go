@@ -154,38 +154,31 @@ func verifyHeader(ctx context.Context, v Verifier, header string) (context.Conte
 	return verify(metadata.NewIncomingContext(ctx, metadata.Pairs("authorization", header)), v, "/svc/Method")
 }
 
-// A token line ending in scope=gateway is accepted by the gateway (its
-// calls carry ViaGateway) and refused by the lease API, by name; the
-// rest of the line is the token, and other tokens are unaffected.
+// A token line ending in scope=gateway is refused by the lease API, by
+// name, and looked up as gateway-only (the broker's gateway takes it);
+// the rest of the line is the token, and other tokens are unaffected.
 func TestGatewayScopedTokens(t *testing.T) {
 	tok := Static("crawl-gw:gw-secret scope=gateway", "team:api-secret", "odd:has space")
-	call := func(ctx context.Context, token string) (string, error) {
-		ctx, err := verifyHeader(ctx, tok, "Bearer "+token)
-		return Caller(ctx), err
-	}
 	for _, tc := range []struct {
 		name, token string
-		gateway     bool
 		caller      string
 		code        codes.Code
+		gatewayOnly bool
 	}{
-		{"gateway token at the API", "gw-secret", false, "", codes.PermissionDenied},
-		{"gateway token through the gateway", "gw-secret", true, "crawl-gw", codes.OK},
-		{"the scope is not part of the token", "gw-secret scope=gateway", true, "", codes.Unauthenticated},
-		{"API token at the API", "api-secret", false, "team", codes.OK},
-		{"API token through the gateway", "api-secret", true, "team", codes.OK},
-		{"another option is part of the token", "has space", false, "odd", codes.OK},
+		{"gateway token at the API", "gw-secret", "", codes.PermissionDenied, true},
+		{"the scope is not part of the token", "gw-secret scope=gateway", "", codes.Unauthenticated, false},
+		{"API token at the API", "api-secret", "team", codes.OK, false},
+		{"another option is part of the token", "has space", "odd", codes.OK, false},
 	} {
-		ctx := context.Background()
-		if tc.gateway {
-			ctx = ViaGateway(ctx)
-		}
-		caller, err := call(ctx, tc.token)
+		ctx, err := verifyHeader(context.Background(), tok, "Bearer "+tc.token)
 		assert.Equal(t, tc.code, status.Code(err), "%s: %v", tc.name, err)
-		assert.Equal(t, tc.caller, caller, tc.name)
+		assert.Equal(t, tc.caller, Caller(ctx), tc.name)
 		if tc.code == codes.PermissionDenied {
 			assert.Contains(t, status.Convert(err).Message(), `token "crawl-gw" is limited to the proxy gateway`)
 		}
+		h, found := tok.Lookup(tc.token)
+		assert.Equal(t, tc.code != codes.Unauthenticated, found, tc.name)
+		assert.Equal(t, tc.gatewayOnly, h.GatewayOnly, tc.name)
 	}
 }
 
@@ -210,8 +203,8 @@ func TestAGatewayTokenFileMergesWithTheTokenFile(t *testing.T) {
 	assert.Equal(t, "token-1", Caller(ctx))
 	_, err = verifyHeader(t.Context(), tok, "Bearer crawler-proxy-password")
 	assert.Equal(t, codes.PermissionDenied, status.Code(err), "the gateway token cannot call the lease API: %v", err)
-	ctx, err = verifyHeader(ViaGateway(t.Context()), tok, "Bearer crawler-proxy-password")
-	require.NoError(t, err, "the gateway accepts it")
-	assert.Equal(t, "gateway-1", Caller(ctx))
+	h, found := tok.Lookup("crawler-proxy-password")
+	assert.True(t, found, "the gateway finds it")
+	assert.Equal(t, Holder{Name: "gateway-1", GatewayOnly: true}, h)
 	assert.Nil(t, Merge(nil, nil))
 }

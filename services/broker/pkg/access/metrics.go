@@ -3,7 +3,9 @@ package access
 import (
 	"sync"
 
+	"github.com/egress-proxies/egress-proxies/pkg/leaseclient"
 	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/grpc/status"
 )
 
 // MaxLabels bounds the tenant names metrics carry: tenants are the
@@ -39,6 +41,8 @@ func Label(name string) string {
 
 // Usage per tenant: what each did, and what it was refused.
 var (
+	Calls = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "proxy_operator_broker_calls_by_token_total",
+		Help: "Lease API calls by the name of the token they were authenticated with, method and code: gRPC, REST and the proxy gateway's."}, []string{"token", "method", "code"})
 	Refusals = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "proxy_operator_broker_tenant_refusals_total",
 		Help: "Calls refused, by tenant and reason (the ErrorInfo reason, else the gRPC code): its quotas (TOKEN_LEASE_CAP, TENANT_LEASE_RATE...), its scope (TENANT_NAMESPACE, TENANT_VERB...), the fleet's (NO_MATCHING_PROXY, ALL_COOLING_DOWN...)."}, []string{"tenant", "reason"})
 	Outcomes = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "proxy_operator_broker_tenant_outcomes_total",
@@ -51,5 +55,25 @@ var (
 
 // Collectors are the per-tenant metrics.
 func Collectors() []prometheus.Collector {
-	return []prometheus.Collector{Refusals, Outcomes, Tunnels, GatewayBytes}
+	return []prometheus.Collector{Calls, Refusals, Outcomes, Tunnels, GatewayBytes}
+}
+
+// Called counts a call c made of method (a LeaseService method's name)
+// that ended in err: under its tenant's name (names are the operator's,
+// one per token-file line or Tenant, so the label's values are few), and
+// a refusal by its reason (the ErrorInfo's, else the gRPC code). Every
+// transport counts its calls here.
+func Called(c Caller, method string, err error) {
+	st := status.Convert(err)
+	if c.Name != "" {
+		Calls.WithLabelValues(c.Name, method, st.Code().String()).Inc()
+	}
+	if err == nil {
+		return
+	}
+	reason, _ := leaseclient.Details(st)
+	if reason == "" {
+		reason = st.Code().String()
+	}
+	Refusals.WithLabelValues(Label(c.Name), reason).Inc()
 }

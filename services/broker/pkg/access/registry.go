@@ -39,12 +39,7 @@ var verbOf = map[string]Verb{
 	leasev1.LeaseService_ReleaseLease_FullMethodName:  Lease,
 	leasev1.LeaseService_ReportLease_FullMethodName:   Report,
 	leasev1.LeaseService_ReportSession_FullMethodName: Report,
-	GatewayMethod: Gateway,
 }
-
-// GatewayMethod is what the proxy gateway verifies its clients' proxy
-// passwords for: a tunnel.
-const GatewayMethod = "gateway"
 
 var leaseService = "/" + leasev1.LeaseService_ServiceDesc.ServiceName + "/"
 
@@ -137,27 +132,67 @@ func (r *Registry) Lookup(token string) (*Tenant, bool) {
 	return t.(*Tenant), true
 }
 
-// Verify implements auth.Verifier: the tenant holding token, if it may
-// call method.
+// Verify implements auth.Verifier for the gRPC and REST transport: the
+// caller holding token, in ctx (CallerOf), if it may call method.
 func (r *Registry) Verify(ctx context.Context, method, token string) (context.Context, error) {
+	v, ok := verbOf[method]
+	unverbed := ""
+	if !ok && strings.HasPrefix(method, leaseService) {
+		unverbed = method
+	}
+	c, err := r.authorize(token, v, unverbed)
+	if err != nil {
+		return ctx, err
+	}
+	return with(ctx, c), nil
+}
+
+// Gateway is the proxy gateway's caller for a proxy password: its
+// tenant, if it may use the gateway.
+func (r *Registry) Gateway(password string) (Caller, error) {
+	c, err := r.authorize(password, Gateway, "")
+	c.Gateway = true
+	return c, err
+}
+
+// Recheck asks again about the credential c came with, for a long-lived
+// use of it (a watch, a tunnel's renewals) that must end once the
+// credential is removed or its tenant may no longer use verb (the
+// gateway, for a gateway caller): c as its tenant is declared now.
+func (r *Registry) Recheck(c Caller, v Verb) (Caller, error) {
+	if !r.Enabled() {
+		return c, nil
+	}
+	if c.Gateway {
+		v = Gateway
+	}
+	n, err := r.authorize(c.token, v, "")
+	n.Gateway = c.Gateway
+	return n, err
+}
+
+// authorize finds the tenant holding token and checks it may use v; a
+// LeaseService method named as unverbed has no verb and is refused to
+// all; with neither (gRPC health, reflection) any holder may call.
+func (r *Registry) authorize(token string, v Verb, unverbed string) (Caller, error) {
 	t, ok := r.Lookup(token)
 	if !ok {
-		return ctx, auth.ErrInvalidToken
+		return Caller{}, auth.ErrInvalidToken
 	}
 	r.touch(t.Name)
 	var err error
-	if v, ok := verbOf[method]; ok {
-		err = t.Allow(ctx, v)
-	} else if strings.HasPrefix(method, leaseService) {
-		err = t.Denied("TENANT_VERB", "method %s has no verb: no tenant may call it", method)
+	switch {
+	case v != "":
+		err = t.Allow(v)
+	case unverbed != "":
+		err = t.Denied("TENANT_VERB", "method %s has no verb: no tenant may call it", unverbed)
 	}
 	if err != nil {
-		// Counted here: the call never reaches the interceptors that
-		// count the others.
+		// Counted here: the call never reaches what counts the others.
 		Refusals.WithLabelValues(Label(t.Name), "TENANT_VERB").Inc()
-		return ctx, err
+		return Caller{}, err
 	}
-	return With(ctx, t), nil
+	return Caller{Tenant: t, token: token}, nil
 }
 
 func (r *Registry) touch(name string) {

@@ -7,13 +7,13 @@
 // keeps working unchanged.
 //
 // The broker enforces a tenant in one place per concern: the verb of
-// every call in the interceptor (Registry.Verify), the namespaces and
+// every call where its transport takes it (Registry.Verify for gRPC and
+// REST, Registry.Gateway for the proxy gateway), the namespaces and
 // selector of every request in the service (Tenant.Scope), and the
 // ownership of leases in the store's scripts.
 package access
 
 import (
-	"context"
 	"fmt"
 	"maps"
 	"slices"
@@ -134,22 +134,6 @@ func deref(p *int32) int {
 	return int(*p)
 }
 
-type key struct{}
-
-// With is ctx for a call by t.
-func With(ctx context.Context, t *Tenant) context.Context {
-	return context.WithValue(auth.WithCaller(ctx, t.Name), key{}, t)
-}
-
-// From is the tenant of the call ctx carries: Open when the broker
-// authenticates no one.
-func From(ctx context.Context) *Tenant {
-	if t, ok := ctx.Value(key{}).(*Tenant); ok {
-		return t
-	}
-	return Open
-}
-
 // Can reports whether t may use verb.
 func (t *Tenant) Can(v Verb) bool { return slices.Contains(t.Verbs, v) }
 
@@ -165,12 +149,8 @@ func (t *Tenant) Denied(reason, format string, args ...any) error {
 	return st.Err()
 }
 
-// Allow says whether t may call with verb, directly or, when ctx is the
-// gateway's, through the gateway (which needs the gateway verb alone).
-func (t *Tenant) Allow(ctx context.Context, v Verb) error {
-	if auth.IsViaGateway(ctx) {
-		v = Gateway
-	}
+// Allow says whether t may use verb.
+func (t *Tenant) Allow(v Verb) error {
 	if t.Can(v) {
 		return nil
 	}
@@ -234,12 +214,11 @@ func (t *Tenant) Sees(namespace string) bool {
 // Scoped is a key (a request id, a session key) as the store keeps it:
 // each tenant's apart, so one can neither take nor report on another's
 // by sending the same key ('/' is not allowed in one).
-func Scoped(ctx context.Context, k string) string {
-	caller := auth.Caller(ctx)
-	if k == "" || caller == "" {
+func (t *Tenant) Scoped(k string) string {
+	if k == "" || t.Name == "" {
 		return k
 	}
-	return caller + "/" + k
+	return t.Name + "/" + k
 }
 
 // SeesAll reports whether every one of namespaces (nil: every namespace)

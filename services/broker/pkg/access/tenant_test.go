@@ -2,6 +2,7 @@ package access
 
 import (
 	"context"
+	"fmt"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -70,8 +71,9 @@ func TestScope(t *testing.T) {
 	assert.Equal(t, map[string]string{"geo": "eu"}, sel)
 }
 
-// Each method needs its verb; the gateway's calls need the gateway verb
-// alone; a gateway-only credential is told it cannot call the API.
+// Each method needs its verb; the gateway needs the gateway verb alone;
+// a gateway-only credential is told it cannot call the API; a recheck
+// finds the credential as it stands now.
 func TestVerbs(t *testing.T) {
 	reg := &Registry{File: auth.Static("root:root-secret", "gw:gw-secret scope=gateway")}
 	reg.snap.Store(&snapshot{creds: []credential{
@@ -79,42 +81,62 @@ func TestVerbs(t *testing.T) {
 		{[]byte("default"), FromObject(object(v1.TenantSpec{Namespaces: []string{"a"}}))},
 		{[]byte("gateway"), FromObject(object(v1.TenantSpec{Namespaces: []string{"a"}, Verbs: []v1.TenantVerb{v1.VerbGateway}}))},
 	}})
-	via := auth.ViaGateway(context.Background())
+	const viaGateway = "the gateway"
 	for _, tc := range []struct {
 		name, token, method string
-		ctx                 context.Context
 		code                codes.Code
 		message             string
 	}{
-		{"list may list", "lister", leasev1.LeaseService_ListProxies_FullMethodName, nil, codes.OK, ""},
-		{"list may not lease", "lister", leasev1.LeaseService_CreateLease_FullMethodName, nil, codes.PermissionDenied, "may not lease (its verbs: list)"},
-		{"list may not watch", "lister", leasev1.LeaseService_WatchProxies_FullMethodName, nil, codes.PermissionDenied, "may not watch"},
-		{"default verbs report", "default", leasev1.LeaseService_ReportSession_FullMethodName, nil, codes.OK, ""},
-		{"default verbs exclude the gateway", "default", GatewayMethod, via, codes.PermissionDenied, "may not gateway"},
-		{"default verbs exclude leasing through the gateway", "default", leasev1.LeaseService_CreateLease_FullMethodName, via, codes.PermissionDenied, "may not gateway"},
-		{"gateway only at the API", "gateway", leasev1.LeaseService_CreateLease_FullMethodName, nil, codes.PermissionDenied, "for the proxy gateway (verbs: gateway): they cannot lease"},
-		{"gateway only through the gateway", "gateway", leasev1.LeaseService_ReleaseLease_FullMethodName, via, codes.OK, ""},
-		{"a method with no verb", "default", "/egressproxies.lease.v1.LeaseService/DeleteEverything", nil, codes.PermissionDenied, "has no verb"},
-		{"another service needs only a credential", "lister", "/grpc.health.v1.Health/Check", nil, codes.OK, ""},
-		{"the file's line is everything", "root-secret", leasev1.LeaseService_WatchProxies_FullMethodName, nil, codes.OK, ""},
-		{"the file's gateway line", "gw-secret", leasev1.LeaseService_ListProxies_FullMethodName, nil, codes.PermissionDenied, "for the proxy gateway (verbs: gateway, report): they cannot list"},
-		{"the file's gateway line reports what its tunnels saw", "gw-secret", leasev1.LeaseService_ReportSession_FullMethodName, nil, codes.OK, ""},
-		{"no one's", "guess", leasev1.LeaseService_ListProxies_FullMethodName, nil, codes.Unauthenticated, ""},
+		{"list may list", "lister", leasev1.LeaseService_ListProxies_FullMethodName, codes.OK, ""},
+		{"list may not lease", "lister", leasev1.LeaseService_CreateLease_FullMethodName, codes.PermissionDenied, "may not lease (its verbs: list)"},
+		{"list may not watch", "lister", leasev1.LeaseService_WatchProxies_FullMethodName, codes.PermissionDenied, "may not watch"},
+		{"default verbs report", "default", leasev1.LeaseService_ReportSession_FullMethodName, codes.OK, ""},
+		{"default verbs exclude the gateway", "default", viaGateway, codes.PermissionDenied, "may not gateway"},
+		{"gateway only at the API", "gateway", leasev1.LeaseService_CreateLease_FullMethodName, codes.PermissionDenied, "for the proxy gateway (verbs: gateway): they cannot lease"},
+		{"gateway only through the gateway", "gateway", viaGateway, codes.OK, ""},
+		{"a method with no verb", "default", "/egressproxies.lease.v1.LeaseService/DeleteEverything", codes.PermissionDenied, "has no verb"},
+		{"another service needs only a credential", "lister", "/grpc.health.v1.Health/Check", codes.OK, ""},
+		{"the file's line is everything", "root-secret", leasev1.LeaseService_WatchProxies_FullMethodName, codes.OK, ""},
+		{"the file's line may use the gateway", "root-secret", viaGateway, codes.OK, ""},
+		{"the file's gateway line", "gw-secret", leasev1.LeaseService_ListProxies_FullMethodName, codes.PermissionDenied, "for the proxy gateway (verbs: gateway, report): they cannot list"},
+		{"the file's gateway line reports what its tunnels saw", "gw-secret", leasev1.LeaseService_ReportSession_FullMethodName, codes.OK, ""},
+		{"the file's gateway line through the gateway", "gw-secret", viaGateway, codes.OK, ""},
+		{"no one's", "guess", leasev1.LeaseService_ListProxies_FullMethodName, codes.Unauthenticated, ""},
+		{"no one's at the gateway", "guess", viaGateway, codes.Unauthenticated, ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			ctx := tc.ctx
-			if ctx == nil {
-				ctx = context.Background()
+			var c Caller
+			var err error
+			if tc.method == viaGateway {
+				c, err = reg.Gateway(tc.token)
+				assert.True(t, c.Gateway)
+			} else {
+				var ctx context.Context
+				ctx, err = reg.Verify(context.Background(), tc.method, tc.token)
+				c = CallerOf(ctx)
 			}
-			got, err := reg.Verify(ctx, tc.method, tc.token)
 			require.Equal(t, tc.code, status.Code(err), "%v", err)
 			assert.Contains(t, status.Convert(err).Message(), tc.message)
 			if err == nil {
-				assert.Equal(t, From(got).Name, auth.Caller(got), "the caller is the tenant's name")
-				assert.False(t, reg.LastSeen(From(got).Name).IsZero(), "a call is seen")
+				assert.NotEmpty(t, c.Name)
+				assert.False(t, reg.LastSeen(c.Name).IsZero(), "a call is seen")
+				again, err := reg.Recheck(c, List)
+				if tc.method == viaGateway || tc.token == "lister" || tc.token == "root-secret" {
+					require.NoError(t, err, "a recheck of a gateway caller asks for the gateway verb, whatever it is given")
+					assert.Equal(t, c.Name, again.Name)
+					assert.Equal(t, c.Gateway, again.Gateway)
+				}
 			}
 		})
 	}
+	c, err := reg.Gateway("gateway")
+	require.NoError(t, err)
+	reg.snap.Store(&snapshot{})
+	_, err = reg.Recheck(c, Gateway)
+	assert.Equal(t, codes.Unauthenticated, status.Code(err), "a removed credential fails its recheck: %v", err)
+	printed := Caller{Tenant: &Tenant{Name: "team"}, token: "s3cret-token"}
+	assert.NotContains(t, fmt.Sprintf("%v %+v %s", printed, printed, printed), "s3cret", "a caller prints its name, never its token")
+	assert.Equal(t, Anonymous, CallerOf(context.Background()), "no credentials configured: the anonymous caller")
 }
 
 func TestFromObject(t *testing.T) {
@@ -131,8 +153,8 @@ func TestFromObject(t *testing.T) {
 }
 
 func TestScoped(t *testing.T) {
-	a := With(context.Background(), &Tenant{Name: "a"})
-	assert.Equal(t, "a/req-1", Scoped(a, "req-1"))
-	assert.Equal(t, "", Scoped(a, ""))
-	assert.Equal(t, "req-1", Scoped(context.Background(), "req-1"), "no tenant, no scope")
+	a := &Tenant{Name: "a"}
+	assert.Equal(t, "a/req-1", a.Scoped("req-1"))
+	assert.Equal(t, "", a.Scoped(""))
+	assert.Equal(t, "req-1", Open.Scoped("req-1"), "no tenant, no scope")
 }

@@ -22,10 +22,10 @@ import (
 	"github.com/egress-proxies/egress-proxies/pkg/auth"
 	"github.com/egress-proxies/egress-proxies/pkg/certs"
 	"github.com/egress-proxies/egress-proxies/pkg/filewatch"
-	leasev1 "github.com/egress-proxies/egress-proxies/pkg/gen/egressproxies/lease/v1"
 	"github.com/egress-proxies/egress-proxies/pkg/kube"
 	"github.com/egress-proxies/egress-proxies/pkg/service"
 	"github.com/egress-proxies/egress-proxies/pkg/version"
+	"github.com/egress-proxies/egress-proxies/services/broker/pkg/access"
 	"github.com/egress-proxies/egress-proxies/services/broker/pkg/gateway"
 	"github.com/egress-proxies/egress-proxies/services/broker/pkg/index"
 	"github.com/egress-proxies/egress-proxies/services/broker/pkg/inventory"
@@ -33,7 +33,6 @@ import (
 	"github.com/egress-proxies/egress-proxies/services/broker/pkg/policy"
 	"github.com/egress-proxies/egress-proxies/services/broker/pkg/server"
 	"github.com/egress-proxies/egress-proxies/services/broker/pkg/store"
-	"github.com/egress-proxies/egress-proxies/services/broker/pkg/access"
 )
 
 // Name is the broker's name in logs and flags' environment variables.
@@ -93,17 +92,11 @@ func Run(ctx context.Context, env service.Env, o Options) error {
 	if err != nil {
 		return err
 	}
-	o.Leases.Reauthorize = func(ctx context.Context) (*access.Tenant, error) {
-		ctx, err := auth.Reverify(ctx, tenants, leasev1.LeaseService_WatchProxies_FullMethodName)
-		if err != nil {
-			return nil, err
-		}
-		return access.From(ctx), nil
-	}
+	o.Leases.Reauthorize = func(c access.Caller) (access.Caller, error) { return tenants.Recheck(c, access.Watch) }
 	svc := leases.New(inv, st, idx, pol, o.Leases)
 	go svc.RunWatches(ctx)
 	srv, err := server.New(ctx, log, server.Options{GRPCAddr: o.GRPCAddr, HTTPAddr: o.HTTPAddr, MaxBodyBytes: o.MaxBody, MaxRecvBytes: 1 << 20, Tracing: env.Tracing, TLS: serverTLS, Limits: o.Limits, Console: o.Console},
-		svc, tenants)
+		leases.GRPC(svc), tenants)
 	if err != nil {
 		return service.UsageError{Err: err}
 	}
@@ -115,7 +108,7 @@ func Run(ctx context.Context, env service.Env, o Options) error {
 		o.Gateway.TLS.NextProtos = []string{"http/1.1"}
 	}
 	o.Gateway.Meter = st
-	waitGateway, err := serveGateway(ctx, log, o, srv, tenants)
+	waitGateway, err := serveGateway(ctx, log, o, svc, tenants)
 	if err != nil {
 		return err
 	}
@@ -129,13 +122,13 @@ func Run(ctx context.Context, env service.Env, o Options) error {
 }
 
 // serveGateway serves the HTTP proxy gateway when --gateway-addr is set,
-// leasing through the servers' in-process LeaseService; the returned func
-// waits until it stopped and released every lease it held.
-func serveGateway(ctx context.Context, log *slog.Logger, o Options, srv *server.Servers, v auth.Verifier) (func() error, error) {
+// leasing from svc as the callers its proxy passwords name; the returned
+// func waits until it stopped and released every lease it held.
+func serveGateway(ctx context.Context, log *slog.Logger, o Options, svc *leases.Service, callers *access.Registry) (func() error, error) {
 	if o.Gateway.Addr == "" {
 		return func() error { return nil }, nil
 	}
-	gw, err := gateway.New(log, o.Gateway, srv.InProcess, v)
+	gw, err := gateway.New(log, o.Gateway, svc, callers)
 	if err != nil {
 		return nil, service.UsageError{Err: err}
 	}

@@ -7,12 +7,11 @@ import (
 	"time"
 
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 	"k8s.io/utils/clock"
 
-	"github.com/egress-proxies/egress-proxies/pkg/auth"
 	leasev1 "github.com/egress-proxies/egress-proxies/pkg/gen/egressproxies/lease/v1"
+	"github.com/egress-proxies/egress-proxies/services/broker/pkg/access"
 )
 
 // renewer keeps the leases of live tunnels and requests alive, all from
@@ -25,22 +24,23 @@ type renewer struct {
 	live map[string]*held
 }
 
-// held is a lease in use: the caller's credentials to renew it with, how
-// to end what uses it when it cannot be, and when it was last renewed.
+// held is a lease in use: the caller to renew it as (its credential
+// checked again at each renewal), how to end what uses it when it cannot
+// be, and when it was last renewed.
 type held struct {
 	id      string
-	md      metadata.MD
+	caller  access.Caller
 	end     func()
 	renewed time.Time
 }
 
-func (r *renewer) hold(id string, md metadata.MD, end func()) {
+func (r *renewer) hold(id string, caller access.Caller, end func()) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.live == nil {
 		r.live = map[string]*held{}
 	}
-	r.live[id] = &held{id: id, md: md, end: end, renewed: r.clock.Now()}
+	r.live[id] = &held{id: id, caller: caller, end: end, renewed: r.clock.Now()}
 }
 
 func (r *renewer) drop(id string) {
@@ -74,7 +74,7 @@ func (r *renewer) due(since time.Time) []*held {
 // API will not renew (gone, its proxy no longer leasable, its token
 // revoked) ends what holds it; a failure that may pass (the store
 // unavailable) is retried at the next round.
-func (r *renewer) run(ctx context.Context, l Leaser, ttl time.Duration) {
+func (r *renewer) run(ctx context.Context, l Leaser, callers Callers, ttl time.Duration) {
 	t := r.clock.NewTicker(min(ttl/6, time.Second))
 	defer t.Stop()
 	for {
@@ -83,19 +83,19 @@ func (r *renewer) run(ctx context.Context, l Leaser, ttl time.Duration) {
 			return
 		case <-t.C():
 		}
-		r.round(ctx, l, ttl)
+		r.round(ctx, l, callers, ttl)
 	}
 }
 
 // round renews the leases that are due, within a third of ttl.
-func (r *renewer) round(ctx context.Context, l Leaser, ttl time.Duration) {
+func (r *renewer) round(ctx context.Context, l Leaser, callers Callers, ttl time.Duration) {
 	start := r.clock.Now()
 	due := r.due(start.Add(-ttl / 3))
 	if len(due) == 0 {
 		return
 	}
 	defer func() { renewRounds.Observe(r.clock.Since(start).Seconds()) }()
-	rctx, cancel := context.WithTimeout(auth.ViaGateway(ctx), ttl/3)
+	rctx, cancel := context.WithTimeout(ctx, ttl/3)
 	defer cancel()
 	sem := make(chan struct{}, renewConcurrency)
 	var wg sync.WaitGroup
@@ -109,7 +109,13 @@ func (r *renewer) round(ctx context.Context, l Leaser, ttl time.Duration) {
 		}
 		wg.Go(func() {
 			defer func() { <-sem }()
-			_, err := l.RenewLease(metadata.NewIncomingContext(rctx, h.md), &leasev1.RenewLeaseRequest{LeaseId: h.id, TtlSeconds: int32(ttl.Seconds())})
+			// The credential is asked about again: a removed one ends
+			// what it opened now, not at the tunnel's timeout.
+			c, err := callers.Recheck(h.caller, access.Gateway)
+			if err == nil {
+				_, err = l.RenewLease(rctx, c, &leasev1.RenewLeaseRequest{LeaseId: h.id, TtlSeconds: int32(ttl.Seconds())})
+				access.Called(c, "RenewLease", err)
+			}
 			switch status.Code(err) {
 			case codes.OK:
 				renewals.WithLabelValues("renewed").Inc()

@@ -12,6 +12,7 @@ import (
 	clocktesting "k8s.io/utils/clock/testing"
 
 	leasev1 "github.com/egress-proxies/egress-proxies/pkg/gen/egressproxies/lease/v1"
+	"github.com/egress-proxies/egress-proxies/services/broker/pkg/access"
 )
 
 // renewLeaser records the renewals asked of it and answers each lease as
@@ -23,7 +24,7 @@ type renewLeaser struct {
 	answer map[string]codes.Code
 }
 
-func (l *renewLeaser) RenewLease(_ context.Context, r *leasev1.RenewLeaseRequest) (*leasev1.RenewLeaseResponse, error) {
+func (l *renewLeaser) RenewLease(_ context.Context, _ access.Caller, r *leasev1.RenewLeaseRequest) (*leasev1.RenewLeaseResponse, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.asked = append(l.asked, r.LeaseId)
@@ -31,6 +32,19 @@ func (l *renewLeaser) RenewLease(_ context.Context, r *leasev1.RenewLeaseRequest
 		return nil, status.Error(c, "told so")
 	}
 	return &leasev1.RenewLeaseResponse{}, nil
+}
+
+// revoked is the credentials removed since their tunnels opened: a
+// recheck refuses them, as the registry does a removed credential.
+type revoked map[string]bool
+
+func (revoked) Enabled() bool                         { return true }
+func (revoked) Gateway(string) (access.Caller, error) { return access.Caller{}, nil }
+func (r revoked) Recheck(c access.Caller, _ access.Verb) (access.Caller, error) {
+	if r[c.Name] {
+		return access.Caller{}, status.Error(codes.Unauthenticated, "invalid bearer token")
+	}
+	return c, nil
 }
 
 func (l *renewLeaser) take() []string {
@@ -44,8 +58,9 @@ func (l *renewLeaser) take() []string {
 // A held lease is renewed once it is a third of its TTL old, not
 // before; renewed, it waits another third; one the API
 // will not renew ends what holds it, one that failed for a while is
-// asked again next round. Time is stepped, so each round sees exactly
-// the leases due.
+// asked again next round; one whose credential was removed ends without
+// being renewed. Time is stepped, so each round sees exactly the leases
+// due.
 func TestLeasesAreRenewedAtAThirdOfTheirTTL(t *testing.T) {
 	clk := clocktesting.NewFakeClock(time.Date(2026, 12, 7, 0, 0, 0, 0, time.UTC))
 	r := &renewer{clock: clk}
@@ -54,14 +69,18 @@ func TestLeasesAreRenewedAtAThirdOfTheirTTL(t *testing.T) {
 	ended := map[string]bool{}
 	// Ending a tunnel drops its lease, as the gateway's tunnel does when
 	// its connection closes.
-	hold := func(id string) { r.hold(id, nil, func() { ended[id] = true; r.drop(id) }) }
-	round := func() []string { r.round(context.Background(), l, ttl); return l.take() }
+	hold := func(id string) {
+		r.hold(id, access.Caller{Tenant: &access.Tenant{Name: id}}, func() { ended[id] = true; r.drop(id) })
+	}
+	callers := revoked{"removed": true}
+	round := func() []string { r.round(context.Background(), l, callers, ttl); return l.take() }
 
 	hold("a")
 	clk.Step(5 * time.Second)
 	hold("b")
 	hold("gone")
 	hold("flaky")
+	hold("removed")
 	assert.Empty(t, round(), "nothing is a third of its TTL old")
 
 	clk.Step(5*time.Second + time.Millisecond)
@@ -71,6 +90,7 @@ func TestLeasesAreRenewedAtAThirdOfTheirTTL(t *testing.T) {
 	assert.ElementsMatch(t, []string{"b", "gone", "flaky"}, round())
 	assert.True(t, ended["gone"], "a lease the API will not renew ends its tunnel")
 	assert.False(t, ended["flaky"], "a failure that may pass ends nothing")
+	assert.True(t, ended["removed"], "a removed credential's tunnel ends at its next renewal, which is not asked for")
 
 	clk.Step(time.Second)
 	assert.Equal(t, []string{"flaky"}, round(), "the failed one is asked again; the renewed wait a third of the TTL")

@@ -12,9 +12,9 @@ import (
 	"k8s.io/apimachinery/pkg/util/validation"
 
 	leasev1 "github.com/egress-proxies/egress-proxies/pkg/gen/egressproxies/lease/v1"
+	"github.com/egress-proxies/egress-proxies/services/broker/pkg/access"
 	"github.com/egress-proxies/egress-proxies/services/broker/pkg/inventory"
 	"github.com/egress-proxies/egress-proxies/services/broker/pkg/store"
-	"github.com/egress-proxies/egress-proxies/services/broker/pkg/access"
 )
 
 // The operator's reads: who holds what, and why a proxy or a target is
@@ -60,9 +60,9 @@ func (s *Service) visible(t *access.Tenant, id string) (inventory.Proxy, error) 
 	return p, nil
 }
 
-// ListLeases implements LeaseService. Pages end at a proxy's last lease,
+// ListLeases serves LeaseService.ListLeases for c. Pages end at a proxy's last lease,
 // so a page holds page_size leases or a little more (a proxy's cap).
-func (s *Service) ListLeases(ctx context.Context, req *leasev1.ListLeasesRequest) (*leasev1.ListLeasesResponse, error) {
+func (s *Service) ListLeases(ctx context.Context, c access.Caller, req *leasev1.ListLeasesRequest) (*leasev1.ListLeasesResponse, error) {
 	if err := firstErr(checkNamespace(req.GetNamespace()), checkTenantName(req.GetTenant())); err != nil {
 		return nil, err
 	}
@@ -74,20 +74,20 @@ func (s *Service) ListLeases(ctx context.Context, req *leasev1.ListLeasesRequest
 	if err := s.checkSynced(); err != nil {
 		return nil, err
 	}
-	c, err := newCursor(req.GetPageSize(), req.GetPageToken(),
+	cur, err := newCursor(req.GetPageSize(), req.GetPageToken(),
 		fingerprint(strconv.AppendQuote(strconv.AppendQuote(strconv.AppendQuote(nil, req.GetNamespace()), req.GetProxyId()), req.GetTenant())))
 	if err != nil {
 		return nil, err
 	}
-	t := access.From(ctx)
+	t := c.Tenant
 	ns, sel, err := t.Scope(req.GetNamespace(), nil)
 	if err != nil {
 		return nil, err
 	}
 	who := whose(t)
 	resp := &leasev1.ListLeasesResponse{}
-	after := c.after
-	for len(resp.Leases) < c.size {
+	after := cur.after
+	for len(resp.Leases) < cur.size {
 		var ps []inventory.Proxy
 		more := false
 		if id := req.GetProxyId(); id != "" {
@@ -118,7 +118,7 @@ func (s *Service) ListLeases(ctx context.Context, req *leasev1.ListLeasesRequest
 				}
 			}
 			after = p.ID
-			if len(resp.Leases) >= c.size {
+			if len(resp.Leases) >= cur.size {
 				more = more || p.ID != ps[len(ps)-1].ID
 				break
 			}
@@ -129,7 +129,7 @@ func (s *Service) ListLeases(ctx context.Context, req *leasev1.ListLeasesRequest
 		}
 	}
 	if after != "" {
-		resp.NextPageToken = pageToken(c.filter, after)
+		resp.NextPageToken = pageToken(cur.filter, after)
 	}
 	return resp, nil
 }
@@ -146,15 +146,15 @@ func soonest(a, b store.Cooldown) int {
 	return strings.Compare(a.Target+"#"+a.Tenant, b.Target+"#"+b.Tenant)
 }
 
-// ExplainProxy implements LeaseService.
-func (s *Service) ExplainProxy(ctx context.Context, req *leasev1.ExplainProxyRequest) (*leasev1.ExplainProxyResponse, error) {
+// ExplainProxy serves LeaseService.ExplainProxy for c.
+func (s *Service) ExplainProxy(ctx context.Context, c access.Caller, req *leasev1.ExplainProxyRequest) (*leasev1.ExplainProxyResponse, error) {
 	if err := checkProxyID(req.GetId()); err != nil {
 		return nil, err
 	}
 	if err := s.checkSynced(); err != nil {
 		return nil, err
 	}
-	t := access.From(ctx)
+	t := c.Tenant
 	p, err := s.visible(t, req.GetId())
 	if err != nil {
 		return nil, err
@@ -186,8 +186,8 @@ func (s *Service) ExplainProxy(ctx context.Context, req *leasev1.ExplainProxyReq
 	return resp, nil
 }
 
-// ExplainTarget implements LeaseService.
-func (s *Service) ExplainTarget(ctx context.Context, req *leasev1.ExplainTargetRequest) (*leasev1.ExplainTargetResponse, error) {
+// ExplainTarget serves LeaseService.ExplainTarget for c.
+func (s *Service) ExplainTarget(ctx context.Context, c access.Caller, req *leasev1.ExplainTargetRequest) (*leasev1.ExplainTargetResponse, error) {
 	if req.GetTarget() == "" {
 		return nil, invalid("target", "is required: a host name such as example.com")
 	}
@@ -197,7 +197,7 @@ func (s *Service) ExplainTarget(ctx context.Context, req *leasev1.ExplainTargetR
 	if err := s.checkSynced(); err != nil {
 		return nil, err
 	}
-	t := access.From(ctx)
+	t := c.Tenant
 	ns, sel, err := t.Scope(req.GetNamespace(), nil)
 	if err != nil {
 		return nil, err

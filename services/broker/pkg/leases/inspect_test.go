@@ -32,29 +32,29 @@ func TestACordonedProxyKeepsItsLeasesAndTakesNoNewOne(t *testing.T) {
 	s, svc := newService(t)
 	p := s.Proxy(t, "p", "127.0.0.73", nil)
 	ctx := context.Background()
-	l, err := svc.CreateLease(ctx, &leasev1.CreateLeaseRequest{TtlSeconds: 60})
+	l, err := svc.CreateLease(ctx, access.Anonymous, &leasev1.CreateLeaseRequest{TtlSeconds: 60})
 	require.NoError(t, err)
 
 	cordon(t, s.NS, "p", true)
 	require.Eventually(t, func() bool { q, _ := s.Inv.Get(p.UID); return q.Cordoned }, 10*time.Second, 10*time.Millisecond)
-	_, err = svc.CreateLease(ctx, &leasev1.CreateLeaseRequest{})
+	_, err = svc.CreateLease(ctx, access.Anonymous, &leasev1.CreateLeaseRequest{})
 	assert.Equal(t, codes.ResourceExhausted, status.Code(err), "no new lease on a cordoned proxy: %v", err)
-	r, err := svc.RenewLease(ctx, &leasev1.RenewLeaseRequest{LeaseId: l.GetLeaseId(), TtlSeconds: 300})
+	r, err := svc.RenewLease(ctx, access.Anonymous, &leasev1.RenewLeaseRequest{LeaseId: l.GetLeaseId(), TtlSeconds: 300})
 	require.NoError(t, err, "its live lease renews")
 	assert.WithinDuration(t, time.Now().Add(300*time.Second), r.GetExpiresAt().AsTime(), 5*time.Second, "with no deadline")
 
-	list, err := svc.ListProxies(ctx, &leasev1.ListProxiesRequest{})
+	list, err := svc.ListProxies(ctx, access.Anonymous, &leasev1.ListProxiesRequest{})
 	require.NoError(t, err)
 	require.Len(t, list.GetProxies(), 1)
 	assert.Equal(t, "PROXY_CORDONED", list.GetProxies()[0].GetNotLeasable())
-	ex, err := svc.ExplainProxy(ctx, &leasev1.ExplainProxyRequest{Id: p.ID})
+	ex, err := svc.ExplainProxy(ctx, access.Anonymous, &leasev1.ExplainProxyRequest{Id: p.ID})
 	require.NoError(t, err)
 	assert.True(t, ex.GetCordoned())
 	assert.EqualValues(t, 1, ex.GetProxy().GetLeaseCount())
 
 	cordon(t, s.NS, "p", false)
 	require.Eventually(t, func() bool {
-		_, err := svc.CreateLease(ctx, &leasev1.CreateLeaseRequest{})
+		_, err := svc.CreateLease(ctx, access.Anonymous, &leasev1.CreateLeaseRequest{})
 		return err == nil
 	}, 10*time.Second, 50*time.Millisecond, "uncordoned, it is leased again")
 }
@@ -68,20 +68,20 @@ func TestTheOperatorsReads(t *testing.T) {
 	a := s.Proxy(t, "a", "127.0.0.74", nil)
 	s.Proxy(t, "b", "127.0.0.75", nil)
 	ns := []string{s.NS}
-	alice := access.With(context.Background(), &access.Tenant{Name: "alice", Namespaces: ns, Verbs: []access.Verb{access.List, access.Lease, access.Report}})
-	bob := access.With(context.Background(), &access.Tenant{Name: "bob", Namespaces: ns, Trusted: true, Verbs: []access.Verb{access.List, access.Lease, access.Report}})
-	ops := access.With(context.Background(), &access.Tenant{Name: "ops", Namespaces: ns, Verbs: []access.Verb{access.List, access.Inspect}})
-	outsider := access.With(context.Background(), &access.Tenant{Name: "out", Namespaces: []string{"elsewhere"}, Verbs: []access.Verb{access.List, access.Inspect}})
+	alice := access.Caller{Tenant: &access.Tenant{Name: "alice", Namespaces: ns, Verbs: []access.Verb{access.List, access.Lease, access.Report}}}
+	bob := access.Caller{Tenant: &access.Tenant{Name: "bob", Namespaces: ns, Trusted: true, Verbs: []access.Verb{access.List, access.Lease, access.Report}}}
+	ops := access.Caller{Tenant: &access.Tenant{Name: "ops", Namespaces: ns, Verbs: []access.Verb{access.List, access.Inspect}}}
+	outsider := access.Caller{Tenant: &access.Tenant{Name: "out", Namespaces: []string{"elsewhere"}, Verbs: []access.Verb{access.List, access.Inspect}}}
 
-	la, err := svc.CreateLease(alice, &leasev1.CreateLeaseRequest{Target: "shop.example", SessionKey: "cart-1"})
+	la, err := svc.CreateLease(context.Background(), alice, &leasev1.CreateLeaseRequest{Target: "shop.example", SessionKey: "cart-1"})
 	require.NoError(t, err)
-	lb, err := svc.CreateLease(bob, &leasev1.CreateLeaseRequest{Target: "news.example"})
+	lb, err := svc.CreateLease(context.Background(), bob, &leasev1.CreateLeaseRequest{Target: "news.example"})
 	require.NoError(t, err)
 	// alice is untrusted: her block cools the proxy for her alone.
-	_, err = svc.ReportLease(alice, &leasev1.ReportLeaseRequest{LeaseId: la.GetLeaseId(), Result: "blocked", StatusCode: 403})
+	_, err = svc.ReportLease(context.Background(), alice, &leasev1.ReportLeaseRequest{LeaseId: la.GetLeaseId(), Result: "blocked", StatusCode: 403})
 	require.NoError(t, err)
 	// bob is trusted: his report cools his proxy for everyone.
-	_, err = svc.ReportLease(bob, &leasev1.ReportLeaseRequest{LeaseId: lb.GetLeaseId(), Result: "rate_limited", Target: "news.example", StatusCode: 429})
+	_, err = svc.ReportLease(context.Background(), bob, &leasev1.ReportLeaseRequest{LeaseId: lb.GetLeaseId(), Result: "rate_limited", Target: "news.example", StatusCode: 429})
 	require.NoError(t, err)
 
 	ids := func(ls []*leasev1.Lease) (out []string) {
@@ -90,39 +90,39 @@ func TestTheOperatorsReads(t *testing.T) {
 		}
 		return out
 	}
-	mine, err := svc.ListLeases(alice, &leasev1.ListLeasesRequest{})
+	mine, err := svc.ListLeases(context.Background(), alice, &leasev1.ListLeasesRequest{})
 	require.NoError(t, err)
 	assert.Equal(t, []string{"alice:shop.example"}, ids(mine.GetLeases()), "a tenant sees its own leases")
 	assert.Equal(t, "cart-1", mine.GetLeases()[0].GetSessionKey(), "with its session key as it gave it")
-	all, err := svc.ListLeases(ops, &leasev1.ListLeasesRequest{})
+	all, err := svc.ListLeases(context.Background(), ops, &leasev1.ListLeasesRequest{})
 	require.NoError(t, err)
 	assert.ElementsMatch(t, []string{"alice:shop.example", "bob:news.example"}, ids(all.GetLeases()), "inspect sees every tenant's")
-	one, err := svc.ListLeases(ops, &leasev1.ListLeasesRequest{Tenant: "bob"})
+	one, err := svc.ListLeases(context.Background(), ops, &leasev1.ListLeasesRequest{Tenant: "bob"})
 	require.NoError(t, err)
 	assert.Equal(t, []string{"bob:news.example"}, ids(one.GetLeases()))
-	paged, err := svc.ListLeases(ops, &leasev1.ListLeasesRequest{PageSize: 1})
+	paged, err := svc.ListLeases(context.Background(), ops, &leasev1.ListLeasesRequest{PageSize: 1})
 	require.NoError(t, err)
 	require.Len(t, paged.GetLeases(), 1)
 	require.NotEmpty(t, paged.GetNextPageToken())
-	rest, err := svc.ListLeases(ops, &leasev1.ListLeasesRequest{PageSize: 1, PageToken: paged.GetNextPageToken()})
+	rest, err := svc.ListLeases(context.Background(), ops, &leasev1.ListLeasesRequest{PageSize: 1, PageToken: paged.GetNextPageToken()})
 	require.NoError(t, err)
 	assert.ElementsMatch(t, ids(all.GetLeases()), append(ids(paged.GetLeases()), ids(rest.GetLeases())...), "two pages hold both leases once")
 	assert.Empty(t, rest.GetNextPageToken())
-	none, err := svc.ListLeases(outsider, &leasev1.ListLeasesRequest{})
+	none, err := svc.ListLeases(context.Background(), outsider, &leasev1.ListLeasesRequest{})
 	require.NoError(t, err)
 	assert.Empty(t, none.GetLeases(), "nothing outside the caller's namespaces")
 
-	ex, err := svc.ExplainProxy(ops, &leasev1.ExplainProxyRequest{Id: la.GetProxy().GetId()})
+	ex, err := svc.ExplainProxy(context.Background(), ops, &leasev1.ExplainProxyRequest{Id: la.GetProxy().GetId()})
 	require.NoError(t, err)
 	require.Len(t, ex.GetCooldowns(), 1)
 	assert.Equal(t, "shop.example", ex.GetCooldowns()[0].GetTarget())
 	assert.Equal(t, "alice", ex.GetCooldowns()[0].GetTenant(), "a cooldown for alice alone says so")
 	assert.True(t, ex.GetCooldowns()[0].GetUntil().AsTime().After(time.Now()))
-	exBob, err := svc.ExplainProxy(bob, &leasev1.ExplainProxyRequest{Id: la.GetProxy().GetId()})
+	exBob, err := svc.ExplainProxy(context.Background(), bob, &leasev1.ExplainProxyRequest{Id: la.GetProxy().GetId()})
 	require.NoError(t, err)
 	assert.Empty(t, exBob.GetCooldowns(), "bob does not see alice's own cooldown")
 
-	tgt, err := svc.ExplainTarget(ops, &leasev1.ExplainTargetRequest{Target: "News.Example"})
+	tgt, err := svc.ExplainTarget(context.Background(), ops, &leasev1.ExplainTargetRequest{Target: "News.Example"})
 	require.NoError(t, err)
 	assert.Equal(t, "news.example", tgt.GetTarget())
 	assert.EqualValues(t, 2, tgt.GetProxies())
@@ -134,29 +134,38 @@ func TestTheOperatorsReads(t *testing.T) {
 
 	// Without inspect, a tenant counts only its own leases on a target:
 	// whether another tenant crawls it is not its business.
-	forAlice, err := svc.ExplainTarget(alice, &leasev1.ExplainTargetRequest{Target: "news.example"})
+	forAlice, err := svc.ExplainTarget(context.Background(), alice, &leasev1.ExplainTargetRequest{Target: "news.example"})
 	require.NoError(t, err)
 	assert.EqualValues(t, 0, forAlice.GetLeases(), "bob's lease is not counted for alice")
 	assert.Zero(t, forAlice.GetPacePerSecond())
-	forBob, err := svc.ExplainTarget(bob, &leasev1.ExplainTargetRequest{Target: "news.example"})
+	forBob, err := svc.ExplainTarget(context.Background(), bob, &leasev1.ExplainTargetRequest{Target: "news.example"})
 	require.NoError(t, err)
 	assert.EqualValues(t, 1, forBob.GetLeases(), "bob counts his own")
 
-	_, err = svc.ExplainProxy(outsider, &leasev1.ExplainProxyRequest{Id: a.ID})
+	_, err = svc.ExplainProxy(context.Background(), outsider, &leasev1.ExplainProxyRequest{Id: a.ID})
 	assert.Equal(t, codes.NotFound, status.Code(err), "a proxy outside the caller's scope is not found: %v", err)
 	for _, tc := range []struct {
 		call  func() error
 		field string
 	}{
 		{func() error {
-			_, err := svc.ExplainProxy(ops, &leasev1.ExplainProxyRequest{Id: "no-slash"})
+			_, err := svc.ExplainProxy(context.Background(), ops, &leasev1.ExplainProxyRequest{Id: "no-slash"})
 			return err
 		}, "id"},
-		{func() error { _, err := svc.ExplainTarget(ops, &leasev1.ExplainTargetRequest{}); return err }, "target"},
-		{func() error { _, err := svc.ListLeases(ops, &leasev1.ListLeasesRequest{ProxyId: "x"}); return err }, "id"},
-		{func() error { _, err := svc.ListLeases(ops, &leasev1.ListLeasesRequest{PageSize: -1}); return err }, "page_size"},
 		{func() error {
-			_, err := svc.ListLeases(ops, &leasev1.ListLeasesRequest{Tenant: "Not A Name"})
+			_, err := svc.ExplainTarget(context.Background(), ops, &leasev1.ExplainTargetRequest{})
+			return err
+		}, "target"},
+		{func() error {
+			_, err := svc.ListLeases(context.Background(), ops, &leasev1.ListLeasesRequest{ProxyId: "x"})
+			return err
+		}, "id"},
+		{func() error {
+			_, err := svc.ListLeases(context.Background(), ops, &leasev1.ListLeasesRequest{PageSize: -1})
+			return err
+		}, "page_size"},
+		{func() error {
+			_, err := svc.ListLeases(context.Background(), ops, &leasev1.ListLeasesRequest{Tenant: "Not A Name"})
 			return err
 		}, "tenant"},
 	} {

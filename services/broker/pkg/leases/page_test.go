@@ -3,6 +3,7 @@ package leases_test
 import (
 	"context"
 	"fmt"
+	"github.com/egress-proxies/egress-proxies/services/broker/pkg/access"
 	"testing"
 	"time"
 
@@ -36,7 +37,7 @@ func TestListProxiesPagesAreStableUnderChange(t *testing.T) {
 		return out
 	}
 
-	first, err := svc.ListProxies(ctx, &leasev1.ListProxiesRequest{PageSize: 3})
+	first, err := svc.ListProxies(ctx, access.Anonymous, &leasev1.ListProxiesRequest{PageSize: 3})
 	require.NoError(t, err)
 	require.Equal(t, []string{id("p0"), id("p1"), id("p2")}, ids(first.GetProxies()))
 	require.NotEmpty(t, first.GetNextPageToken())
@@ -54,7 +55,7 @@ func TestListProxiesPagesAreStableUnderChange(t *testing.T) {
 	req := &leasev1.ListProxiesRequest{PageSize: 3, PageToken: first.GetNextPageToken()}
 	for pages := 0; req.PageToken != ""; pages++ {
 		require.Less(t, pages, 5, "the walk ends")
-		resp, err := svc.ListProxies(ctx, req)
+		resp, err := svc.ListProxies(ctx, access.Anonymous, req)
 		require.NoError(t, err)
 		rest = append(rest, ids(resp.GetProxies())...)
 		req.PageToken = resp.GetNextPageToken()
@@ -73,7 +74,7 @@ func TestListProxiesPagesAreStableUnderChange(t *testing.T) {
 		{"a token for another health filter", &leasev1.ListProxiesRequest{PageToken: first.GetNextPageToken(), Healthy: new(true)}, "page_token"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			_, err := svc.ListProxies(ctx, tc.req)
+			_, err := svc.ListProxies(ctx, access.Anonymous, tc.req)
 			assert.Equal(t, codes.InvalidArgument, status.Code(err))
 			assert.Contains(t, status.Convert(err).Message(), tc.field)
 		})

@@ -5,8 +5,8 @@ import (
 	"sync"
 	"time"
 
-	"github.com/egress-proxies/egress-proxies/services/broker/pkg/index"
 	"github.com/egress-proxies/egress-proxies/services/broker/pkg/access"
+	"github.com/egress-proxies/egress-proxies/services/broker/pkg/index"
 	"k8s.io/utils/clock"
 )
 

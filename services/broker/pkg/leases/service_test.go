@@ -2,6 +2,7 @@ package leases_test
 
 import (
 	"context"
+	"github.com/egress-proxies/egress-proxies/services/broker/pkg/access"
 	"os"
 	"testing"
 	"time"
@@ -103,9 +104,9 @@ func TestRenewRefusedOnceTheProxyLeavesTheLeasableSet(t *testing.T) {
 			s, svc := newService(t)
 			p := s.Proxy(t, "p", "127.0.0.71", nil)
 			ctx := context.Background()
-			l, err := svc.CreateLease(ctx, &leasev1.CreateLeaseRequest{})
+			l, err := svc.CreateLease(ctx, access.Anonymous, &leasev1.CreateLeaseRequest{})
 			require.NoError(t, err)
-			_, err = svc.RenewLease(ctx, &leasev1.RenewLeaseRequest{LeaseId: l.GetLeaseId()})
+			_, err = svc.RenewLease(ctx, access.Anonymous, &leasev1.RenewLeaseRequest{LeaseId: l.GetLeaseId()})
 			require.NoError(t, err)
 
 			tc.change(t, s.NS)
@@ -113,7 +114,7 @@ func TestRenewRefusedOnceTheProxyLeavesTheLeasableSet(t *testing.T) {
 				q, ok := s.Inv.Get(p.UID)
 				return !ok || !q.Leasable || q.Addr() != p.Addr()
 			}, 10*time.Second, 10*time.Millisecond)
-			_, err = svc.RenewLease(ctx, &leasev1.RenewLeaseRequest{LeaseId: l.GetLeaseId()})
+			_, err = svc.RenewLease(ctx, access.Anonymous, &leasev1.RenewLeaseRequest{LeaseId: l.GetLeaseId()})
 			code, reason := reasonOf(err)
 			if tc.reason == "PROXY_GONE" && code == codes.NotFound {
 				// The broker ended the lease with its proxy (decision 89)
@@ -123,7 +124,7 @@ func TestRenewRefusedOnceTheProxyLeavesTheLeasableSet(t *testing.T) {
 			assert.Equal(t, codes.FailedPrecondition, code, "%v", err)
 			assert.Equal(t, tc.reason, reason, "%v", err)
 
-			l2, err := svc.CreateLease(ctx, &leasev1.CreateLeaseRequest{})
+			l2, err := svc.CreateLease(ctx, access.Anonymous, &leasev1.CreateLeaseRequest{})
 			if tc.moved {
 				require.NoError(t, err)
 				assert.Equal(t, "127.0.0.99", l2.GetProxy().GetIp(), "a new lease gets the new address")
@@ -148,22 +149,22 @@ func TestADrainingProxyKeepsItsLeasesUntilTheDeadline(t *testing.T) {
 	s, svc := newService(t)
 	p := s.Proxy(t, "p", "127.0.0.72", nil)
 	ctx := context.Background()
-	l, err := svc.CreateLease(ctx, &leasev1.CreateLeaseRequest{TtlSeconds: 60})
+	l, err := svc.CreateLease(ctx, access.Anonymous, &leasev1.CreateLeaseRequest{TtlSeconds: 60})
 	require.NoError(t, err)
 
 	deadline := time.Now().Add(20 * time.Second).Truncate(time.Second)
 	drain(t, s.NS, "p", deadline.Format(time.RFC3339))
 	require.Eventually(t, func() bool { q, _ := s.Inv.Get(p.UID); return q.Draining() }, 10*time.Second, 10*time.Millisecond)
 
-	_, err = svc.CreateLease(ctx, &leasev1.CreateLeaseRequest{})
+	_, err = svc.CreateLease(ctx, access.Anonymous, &leasev1.CreateLeaseRequest{})
 	code, _ := reasonOf(err)
 	assert.Equal(t, codes.ResourceExhausted, code, "no new lease on a draining proxy: %v", err)
 
-	r, err := svc.RenewLease(ctx, &leasev1.RenewLeaseRequest{LeaseId: l.GetLeaseId(), TtlSeconds: 300})
+	r, err := svc.RenewLease(ctx, access.Anonymous, &leasev1.RenewLeaseRequest{LeaseId: l.GetLeaseId(), TtlSeconds: 300})
 	require.NoError(t, err, "a live lease still renews while the proxy drains")
 	assert.WithinDuration(t, deadline, r.GetExpiresAt().AsTime(), time.Second, "but not past the drain deadline")
 
-	list, err := svc.ListProxies(ctx, &leasev1.ListProxiesRequest{})
+	list, err := svc.ListProxies(ctx, access.Anonymous, &leasev1.ListProxiesRequest{})
 	require.NoError(t, err)
 	require.Len(t, list.GetProxies(), 1)
 	assert.EqualValues(t, 1, list.GetProxies()[0].GetLeaseCount(), "the broker still counts the draining proxy's lease")
@@ -175,19 +176,19 @@ func TestCreateLeaseRequestID(t *testing.T) {
 	s.Proxy(t, "b", "127.0.0.82", nil)
 	ctx := context.Background()
 	req := &leasev1.CreateLeaseRequest{RequestId: "9b2f6d0e-2c1f-4f7e-9d55-0d7a1c3e5b21", Target: "example.com"}
-	first, err := svc.CreateLease(ctx, req)
+	first, err := svc.CreateLease(ctx, access.Anonymous, req)
 	require.NoError(t, err)
-	again, err := svc.CreateLease(ctx, req)
+	again, err := svc.CreateLease(ctx, access.Anonymous, req)
 	require.NoError(t, err)
 	assert.Equal(t, first.GetLeaseId(), again.GetLeaseId())
 	assert.Equal(t, first.GetProxy().GetId(), again.GetProxy().GetId())
 	assert.EqualValues(t, 1, again.GetProxy().GetLeaseCount())
 
 	other := &leasev1.CreateLeaseRequest{RequestId: req.RequestId, Target: "example.org"}
-	_, err = svc.CreateLease(ctx, other)
+	_, err = svc.CreateLease(ctx, access.Anonymous, other)
 	assert.Equal(t, codes.AlreadyExists, status.Code(err), "%v", err)
 
-	_, err = svc.CreateLease(ctx, &leasev1.CreateLeaseRequest{RequestId: "not valid!"})
+	_, err = svc.CreateLease(ctx, access.Anonymous, &leasev1.CreateLeaseRequest{RequestId: "not valid!"})
 	assert.Equal(t, codes.InvalidArgument, status.Code(err))
 	assert.Contains(t, status.Convert(err).Message(), "requestId")
 }
@@ -200,9 +201,9 @@ func TestCreateLeaseNeverHandsOutAnUnleasableProxy(t *testing.T) {
 	good := s.Proxy(t, "good", "127.0.0.91", nil)
 	bad := s.Proxy(t, "bad", "127.0.0.92", nil)
 	ctx := context.Background()
-	first, err := svc.CreateLease(ctx, &leasev1.CreateLeaseRequest{}) // builds the index
+	first, err := svc.CreateLease(ctx, access.Anonymous, &leasev1.CreateLeaseRequest{}) // builds the index
 	require.NoError(t, err)
-	_, err = svc.ReleaseLease(ctx, &leasev1.ReleaseLeaseRequest{LeaseId: first.GetLeaseId()})
+	_, err = svc.ReleaseLease(ctx, access.Anonymous, &leasev1.ReleaseLeaseRequest{LeaseId: first.GetLeaseId()})
 	require.NoError(t, err)
 	update(t, s.NS, "bad", true, func(px *v1.Proxy) { px.Status.Healthy = false })
 	require.Eventually(t, func() bool { q, _ := s.Inv.Get(bad.UID); return !q.Leasable }, 10*time.Second, 10*time.Millisecond)
@@ -211,11 +212,11 @@ func TestCreateLeaseNeverHandsOutAnUnleasableProxy(t *testing.T) {
 		for _, key := range indexKeys(t, s) {
 			require.NoError(t, s.Store.Join(ctx, "", []store.Member{{UID: bad.UID, Namespace: s.NS, Addr: bad.Addr()}}, []string{key}))
 		}
-		l, err := svc.CreateLease(ctx, &leasev1.CreateLeaseRequest{})
+		l, err := svc.CreateLease(ctx, access.Anonymous, &leasev1.CreateLeaseRequest{})
 		require.NoError(t, err)
 		assert.Equal(t, good.ID, l.GetProxy().GetId())
 		assert.NotEmpty(t, l.GetProxy().GetIp())
-		_, err = svc.ReleaseLease(ctx, &leasev1.ReleaseLeaseRequest{LeaseId: l.GetLeaseId()})
+		_, err = svc.ReleaseLease(ctx, access.Anonymous, &leasev1.ReleaseLeaseRequest{LeaseId: l.GetLeaseId()})
 		require.NoError(t, err)
 	}
 	states, err := s.Store.States(ctx, "", "", []string{bad.UID})
@@ -240,11 +241,11 @@ func TestRecreatedProxyStartsClean(t *testing.T) {
 	s, svc := newService(t)
 	old := s.Proxy(t, "p", "127.0.0.95", nil)
 	ctx := context.Background()
-	l, err := svc.CreateLease(ctx, &leasev1.CreateLeaseRequest{Target: "example.com"})
+	l, err := svc.CreateLease(ctx, access.Anonymous, &leasev1.CreateLeaseRequest{Target: "example.com"})
 	require.NoError(t, err)
-	_, err = svc.ReportLease(ctx, &leasev1.ReportLeaseRequest{LeaseId: l.GetLeaseId(), Result: "rate_limited"})
+	_, err = svc.ReportLease(ctx, access.Anonymous, &leasev1.ReportLeaseRequest{LeaseId: l.GetLeaseId(), Result: "rate_limited"})
 	require.NoError(t, err)
-	_, err = svc.CreateLease(ctx, &leasev1.CreateLeaseRequest{Target: "example.com"})
+	_, err = svc.CreateLease(ctx, access.Anonymous, &leasev1.CreateLeaseRequest{Target: "example.com"})
 	code, reason := reasonOf(err)
 	require.Equal(t, codes.ResourceExhausted, code)
 	require.Equal(t, "ALL_COOLING_DOWN", reason)
@@ -254,12 +255,12 @@ func TestRecreatedProxyStartsClean(t *testing.T) {
 	fresh := s.Proxy(t, "p", "127.0.0.95", nil)
 	require.NotEqual(t, old.UID, fresh.UID)
 
-	l2, err := svc.CreateLease(ctx, &leasev1.CreateLeaseRequest{Target: "example.com"})
+	l2, err := svc.CreateLease(ctx, access.Anonymous, &leasev1.CreateLeaseRequest{Target: "example.com"})
 	require.NoError(t, err, "the new proxy does not inherit the cooldown")
 	assert.EqualValues(t, 1, l2.GetProxy().GetLeaseCount(), "nor the old lease")
 	// The old lease cannot be renewed: PROXY_GONE while the broker has
 	// not yet ended it, unknown (404) once it has.
-	_, err = svc.RenewLease(ctx, &leasev1.RenewLeaseRequest{LeaseId: l.GetLeaseId()})
+	_, err = svc.RenewLease(ctx, access.Anonymous, &leasev1.RenewLeaseRequest{LeaseId: l.GetLeaseId()})
 	code, reason = reasonOf(err)
 	assert.True(t, reason == "PROXY_GONE" || code == codes.NotFound, "%v", err)
 	require.Eventually(t, func() bool {
@@ -268,7 +269,7 @@ func TestRecreatedProxyStartsClean(t *testing.T) {
 		_, ok := known[old.UID]
 		return !ok
 	}, 10*time.Second, 10*time.Millisecond, "the old proxy's state is gone")
-	_, err = svc.RenewLease(ctx, &leasev1.RenewLeaseRequest{LeaseId: l.GetLeaseId()})
+	_, err = svc.RenewLease(ctx, access.Anonymous, &leasev1.RenewLeaseRequest{LeaseId: l.GetLeaseId()})
 	code, _ = reasonOf(err)
 	assert.Equal(t, codes.NotFound, code, "its lease ended with it")
 }
@@ -286,18 +287,18 @@ func TestListRefusalsCountsUnmetDemand(t *testing.T) {
 	s.Proxy(t, "p", "127.0.0.73", map[string]string{"geo": "eu"})
 	ctx := context.Background()
 	eu := &leasev1.CreateLeaseRequest{Selector: map[string]string{"geo": "eu"}, Namespace: s.NS}
-	_, err := svc.CreateLease(ctx, eu)
+	_, err := svc.CreateLease(ctx, access.Anonymous, eu)
 	require.NoError(t, err)
 	for range 3 {
-		_, err = svc.CreateLease(ctx, eu)
+		_, err = svc.CreateLease(ctx, access.Anonymous, eu)
 		_, reason := reasonOf(err)
 		require.Equal(t, "ALL_AT_CAP", reason)
 	}
-	_, err = svc.CreateLease(ctx, &leasev1.CreateLeaseRequest{Selector: map[string]string{"geo": "us"}})
+	_, err = svc.CreateLease(ctx, access.Anonymous, &leasev1.CreateLeaseRequest{Selector: map[string]string{"geo": "us"}})
 	_, reason := reasonOf(err)
 	require.Equal(t, "NO_MATCHING_PROXY", reason)
 
-	got, err := svc.ListRefusals(ctx, &leasev1.ListRefusalsRequest{})
+	got, err := svc.ListRefusals(ctx, access.Anonymous, &leasev1.ListRefusalsRequest{})
 	require.NoError(t, err)
 	require.Len(t, got.GetSelectors(), 1, "%v", got)
 	assert.Equal(t, s.NS, got.GetSelectors()[0].GetNamespace())
@@ -307,15 +308,15 @@ func TestListRefusalsCountsUnmetDemand(t *testing.T) {
 	// Counted by the minute: two minutes on, a one-minute window holds
 	// none of them, a five-minute one all three.
 	clk.Step(2 * time.Minute)
-	got, err = svc.ListRefusals(ctx, &leasev1.ListRefusalsRequest{WindowSeconds: 60})
+	got, err = svc.ListRefusals(ctx, access.Anonymous, &leasev1.ListRefusalsRequest{WindowSeconds: 60})
 	require.NoError(t, err)
 	assert.Empty(t, got.GetSelectors(), "the refusals left the window")
-	got, err = svc.ListRefusals(ctx, &leasev1.ListRefusalsRequest{WindowSeconds: 300})
+	got, err = svc.ListRefusals(ctx, access.Anonymous, &leasev1.ListRefusalsRequest{WindowSeconds: 300})
 	require.NoError(t, err)
 	require.Len(t, got.GetSelectors(), 1)
 	assert.EqualValues(t, 3, got.GetSelectors()[0].GetRefused())
 
-	_, err = svc.ListRefusals(ctx, &leasev1.ListRefusalsRequest{WindowSeconds: 601})
+	_, err = svc.ListRefusals(ctx, access.Anonymous, &leasev1.ListRefusalsRequest{WindowSeconds: 601})
 	assert.Equal(t, codes.InvalidArgument, status.Code(err))
 	assert.Contains(t, status.Convert(err).Message(), "windowSeconds")
 }

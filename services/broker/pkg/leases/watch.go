@@ -16,8 +16,8 @@ import (
 	"google.golang.org/grpc/status"
 
 	leasev1 "github.com/egress-proxies/egress-proxies/pkg/gen/egressproxies/lease/v1"
-	"github.com/egress-proxies/egress-proxies/services/broker/pkg/inventory"
 	"github.com/egress-proxies/egress-proxies/services/broker/pkg/access"
+	"github.com/egress-proxies/egress-proxies/services/broker/pkg/inventory"
 )
 
 // WatchBacklog is how many batches of changes a watch may have unsent
@@ -279,15 +279,15 @@ func (s *Service) views(ctx context.Context, ps []inventory.Proxy) (map[string]*
 	return out, nil
 }
 
-// WatchProxies implements LeaseService.
-func (s *Service) WatchProxies(req *leasev1.WatchProxiesRequest, stream grpc.ServerStreamingServer[leasev1.WatchProxiesResponse]) error {
+// WatchProxies serves LeaseService.WatchProxies for c.
+func (s *Service) WatchProxies(c access.Caller, req *leasev1.WatchProxiesRequest, stream grpc.ServerStreamingServer[leasev1.WatchProxiesResponse]) error {
 	if err := firstErr(checkSelector(req.GetSelector()), checkNamespace(req.GetNamespace())); err != nil {
 		return err
 	}
 	if err := s.checkSynced(); err != nil {
 		return err
 	}
-	t := access.From(stream.Context())
+	t := c.Tenant
 	ns, sel, err := t.Scope(req.GetNamespace(), req.GetSelector())
 	if err != nil {
 		return err
@@ -338,7 +338,7 @@ func (s *Service) WatchProxies(req *leasev1.WatchProxiesRequest, stream grpc.Ser
 			}
 			if time.Since(authorized) >= reauthorize {
 				authorized = time.Now()
-				if err := s.reauthorize(ctx, req, w.filter); err != nil {
+				if err := s.reauthorize(c, req, w.filter); err != nil {
 					watchesEnded.WithLabelValues("unauthorized").Inc()
 					// The writer sends what it holds, then this error.
 					s.hub.end(w, err)
@@ -353,11 +353,11 @@ func (s *Service) WatchProxies(req *leasev1.WatchProxiesRequest, stream grpc.Ser
 // reauthorize says why a watch opened with filter may no longer go on:
 // its credential is gone or lost the watch verb, or its tenant's scope
 // is no longer what the watch was opened with.
-func (s *Service) reauthorize(ctx context.Context, req *leasev1.WatchProxiesRequest, f filter) error {
+func (s *Service) reauthorize(c access.Caller, req *leasev1.WatchProxiesRequest, f filter) error {
 	if s.cfg.Reauthorize == nil {
 		return nil
 	}
-	t, err := s.cfg.Reauthorize(ctx)
+	t, err := s.cfg.Reauthorize(c)
 	if err != nil {
 		return err
 	}

@@ -12,8 +12,8 @@ import (
 	"google.golang.org/grpc/status"
 
 	leasev1 "github.com/egress-proxies/egress-proxies/pkg/gen/egressproxies/lease/v1"
-	"github.com/egress-proxies/egress-proxies/services/broker/pkg/inventory"
 	"github.com/egress-proxies/egress-proxies/services/broker/pkg/access"
+	"github.com/egress-proxies/egress-proxies/services/broker/pkg/inventory"
 )
 
 // A watch that stops reading is ended once it has WatchBacklog batches

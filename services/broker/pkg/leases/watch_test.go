@@ -16,9 +16,9 @@ import (
 
 	leasev1 "github.com/egress-proxies/egress-proxies/pkg/gen/egressproxies/lease/v1"
 	"github.com/egress-proxies/egress-proxies/services/broker/internal/brokertest"
+	"github.com/egress-proxies/egress-proxies/services/broker/pkg/access"
 	"github.com/egress-proxies/egress-proxies/services/broker/pkg/leases"
 	"github.com/egress-proxies/egress-proxies/services/broker/pkg/policy"
-	"github.com/egress-proxies/egress-proxies/services/broker/pkg/access"
 )
 
 // stream is a WatchProxies server stream as gRPC gives one to a handler:
@@ -26,6 +26,7 @@ import (
 // stream that stops reading (stuck) holds every Send from its first, as
 // flow control does with a client that never reads.
 type stream struct {
+	caller access.Caller
 	ctx    context.Context
 	cancel context.CancelFunc
 	got    chan *leasev1.WatchProxiesResponse
@@ -33,8 +34,8 @@ type stream struct {
 }
 
 func newStream(caller string, stuck bool) *stream {
-	ctx, cancel := context.WithCancel(access.With(context.Background(), &access.Tenant{Name: caller}))
-	return &stream{ctx: ctx, cancel: cancel, got: make(chan *leasev1.WatchProxiesResponse, 64), stuck: stuck}
+	ctx, cancel := context.WithCancel(context.Background())
+	return &stream{caller: access.Caller{Tenant: &access.Tenant{Name: caller}}, ctx: ctx, cancel: cancel, got: make(chan *leasev1.WatchProxiesResponse, 64), stuck: stuck}
 }
 
 func (s *stream) Send(r *leasev1.WatchProxiesResponse) error {
@@ -62,7 +63,7 @@ func (s *stream) RecvMsg(any) error            { return nil }
 func watch(svc *leases.Service, s *stream) <-chan error {
 	done := make(chan error, 1)
 	go func() {
-		err := svc.WatchProxies(&leasev1.WatchProxiesRequest{}, s)
+		err := svc.WatchProxies(s.caller, &leasev1.WatchProxiesRequest{}, s)
 		s.cancel()
 		done <- err
 	}()
@@ -222,11 +223,12 @@ func TestAWatchEndsWhenItsCredentialOrScopeChanges(t *testing.T) {
 			var changed atomic.Bool
 			cfg := leases.DefaultConfig
 			cfg.WatchReauthorize = 100 * time.Millisecond
-			cfg.Reauthorize = func(context.Context) (*access.Tenant, error) {
+			cfg.Reauthorize = func(access.Caller) (access.Caller, error) {
 				if changed.Load() {
-					return c.now()
+					t, err := c.now()
+					return access.Caller{Tenant: t}, err
 				}
-				return &access.Tenant{Name: "team", Verbs: []access.Verb{access.Watch}}, nil
+				return access.Caller{Tenant: &access.Tenant{Name: "team", Verbs: []access.Verb{access.Watch}}}, nil
 			}
 			s, svc := watchService(t, cfg)
 			s.Proxy(t, "r0", "127.0.0.131", nil)

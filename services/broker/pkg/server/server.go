@@ -1,7 +1,9 @@
-// Package server runs the broker's listeners: LeaseService over gRPC, and
-// the REST gateway, which calls the service in process through the same
-// interceptor chain (auth, metrics) as the gRPC server, so REST and gRPC
-// are checked and counted alike without a loopback gRPC hop per call.
+// Package server runs the broker's API listeners: LeaseService over gRPC,
+// and over REST through grpc-gateway, which calls the service in process
+// through the same interceptor chain (auth, metrics) as the gRPC server,
+// so REST and gRPC are checked and counted alike without a loopback gRPC
+// hop per call. The proxy gateway is a transport of its own (package
+// gateway): it calls the lease service directly.
 package server
 
 import (
@@ -36,11 +38,10 @@ import (
 
 	"github.com/egress-proxies/egress-proxies/pkg/auth"
 	leasev1 "github.com/egress-proxies/egress-proxies/pkg/gen/egressproxies/lease/v1"
-	"github.com/egress-proxies/egress-proxies/pkg/leaseclient"
 	"github.com/egress-proxies/egress-proxies/pkg/openapi"
 	"github.com/egress-proxies/egress-proxies/pkg/service"
-	"github.com/egress-proxies/egress-proxies/services/broker/pkg/console"
 	"github.com/egress-proxies/egress-proxies/services/broker/pkg/access"
+	"github.com/egress-proxies/egress-proxies/services/broker/pkg/console"
 )
 
 // Options configure the listeners.
@@ -67,31 +68,14 @@ type Options struct {
 // grpc_server_handled_total{grpc_method="CreateLease"} like any other.
 var grpcMetrics = service.NewGRPCMetrics()
 
-// callsByToken says who calls: the name of each call's token, never the
-// token. The names are the operator's (one per line of the token file), so
-// the label's values are few.
-var callsByToken = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "proxy_operator_broker_calls_by_token_total",
-	Help: "gRPC and REST calls by the name of the token they were authenticated with, method and code."}, []string{"token", "method", "code"})
-
 // Collectors are the server's metrics.
-func Collectors() []prometheus.Collector { return []prometheus.Collector{grpcMetrics, callsByToken} }
+func Collectors() []prometheus.Collector { return []prometheus.Collector{grpcMetrics} }
 
-// countByCaller counts each authenticated call under its tenant's name,
-// and each refusal by its reason.
+// countByCaller counts each call under its caller, as every transport
+// does (access.Called).
 func countByCaller(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
 	resp, err := h(ctx, req)
-	caller := auth.Caller(ctx)
-	if caller != "" {
-		callsByToken.WithLabelValues(caller, path.Base(info.FullMethod), status.Code(err).String()).Inc()
-	}
-	if err != nil {
-		st := status.Convert(err)
-		reason, _ := leaseclient.Details(st)
-		if reason == "" {
-			reason = st.Code().String()
-		}
-		access.Refusals.WithLabelValues(access.Label(caller), reason).Inc()
-	}
+	access.Called(access.CallerOf(ctx), path.Base(info.FullMethod), err)
 	return resp, err
 }
 
@@ -121,18 +105,19 @@ func chainStream(ics ...grpc.StreamServerInterceptor) grpc.StreamServerIntercept
 	}
 }
 
-// inProcess is LeaseService for the REST gateway and the proxy gateway:
-// each call goes through the interceptor chain, then to the service. The
-// embedded Unimplemented server would answer a method left out here, so
-// TestEveryMethodGoesThroughTheChain holds it to the service descriptor.
-type inProcess struct {
+// rest is LeaseService as grpc-gateway's in-process handlers call it:
+// they skip gRPC's interceptors, so each call goes through the chain here,
+// then to the service. The embedded Unimplemented server would answer a
+// method left out here, so TestEveryMethodGoesThroughTheChain holds it to
+// the service descriptor.
+type rest struct {
 	leasev1.UnimplementedLeaseServiceServer
 	svc leasev1.LeaseServiceServer
 	ic  grpc.UnaryServerInterceptor
 	sic grpc.StreamServerInterceptor
 }
 
-func invoke[Req, Resp any](ctx context.Context, p inProcess, method string, req Req, h func(context.Context, Req) (Resp, error)) (Resp, error) {
+func invoke[Req, Resp any](ctx context.Context, p rest, method string, req Req, h func(context.Context, Req) (Resp, error)) (Resp, error) {
 	resp, err := p.ic(ctx, req, &grpc.UnaryServerInfo{Server: p.svc, FullMethod: method}, func(ctx context.Context, r any) (any, error) {
 		return h(ctx, r.(Req))
 	})
@@ -143,47 +128,47 @@ func invoke[Req, Resp any](ctx context.Context, p inProcess, method string, req 
 	return resp.(Resp), nil
 }
 
-func (p inProcess) ListProxies(ctx context.Context, r *leasev1.ListProxiesRequest) (*leasev1.ListProxiesResponse, error) {
+func (p rest) ListProxies(ctx context.Context, r *leasev1.ListProxiesRequest) (*leasev1.ListProxiesResponse, error) {
 	return invoke(ctx, p, leasev1.LeaseService_ListProxies_FullMethodName, r, p.svc.ListProxies)
 }
 
-func (p inProcess) CreateLease(ctx context.Context, r *leasev1.CreateLeaseRequest) (*leasev1.CreateLeaseResponse, error) {
+func (p rest) CreateLease(ctx context.Context, r *leasev1.CreateLeaseRequest) (*leasev1.CreateLeaseResponse, error) {
 	return invoke(ctx, p, leasev1.LeaseService_CreateLease_FullMethodName, r, p.svc.CreateLease)
 }
 
-func (p inProcess) RenewLease(ctx context.Context, r *leasev1.RenewLeaseRequest) (*leasev1.RenewLeaseResponse, error) {
+func (p rest) RenewLease(ctx context.Context, r *leasev1.RenewLeaseRequest) (*leasev1.RenewLeaseResponse, error) {
 	return invoke(ctx, p, leasev1.LeaseService_RenewLease_FullMethodName, r, p.svc.RenewLease)
 }
 
-func (p inProcess) ReleaseLease(ctx context.Context, r *leasev1.ReleaseLeaseRequest) (*leasev1.ReleaseLeaseResponse, error) {
+func (p rest) ReleaseLease(ctx context.Context, r *leasev1.ReleaseLeaseRequest) (*leasev1.ReleaseLeaseResponse, error) {
 	return invoke(ctx, p, leasev1.LeaseService_ReleaseLease_FullMethodName, r, p.svc.ReleaseLease)
 }
 
-func (p inProcess) ReportLease(ctx context.Context, r *leasev1.ReportLeaseRequest) (*leasev1.ReportLeaseResponse, error) {
+func (p rest) ReportLease(ctx context.Context, r *leasev1.ReportLeaseRequest) (*leasev1.ReportLeaseResponse, error) {
 	return invoke(ctx, p, leasev1.LeaseService_ReportLease_FullMethodName, r, p.svc.ReportLease)
 }
 
-func (p inProcess) ReportSession(ctx context.Context, r *leasev1.ReportSessionRequest) (*leasev1.ReportSessionResponse, error) {
+func (p rest) ReportSession(ctx context.Context, r *leasev1.ReportSessionRequest) (*leasev1.ReportSessionResponse, error) {
 	return invoke(ctx, p, leasev1.LeaseService_ReportSession_FullMethodName, r, p.svc.ReportSession)
 }
 
-func (p inProcess) ListRefusals(ctx context.Context, r *leasev1.ListRefusalsRequest) (*leasev1.ListRefusalsResponse, error) {
+func (p rest) ListRefusals(ctx context.Context, r *leasev1.ListRefusalsRequest) (*leasev1.ListRefusalsResponse, error) {
 	return invoke(ctx, p, leasev1.LeaseService_ListRefusals_FullMethodName, r, p.svc.ListRefusals)
 }
 
-func (p inProcess) ListLeases(ctx context.Context, r *leasev1.ListLeasesRequest) (*leasev1.ListLeasesResponse, error) {
+func (p rest) ListLeases(ctx context.Context, r *leasev1.ListLeasesRequest) (*leasev1.ListLeasesResponse, error) {
 	return invoke(ctx, p, leasev1.LeaseService_ListLeases_FullMethodName, r, p.svc.ListLeases)
 }
 
-func (p inProcess) ExplainProxy(ctx context.Context, r *leasev1.ExplainProxyRequest) (*leasev1.ExplainProxyResponse, error) {
+func (p rest) ExplainProxy(ctx context.Context, r *leasev1.ExplainProxyRequest) (*leasev1.ExplainProxyResponse, error) {
 	return invoke(ctx, p, leasev1.LeaseService_ExplainProxy_FullMethodName, r, p.svc.ExplainProxy)
 }
 
-func (p inProcess) ExplainTarget(ctx context.Context, r *leasev1.ExplainTargetRequest) (*leasev1.ExplainTargetResponse, error) {
+func (p rest) ExplainTarget(ctx context.Context, r *leasev1.ExplainTargetRequest) (*leasev1.ExplainTargetResponse, error) {
 	return invoke(ctx, p, leasev1.LeaseService_ExplainTarget_FullMethodName, r, p.svc.ExplainTarget)
 }
 
-func (p inProcess) WatchProxies(r *leasev1.WatchProxiesRequest, stream grpc.ServerStreamingServer[leasev1.WatchProxiesResponse]) error {
+func (p rest) WatchProxies(r *leasev1.WatchProxiesRequest, stream grpc.ServerStreamingServer[leasev1.WatchProxiesResponse]) error {
 	info := &grpc.StreamServerInfo{FullMethod: leasev1.LeaseService_WatchProxies_FullMethodName, IsServerStream: true}
 	return p.sic(p.svc, stream, info, func(_ any, ss grpc.ServerStream) error {
 		return p.svc.WatchProxies(r, &grpc.GenericServerStream[leasev1.WatchProxiesRequest, leasev1.WatchProxiesResponse]{ServerStream: ss})
@@ -199,10 +184,6 @@ type Servers struct {
 	Health   *health.Server
 	GRPCAddr string
 	HTTPAddr string
-	// InProcess is LeaseService through the same interceptors (auth,
-	// metrics, counting by token) as the gRPC port: the REST gateway's and
-	// the proxy gateway's way in.
-	InProcess leasev1.LeaseServiceServer
 }
 
 // New binds both listeners (a bad address fails at once) and wires svc.
@@ -253,7 +234,7 @@ func New(ctx context.Context, log *slog.Logger, o Options, svc leasev1.LeaseServ
 		runtime.SetQueryParameterParser(attributeQueryParser{}),
 		runtime.WithErrorHandler(retryAfterHeader),
 	)
-	in := inProcess{svc: svc, ic: ic, sic: sic}
+	in := rest{svc: svc, ic: ic, sic: sic}
 	if err := leasev1.RegisterLeaseServiceHandlerServer(ctx, mux, in); err != nil {
 		return nil, err
 	}
@@ -277,7 +258,7 @@ func New(ctx context.Context, log *slog.Logger, o Options, svc leasev1.LeaseServ
 	s := &Servers{
 		GRPC: gs, Health: hs, grpcLn: gln, httpLn: hln,
 		HTTP:     o.Limits.HTTPServer(rest),
-		GRPCAddr: gln.Addr().String(), HTTPAddr: hln.Addr().String(), InProcess: in,
+		GRPCAddr: gln.Addr().String(), HTTPAddr: hln.Addr().String(),
 	}
 	log.Info("listening", "grpc", s.GRPCAddr, "rest", s.HTTPAddr)
 	return s, nil

@@ -23,7 +23,7 @@ func TestChainRunsInterceptorsInOrder(t *testing.T) {
 			return resp, err
 		}
 	}
-	svc := inProcess{ic: chain(mark("a"), mark("b")), svc: handler{trail: &trail}}
+	svc := rest{ic: chain(mark("a"), mark("b")), svc: handler{trail: &trail}}
 	resp, err := svc.ReleaseLease(context.Background(), &leasev1.ReleaseLeaseRequest{LeaseId: "x"})
 	require.NoError(t, err)
 	assert.NotNil(t, resp)
@@ -76,7 +76,7 @@ func TestAttributeQueryParameters(t *testing.T) {
 }
 
 // Every method of the service reaches the interceptor chain through
-// inProcess: one left out would be answered UNIMPLEMENTED by the embedded
+// rest: one left out would be answered UNIMPLEMENTED by the embedded
 // server, as GET /v1/refusals once was.
 func TestEveryMethodGoesThroughTheChain(t *testing.T) {
 	for _, m := range leasev1.LeaseService_ServiceDesc.Methods {
@@ -86,7 +86,7 @@ func TestEveryMethodGoesThroughTheChain(t *testing.T) {
 				seen = info.FullMethod
 				return h(ctx, req)
 			}
-			p := inProcess{svc: leasev1.UnimplementedLeaseServiceServer{}, ic: ic}
+			p := rest{svc: leasev1.UnimplementedLeaseServiceServer{}, ic: ic}
 			_, _ = m.Handler(p, context.Background(), func(any) error { return nil }, nil)
 			assert.Equal(t, "/"+leasev1.LeaseService_ServiceDesc.ServiceName+"/"+m.MethodName, seen)
 		})

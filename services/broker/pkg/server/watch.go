@@ -27,7 +27,7 @@ import (
 // line. Each line must be written within writeTimeout (the REST port's
 // write timeout, which would otherwise end every watch at its age), so a
 // client that stops reading is cut, not waited on.
-func watchREST(mux *runtime.ServeMux, in inProcess, writeTimeout time.Duration) http.Handler {
+func watchREST(mux *runtime.ServeMux, in rest, writeTimeout time.Duration) http.Handler {
 	m := &runtime.JSONPb{MarshalOptions: protojson.MarshalOptions{EmitUnpopulated: true}}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		req := &leasev1.WatchProxiesRequest{}

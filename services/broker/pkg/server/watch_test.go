@@ -62,7 +62,7 @@ func restWatch(t *testing.T, sendTimeout time.Duration, proxies, attrs int) (str
 	pass := func(srv any, ss grpc.ServerStream, _ *grpc.StreamServerInfo, h grpc.StreamHandler) error {
 		return h(srv, ss)
 	}
-	h := watchREST(runtime.NewServeMux(), inProcess{svc: svc, sic: pass}, time.Minute)
+	h := watchREST(runtime.NewServeMux(), rest{svc: leases.GRPC(svc), sic: pass}, time.Minute)
 	returned := make(chan struct{}, 16)
 	lc := net.ListenConfig{Control: smallBuffers}
 	ln, err := lc.Listen(t.Context(), "tcp", "127.0.0.1:0")

@@ -14,7 +14,9 @@ import (
 	"io/fs"
 	"log/slog"
 	"os"
+	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/go-logr/logr"
@@ -122,6 +124,12 @@ func probeCredentials(ctx context.Context, log *slog.Logger, o Options) (*tls.Co
 	return probeTLS, probeToken, nil
 }
 
+// registerMetrics registers every package's metrics with the manager's
+// registry, once a process: each package declares its own (Collectors),
+// and this is the one place they are registered, as the broker's and the
+// prober's are in theirs.
+var registerMetrics sync.Once
+
 // newManager makes the manager: API client limits, caches, leader
 // election, metrics and health endpoints.
 func newManager(o Options, namespace string) (ctrl.Manager, error) {
@@ -151,6 +159,10 @@ func newManager(o Options, namespace string) (ctrl.Manager, error) {
 	if err != nil {
 		return nil, fmt.Errorf("creating manager: %w", err)
 	}
+	registerMetrics.Do(func() {
+		ctrlmetrics.Registry.MustRegister(slices.Concat(health.Collectors(), proxypool.Collectors(), garbagecollection.Collectors(),
+			lifecycle.Collectors(), providers.Collectors(), leaseview.Collectors(), metrics.Collectors())...)
+	})
 	if err := mgr.AddHealthzCheck("ping", healthz.Ping); err != nil {
 		return nil, err
 	}

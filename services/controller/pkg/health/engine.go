@@ -16,7 +16,6 @@ import (
 	"k8s.io/client-go/util/workqueue"
 	"k8s.io/utils/clock"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
 
 	v1 "github.com/egress-proxies/egress-proxies/pkg/api/v1alpha1"
 	probev1 "github.com/egress-proxies/egress-proxies/pkg/gen/egressproxies/probe/v1"
@@ -41,7 +40,11 @@ var (
 	})
 )
 
-func init() { ctrlmetrics.Registry.MustRegister(checks, checkDuration, lastCheck, staleProxies) }
+// Collectors are the package's metrics, the probe endpoint's included;
+// the controller registers them.
+func Collectors() []prometheus.Collector {
+	return []prometheus.Collector{checks, checkDuration, lastCheck, staleProxies, probersConnected, assignments, reassigned, rejected, grpcMetrics}
+}
 
 // DefaultStaleIntervals is how many of its intervals a proxy may go
 // without a result before its health is stale: one lost or late probe is

@@ -24,7 +24,6 @@ import (
 	toolscache "k8s.io/client-go/tools/cache"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
 
 	v1 "github.com/egress-proxies/egress-proxies/pkg/api/v1alpha1"
 	"github.com/egress-proxies/egress-proxies/pkg/assignment"
@@ -49,10 +48,6 @@ var (
 
 // grpcMetrics are the probe endpoint's grpc_server_* series.
 var grpcMetrics = service.NewGRPCMetrics()
-
-func init() {
-	ctrlmetrics.Registry.MustRegister(probersConnected, assignments, reassigned, rejected, grpcMetrics)
-}
 
 // Hub serves the probe stream and keeps the assignment: every probe-able
 // Proxy belongs to exactly one connected prober, chosen by rendezvous

@@ -367,6 +367,9 @@ func resultsCounted(t *testing.T, result string) float64 {
 	return sample(t, "proxy_operator_healthcheck_total", "result", result)
 }
 
+// The controller's app registers the package's metrics; so do its tests.
+func init() { ctrlmetrics.Registry.MustRegister(Collectors()...) }
+
 // sample is one series of the registry the controller serves.
 func sample(t *testing.T, name, label, value string) float64 {
 	t.Helper()

@@ -15,7 +15,6 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"k8s.io/utils/clock"
-	"sigs.k8s.io/controller-runtime/pkg/metrics"
 
 	leasev1 "github.com/egress-proxies/egress-proxies/pkg/gen/egressproxies/lease/v1"
 	"github.com/egress-proxies/egress-proxies/pkg/leaseclient"
@@ -86,7 +85,8 @@ var pollErrors = prometheus.NewCounter(prometheus.CounterOpts{
 	Help: "Failed reads of live leases from the broker.",
 })
 
-func init() { metrics.Registry.MustRegister(pollErrors) }
+// Collectors are the package's metrics; the controller registers them.
+func Collectors() []prometheus.Collector { return []prometheus.Collector{pollErrors} }
 
 // Poller reads every Proxy's live leases from the broker each interval.
 // It runs on the leader only, as the pools it feeds do.

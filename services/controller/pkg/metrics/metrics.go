@@ -5,7 +5,6 @@ package metrics
 
 import (
 	"github.com/prometheus/client_golang/prometheus"
-	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
 )
 
 // StatusWrites counts Proxy status writes by writer; a steady fleet keeps
@@ -15,4 +14,5 @@ var StatusWrites = prometheus.NewCounterVec(prometheus.CounterOpts{
 	Help: "Proxy status writes by writer (lifecycle, health).",
 }, []string{"writer"})
 
-func init() { ctrlmetrics.Registry.MustRegister(StatusWrites) }
+// Collectors are the package's metrics; the controller registers them.
+func Collectors() []prometheus.Collector { return []prometheus.Collector{StatusWrites} }

@@ -9,7 +9,6 @@ import (
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/trace"
-	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
 )
 
 var (
@@ -24,7 +23,8 @@ var (
 	}, []string{"provider", "type", "method", "kind", "caller"})
 )
 
-func init() { ctrlmetrics.Registry.MustRegister(callDuration, callErrors) }
+// Collectors are the package's metrics; the controller registers them.
+func Collectors() []prometheus.Collector { return []prometheus.Collector{callDuration, callErrors} }
 
 // The callers the decorator tells apart: a Delete by the reconciler is a
 // Proxy going away, one by orphan GC is a leak being closed.

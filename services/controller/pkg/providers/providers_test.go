@@ -9,10 +9,10 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"k8s.io/apimachinery/pkg/types"
-	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
 
 	"github.com/egress-proxies/egress-proxies/pkg/testutil/promtext"
 	"github.com/egress-proxies/egress-proxies/services/controller/pkg/providers"
@@ -144,8 +144,10 @@ func TestDecoratorLabelsTheCaller(t *testing.T) {
 	f := fake.New("caller-test")
 	f.DeleteErr = func() error { return errors.New("backend down") }
 	p := providers.Instrument(f, "caller-test", "fake")
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(providers.Collectors()...)
 	before := func(caller string) float64 {
-		v, err := promtext.Gathered(ctrlmetrics.Registry, "proxy_operator_provider_errors_total", "caller", caller)
+		v, err := promtext.Gathered(reg, "proxy_operator_provider_errors_total", "caller", caller)
 		require.NoError(t, err)
 		return v
 	}

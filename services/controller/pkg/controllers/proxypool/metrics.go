@@ -3,7 +3,6 @@ package proxypool
 import (
 	"github.com/prometheus/client_golang/prometheus"
 	"k8s.io/apimachinery/pkg/types"
-	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
 
 	v1 "github.com/egress-proxies/egress-proxies/pkg/api/v1alpha1"
 )
@@ -23,7 +22,10 @@ var (
 	}, []string{"namespace", "pool"})
 )
 
-func init() { ctrlmetrics.Registry.MustRegister(decisions, remediationPaused, drainsInFlight) }
+// Collectors are the package's metrics; the controller registers them.
+func Collectors() []prometheus.Collector {
+	return []prometheus.Collector{decisions, remediationPaused, drainsInFlight}
+}
 
 // counted counts a decision whose write succeeded, and passes err on.
 func counted(a Action, c Cause, err error) error {

@@ -18,7 +18,6 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/utils/clock"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
 
 	v1 "github.com/egress-proxies/egress-proxies/pkg/api/v1alpha1"
 	"github.com/egress-proxies/egress-proxies/services/controller/pkg/providers"
@@ -39,7 +38,8 @@ var (
 	}, []string{"provider"})
 )
 
-func init() { ctrlmetrics.Registry.MustRegister(found, deleted, sweepErrors) }
+// Collectors are the package's metrics; the controller registers them.
+func Collectors() []prometheus.Collector { return []prometheus.Collector{found, deleted, sweepErrors} }
 
 // Collector is a manager Runnable; it needs leader election, since only
 // the leader may delete.

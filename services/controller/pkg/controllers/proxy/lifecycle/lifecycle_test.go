@@ -16,10 +16,8 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
 
 	v1 "github.com/egress-proxies/egress-proxies/pkg/api/v1alpha1"
-	"github.com/egress-proxies/egress-proxies/pkg/testutil/promtext"
 	"github.com/egress-proxies/egress-proxies/services/controller/pkg/metrics"
 	"github.com/egress-proxies/egress-proxies/services/controller/pkg/providers"
 )
@@ -407,12 +405,4 @@ func TestSteadyProxyCausesNoStatusWrites(t *testing.T) {
 	after := h.get("steady")
 	assert.Equal(t, px.Status, after.Status, "status unchanged")
 	assert.Equal(t, writes, testutil.ToFloat64(metrics.StatusWrites.WithLabelValues("lifecycle")), "no status write in %d reconciles", counter.n()-start)
-}
-
-// gathered reads one series from the controller's metrics registry.
-func gathered(t *testing.T, name, label, value string) float64 {
-	t.Helper()
-	v, err := promtext.Gathered(ctrlmetrics.Registry, name, label, value)
-	require.NoError(t, err)
-	return v
 }

@@ -8,7 +8,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"golang.org/x/time/rate"
 	"k8s.io/utils/clock"
-	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
 )
 
 var resyncsDeferred = prometheus.NewCounterVec(prometheus.CounterOpts{
@@ -16,7 +15,8 @@ var resyncsDeferred = prometheus.NewCounterVec(prometheus.CounterOpts{
 	Help: "Resyncs of Ready instances that waited for their provider entry's resync budget (--resync-qps); steady growth means Ready proxies are re-read less often than --resync-interval.",
 }, []string{"provider"})
 
-func init() { ctrlmetrics.Registry.MustRegister(resyncsDeferred) }
+// Collectors are the package's metrics; the controller registers them.
+func Collectors() []prometheus.Collector { return []prometheus.Collector{resyncsDeferred} }
 
 // resyncs spreads and bounds the periodic re-reads of Ready instances,
 // which exist only to notice an instance removed behind the controller's
