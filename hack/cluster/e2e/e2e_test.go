@@ -611,6 +611,17 @@ spec:
 	for code := range storm["refused"].(map[string]any) {
 		assert.Equal(t, "429", code, "then team-b is refused (ALL_COOLING_DOWN): %v", storm["refused"])
 	}
+	// One broker holds the tenant-status Lease and writes what every
+	// broker served, whichever one the crawlers called.
+	holder := h.mustKubectl("get", "lease", in.release+"-broker-tenant-status", "-n", in.ns, "-o", "jsonpath={.spec.holderIdentity}")
+	assert.NotEmpty(t, holder, "a broker leads the Tenants' status")
+	h.eventually(2*time.Minute, "both tenants' status.lastSeen", func() error {
+		out, err := h.kubectlOut("get", "tenants", "-n", in.ns, "-o", `jsonpath={range .items[*]}{.metadata.name}={.status.lastSeen} {end}`)
+		if err != nil || strings.Contains(out, "= ") || strings.Count(out, "=") < 2 {
+			return fmt.Errorf("tenants: %q %v", out, err)
+		}
+		return nil
+	})
 	// Gone before the next steps count the fleet.
 	h.mustKubectl("delete", "proxypool", "b", "-n", tenantBNS, "--wait=false")
 	h.eventually(2*time.Minute, "team-b's proxy deleted", func() error {

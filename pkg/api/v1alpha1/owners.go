@@ -83,11 +83,11 @@ var (
 		Who:  "the ProxySource reconciler (`services/controller/pkg/controllers/proxysource`)",
 		Also: "its members (creates them, syncs attributes and health check, sets and takes back `drain-deadline`, sets `exits`) and their credentials Secrets",
 	}
-	// WriterTenant: every broker replica writes the same Tenant status,
-	// from the shared store.
+	// WriterTenant: the broker leading the tenant-status Lease writes
+	// each Tenant's status from what every broker recorded in the store.
 	WriterTenant = StatusWriter{
 		Name: "tenant", Kind: "Tenant", Fields: []string{AllFields},
-		Who:  "the brokers (`services/broker/pkg/tenant`)",
+		Who:  "the broker leading the `<release>-broker-tenant-status` Lease (`services/broker/pkg/access`); every broker records whom it served in Redis",
 		Also: "lease state in Redis, in keys declared in `services/broker/pkg/store/schema.go`",
 	}
 )

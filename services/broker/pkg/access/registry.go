@@ -206,6 +206,17 @@ func (r *Registry) touch(name string) {
 	}
 }
 
+// Seen is when each tenant that called this broker since it started
+// last did.
+func (r *Registry) Seen() map[string]time.Time {
+	out := map[string]time.Time{}
+	r.seen.Range(func(k, v any) bool {
+		out[k.(string)] = time.Unix(v.(*atomic.Int64).Load(), 0)
+		return true
+	})
+	return out
+}
+
 // LastSeen is when the tenant named name last called this broker (zero:
 // not since it started).
 func (r *Registry) LastSeen(name string) time.Time {

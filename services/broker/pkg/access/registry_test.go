@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	corev1 "k8s.io/api/core/v1"
@@ -22,7 +23,9 @@ import (
 	v1 "github.com/egress-proxies/egress-proxies/pkg/api/v1alpha1"
 	"github.com/egress-proxies/egress-proxies/pkg/auth"
 	"github.com/egress-proxies/egress-proxies/pkg/testenv"
+	"github.com/egress-proxies/egress-proxies/pkg/testutil/proc"
 	"github.com/egress-proxies/egress-proxies/services/broker/pkg/access"
+	"github.com/egress-proxies/egress-proxies/services/broker/pkg/store"
 )
 
 var env *testenv.Env
@@ -117,9 +120,30 @@ func TestNoTenantIsNotOpen(t *testing.T) {
 	assert.False(t, ok)
 }
 
+// statusWrites counts the Tenant status patches made through it.
+type statusWrites struct {
+	client.Client
+	n atomic.Int32
+}
+
+func (c *statusWrites) Status() client.SubResourceWriter {
+	return countedStatus{c.Client.Status(), &c.n}
+}
+
+type countedStatus struct {
+	client.SubResourceWriter
+	n *atomic.Int32
+}
+
+func (c countedStatus) Patch(ctx context.Context, obj client.Object, patch client.Patch, opts ...client.SubResourcePatchOption) error {
+	c.n.Add(1)
+	return c.SubResourceWriter.Patch(ctx, obj, patch, opts...)
+}
+
 // The status says whether every credential was read, the tenant's live
-// leases and when it was last served; a credential gone turns Ready
-// False naming it.
+// leases and when a broker last served it; a credential gone turns Ready
+// False naming it. One broker writes it, the leader, from what every
+// broker recorded in the shared store: the tenant called only the other.
 func TestStatusSaysReadyLeasesAndLastSeen(t *testing.T) {
 	testenv.Require(t)
 	ctx, cancel := context.WithCancel(context.Background())
@@ -129,21 +153,31 @@ func TestStatusSaysReadyLeasesAndLastSeen(t *testing.T) {
 	tn := &v1.Tenant{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "team-a"},
 		Spec: v1.TenantSpec{Namespaces: []string{"crawl-a"}, Credentials: []v1.TenantCredential{{Name: "team-a-v1"}}}}
 	require.NoError(t, env.Client.Create(ctx, tn))
-	reg := watch(t, ns, nil)
-	_, err := reg.Verify(ctx, "/grpc.health.v1.Health/Check", "alpha")
+	r := proc.StartRedis(t, false)
+	rdb := redis.NewClient(&redis.Options{Addr: r.Addr})
+	t.Cleanup(func() { _ = rdb.Close() })
+	st := store.New(rdb, store.DefaultPrefix)
+	require.NoError(t, rdb.HSet(ctx, store.DefaultPrefix+store.KeyTokens.Pattern, "team-a", 3).Err(), "three live leases, as acquire.lua counts them")
+
+	leader, follower := watch(t, ns, nil), watch(t, ns, nil)
+	_, err := follower.Verify(ctx, "/grpc.health.v1.Health/Check", "alpha")
 	require.NoError(t, err)
-	w := &access.StatusWriter{Client: env.Client, Registry: reg, Interval: 50 * time.Millisecond, Log: slog.Default(),
-		Leases: func(context.Context) (map[string]int64, error) { return map[string]int64{"team-a": 3}, nil }}
-	go w.Run(ctx)
+	followerClient := &statusWrites{Client: env.Client}
+	for _, w := range []*access.StatusWriter{
+		{Client: env.Client, Registry: leader, Fleet: st, Leading: func() bool { return true }},
+		{Client: followerClient, Registry: follower, Fleet: st, Leading: func() bool { return false }},
+	} {
+		w.Interval, w.Log = 50*time.Millisecond, slog.Default()
+		go w.Run(ctx)
+	}
 
 	var got v1.Tenant
 	require.Eventually(t, func() bool {
 		require.NoError(t, env.Client.Get(ctx, client.ObjectKeyFromObject(tn), &got))
-		return got.Status.Leases == 3
+		return got.Status.Leases == 3 && got.Status.LastSeen != nil
 	}, 10*time.Second, 20*time.Millisecond)
 	assert.Equal(t, got.Generation, got.Status.ObservedGeneration)
-	require.NotNil(t, got.Status.LastSeen)
-	assert.WithinDuration(t, time.Now(), got.Status.LastSeen.Time, 2*time.Minute)
+	assert.WithinDuration(t, time.Now(), got.Status.LastSeen.Time, 2*time.Minute, "the follower's call, through the store")
 	require.Len(t, got.Status.Conditions, 1)
 	assert.Equal(t, metav1.ConditionTrue, got.Status.Conditions[0].Status)
 
@@ -155,7 +189,8 @@ func TestStatusSaysReadyLeasesAndLastSeen(t *testing.T) {
 	}, 10*time.Second, 20*time.Millisecond)
 	assert.Equal(t, v1.ReasonCredentialMissing, got.Status.Conditions[0].Reason)
 	assert.Contains(t, got.Status.Conditions[0].Message, ns+"/team-a-v2[token]")
-	assert.Equal(t, "team-a", holder(reg, "alpha"), "the other credential works")
+	assert.Equal(t, "team-a", holder(leader, "alpha"), "the other credential works")
+	assert.Zero(t, followerClient.n.Load(), "a broker that does not lead writes no status")
 }
 
 // forbidding reads Secrets through env.Client, or answers Forbidden for

@@ -17,31 +17,43 @@ import (
 	"github.com/egress-proxies/egress-proxies/pkg/statuspatch"
 )
 
-// DefaultStatusInterval is how often each broker writes the Tenants'
-// status.
+// DefaultStatusInterval is how often each broker records whom it served
+// and the leader writes the Tenants' status.
 const DefaultStatusInterval = 30 * time.Second
+
+// Fleet is what every broker shares about the tenants: their live leases,
+// and when any broker last served each (the store).
+type Fleet interface {
+	TenantLeases(ctx context.Context) (map[string]int64, error)
+	// Seen records this broker's last call by each tenant, keeping the
+	// later of each broker's.
+	Seen(ctx context.Context, seen map[string]time.Time, now time.Time) error
+	LastSeen(ctx context.Context) (map[string]time.Time, error)
+}
 
 // StatusWriter keeps each Tenant's status: Ready (its credentials read),
 // its live leases fleet-wide, and when a broker last served it. Every
-// broker replica writes it, and all write the same: the leases are read
-// from the shared store, and lastSeen only moves forward, so replicas
-// that saw the tenant at different times never wind it back.
+// broker records whom it served in the shared store; one writes the
+// status (v1.WriterTenant), the one leading the status Lease, from what
+// the store says of them all.
 type StatusWriter struct {
 	Client   client.Client
 	Registry *Registry
-	// Leases reads the live leases of every tenant holding any.
-	Leases   func(context.Context) (map[string]int64, error)
+	Fleet    Fleet
+	// Leading reports whether this broker writes the status now; nil is
+	// always (a single broker).
+	Leading  func() bool
 	Interval time.Duration
 	Log      *slog.Logger
 }
 
-// Run writes the status every Interval until ctx ends.
+// Run records and writes every Interval until ctx ends.
 func (w *StatusWriter) Run(ctx context.Context) {
 	t := time.NewTicker(w.Interval)
 	defer t.Stop()
 	for {
-		if err := w.write(ctx); err != nil && ctx.Err() == nil {
-			w.Log.Warn("writing the Tenants' status", "err", err)
+		if err := w.tick(ctx); err != nil && ctx.Err() == nil {
+			w.Log.Warn("keeping the Tenants' status", "err", err)
 		}
 		select {
 		case <-ctx.Done():
@@ -51,21 +63,35 @@ func (w *StatusWriter) Run(ctx context.Context) {
 	}
 }
 
+func (w *StatusWriter) tick(ctx context.Context) error {
+	if err := w.Fleet.Seen(ctx, w.Registry.Seen(), time.Now()); err != nil {
+		return fmt.Errorf("recording whom this broker served: %w", err)
+	}
+	if w.Leading != nil && !w.Leading() {
+		return nil
+	}
+	return w.write(ctx)
+}
+
 func (w *StatusWriter) write(ctx context.Context) error {
-	leases, err := w.Leases(ctx)
+	leases, err := w.Fleet.TenantLeases(ctx)
+	if err != nil {
+		return err
+	}
+	seen, err := w.Fleet.LastSeen(ctx)
 	if err != nil {
 		return err
 	}
 	var errs []string
 	for _, d := range w.Registry.Declared() {
-		want := Status(d, leases[d.Tenant.Name], w.Registry.LastSeen(d.Tenant.Name))
+		want := Status(d, leases[d.Tenant.Name], seen[d.Tenant.Name])
 		if equality.Semantic.DeepEqual(want, d.Object.Status) {
 			continue
 		}
 		o := d.Object.DeepCopy()
 		o.Status = want
-		// A conflict is another replica's write of the same status; the
-		// next tick writes again if this one still differs.
+		// A conflict is a write by the leader before this one (a
+		// hand-over); the next tick writes again if this one still differs.
 		if _, err := statuspatch.New(v1.WriterTenant, w.Client).Patch(ctx, d.Object, o); err != nil && !apierrors.IsConflict(err) {
 			errs = append(errs, fmt.Sprintf("%s: %v", d.Object.Name, err))
 		}
@@ -77,7 +103,7 @@ func (w *StatusWriter) write(ctx context.Context) error {
 }
 
 // Status is what d's status should say, given its live leases and when
-// this broker last served it.
+// a broker last served it.
 func Status(d Declared, leases int64, seen time.Time) v1.TenantStatus {
 	s := *d.Object.Status.DeepCopy()
 	s.ObservedGeneration = d.Object.Generation

@@ -75,8 +75,9 @@ func Run(ctx context.Context, env service.Env, o Options) error {
 	// (decision 115).
 	st.Pipeline(ctx, 2)
 	if tenantClient != nil {
-		w := &access.StatusWriter{Client: tenantClient, Registry: tenants, Leases: st.TenantLeases, Interval: access.DefaultStatusInterval, Log: log}
-		go w.Run(ctx)
+		if err := writeTenantStatus(ctx, log, o, tenantClient, tenants, st); err != nil {
+			return err
+		}
 	}
 
 	inv, idx, err := watchProxies(ctx, o, st, env)
@@ -224,6 +225,22 @@ func watchTenants(ctx context.Context, o Options, tenants *access.Registry) (cli
 	}
 	go func() { _ = c.Start(ctx) }()
 	return direct, tenants.Watch(ctx, c, direct, access.DefaultReread)
+}
+
+// writeTenantStatus has this broker record whom it served, and write the
+// Tenants' status while it leads --tenant-status-lease.
+func writeTenantStatus(ctx context.Context, log *slog.Logger, o Options, c client.Client, tenants *access.Registry, st *store.Store) error {
+	cfg, err := kube.RestConfig(o.Kubeconfig)
+	if err != nil {
+		return service.Usagef("--kubeconfig: %v", err)
+	}
+	leading, err := elect(ctx, log, cfg, o.TenantNamespace, o.TenantStatusLease)
+	if err != nil {
+		return err
+	}
+	w := &access.StatusWriter{Client: c, Registry: tenants, Fleet: st, Leading: leading, Interval: access.DefaultStatusInterval, Log: log}
+	go w.Run(ctx)
+	return nil
 }
 
 // serveOps serves /healthz, /readyz (Redis answers, the inventory and

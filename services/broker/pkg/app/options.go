@@ -5,6 +5,7 @@ import (
 	"flag"
 	"fmt"
 	"regexp"
+	"strings"
 	"time"
 
 	"k8s.io/apimachinery/pkg/util/validation"
@@ -44,6 +45,7 @@ type Options struct {
 	TokenFile                 string
 	GatewayTokenFile          string
 	TenantNamespace           string
+	TenantStatusLease         string
 	TLSCert                   string
 	TLSKey                    string
 	// CredentialsKeyFile: the controller's key Managed proxies'
@@ -117,6 +119,7 @@ func (o *Options) Register(fs *flag.FlagSet) {
 	fs.IntVar(&o.MaxIndexes, "max-indexes", index.DefaultMaxIndexes, "most selector indexes kept at once (distinct namespace and selector pairs in use); the least recently used go first")
 	fs.StringVar(&o.GatewayTokenFile, "gateway-token-file", "", "file of gateway-only tokens, lines as in --token-file: each opens gateway tunnels and reports on them, and can neither lease over the API nor list: the password to put in crawlers' proxy URLs (the chart's auth.gatewayToken)")
 	fs.StringVar(&o.TokenFile, "token-file", "", "file of bearer tokens, one \"name:token\" per line: each line is a tenant of that name with every namespace and verb (the bootstrap); empty, with no --tenant-namespace, serves unauthenticated")
+	fs.StringVar(&o.TenantStatusLease, "tenant-status-lease", "egress-proxies-broker-tenant-status", "Lease in --tenant-namespace whose holder is the one broker that writes the Tenants' status")
 	fs.StringVar(&o.TenantNamespace, "tenant-namespace", "", "namespace whose Tenants (credentials in Secrets, namespaces, verbs, quotas) may call; empty: only --token-file's")
 	fs.StringVar(&o.TLSCert, "tls-cert-file", "", "PEM certificate the gRPC and REST ports serve (re-read when it changes, so cert-manager can rotate it); empty serves plaintext")
 	fs.StringVar(&o.TLSKey, "tls-key-file", "", "PEM key of --tls-cert-file")
@@ -177,6 +180,8 @@ func (o *Options) Validate() error {
 		return errors.New("--token-max-leases, --token-report-rate, --token-report-burst, --token-max-watches and --token-max-selectors must not be negative")
 	case o.TenantNamespace != "" && len(validation.IsDNS1123Label(o.TenantNamespace)) > 0:
 		return fmt.Errorf("--tenant-namespace %q is not a namespace name", o.TenantNamespace)
+	case o.TenantNamespace != "" && len(validation.IsDNS1123Subdomain(o.TenantStatusLease)) > 0:
+		return fmt.Errorf("--tenant-status-lease %q is not a Lease name: %s", o.TenantStatusLease, strings.Join(validation.IsDNS1123Subdomain(o.TenantStatusLease), "; "))
 	case o.RedisUsername != "" && o.RedisPasswordFile == "":
 		return errors.New("--redis-username needs --redis-password-file")
 	case o.RedisSentinelUsername != "" && o.RedisSentinelPasswordFile == "":

@@ -49,6 +49,43 @@ func (s *Store) TenantLeases(ctx context.Context) (map[string]int64, error) {
 	return tenantLeases(m), nil
 }
 
+// seenKeep is how long a tenant's last call is kept once it stops calling.
+const seenKeep = 30 * 24 * time.Hour
+
+// Seen records when this broker last served each tenant, keeping the
+// later of each and every other broker's, and forgets tenants that have
+// not called for 30 days.
+func (s *Store) Seen(ctx context.Context, seen map[string]time.Time, now time.Time) error {
+	k := s.key(KeyTenantSeen)
+	_, err := s.rdb.TxPipelined(ctx, func(p redis.Pipeliner) error {
+		if len(seen) > 0 {
+			zs := make([]redis.Z, 0, len(seen))
+			for name, at := range seen {
+				zs = append(zs, redis.Z{Member: name, Score: float64(at.Unix())})
+			}
+			p.ZAddGT(ctx, k, zs...)
+		}
+		p.ZRemRangeByScore(ctx, k, "-inf", strconv.FormatInt(now.Add(-seenKeep).Unix(), 10))
+		return nil
+	})
+	return wrap(err)
+}
+
+// LastSeen is when any broker last served each tenant.
+func (s *Store) LastSeen(ctx context.Context) (map[string]time.Time, error) {
+	zs, err := s.rdb.ZRangeWithScores(ctx, s.key(KeyTenantSeen), 0, -1).Result()
+	if err != nil {
+		return nil, wrap(err)
+	}
+	out := make(map[string]time.Time, len(zs))
+	for _, z := range zs {
+		if name, ok := z.Member.(string); ok {
+			out[name] = time.Unix(int64(z.Score), 0)
+		}
+	}
+	return out, nil
+}
+
 // tenantLeases parses the Tokens hash: the tenants holding a live lease.
 func tenantLeases(m map[string]string) map[string]int64 {
 	out := make(map[string]int64, len(m))

@@ -136,6 +136,9 @@ var (
 	KeyTenantBytes = Key{Name: "TenantBytes", Pattern: "tb:<tenant>:<day>", Type: "string",
 		Holds: "bytes the tenant's gateway tunnels carried that UTC day (its gatewayBytesPerDay quota)", Expires: "2 days",
 		Writers: []string{"Store.AddTenantBytes"}}
+	KeyTenantSeen = Key{Name: "TenantSeen", Pattern: "seen", Type: "zset",
+		Holds: "tenant name -> when a broker last served it (Unix seconds, only moved forward: ZADD GT): its Tenant's status.lastSeen, fleet-wide", Permanent: "one per prefix; a member per tenant that called, removed 30 days after its last call",
+		Writers: []string{"Store.Seen"}}
 	KeySeq = Key{Name: "Seq", Pattern: "seq", Type: "string",
 		Holds: "the counter slot numbers are drawn from", Permanent: "one per prefix",
 		Writers: []string{"join.lua"}}
@@ -149,7 +152,7 @@ var Schema = []Key{
 	KeyLease, KeyProxyLeases, KeyDue, KeyRequest, KeyScore, KeyNamespace, KeyAddress,
 	KeyCooling, KeyCooldownKey, KeyFiled, KeyCooldown, KeyClaim, KeyTarget, KeyPaced, KeySession,
 	KeyErrors, KeyQuarantine, KeyRejoin, KeyIndexes, KeyIndexUse, KeyIndex, KeyCoolingIndex,
-	KeyCoolingTargets, KeyHolders, KeyTokens, KeyTenantRate, KeyTenantBytes, KeySeq, KeyRefused,
+	KeyCoolingTargets, KeyHolders, KeyTokens, KeyTenantRate, KeyTenantBytes, KeyTenantSeen, KeySeq, KeyRefused,
 }
 
 // luaKeys is the prelude of every script: P, the prefix (KEYS[1] is
