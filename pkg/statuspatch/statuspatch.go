@@ -108,18 +108,18 @@ func (h Helper) Write(ctx context.Context, base, obj client.Object, succeeded bo
 	return h.Patch(ctx, base, obj)
 }
 
-// Deferred is Write, then Settle: the deferred status write of a
+// Deferred is Write, then FoldInto: the deferred status write of a
 // reconciler that needs nothing else of it.
 func (h Helper) Deferred(ctx context.Context, base, obj client.Object, res *ctrl.Result, retErr *error) {
 	_, err := h.Write(ctx, base, obj, *retErr == nil)
-	Settle(err, res, retErr)
+	FoldInto(err, res, retErr)
 }
 
-// Settle folds a deferred status write's error into the reconcile's
+// FoldInto folds a deferred status write's error into the reconcile's
 // named results: a lost race requeues after ConflictRetry to decide
 // again on a fresh read, unless the reconcile failed anyway; any other
 // error joins the reconcile's.
-func Settle(err error, res *ctrl.Result, retErr *error) {
+func FoldInto(err error, res *ctrl.Result, retErr *error) {
 	switch {
 	case apierrors.IsConflict(err):
 		if *retErr == nil {

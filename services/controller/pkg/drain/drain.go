@@ -16,10 +16,10 @@ import (
 	v1 "github.com/egress-proxies/egress-proxies/pkg/api/v1alpha1"
 )
 
-// DefaultSettle is how long after a drain begins a lease count must have
+// DefaultMarkLag is how long after a drain begins a lease count must have
 // been read to end it: brokers stop leasing a draining proxy only once
 // their informers have seen the mark.
-const DefaultSettle = 2 * time.Second
+const DefaultMarkLag = 2 * time.Second
 
 // MaxPoll bounds how long a drain goes unchecked when nothing wakes its
 // owner (the broker does not answer).
@@ -27,7 +27,7 @@ const MaxPoll = 10 * time.Second
 
 // Deadline is when a drain of timeout begun at now ends, rounded up to
 // the annotation's whole seconds, so the start derived from it (deadline
-// − timeout) is never before the real one and the settle time is never
+// − timeout) is never before the real one and the mark lag is never
 // cut short.
 func Deadline(now time.Time, timeout time.Duration) time.Time {
 	return now.Add(timeout + time.Second - 1).Truncate(time.Second)
@@ -49,24 +49,24 @@ func Begin(ctx context.Context, c client.Client, px *v1.Proxy, deadline time.Tim
 
 // Ended says whether a drain until deadline of timeout is over at now:
 // timedOut at the deadline, or done when leases, read at leasesAt, is 0
-// and was read at least settle after the drain began (brokers stop
+// and was read at least markLag after the drain began (brokers stop
 // leasing a draining proxy only once their informers have seen the
 // mark).
-func Ended(deadline time.Time, timeout, settle time.Duration, leases int32, leasesAt, now time.Time) (timedOut, done bool) {
+func Ended(deadline time.Time, timeout, markLag time.Duration, leases int32, leasesAt, now time.Time) (timedOut, done bool) {
 	if !now.Before(deadline) {
 		return true, true
 	}
 	started := deadline.Add(-timeout)
-	return false, leases == 0 && !leasesAt.Before(started.Add(settle))
+	return false, leases == 0 && !leasesAt.Before(started.Add(markLag))
 }
 
 // NextCheck is how soon a drain must be looked at again when nothing
-// else wakes its owner: when its settle time has passed, at its deadline,
+// else wakes its owner: when its mark lag has passed, at its deadline,
 // and at least every MaxPoll.
-func NextCheck(deadline time.Time, timeout, settle time.Duration, now time.Time) time.Duration {
+func NextCheck(deadline time.Time, timeout, markLag time.Duration, now time.Time) time.Duration {
 	next := min(deadline.Sub(now), MaxPoll)
-	if settled := deadline.Add(-timeout + settle); settled.After(now) {
-		next = min(next, settled.Sub(now))
+	if seen := deadline.Add(-timeout + markLag); seen.After(now) {
+		next = min(next, seen.Sub(now))
 	}
 	return max(next, 100*time.Millisecond)
 }

@@ -117,9 +117,9 @@ type counter struct {
 	// egressIP is the address the target last echoed; "" if none.
 	egressIP string
 	// queued counts the times the proxy was put on the write queue;
-	// settled is the count a writer had seen when status last said what
+	// written is the count a writer had seen when status last said what
 	// the engine wants. They differ while a write is owed.
-	queued, settled uint64
+	queued, written uint64
 	// confirmAfter is when the brokers quarantined the proxy: its next
 	// success in a later second is written (confirmed), so the brokers,
 	// which see probes only through status, end the quarantine.
@@ -427,13 +427,13 @@ func (e *Engine) wanted(uid types.UID) (wanted, bool) {
 	return w, true
 }
 
-// settle records that status says what the engine wanted when it had
+// caughtUp records that status says what the engine wanted when it had
 // queued the proxy q times.
-func (e *Engine) settle(uid types.UID, q uint64) {
+func (e *Engine) caughtUp(uid types.UID, q uint64) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	if c, ok := e.state[uid]; ok && c.settled < q {
-		c.settled = q
+	if c, ok := e.state[uid]; ok && c.written < q {
+		c.written = q
 	}
 }
 
@@ -444,7 +444,7 @@ func (e *Engine) Idle() bool {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	for _, c := range e.state {
-		if c.settled != c.queued {
+		if c.written != c.queued {
 			return false
 		}
 	}

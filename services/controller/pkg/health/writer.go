@@ -72,7 +72,7 @@ func (e *Engine) next(ctx context.Context) bool {
 	defer e.queue.Done(uid)
 	switch q, err := e.write(ctx, uid); {
 	case err == nil:
-		e.settle(uid, q)
+		e.caughtUp(uid, q)
 		e.queue.Forget(uid)
 	case errors.Is(err, errStale):
 		e.queue.AddRateLimited(uid)

@@ -20,13 +20,13 @@ func TestAutoscalingFollowsLeaseDemand(t *testing.T) {
 	p := h.pool("auto", 1)
 	p.Spec.Autoscaling = &v1.Autoscaling{MinReplicas: 1, MaxReplicas: 4, TargetLeasesPerProxy: 2, ScaleDownStabilization: seconds(2)}
 	h.create(p)
-	h.waitSettled("auto", 1)
+	h.waitSteady("auto", 1)
 	replicas := func() int32 { return *h.get("auto").Spec.Replicas }
 
 	h.leases.set(h.ns+"/auto-0", 5)
 	require.Eventually(t, func() bool { return replicas() == 3 }, 30*time.Second, 50*time.Millisecond, "5 leases at 2 per member ask for 3")
 	h.waitEvent("auto", v1.EventScaled, "scaled from 1 to 3 members: 5 live leases on 1 leasable members, target 2 per member")
-	h.waitSettled("auto", 3)
+	h.waitSteady("auto", 3)
 
 	// Refused leases for a selector the pool's attributes meet; another
 	// namespace's, and a selector the pool does not meet, do not count.
@@ -37,7 +37,7 @@ func TestAutoscalingFollowsLeaseDemand(t *testing.T) {
 	)
 	require.Eventually(t, func() bool { return replicas() == 4 }, 30*time.Second, 50*time.Millisecond, "refusals grow the pool, to maxReplicas")
 	h.waitEvent("auto", v1.EventScaled, "7 leases refused in the last 1m0s")
-	h.waitSettled("auto", 4)
+	h.waitSteady("auto", 4)
 	require.Never(t, func() bool { return replicas() > 4 }, time.Second, 50*time.Millisecond, "never above maxReplicas")
 
 	// Idle: back to minReplicas, but only after the window.
@@ -51,5 +51,5 @@ func TestAutoscalingFollowsLeaseDemand(t *testing.T) {
 	// or so before the refusals stopped.
 	assert.GreaterOrEqual(t, time.Since(idle), 1500*time.Millisecond, "after the stabilization window")
 	h.waitEvent("auto", v1.EventScaled, "scaled from 4 to 1 members")
-	h.waitSettled("auto", 1)
+	h.waitSteady("auto", 1)
 }

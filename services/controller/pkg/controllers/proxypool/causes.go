@@ -48,7 +48,7 @@ func causes(l limits, active []*member, now time.Time, c *Command) map[string]ve
 			failures = append(failures, failure{m, shared[m.name], m.since, false})
 		}
 		if m.healthy && m.retries > 0 && l.unhealthyTimeout > 0 && !now.Before(m.since.Add(l.unhealthyTimeout)) {
-			c.settled = append(c.settled, m.name)
+			c.recovered = append(c.recovered, m.name)
 		}
 	}
 	// A global fault (the health-check target down, the network out)

@@ -9,7 +9,7 @@ import (
 )
 
 func TestDecideRemediation(t *testing.T) {
-	base := limits{replicas: 3, surge: 1, budget: 3, settle: time.Second, drainTimeout: time.Minute,
+	base := limits{replicas: 3, surge: 1, budget: 3, markLag: time.Second, drainTimeout: time.Minute,
 		startupTimeout: 10 * time.Minute, unhealthyTimeout: 5 * time.Minute, maxUnhealthy: 1, maxRetries: 2,
 		backoffBase: time.Minute, backoffMax: time.Hour}
 	known := t0 // when the lease counts were read

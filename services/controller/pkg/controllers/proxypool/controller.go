@@ -43,10 +43,10 @@ import (
 
 // Options tune the reconciler; zero values take the defaults.
 type Options struct {
-	// Settle is how long after a drain begins a lease count must have
+	// MarkLag is how long after a drain begins a lease count must have
 	// been read to end the drain: brokers stop leasing the member only
 	// once their informers have seen its drain annotation.
-	Settle time.Duration
+	MarkLag time.Duration
 	// CreateWorkers bounds the member creations one reconcile makes at
 	// once, so a pool of 1,000 comes up at the API server's pace.
 	CreateWorkers int
@@ -62,8 +62,8 @@ type Options struct {
 }
 
 func (o *Options) defaults() {
-	if o.Settle == 0 {
-		o.Settle = drain.DefaultSettle
+	if o.MarkLag == 0 {
+		o.MarkLag = drain.DefaultMarkLag
 	}
 	if o.CreateWorkers == 0 {
 		o.CreateWorkers = 32
@@ -156,7 +156,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (res ctrl.
 
 // reconcileNormal observes, decides, derives status, and executes.
 func (r *Reconciler) reconcileNormal(ctx context.Context, pool *v1.ProxyPool) (ctrl.Result, error) {
-	l, err := resolve(pool, r.opts.Settle)
+	l, err := resolve(pool, r.opts.MarkLag)
 	if err != nil {
 		return ctrl.Result{}, err
 	}
@@ -193,7 +193,7 @@ func (r *Reconciler) reconcileNormal(ctx context.Context, pool *v1.ProxyPool) (c
 }
 
 // nextDrainCheck is when a pool with draining members must look again:
-// at the earliest deadline, when a drain's settle time has passed, and
+// at the earliest deadline, when a drain's mark lag has passed, and
 // at least every drain.MaxPoll; 0 when nothing drains.
 func (r *Reconciler) nextDrainCheck(l limits, o *observed, cmd Command, now time.Time) time.Duration {
 	next := time.Duration(0)
@@ -204,11 +204,11 @@ func (r *Reconciler) nextDrainCheck(l limits, o *observed, cmd Command, now time
 		}
 	}
 	if len(cmd.drain) > 0 {
-		consider(r.opts.Settle)
+		consider(r.opts.MarkLag)
 	}
 	for _, m := range o.members {
 		if m.draining() {
-			consider(drain.NextCheck(m.deadline, l.drainTimeout, l.settle, now))
+			consider(drain.NextCheck(m.deadline, l.drainTimeout, l.markLag, now))
 		}
 	}
 	return next

@@ -36,16 +36,16 @@ func (r *Reconciler) execute(ctx context.Context, pool *v1.ProxyPool, hash strin
 		v := cmd.verdicts[name]
 		errs = append(errs, counted(ActionDrain, v.cause, r.drainMember(ctx, pool, o.proxies[name], deadline, v.why)))
 	}
-	for _, name := range cmd.settled {
-		errs = append(errs, r.settle(ctx, o.proxies[name]))
+	for _, name := range cmd.recovered {
+		errs = append(errs, r.resetRetries(ctx, o.proxies[name]))
 	}
 	errs = append(errs, r.createMembers(ctx, pool, hash, o.taken, cmd.creates))
 	return errors.Join(errs...)
 }
 
-// settle restarts the retry count of a member's slot: it has been
+// resetRetries restarts the retry count of a member's slot: it has been
 // healthy long enough to show the slot works.
-func (r *Reconciler) settle(ctx context.Context, px *v1.Proxy) error {
+func (r *Reconciler) resetRetries(ctx context.Context, px *v1.Proxy) error {
 	next := px.DeepCopy()
 	delete(next.Annotations, v1.AnnotationSlotRetries)
 	if err := client.IgnoreNotFound(r.client.Patch(ctx, next, client.MergeFrom(px))); err != nil {

@@ -26,7 +26,7 @@ var updateGolden = flag.Bool("update-golden", false, "rewrite the rollout sequen
 // before the next reconcile (a member created comes up Healthy, a deleted
 // one goes); with rng set, each pending event happens or waits a step at
 // random, as a busy cluster orders them. Drains hold no leases, and each
-// step is later than the settle time, so a drain ends the step after it
+// step is later than the mark lag, so a drain ends the step after it
 // began.
 type world struct {
 	l       limits
@@ -74,7 +74,7 @@ func (w *world) step() (cmd Command, line string) {
 func (w *world) events() {
 	defer func() {
 		w.stepped++
-		w.now = w.now.Add(w.l.settle + time.Second)
+		w.now = w.now.Add(w.l.markLag + time.Second)
 	}()
 	happens := func() bool { return w.rng == nil || w.rng.IntN(2) == 0 }
 	w.members = slices.DeleteFunc(w.members, func(m *member) bool { return m.deleting && happens() })
@@ -151,7 +151,7 @@ func (s sequence) name() string {
 
 func (s sequence) world(rng *rand.Rand) *world {
 	w := &world{
-		l: limits{replicas: 3, surge: s.surge, unavailable: s.unavailable, budget: 3, settle: 2 * time.Second, drainTimeout: 10 * time.Minute,
+		l: limits{replicas: 3, surge: s.surge, unavailable: s.unavailable, budget: 3, markLag: 2 * time.Second, drainTimeout: 10 * time.Minute,
 			startupTimeout: time.Hour, unhealthyTimeout: 5 * time.Second, maxUnhealthy: 1, maxRetries: 3, backoffBase: time.Second, backoffMax: 10 * time.Second},
 		now: t0, next: 3, rng: rng,
 	}
@@ -290,7 +290,7 @@ func TestDecideIsPure(t *testing.T) {
 	for i, m := range ms {
 		before[i] = *m
 	}
-	l := limits{replicas: 4, surge: 1, budget: 2, settle: time.Second, drainTimeout: time.Minute,
+	l := limits{replicas: 4, surge: 1, budget: 2, markLag: time.Second, drainTimeout: time.Minute,
 		startupTimeout: 10 * time.Minute, unhealthyTimeout: 5 * time.Minute, maxUnhealthy: 3, maxRetries: 2, backoffBase: time.Minute, backoffMax: time.Hour}
 	first := decide(l, ms, t0, t0)
 	for i, m := range ms {

@@ -49,8 +49,8 @@ func durationOr(d *metav1.Duration, def time.Duration) time.Duration {
 // disruption budget round up and maxUnavailable down, as a Deployment's
 // do; when both rollout bounds come to 0 maxUnavailable becomes 1, so a
 // rollout can always move.
-func resolve(pool *v1.ProxyPool, settle time.Duration) (limits, error) {
-	l := limits{replicas: pool.DesiredReplicas(), settle: settle, drainTimeout: defaultDrainTimeout}
+func resolve(pool *v1.ProxyPool, markLag time.Duration) (limits, error) {
+	l := limits{replicas: pool.DesiredReplicas(), markLag: markLag, drainTimeout: defaultDrainTimeout}
 	surge, unavailable, budget := &defaultMaxSurge, &defaultMaxUnavailable, &defaultDisruption
 	if s := pool.Spec.Strategy; s != nil {
 		surge = cmpOr(s.MaxSurge, surge)

@@ -49,10 +49,10 @@ type limits struct {
 	unavailable int
 	// budget: members draining at once, across every cause.
 	budget int
-	// settle is how long after a drain began a lease snapshot must be
+	// markLag is how long after a drain began a lease snapshot must be
 	// taken to be trusted: brokers stop leasing a draining member only once
 	// they have seen its annotation.
-	settle time.Duration
+	markLag time.Duration
 	// drainTimeout is how long a drain may last; its start is the
 	// deadline minus this.
 	drainTimeout time.Duration
@@ -149,9 +149,9 @@ type Command struct {
 	exhausted []string
 	// paused says why remediation is paused; "" when it is not.
 	paused string
-	// settled names members healthy for a while whose slot's retry count
+	// recovered names members healthy for a while whose slot's retry count
 	// starts again.
-	settled []string
+	recovered []string
 	// wake is how soon a deadline of a member falls due (0: none).
 	wake time.Duration
 }
@@ -286,7 +286,7 @@ func decide(l limits, ms []*member, leasesAt time.Time, now time.Time) Command {
 
 // drained says whether a draining member may be deleted now, and why.
 func drained(l limits, m *member, leasesAt time.Time, now time.Time) (Cause, string, bool) {
-	timedOut, done := drain.Ended(m.deadline, l.drainTimeout, l.settle, int32(m.leases), leasesAt, now)
+	timedOut, done := drain.Ended(m.deadline, l.drainTimeout, l.markLag, int32(m.leases), leasesAt, now)
 	switch {
 	case timedOut && m.leases > 0:
 		return CauseDrainTimeout, fmt.Sprintf("its drain timed out with %d live leases", m.leases), true

@@ -29,7 +29,7 @@ func pool(kinds string) []*member {
 }
 
 func TestDecide(t *testing.T) {
-	base := limits{replicas: 3, surge: 1, unavailable: 0, budget: 1, settle: 2 * time.Second, drainTimeout: 10 * time.Minute}
+	base := limits{replicas: 3, surge: 1, unavailable: 0, budget: 1, markLag: 2 * time.Second, drainTimeout: 10 * time.Minute}
 	known := t0 // when the lease counts were read
 	for _, tc := range []struct {
 		name    string
@@ -128,7 +128,7 @@ func TestDecide(t *testing.T) {
 			delete: []string{"m3"},
 		},
 		{
-			name: "a snapshot older than the drain's settle time is not trusted",
+			name: "a snapshot older than the drain's mark lag is not trusted",
 			members: func() []*member {
 				ms := pool("uuuu")
 				ms[3].deadline = t0.Add(10*time.Minute - time.Second)
@@ -177,7 +177,7 @@ func TestDecide(t *testing.T) {
 func TestDecideWithoutLeaseKnowledgeWaitsForTheDeadline(t *testing.T) {
 	ms := pool("uuuu")
 	ms[3].deadline = t0.Add(time.Minute)
-	l := limits{replicas: 3, surge: 1, budget: 1, settle: time.Second, drainTimeout: 10 * time.Minute}
+	l := limits{replicas: 3, surge: 1, budget: 1, markLag: time.Second, drainTimeout: 10 * time.Minute}
 	assert.Empty(t, decide(l, ms, time.Time{}, t0).delete)
 	assert.Equal(t, []string{"m3"}, decide(l, ms, time.Time{}, t0.Add(time.Minute)).delete)
 }

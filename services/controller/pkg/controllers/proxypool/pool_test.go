@@ -33,7 +33,7 @@ func TestAPoolKeepsItsReplicasThroughScaleAndInPlaceChanges(t *testing.T) {
 	h := newHarness(t).start()
 	ctx := context.Background()
 	pool := h.create(h.pool("web", 3))
-	h.waitSettled("web", 3)
+	h.waitSteady("web", 3)
 
 	ms := h.members()
 	assert.Equal(t, []string{"web-0", "web-1", "web-2"}, names(ms))
@@ -56,13 +56,13 @@ func TestAPoolKeepsItsReplicasThroughScaleAndInPlaceChanges(t *testing.T) {
 	assert.Equal(t, v1.LabelPool+"=web", scale.Status.Selector)
 	scale.Spec.Replicas = 5
 	require.NoError(t, env.Client.SubResource("scale").Update(ctx, pool, client.WithSubResourceBody(scale)))
-	h.waitSettled("web", 5)
+	h.waitSteady("web", 5)
 
 	h.update("web", func(p *v1.ProxyPool) {
 		p.Spec.Replicas = ptr.To[int32](2)
 		p.Spec.Disruption = &v1.Disruption{MaxUnavailable: ptr.To(intstr.FromInt32(3))}
 	})
-	h.waitSettled("web", 2)
+	h.waitSteady("web", 2)
 	assert.Equal(t, []string{"web-0", "web-1"}, names(h.members()), "scale-down took the newest (no member held a lease)")
 
 	// Attributes and template labels change in place: same members.
@@ -78,7 +78,7 @@ func TestAPoolKeepsItsReplicasThroughScaleAndInPlaceChanges(t *testing.T) {
 		}
 		return true
 	}, 30*time.Second, 50*time.Millisecond)
-	h.waitSettled("web", 2)
+	h.waitSteady("web", 2)
 	assert.Equal(t, []string{"web-0", "web-1"}, names(h.members()), "no member was replaced")
 
 	h.waitEvent("web", v1.EventMemberCreated, "created 3 members")
@@ -116,7 +116,7 @@ func active(px *v1.Proxy) bool {
 func TestARolloutIsMakeBeforeBreak(t *testing.T) {
 	h := newHarness(t).start()
 	h.create(h.pool("roll", 3))
-	before := h.waitSettled("roll", 3)
+	before := h.waitSteady("roll", 3)
 	var old []string
 	for _, px := range h.members() {
 		old = append(old, string(px.UID))
@@ -142,7 +142,7 @@ func TestARolloutIsMakeBeforeBreak(t *testing.T) {
 		}
 	})
 	h.update("roll", func(p *v1.ProxyPool) { p.Spec.Template.Spec.Port = 3129 })
-	after := h.waitSettled("roll", 3)
+	after := h.waitSteady("roll", 3)
 	stop()
 
 	assert.NotEqual(t, before.Generation, after.Generation)
@@ -159,7 +159,7 @@ func TestARolloutIsMakeBeforeBreak(t *testing.T) {
 func TestADrainWaitsForLeases(t *testing.T) {
 	h := newHarness(t).start()
 	h.create(h.pool("drain", 2))
-	h.waitSettled("drain", 2)
+	h.waitSteady("drain", 2)
 	h.leases.set(h.ns+"/drain-0", 1)
 	h.leases.set(h.ns+"/drain-1", 2)
 
@@ -182,7 +182,7 @@ func TestADrainWaitsForLeases(t *testing.T) {
 	h.leases.set(h.ns+"/drain-1", 0)
 	require.Eventually(t, func() bool { _, err := h.proxy("drain-1"); return gone(err) }, 30*time.Second, 20*time.Millisecond,
 		"deleted once its leases ended")
-	h.waitSettled("drain", 1)
+	h.waitSteady("drain", 1)
 
 	// A drain that times out ends with the lease still held.
 	h.update("drain", func(p *v1.ProxyPool) {
@@ -199,7 +199,7 @@ func TestADrainWaitsForLeases(t *testing.T) {
 func TestDoNotDisruptIsNeverChosen(t *testing.T) {
 	h := newHarness(t).start()
 	h.create(h.pool("keep", 2))
-	h.waitSettled("keep", 2)
+	h.waitSteady("keep", 2)
 	px, err := h.proxy("keep-1")
 	require.NoError(t, err)
 	px.Annotations = map[string]string{v1.AnnotationDoNotDisrupt: "true"}
@@ -304,11 +304,11 @@ func TestManagerStoppedBetweenStepsNeverOverfills(t *testing.T) {
 			defer func() { cancel(); wg.Wait() }()
 
 			h.create(h.pool("crash", 4))
-			h.waitSettled("crash", 4)
+			h.waitSteady("crash", 4)
 			h.update("crash", func(p *v1.ProxyPool) { p.Spec.Template.Spec.Port = 3129 })
-			h.waitSettled("crash", 4)
+			h.waitSteady("crash", 4)
 			h.update("crash", func(p *v1.ProxyPool) { p.Spec.Replicas = ptr.To[int32](2) })
-			h.waitSettled("crash", 2)
+			h.waitSteady("crash", 2)
 
 			assert.Greater(t, kills.Load(), int32(3), "the controller was killed along the way")
 			assert.LessOrEqual(t, most.Load(), int32(5), "never more than replicas+maxSurge members taking leases")

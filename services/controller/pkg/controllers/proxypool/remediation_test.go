@@ -26,7 +26,7 @@ func TestUnhealthyMembersAreReplacedUnlessTooMany(t *testing.T) {
 	p := h.pool("heal", 3)
 	p.Spec.Remediation = &v1.Remediation{UnhealthyTimeout: seconds(1), MaxUnhealthy: ptr.To(intstr.FromInt32(1))}
 	h.create(p)
-	h.waitSettled("heal", 3)
+	h.waitSteady("heal", 3)
 	sick, err := h.proxy("heal-1")
 	require.NoError(t, err)
 
@@ -35,7 +35,7 @@ func TestUnhealthyMembersAreReplacedUnlessTooMany(t *testing.T) {
 		px, err := h.proxy("heal-1")
 		return gone(err) || px.UID != sick.UID
 	}, 30*time.Second, 50*time.Millisecond, "the unhealthy member was replaced")
-	h.waitSettled("heal", 3)
+	h.waitSteady("heal", 3)
 	h.waitEvent("heal", v1.EventMemberCreated, "replaces heal-1: it has been unhealthy for more than 1s")
 
 	// A fault of the whole fleet: every member unhealthy at once.
@@ -87,7 +87,7 @@ func TestAFailingSlotBacksOffAndGivesUp(t *testing.T) {
 	assert.GreaterOrEqual(t, time.Since(start), 2*time.Second, "the retries backed off")
 	assert.Contains(t, h.condition("bad", v1.ConditionReady).Message, "it was not Ready 1s after its creation, and its slot was replaced 2 times already")
 	// The member before it may still be draining (no lease, so for the
-	// settle time only).
+	// mark lag only).
 	var ms []v1.Proxy
 	require.Eventually(t, func() bool { ms = h.members(); return len(ms) == 1 }, 30*time.Second, 50*time.Millisecond,
 		"the member that failed last stays, alone")
@@ -104,7 +104,7 @@ func TestMaxAgeRotatesMembers(t *testing.T) {
 	h := newHarness(t).start()
 	p := h.pool("old", 2)
 	h.create(p)
-	h.waitSettled("old", 2)
+	h.waitSteady("old", 2)
 	var first []string
 	for _, px := range h.members() {
 		first = append(first, string(px.UID))
@@ -123,7 +123,7 @@ func TestMaxAgeRotatesMembers(t *testing.T) {
 	h.waitEvent("old", v1.EventMemberCreated, "it reached the pool's maxAge")
 	// A 3 s maxAge keeps rotating; without it the pool settles.
 	h.update("old", func(p *v1.ProxyPool) { p.Spec.MaxAge = nil })
-	h.waitSettled("old", 2)
+	h.waitSteady("old", 2)
 }
 
 // rolloutAfter rotates every member made before it once, make-before-break,
@@ -132,7 +132,7 @@ func TestRolloutAfterRotatesMembersOnce(t *testing.T) {
 	h := newHarness(t).start()
 	p := h.pool("rot", 2)
 	h.create(p)
-	h.waitSettled("rot", 2)
+	h.waitSteady("rot", 2)
 	first := map[types.UID]bool{}
 	for _, px := range h.members() {
 		first[px.UID] = true
@@ -150,7 +150,7 @@ func TestRolloutAfterRotatesMembersOnce(t *testing.T) {
 		return len(ms) == 2
 	}, 60*time.Second, 50*time.Millisecond, "both members were rotated")
 	h.waitEvent("rot", v1.EventMemberCreated, "made before the pool's rolloutAfter")
-	h.waitSettled("rot", 2)
+	h.waitSteady("rot", 2)
 	second := h.members()
 	require.Never(t, func() bool {
 		ms := h.members()

@@ -135,7 +135,7 @@ func newHarness(t testing.TB) *harness {
 	testenv.Require(t)
 	ns := env.Namespace(t, "pool")
 	return &harness{t: t, ns: ns, leases: &leases{m: map[string]int32{}}, fake: fake.New("fake"),
-		opts:    proxypool.Options{Settle: 200 * time.Millisecond, MemberBatch: 100 * time.Millisecond},
+		opts:    proxypool.Options{MarkLag: 200 * time.Millisecond, MemberBatch: 100 * time.Millisecond},
 		kubelet: &kubelet.StandIn{Client: env.Client, Namespace: ns, T: t, AddressOnly: true}}
 }
 
@@ -281,9 +281,9 @@ func (h *harness) proxy(name string) (*v1.Proxy, error) {
 	return px, env.Client.Get(context.Background(), client.ObjectKey{Namespace: h.ns, Name: name}, px)
 }
 
-// waitSettled waits until the pool reports want members, all up to date
+// waitSteady waits until the pool reports want members, all up to date
 // and healthy, and its Ready condition is True.
-func (h *harness) waitSettled(name string, want int32) *v1.ProxyPool {
+func (h *harness) waitSteady(name string, want int32) *v1.ProxyPool {
 	h.t.Helper()
 	var last *v1.ProxyPool
 	deadline := time.Now().Add(60 * time.Second)
@@ -297,7 +297,7 @@ func (h *harness) waitSettled(name string, want int32) *v1.ProxyPool {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
-	h.t.Fatalf("pool %s never settled at %d members; last status: %+v; members: %d", name, want, last.Status, len(h.members()))
+	h.t.Fatalf("pool %s never steady at %d members; last status: %+v; members: %d", name, want, last.Status, len(h.members()))
 	return nil
 }
 

@@ -47,9 +47,9 @@ import (
 
 // Options tune the reconciler; zero values take the defaults.
 type Options struct {
-	// Settle is how long after a drain begins a lease count must have
+	// MarkLag is how long after a drain begins a lease count must have
 	// been read to end it (package drain).
-	Settle time.Duration
+	MarkLag time.Duration
 	// Egress holds URL fetches, as it holds probes.
 	Egress netpolicy.Egress
 	// Deny is the proxy-address policy (--probe-deny-cidrs): an entry
@@ -103,8 +103,8 @@ type fetch struct {
 // ConfigMaps and Secrets a source names from sources, and learning live
 // leases from leases.
 func New(c client.Client, sources cache.Cache, leases leaseview.Source, recorder events.EventRecorder, log *slog.Logger, opts Options) *Reconciler {
-	if opts.Settle == 0 {
-		opts.Settle = drain.DefaultSettle
+	if opts.MarkLag == 0 {
+		opts.MarkLag = drain.DefaultMarkLag
 	}
 	if opts.Clock == nil {
 		opts.Clock = clock.RealClock{}
@@ -228,7 +228,7 @@ func (r *Reconciler) reconcileNormal(ctx context.Context, src *v1.ProxySource) (
 	if err != nil {
 		return ctrl.Result{}, err
 	}
-	l := resolve(src, r.opts.Settle)
+	l := resolve(src, r.opts.MarkLag)
 	p := decide(l, desired, members, snap.At, now)
 	interval := r.meter(src, proxies, now)
 	if len(p.create)+len(p.drain)+len(p.undrain)+len(p.delete) > 0 {
@@ -248,11 +248,11 @@ func (r *Reconciler) reconcileNormal(ctx context.Context, src *v1.ProxySource) (
 	next := rd.again
 	for _, m := range members {
 		if m.draining() {
-			next = minPositive(next, drain.NextCheck(m.deadline, l.drainTimeout, l.settle, now))
+			next = minPositive(next, drain.NextCheck(m.deadline, l.drainTimeout, l.markLag, now))
 		}
 	}
 	if len(p.drain) > 0 {
-		next = minPositive(next, l.settle)
+		next = minPositive(next, l.markLag)
 	}
 	if p.pending > 0 {
 		next = minPositive(next, time.Second)
@@ -271,8 +271,8 @@ func minPositive(a, b time.Duration) time.Duration {
 }
 
 // resolve reads the spec's limits and the confirmation annotation.
-func resolve(src *v1.ProxySource, settle time.Duration) limits {
-	l := limits{drainTimeout: 10 * time.Minute, settle: settle, maxShrinkPercent: 50, confirmed: -1}
+func resolve(src *v1.ProxySource, markLag time.Duration) limits {
+	l := limits{drainTimeout: 10 * time.Minute, markLag: markLag, maxShrinkPercent: 50, confirmed: -1}
 	if d := src.Spec.DrainTimeout; d != nil {
 		l.drainTimeout = d.Duration
 	}

@@ -24,7 +24,7 @@ func (m *member) active() bool   { return m.deadline.IsZero() && !m.deleting }
 
 // limits are the source's spec, resolved.
 type limits struct {
-	drainTimeout, settle time.Duration
+	drainTimeout, markLag time.Duration
 	maxShrinkPercent     int
 	// confirmed is the size annotation confirm-shrink names, -1 if none.
 	confirmed int
@@ -68,7 +68,7 @@ func decide(l limits, desired map[string]Entry, members []*member, leasesAt, now
 		}
 		have[m.identity] = m
 		if m.draining() {
-			if timedOut, done := drain.Ended(m.deadline, l.drainTimeout, l.settle, m.leases, leasesAt, now); done {
+			if timedOut, done := drain.Ended(m.deadline, l.drainTimeout, l.markLag, m.leases, leasesAt, now); done {
 				p.delete = append(p.delete, m.name)
 				p.whyGone[m.name] = "it left the source and holds no live lease"
 				if timedOut {

@@ -25,7 +25,7 @@ func entries(ids ...string) map[string]Entry {
 
 func TestDecide(t *testing.T) {
 	now := time.Unix(1_000_000, 0)
-	l := limits{drainTimeout: time.Minute, settle: 2 * time.Second, maxShrinkPercent: 50, confirmed: -1}
+	l := limits{drainTimeout: time.Minute, markLag: 2 * time.Second, maxShrinkPercent: 50, confirmed: -1}
 	drainingSince := func(d time.Duration) time.Time { return now.Add(-d).Add(l.drainTimeout) }
 	cases := []struct {
 		name    string
@@ -42,7 +42,7 @@ func TestDecide(t *testing.T) {
 			want: plan{}},
 		{name: "a failed read still ends drains", desired: nil, members: []*member{{name: "ma", identity: "a", deadline: drainingSince(time.Minute)}},
 			want: plan{delete: []string{"ma"}, draining: 1}},
-		{name: "a drain ends when no lease is held after settling", desired: entries(), l: limits{drainTimeout: time.Minute, settle: 2 * time.Second, maxShrinkPercent: 100, confirmed: -1},
+		{name: "a drain ends when no lease is held after settling", desired: entries(), l: limits{drainTimeout: time.Minute, markLag: 2 * time.Second, maxShrinkPercent: 100, confirmed: -1},
 			members: []*member{{name: "ma", identity: "a", deadline: drainingSince(3 * time.Second)}, {name: "mb", identity: "b", deadline: drainingSince(time.Second)}, {name: "mc", identity: "c", deadline: drainingSince(10 * time.Second), leases: 2}},
 			want:    plan{delete: []string{"ma"}, draining: 3}},
 		{name: "a drain ends at its deadline, leases or not", desired: entries(), members: []*member{{name: "ma", identity: "a", deadline: now, leases: 4}},
@@ -57,10 +57,10 @@ func TestDecide(t *testing.T) {
 			want: plan{create: []Entry{{Host: "e", Port: 1}}, held: &held{from: 4, to: 2}}},
 		{name: "an empty list is held", desired: entries(), members: []*member{{name: "ma", identity: "a"}},
 			want: plan{held: &held{from: 1, to: 0}}},
-		{name: "confirmed to its size, it goes", l: limits{drainTimeout: time.Minute, settle: time.Second, maxShrinkPercent: 50, confirmed: 1}, desired: entries("a"),
+		{name: "confirmed to its size, it goes", l: limits{drainTimeout: time.Minute, markLag: time.Second, maxShrinkPercent: 50, confirmed: 1}, desired: entries("a"),
 			members: []*member{{name: "ma", identity: "a"}, {name: "mb", identity: "b"}, {name: "mc", identity: "c"}},
 			want:    plan{drain: []string{"mb", "mc"}, draining: 2}},
-		{name: "a confirmation of another size holds", l: limits{drainTimeout: time.Minute, settle: time.Second, maxShrinkPercent: 50, confirmed: 2}, desired: entries("a"),
+		{name: "a confirmation of another size holds", l: limits{drainTimeout: time.Minute, markLag: time.Second, maxShrinkPercent: 50, confirmed: 2}, desired: entries("a"),
 			members: []*member{{name: "ma", identity: "a"}, {name: "mb", identity: "b"}, {name: "mc", identity: "c"}},
 			want:    plan{held: &held{from: 3, to: 1}}},
 	}
@@ -81,7 +81,7 @@ func TestDecide(t *testing.T) {
 // stable order, the rest counted for the next sync.
 func TestDecideCreatesABigListOverSeveralSyncs(t *testing.T) {
 	now := time.Unix(1_000_000, 0)
-	l := limits{drainTimeout: time.Minute, settle: time.Second, maxShrinkPercent: 50, confirmed: -1}
+	l := limits{drainTimeout: time.Minute, markLag: time.Second, maxShrinkPercent: 50, confirmed: -1}
 	desired := map[string]Entry{}
 	for i := range createsPerSync + 7 {
 		e := Entry{Host: fmt.Sprintf("h%04d.example", i), Port: 1}

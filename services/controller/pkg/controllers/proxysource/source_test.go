@@ -81,7 +81,7 @@ func start(t *testing.T, egress netpolicy.Egress) *harness {
 
 func startWith(t *testing.T, opts proxysource.Options) *harness {
 	testenv.Require(t)
-	opts.Settle = 200 * time.Millisecond
+	opts.MarkLag = 200 * time.Millisecond
 	h := &harness{t: t, ns: env.Namespace(t, "source"), leases: &leases{m: map[string]int32{}}, opts: opts}
 	h.run()
 	return h

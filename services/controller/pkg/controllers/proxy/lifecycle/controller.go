@@ -209,7 +209,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (res ctrl.
 	}
 
 	s := &scope{px: px, base: px.DeepCopy()}
-	defer func() { statuspatch.Settle(r.patchStatus(ctx, s, retErr == nil), &res, &retErr) }()
+	defer func() { statuspatch.FoldInto(r.patchStatus(ctx, s, retErr == nil), &res, &retErr) }()
 
 	if !px.DeletionTimestamp.IsZero() {
 		return r.reconcileDelete(ctx, s)

@@ -289,7 +289,7 @@ func TestMissingPlacementFieldIsNamedAndNotRetried(t *testing.T) {
 	// Reconciles already queued (the finalizer's own update) may still
 	// call Create, later on a busy machine: wait for the calls to settle,
 	// then watch ten backoff bases, in which a retry loop would show.
-	calls := settled(t, func() int { return h.fake.Calls("Create") })
+	calls := steady(t, func() int { return h.fake.Calls("Create") })
 	time.Sleep(time.Second)
 	assert.Equal(t, calls, h.fake.Calls("Create"), "a config error is not retried")
 

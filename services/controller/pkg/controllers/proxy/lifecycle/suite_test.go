@@ -217,10 +217,10 @@ func (h *harness) update(name string, mutate func(*v1.Proxy)) {
 	}, 10*time.Second, 50*time.Millisecond)
 }
 
-// settled returns count's value once it has not changed for 300 ms (three
+// steady returns count's value once it has not changed for 300 ms (three
 // backoff bases of the harness: a retry loop never rests that long before
 // its delays grow past it, and then the caller's longer watch sees it).
-func settled(t *testing.T, count func() int) int {
+func steady(t *testing.T, count func() int) int {
 	t.Helper()
 	last, since := count(), time.Now()
 	deadline := time.Now().Add(30 * time.Second)
