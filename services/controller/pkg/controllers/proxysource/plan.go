@@ -25,7 +25,7 @@ func (m *member) active() bool   { return m.deadline.IsZero() && !m.deleting }
 // limits are the source's spec, resolved.
 type limits struct {
 	drainTimeout, markLag time.Duration
-	maxShrinkPercent     int
+	maxShrinkPercent      int
 	// confirmed is the size annotation confirm-shrink names, -1 if none.
 	confirmed int
 }
