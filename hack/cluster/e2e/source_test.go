@@ -102,7 +102,7 @@ spec:
 			reasons[e.Reason] = true
 		}
 	}
-	for _, reason := range []string{v1alpha1.EventSourceAdded, v1alpha1.EventMemberDraining, v1alpha1.EventMemberDeleted} {
+	for _, reason := range []string{v1alpha1.EventMemberCreated, v1alpha1.EventMemberDraining, v1alpha1.EventMemberDeleted} {
 		assert.True(t, reasons[reason], "the source's Events have %s: %v", reason, reasons)
 	}
 

@@ -113,10 +113,14 @@ const (
 	ReasonWithinMaxUnhealthy = "WithinMaxUnhealthy"
 )
 
-// Reasons of a ProxyPool's Events about its members.
+// Reasons of the Events a ProxyPool or a ProxySource gets about its
+// members (services/controller/pkg/memberset).
 const (
-	// EventMemberCreated: a member was created; the message says why.
+	// EventMemberCreated: members were created; the message says why.
 	EventMemberCreated = "MemberCreated"
+	// EventMemberUndrained: a member's drain was taken back (its entry
+	// came back to its source); the message says why.
+	EventMemberUndrained = "MemberUndrained"
 	// EventMemberDraining: a member stopped taking leases and waits for
 	// its live ones; the message says why and until when.
 	EventMemberDraining = "MemberDraining"

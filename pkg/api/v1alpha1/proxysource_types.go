@@ -435,8 +435,6 @@ const (
 
 // Events of a ProxySource.
 const (
-	// EventSourceAdded: members were created for new entries.
-	EventSourceAdded = "MembersAdded"
 	// EventSourceExitChanged: a member's exit IP moved.
 	EventSourceExitChanged = "ExitChanged"
 )

@@ -13,7 +13,7 @@ import (
 // rolloutAfter, maxAge.
 // It records in c what holds remediation back and when a deadline falls,
 // and returns each member's cause (action unset) by name.
-func causes(l limits, active []*member, now time.Time, c *Command) map[string]verdict {
+func causes(l limits, active []*member, now time.Time, c *plan) map[string]verdict {
 	due := func(at time.Time) {
 		if d := at.Sub(now); d > 0 && (c.wake == 0 || d < c.wake) {
 			c.wake = d

@@ -8,10 +8,11 @@
 //
 // A rollout reconcile has three steps, each in a file of its own:
 // observe (observe.go) reads the members and their lease counts; decide
-// (plan.go), a pure function, turns them into a Command of per-member
+// (plan.go), a pure function, turns them into a plan of per-member
 // verdicts and creations, from which status is derived (status.go);
-// execute (execute.go) makes the Command's writes and waits for the cache
-// to hold them. Crash safety comes from the planner's purity and from
+// execute (execute.go) hands the plan's changes to the pool's member set
+// (package memberset, which a ProxySource's members share), which makes
+// the writes and waits for the cache to hold them. Crash safety comes from the planner's purity and from
 // deterministic member names: a restarted controller, or one whose cache
 // lags its own writes, tries to create the same names again and gets
 // AlreadyExists, never a second member.
@@ -37,8 +38,8 @@ import (
 
 	v1 "github.com/egress-proxies/egress-proxies/pkg/api/v1alpha1"
 	"github.com/egress-proxies/egress-proxies/pkg/statuspatch"
-	"github.com/egress-proxies/egress-proxies/services/controller/pkg/drain"
 	"github.com/egress-proxies/egress-proxies/services/controller/pkg/leaseview"
+	"github.com/egress-proxies/egress-proxies/services/controller/pkg/memberset"
 )
 
 // Options tune the reconciler; zero values take the defaults.
@@ -63,7 +64,7 @@ type Options struct {
 
 func (o *Options) defaults() {
 	if o.MarkLag == 0 {
-		o.MarkLag = drain.DefaultMarkLag
+		o.MarkLag = memberset.DefaultMarkLag
 	}
 	if o.CreateWorkers == 0 {
 		o.CreateWorkers = 32
@@ -194,8 +195,8 @@ func (r *Reconciler) reconcileNormal(ctx context.Context, pool *v1.ProxyPool) (c
 
 // nextDrainCheck is when a pool with draining members must look again:
 // at the earliest deadline, when a drain's mark lag has passed, and
-// at least every drain.MaxPoll; 0 when nothing drains.
-func (r *Reconciler) nextDrainCheck(l limits, o *observed, cmd Command, now time.Time) time.Duration {
+// at least every memberset.MaxPoll; 0 when nothing drains.
+func (r *Reconciler) nextDrainCheck(l limits, o *observed, cmd plan, now time.Time) time.Duration {
 	next := time.Duration(0)
 	consider := func(d time.Duration) {
 		d = max(d, 100*time.Millisecond)
@@ -208,7 +209,7 @@ func (r *Reconciler) nextDrainCheck(l limits, o *observed, cmd Command, now time
 	}
 	for _, m := range o.members {
 		if m.draining() {
-			consider(drain.NextCheck(m.deadline, l.drainTimeout, l.markLag, now))
+			consider(memberset.NextDrainCheck(m.deadline, l.drainTimeout, l.markLag, now))
 		}
 	}
 	return next

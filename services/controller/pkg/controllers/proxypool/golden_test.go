@@ -21,7 +21,7 @@ var updateGolden = flag.Bool("update-golden", false, "rewrite the rollout sequen
 
 // world is the planner's world, simulated step by step on a stepped
 // clock, as Cluster API's rollout sequence tests simulate a
-// MachineDeployment's: each step is one reconcile, its Command applied,
+// MachineDeployment's: each step is one reconcile, its plan applied,
 // then the members' events until the next. In order, every event happens
 // before the next reconcile (a member created comes up Healthy, a deleted
 // one goes); with rng set, each pending event happens or waits a step at
@@ -42,9 +42,9 @@ type world struct {
 	scaleTo, stepped int
 }
 
-// step runs one reconcile and applies its Command; line is the golden
+// step runs one reconcile and applies its plan; line is the golden
 // file's line for it. The events until the next are after.
-func (w *world) step() (cmd Command, line string) {
+func (w *world) step() (cmd plan, line string) {
 	if w.scaleAt > 0 && w.stepped == w.scaleAt {
 		w.l.replicas = w.scaleTo
 	}
@@ -280,7 +280,7 @@ func TestRolloutSequences(t *testing.T) {
 }
 
 // decide changes nothing it is given: the same world decides the same
-// Command twice, and every member is as it was.
+// plan twice, and every member is as it was.
 func TestDecideIsPure(t *testing.T) {
 	ms := pool("oouun")
 	ms[2].healthy, ms[2].since = false, t0.Add(-time.Hour)

@@ -9,7 +9,9 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	"k8s.io/apimachinery/pkg/api/meta"
@@ -20,6 +22,7 @@ import (
 
 	v1 "github.com/egress-proxies/egress-proxies/pkg/api/v1alpha1"
 	"github.com/egress-proxies/egress-proxies/services/controller/pkg/leaseview"
+	"github.com/egress-proxies/egress-proxies/services/controller/pkg/memberset"
 )
 
 // Defaults of the pool's optional fields, as the CRD also declares them.
@@ -132,18 +135,12 @@ type observed struct {
 // observe reads the pool's members from the cache, with the live-lease
 // counts of snap: the one view a reconcile decides on.
 func observe(ctx context.Context, c client.Reader, pool *v1.ProxyPool, hash string, snap leaseview.Snapshot) (*observed, error) {
-	list := &v1.ProxyList{}
-	if err := c.List(ctx, list, client.InNamespace(pool.Namespace), client.UnsafeDisableDeepCopy); err != nil {
-		return nil, fmt.Errorf("listing the Proxies of namespace %s: %w", pool.Namespace, err)
+	proxies, taken, err := memberset.Members(ctx, c, pool)
+	if err != nil {
+		return nil, err
 	}
-	o := &observed{proxies: map[string]*v1.Proxy{}, taken: make(map[string]bool, len(list.Items))}
-	for i := range list.Items {
-		px := &list.Items[i]
-		o.taken[px.Name] = true
-		if !metav1.IsControlledBy(px, pool) {
-			continue
-		}
-		o.proxies[px.Name] = px
+	o := &observed{proxies: proxies, taken: taken}
+	for _, px := range proxies {
 		m := &member{
 			name: px.Name, created: px.CreationTimestamp.Time,
 			updated:      px.Labels[v1.LabelTemplateHash] == hash,
@@ -165,6 +162,8 @@ func observe(ctx context.Context, c client.Reader, pool *v1.ProxyPool, hash stri
 		m.deadline, _ = px.DrainDeadline()
 		o.members = append(o.members, m)
 	}
+	// In name order, as the list gave them: the planner sees one order.
+	slices.SortFunc(o.members, func(a, b *member) int { return strings.Compare(a.name, b.name) })
 	return o, nil
 }
 

@@ -6,7 +6,7 @@ import (
 	"slices"
 	"time"
 
-	"github.com/egress-proxies/egress-proxies/services/controller/pkg/drain"
+	"github.com/egress-proxies/egress-proxies/services/controller/pkg/memberset"
 )
 
 // member is what the planner needs of one Proxy of the pool.
@@ -114,7 +114,7 @@ const (
 	CauseReplacement Cause = "replacement"
 )
 
-// verdict is one member's fate in a Command. cause is why it must go
+// verdict is one member's fate in a plan. cause is why it must go
 // (empty when it need not); a member kept with a cause waits for the
 // budget, the floor of healthy members, or its replacement.
 type verdict struct {
@@ -133,9 +133,9 @@ type creation struct {
 	retries  int
 }
 
-// Command is what one reconcile does, decided from what it observed; the
+// plan is what one reconcile does, decided from what it observed; the
 // pool's status is derived from it.
-type Command struct {
+type plan struct {
 	// verdicts holds every member not already deleting, by name.
 	verdicts map[string]verdict
 	// drain and delete name members, in the order they are taken out.
@@ -156,7 +156,7 @@ type Command struct {
 	wake time.Duration
 }
 
-func (c *Command) set(m *member, v verdict) {
+func (c *plan) set(m *member, v verdict) {
 	c.verdicts[m.name] = v
 	switch v.action {
 	case ActionDrain:
@@ -166,7 +166,7 @@ func (c *Command) set(m *member, v verdict) {
 	}
 }
 
-// decide derives the Command from the members as observed. It is a pure
+// decide derives the plan from the members as observed. It is a pure
 // function of its inputs (it changes none of them), so a controller
 // restarted at any point decides the same again from the same world; the
 // executor makes creations idempotent.
@@ -182,8 +182,8 @@ func (c *Command) set(m *member, v verdict) {
 //
 // leasesAt is when the members' lease counts were read (zero: the broker
 // has not answered yet, so no drain ends before its deadline).
-func decide(l limits, ms []*member, leasesAt time.Time, now time.Time) Command {
-	c := Command{verdicts: map[string]verdict{}}
+func decide(l limits, ms []*member, leasesAt time.Time, now time.Time) plan {
+	c := plan{verdicts: map[string]verdict{}}
 	var active []*member
 	draining := 0
 	// replaced holds when each member's replacement was made: a later
@@ -286,7 +286,7 @@ func decide(l limits, ms []*member, leasesAt time.Time, now time.Time) Command {
 
 // drained says whether a draining member may be deleted now, and why.
 func drained(l limits, m *member, leasesAt time.Time, now time.Time) (Cause, string, bool) {
-	timedOut, done := drain.Ended(m.deadline, l.drainTimeout, l.markLag, int32(m.leases), leasesAt, now)
+	timedOut, done := memberset.DrainEnded(m.deadline, l.drainTimeout, l.markLag, int32(m.leases), leasesAt, now)
 	switch {
 	case timedOut && m.leases > 0:
 		return CauseDrainTimeout, fmt.Sprintf("its drain timed out with %d live leases", m.leases), true

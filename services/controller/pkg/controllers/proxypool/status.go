@@ -13,9 +13,9 @@ import (
 )
 
 // setStatus derives the counts and conditions from what this reconcile
-// observed and the Command it decided. A reason that needs someone to act is a Warning
+// observed and the plan it decided. A reason that needs someone to act is a Warning
 // Event when it begins, not on every reconcile while it lasts.
-func (r *Reconciler) setStatus(pool *v1.ProxyPool, l limits, o *observed, p Command, leasesKnown bool) {
+func (r *Reconciler) setStatus(pool *v1.ProxyPool, l limits, o *observed, p plan, leasesKnown bool) {
 	st := &pool.Status
 	st.Replicas, st.ReadyReplicas, st.HealthyReplicas, st.UpdatedReplicas, st.DrainingReplicas = 0, 0, 0, 0, 0
 	if leasesKnown {

@@ -17,7 +17,9 @@ import (
 	"context"
 	"log/slog"
 	"maps"
+	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -41,8 +43,8 @@ import (
 	v1 "github.com/egress-proxies/egress-proxies/pkg/api/v1alpha1"
 	"github.com/egress-proxies/egress-proxies/pkg/netpolicy"
 	"github.com/egress-proxies/egress-proxies/pkg/statuspatch"
-	"github.com/egress-proxies/egress-proxies/services/controller/pkg/drain"
 	"github.com/egress-proxies/egress-proxies/services/controller/pkg/leaseview"
+	"github.com/egress-proxies/egress-proxies/services/controller/pkg/memberset"
 )
 
 // Options tune the reconciler; zero values take the defaults.
@@ -104,7 +106,7 @@ type fetch struct {
 // leases from leases.
 func New(c client.Client, sources cache.Cache, leases leaseview.Source, recorder events.EventRecorder, log *slog.Logger, opts Options) *Reconciler {
 	if opts.MarkLag == 0 {
-		opts.MarkLag = drain.DefaultMarkLag
+		opts.MarkLag = memberset.DefaultMarkLag
 	}
 	if opts.Clock == nil {
 		opts.Clock = clock.RealClock{}
@@ -248,7 +250,7 @@ func (r *Reconciler) reconcileNormal(ctx context.Context, src *v1.ProxySource) (
 	next := rd.again
 	for _, m := range members {
 		if m.draining() {
-			next = minPositive(next, drain.NextCheck(m.deadline, l.drainTimeout, l.markLag, now))
+			next = minPositive(next, memberset.NextDrainCheck(m.deadline, l.drainTimeout, l.markLag, now))
 		}
 	}
 	if len(p.drain) > 0 {
@@ -347,22 +349,17 @@ func withAttributes(src *v1.ProxySource, entries map[string]Entry) map[string]En
 // observe reads the source's members from the cache, with the live-lease
 // counts of snap.
 func (r *Reconciler) observe(ctx context.Context, src *v1.ProxySource, snap leaseview.Snapshot) ([]*member, map[string]*v1.Proxy, error) {
-	var list v1.ProxyList
-	if err := r.client.List(ctx, &list, client.InNamespace(src.Namespace), client.MatchingLabels{v1.LabelSource: src.Name}); err != nil {
+	proxies, _, err := memberset.Members(ctx, r.client, src, client.MatchingLabels{v1.LabelSource: src.Name})
+	if err != nil {
 		return nil, nil, err
 	}
 	var members []*member
-	proxies := map[string]*v1.Proxy{}
-	for i := range list.Items {
-		px := &list.Items[i]
-		if !metav1.IsControlledBy(px, src) {
-			continue
-		}
-		proxies[px.Name] = px
+	for _, px := range proxies {
 		m := &member{name: px.Name, identity: px.Annotations[v1.AnnotationSourceEntry], deleting: !px.DeletionTimestamp.IsZero(),
 			leases: snap.Leases[px.Key()]}
 		m.deadline, _ = px.DrainDeadline()
 		members = append(members, m)
 	}
+	slices.SortFunc(members, func(a, b *member) int { return strings.Compare(a.name, b.name) })
 	return members, proxies, nil
 }

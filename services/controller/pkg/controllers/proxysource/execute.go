@@ -10,40 +10,55 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 
 	v1 "github.com/egress-proxies/egress-proxies/pkg/api/v1alpha1"
-	"github.com/egress-proxies/egress-proxies/services/controller/pkg/drain"
+	"github.com/egress-proxies/egress-proxies/services/controller/pkg/memberset"
 )
 
-// execute carries out p, keeps the remaining members' content in step
-// with their entries, and records their exits. It decides nothing.
+// execute carries out p through the source's member set, keeps the
+// remaining members' content in step with their entries, and records
+// their exits. It decides nothing.
 func (r *Reconciler) execute(ctx context.Context, src *v1.ProxySource, l limits, desired map[string]Entry, proxies map[string]*v1.Proxy, p plan, interval int32, now time.Time) error {
-	var errs []error
+	set := &memberset.Set{Client: r.client, Recorder: r.recorder, Owner: src}
+	hc := healthCheck(src, interval)
+	mp := memberset.Plan{DrainUntil: memberset.DrainDeadline(now, l.drainTimeout)}
 	for _, name := range p.delete {
-		errs = append(errs, r.deleteMember(ctx, src, proxies[name], p.whyGone[name]))
+		px := proxies[name]
+		mp.Delete = append(mp.Delete, memberset.Change{Member: px, Why: entryOf(px) + " " + p.whyGone[name],
+			After: func(ctx context.Context) error { return r.deleteCredentials(ctx, src, px.Namespace, px.Name) }})
 	}
-	deadline := drain.Deadline(now, l.drainTimeout)
 	for _, name := range p.drain {
-		errs = append(errs, r.drainMember(ctx, src, proxies[name], deadline, p.whyGone[name]))
+		px := proxies[name]
+		mp.Drain = append(mp.Drain, memberset.Change{Member: px, Why: entryOf(px) + " " + p.whyGone[name]})
 	}
 	for _, name := range p.undrain {
-		errs = append(errs, r.undrainMember(ctx, src, proxies[name]))
+		px := proxies[name]
+		mp.Undrain = append(mp.Undrain, memberset.Change{Member: px, Why: entryOf(px) + " is back in the source"})
 	}
-	hc := healthCheck(src, interval)
-	errs = append(errs, r.createMembers(ctx, src, p.create, hc))
+	for _, e := range p.create {
+		px := newMember(src, e, hc)
+		c := memberset.Change{Member: px, Why: "for " + e.Identity()}
+		if e.Username != "" {
+			c.Before = func(ctx context.Context) error { return r.createCredentials(ctx, src, px.Name, e) }
+		}
+		mp.Create = append(mp.Create, c)
+	}
+	errs := []error{set.Apply(ctx, mp)}
 	for _, px := range proxies {
 		e, ok := desired[px.Annotations[v1.AnnotationSourceEntry]]
 		if ok && px.DeletionTimestamp.IsZero() && !slices.Contains(p.delete, px.Name) {
-			errs = append(errs, r.syncMember(ctx, src, px, e, hc))
+			errs = append(errs, r.syncMember(ctx, set, src, px, e, hc))
 		}
 	}
-	errs = append(errs, r.recordExits(ctx, src, proxies), r.sweepSecrets(ctx, src, proxies, p))
+	errs = append(errs, r.recordExits(ctx, set, src, proxies), r.sweepSecrets(ctx, src, proxies, p))
 	return errors.Join(errs...)
 }
+
+// entryOf names px's entry, for Events.
+func entryOf(px *v1.Proxy) string { return "(" + px.Annotations[v1.AnnotationSourceEntry] + ")" }
 
 // healthCheck is the members' probe settings: the source's, with the
 // interval a probe budget allows.
@@ -62,8 +77,9 @@ func healthCheck(src *v1.ProxySource, interval int32) *v1.HealthCheck {
 	return hc
 }
 
-// newMember is the External Proxy for e, owned by src.
-func (r *Reconciler) newMember(src *v1.ProxySource, e Entry, hc *v1.HealthCheck) (*v1.Proxy, error) {
+// newMember is the External Proxy for e; the set makes it src's as it
+// creates it.
+func newMember(src *v1.ProxySource, e Entry, hc *v1.HealthCheck) *v1.Proxy {
 	px := &v1.Proxy{
 		ObjectMeta: metav1.ObjectMeta{Name: memberName(src.Name, e), Namespace: src.Namespace,
 			Labels: map[string]string{v1.LabelSource: src.Name}, Annotations: map[string]string{v1.AnnotationSourceEntry: e.Identity()}},
@@ -72,7 +88,7 @@ func (r *Reconciler) newMember(src *v1.ProxySource, e Entry, hc *v1.HealthCheck)
 	if e.Username != "" {
 		px.Spec.CredentialsSecretRef = &v1.LocalSecretRef{Name: px.Name}
 	}
-	return px, controllerutil.SetControllerReference(src, px, r.client.Scheme())
+	return px
 }
 
 // credentials is the Secret holding e's credentials, named as its member.
@@ -85,77 +101,17 @@ func (r *Reconciler) credentials(src *v1.ProxySource, name string, e Entry) (*co
 	return s, controllerutil.SetControllerReference(src, s, r.client.Scheme())
 }
 
-// createMembers creates a member per entry, its credentials first so
-// the member is never probed without them.
-func (r *Reconciler) createMembers(ctx context.Context, src *v1.ProxySource, entries []Entry, hc *v1.HealthCheck) error {
-	var errs []error
-	var created []string
-	for _, e := range entries {
-		px, err := r.newMember(src, e, hc)
-		if err != nil {
-			errs = append(errs, err)
-			continue
-		}
-		if e.Username != "" {
-			s, err := r.credentials(src, px.Name, e)
-			if err == nil {
-				err = r.client.Create(ctx, s)
-			}
-			if err != nil && !apierrors.IsAlreadyExists(err) {
-				errs = append(errs, fmt.Errorf("creating the credentials of member %s: %w", px.Name, err))
-				continue
-			}
-		}
-		switch err := r.client.Create(ctx, px); {
-		case err == nil:
-			created = append(created, px.Name+" ("+e.Identity()+")")
-		case !apierrors.IsAlreadyExists(err):
-			errs = append(errs, fmt.Errorf("creating member %s for %s: %w", px.Name, e.Identity(), err))
-		}
+// createCredentials writes e's credentials Secret for its member name,
+// before the member, so it is never probed without them.
+func (r *Reconciler) createCredentials(ctx context.Context, src *v1.ProxySource, name string, e Entry) error {
+	s, err := r.credentials(src, name, e)
+	if err == nil {
+		err = client.IgnoreAlreadyExists(r.client.Create(ctx, s))
 	}
-	if len(created) > 0 {
-		r.recorder.Eventf(src, nil, corev1.EventTypeNormal, v1.EventSourceAdded, "Create", "added %d members: %s", len(created), listed(created))
-	}
-	return errors.Join(errs...)
-}
-
-// listed joins names for an Event, the first ten of them.
-func listed(names []string) string {
-	if len(names) > 10 {
-		return strings.Join(names[:10], ", ") + fmt.Sprintf(" and %d more", len(names)-10)
-	}
-	return strings.Join(names, ", ")
-}
-
-func (r *Reconciler) drainMember(ctx context.Context, src *v1.ProxySource, px *v1.Proxy, deadline time.Time, why string) error {
-	next, err := drain.Begin(ctx, r.client, px, deadline)
 	if err != nil {
-		return fmt.Errorf("member %s: %w", px.Name, err)
+		return fmt.Errorf("creating its credentials: %w", err)
 	}
-	r.recorder.Eventf(src, next, v1.EventType(v1.EventMemberDraining), v1.EventMemberDraining, "Drain",
-		"member %s (%s) drains until %s: %s", px.Name, px.Annotations[v1.AnnotationSourceEntry], deadline.UTC().Format(time.RFC3339), why)
 	return nil
-}
-
-// undrainMember takes back the drain of a member whose entry came back.
-func (r *Reconciler) undrainMember(ctx context.Context, src *v1.ProxySource, px *v1.Proxy) error {
-	next := px.DeepCopy()
-	delete(next.Annotations, v1.AnnotationDrainDeadline)
-	if err := r.client.Patch(ctx, next, client.MergeFromWithOptions(px, client.MergeFromWithOptimisticLock{})); err != nil {
-		return fmt.Errorf("taking back the drain of member %s: %w", px.Name, err)
-	}
-	r.recorder.Eventf(src, next, corev1.EventTypeNormal, v1.EventSourceAdded, "Undrain", "member %s is back in the source; its drain is taken back", px.Name)
-	return nil
-}
-
-// deleteMember deletes a drained member, then its credentials.
-func (r *Reconciler) deleteMember(ctx context.Context, src *v1.ProxySource, px *v1.Proxy, why string) error {
-	uid := px.UID
-	if err := r.client.Delete(ctx, px, client.Preconditions{UID: &uid}); client.IgnoreNotFound(err) != nil {
-		return fmt.Errorf("deleting member %s: %w", px.Name, err)
-	}
-	r.recorder.Eventf(src, px, v1.EventType(v1.EventMemberDeleted), v1.EventMemberDeleted, "Delete", "member %s deleted: %s", px.Name, why)
-	return r.deleteCredentials(ctx, src, px.Namespace, px.Name)
 }
 
 // deleteCredentials deletes the credentials Secret the source made for
@@ -196,12 +152,10 @@ func (e *foreignSecretError) Error() string {
 
 // syncMember brings a member's mutable part (attributes, health check,
 // password) to its entry's.
-func (r *Reconciler) syncMember(ctx context.Context, src *v1.ProxySource, px *v1.Proxy, e Entry, hc *v1.HealthCheck) error {
+func (r *Reconciler) syncMember(ctx context.Context, set *memberset.Set, src *v1.ProxySource, px *v1.Proxy, e Entry, hc *v1.HealthCheck) error {
 	if !maps.Equal(px.Spec.Attributes, e.Attributes) || !equalHealth(px.Spec.HealthCheck, hc) {
-		next := px.DeepCopy()
-		next.Spec.Attributes, next.Spec.HealthCheck = e.Attributes, hc
-		if err := client.IgnoreNotFound(r.client.Patch(ctx, next, client.MergeFrom(px))); err != nil {
-			return fmt.Errorf("updating member %s: %w", px.Name, err)
+		if err := set.Update(ctx, px, func(next *v1.Proxy) { next.Spec.Attributes, next.Spec.HealthCheck = e.Attributes, hc }); err != nil {
+			return err
 		}
 	}
 	if e.Username == "" {
@@ -238,7 +192,7 @@ const maxExits = 8
 // recordExits notes each healthy member's exit IP in its exits
 // annotation; a move from an earlier one is counted and told in an
 // Event: a vendor rotating the session's exit.
-func (r *Reconciler) recordExits(ctx context.Context, src *v1.ProxySource, proxies map[string]*v1.Proxy) error {
+func (r *Reconciler) recordExits(ctx context.Context, set *memberset.Set, src *v1.ProxySource, proxies map[string]*v1.Proxy) error {
 	var errs []error
 	for _, px := range proxies {
 		ip := px.Status.EgressIP
@@ -252,10 +206,10 @@ func (r *Reconciler) recordExits(ctx context.Context, src *v1.ProxySource, proxi
 		if len(exits) > 0 && exits[len(exits)-1] == ip {
 			continue
 		}
-		next := px.DeepCopy()
-		next.Annotations[v1.AnnotationExits] = strings.Join(append(exits, ip)[max(0, len(exits)+1-maxExits):], ",")
-		if err := r.client.Patch(ctx, next, client.MergeFrom(px)); err != nil {
-			errs = append(errs, client.IgnoreNotFound(err))
+		if err := set.Update(ctx, px, func(next *v1.Proxy) {
+			next.Annotations[v1.AnnotationExits] = strings.Join(append(exits, ip)[max(0, len(exits)+1-maxExits):], ",")
+		}); err != nil {
+			errs = append(errs, err)
 			continue
 		}
 		if len(exits) > 0 {

@@ -6,7 +6,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/egress-proxies/egress-proxies/services/controller/pkg/drain"
+	"github.com/egress-proxies/egress-proxies/services/controller/pkg/memberset"
 )
 
 // member is what the planner needs of one Proxy of the source.
@@ -68,7 +68,7 @@ func decide(l limits, desired map[string]Entry, members []*member, leasesAt, now
 		}
 		have[m.identity] = m
 		if m.draining() {
-			if timedOut, done := drain.Ended(m.deadline, l.drainTimeout, l.markLag, m.leases, leasesAt, now); done {
+			if timedOut, done := memberset.DrainEnded(m.deadline, l.drainTimeout, l.markLag, m.leases, leasesAt, now); done {
 				p.delete = append(p.delete, m.name)
 				p.whyGone[m.name] = "it left the source and holds no live lease"
 				if timedOut {

@@ -1,10 +1,11 @@
-// Package drain is how a controller takes a Proxy out without cutting its
-// crawlers off, the one way ProxyPools and ProxySources both do: mark it
-// with a drain deadline (the brokers stop leasing it and renew nothing
-// past the deadline), then delete it once it holds no live lease on a
-// count read after the brokers could have seen the mark, or at the
-// deadline.
-package drain
+package memberset
+
+// A drain is how a member is taken out without cutting its crawlers off:
+// mark it with a drain deadline (the brokers stop leasing it and renew
+// nothing past the deadline), then delete it once it holds no live lease
+// on a count read after the brokers could have seen the mark, or at the
+// deadline. The owner decides when (DrainEnded, NextDrainCheck); the set marks
+// (Set.Apply's drains) and takes the mark back (its undrains).
 
 import (
 	"context"
@@ -25,17 +26,17 @@ const DefaultMarkLag = 2 * time.Second
 // owner (the broker does not answer).
 const MaxPoll = 10 * time.Second
 
-// Deadline is when a drain of timeout begun at now ends, rounded up to
+// DrainDeadline is when a drain of timeout begun at now ends, rounded up to
 // the annotation's whole seconds, so the start derived from it (deadline
 // − timeout) is never before the real one and the mark lag is never
 // cut short.
-func Deadline(now time.Time, timeout time.Duration) time.Time {
+func DrainDeadline(now time.Time, timeout time.Duration) time.Time {
 	return now.Add(timeout + time.Second - 1).Truncate(time.Second)
 }
 
-// Begin marks px draining until deadline, under optimistic lock (a
+// beginDrain marks px draining until deadline, under optimistic lock (a
 // decision on a stale read loses), and returns it as written.
-func Begin(ctx context.Context, c client.Client, px *v1.Proxy, deadline time.Time) (*v1.Proxy, error) {
+func beginDrain(ctx context.Context, c client.Client, px *v1.Proxy, deadline time.Time) (*v1.Proxy, error) {
 	next := px.DeepCopy()
 	if next.Annotations == nil {
 		next.Annotations = map[string]string{}
@@ -47,12 +48,12 @@ func Begin(ctx context.Context, c client.Client, px *v1.Proxy, deadline time.Tim
 	return next, nil
 }
 
-// Ended says whether a drain until deadline of timeout is over at now:
+// DrainEnded says whether a drain until deadline of timeout is over at now:
 // timedOut at the deadline, or done when leases, read at leasesAt, is 0
 // and was read at least markLag after the drain began (brokers stop
 // leasing a draining proxy only once their informers have seen the
 // mark).
-func Ended(deadline time.Time, timeout, markLag time.Duration, leases int32, leasesAt, now time.Time) (timedOut, done bool) {
+func DrainEnded(deadline time.Time, timeout, markLag time.Duration, leases int32, leasesAt, now time.Time) (timedOut, done bool) {
 	if !now.Before(deadline) {
 		return true, true
 	}
@@ -60,10 +61,10 @@ func Ended(deadline time.Time, timeout, markLag time.Duration, leases int32, lea
 	return false, leases == 0 && !leasesAt.Before(started.Add(markLag))
 }
 
-// NextCheck is how soon a drain must be looked at again when nothing
+// NextDrainCheck is how soon a drain must be looked at again when nothing
 // else wakes its owner: when its mark lag has passed, at its deadline,
 // and at least every MaxPoll.
-func NextCheck(deadline time.Time, timeout, markLag time.Duration, now time.Time) time.Duration {
+func NextDrainCheck(deadline time.Time, timeout, markLag time.Duration, now time.Time) time.Duration {
 	next := min(deadline.Sub(now), MaxPoll)
 	if seen := deadline.Add(-timeout + markLag); seen.After(now) {
 		next = min(next, seen.Sub(now))
