@@ -78,10 +78,12 @@ run-dev: build ## Run the three services locally against the current kubeconfig 
 ##@ Development
 
 .PHONY: generate
-generate: manifests ## Regenerate protobuf/gRPC/gateway code, the OpenAPI document, deepcopy, CRDs and the Python and Node clients' code.
+generate: manifests ## Regenerate protobuf/gRPC/gateway code, the OpenAPI document, deepcopy, CRDs, the generated docs (status writers, CRD field reference, Redis keys) and the Python and Node clients' code.
 	$(TOOL) buf generate
 	cd pkg && $(CONTROLLER_GEN) object paths=./api/...
-	cd pkg && go run ./api/ownersdoc ../docs/api.md
+	cd pkg && go run ./api/ownersdoc ../docs/api/status-writers.md
+	cd pkg && go run ./api/crddoc ../deploy/crds ../docs/api/reference
+	cd services/broker && go run ./pkg/store/keysdoc ../../docs/components/broker.md
 	bash clients/gen.sh
 
 .PHONY: manifests
@@ -89,7 +91,7 @@ manifests: ## Regenerate the CRD YAML in deploy/crds and the chart's crds/ (one 
 	cd pkg && $(CONTROLLER_GEN) crd:allowDangerousTypes=true paths=./api/... output:crd:artifacts:config=../deploy/crds
 	cp deploy/crds/*.yaml charts/egress-proxies/files/crds/
 
-GENERATED := pkg/gen pkg/openapi/gen deploy/crds charts/egress-proxies/files/crds pkg/api/v1alpha1/zz_generated.deepcopy.go docs/api.md \
+GENERATED := pkg/gen pkg/openapi/gen deploy/crds charts/egress-proxies/files/crds pkg/api/v1alpha1/zz_generated.deepcopy.go docs/api docs/components/broker.md \
   clients/python/egress_proxies/_gen clients/node/src/gen
 
 .PHONY: verify-generated

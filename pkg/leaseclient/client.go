@@ -131,7 +131,7 @@ type NoProxyError struct {
 	// Reason is NO_MATCHING_PROXY, HEALTH_STALE, ALL_QUARANTINED,
 	// ALL_COOLING_DOWN, ALL_AT_CAP, ALL_COOLING_DOWN_OR_AT_CAP,
 	// TARGET_AT_CAP, TARGET_PACED, TOKEN_LEASE_CAP or STORE_FULL
-	// (docs/api.md).
+	// (docs/api/errors-and-metrics.md).
 	Reason  string
 	Message string
 	// RetryAfter is how long the broker asks the caller to wait: for a
@@ -281,7 +281,7 @@ func (l *Lease) AutoRenew(ctx context.Context, interval, ttl time.Duration, onLo
 	return func() { cancel(); <-done }
 }
 
-// Report results: the fault table's (pkg/faults, docs/api.md "Whose
+// Report results: the fault table's (pkg/faults, docs/api/clients.md "Whose
 // fault"). ResultError is the proxy's own failure, ResultTargetError the
 // site's through a working proxy, which counts against no proxy.
 const (
@@ -307,7 +307,7 @@ type Outcome struct {
 
 // Report tells the broker how the target treated the proxy and returns
 // what the broker did: a cooldown for the proxy's exit IP, pacing for
-// the target, a quarantine for the proxy (docs/api.md).
+// the target, a quarantine for the proxy (docs/api/ban-aware.md).
 func (l *Lease) Report(ctx context.Context, o Outcome) (*leasev1.ReportLeaseResponse, error) {
 	return l.c.api.ReportLease(ctx, &leasev1.ReportLeaseRequest{LeaseId: l.ID, Result: o.Result, Target: o.Target,
 		StatusCode: int32(o.StatusCode), LatencyMs: int32(o.Latency / time.Millisecond)})

@@ -72,7 +72,7 @@ export interface Proxy {
   quarantinedUntil?: Date;
 }
 
-/** What the broker did about a report (docs/api.md, Ban-aware leasing). */
+/** What the broker did about a report (docs/api/ban-aware.md, Ban-aware leasing). */
 export interface Report {
   actions: string[];
   cooldownUntil?: Date;

@@ -8,7 +8,7 @@ import { ErrorInfoSchema, RetryInfoSchema } from "./gen/rpc_status_pb.js";
 
 export interface ErrorFields {
   code?: Code;
-  /** ErrorInfo.reason, e.g. ALL_COOLING_DOWN (docs/api.md, Errors). */
+  /** ErrorInfo.reason, e.g. ALL_COOLING_DOWN (docs/api/errors-and-metrics.md, Errors). */
   reason?: string;
   metadata?: Record<string, string>;
   /** Seconds the broker asks the caller to wait, when it says. */

@@ -1,6 +1,6 @@
 // Whose fault it was: how a response or an error through a leased proxy
 // becomes a report result. One table for every client of this project
-// (pkg/faults/table.json, docs/api.md "Whose fault"); this package's suite
+// (pkg/faults/table.json, docs/api/clients.md "Whose fault"); this package's suite
 // runs that table's cases against classify and fails when they differ.
 //
 // A proxy is blamed ("error") only for what happens on its own hop: the

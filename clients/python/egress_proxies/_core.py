@@ -148,7 +148,7 @@ def watch_request(selector: Optional[Mapping[str, str]], healthy: Optional[bool]
 
 @dataclasses.dataclass(frozen=True)
 class Report:
-    """What the broker did about a report (docs/api.md, Ban-aware leasing)."""
+    """What the broker did about a report (docs/api/ban-aware.md, Ban-aware leasing)."""
 
     actions: Tuple[str, ...]
     cooldown_until: Optional[datetime.datetime]

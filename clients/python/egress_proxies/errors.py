@@ -24,7 +24,7 @@ class EgressProxiesError(Exception):
         super().__init__(message)
         self.message = message
         self.code = code
-        #: ErrorInfo.reason, e.g. ALL_COOLING_DOWN (docs/api.md, Errors).
+        #: ErrorInfo.reason, e.g. ALL_COOLING_DOWN (docs/api/errors-and-metrics.md, Errors).
         self.reason = reason
         self.metadata = dict(metadata or {})
         #: Seconds the broker asks the caller to wait, when it says.

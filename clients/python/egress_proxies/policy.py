@@ -3,7 +3,7 @@ proxy becomes a report result.
 
 One table for every client of this project (this package, the Node
 client, the broker's gateway): ``pkg/faults/table.json``, documented in
-docs/api.md ("Whose fault"); this package's suite runs that table's cases
+docs/api/clients.md ("Whose fault"); this package's suite runs that table's cases
 against ``BanPolicy`` and fails when they differ. Override it the way
 scrapy-rotating-proxies' BanDetectionPolicy is overridden: subclass
 ``BanPolicy`` and name it in ``EGRESS_PROXIES_BAN_POLICY``.
@@ -60,7 +60,7 @@ _TUNNEL_STATUS = re.compile(r"(?:Tunnel connection failed: |'status': |CONNECT t
 
 
 class BanPolicy:
-    """The default policy (docs/api.md, "Whose fault"):
+    """The default policy (docs/api/clients.md, "Whose fault"):
 
     * 407 with a ``Proxy-Authenticate`` challenge is ``error``: the proxy
       refused its credentials (proxies never pass a site's challenge on);

@@ -43,7 +43,7 @@ def wait_no_leases(env):
 
 
 def test_curl_through_the_gateway(env):
-    # curl -x, as docs/api.md shows it: HTTPS through a CONNECT tunnel.
+    # curl -x, as docs/api/gateway.md shows it: HTTPS through a CONNECT tunnel.
     out = subprocess.run(["curl", "-sS", "--fail", "--max-time", "30", "--cacert", env["httpsEchoCA"], "-x", proxy_url(env),
                           env["httpsEcho"] + "/ip"], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr

@@ -4,7 +4,7 @@ package v1alpha1
 // has one writer, declared here as services/broker/pkg/store/schema.go
 // declares Redis's keys. The writers patch status through
 // pkg/statuspatch, which refuses a write outside the writer's
-// declaration, and docs/api.md's "Who writes what" table is generated
+// declaration, and docs/api/status-writers.md's "Who writes what" table is generated
 // from this list (make generate), so the code, the check and the docs
 // cannot drift apart.
 

@@ -172,6 +172,6 @@ func TestCRDHasPrinterColumnsAndShortName(t *testing.T) {
 			shown = append(shown, strings.ToUpper(c.Name))
 		}
 	}
-	// NAME is implicit; the rest in the order docs/api.md shows.
+	// NAME is implicit; the rest in the order docs/api/proxy.md shows.
 	assert.Equal(t, []string{"MODE", "PROVIDER", "PHASE", "IP", "HEALTHY", "AGE"}, shown)
 }

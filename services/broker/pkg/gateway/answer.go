@@ -66,7 +66,7 @@ type verdict struct {
 }
 
 // verdicts are the gateway's own refusals, by reason: the table
-// docs/api.md publishes ("Whose fault"), stable across versions. The
+// docs/api/clients.md publishes ("Whose fault"), stable across versions. The
 // lease API's refusals are judged by refusal, from their gRPC code.
 var verdicts = map[string]verdict{
 	"PROXY_AUTH":         {http.StatusProxyAuthRequired, faults.Caller, false},

@@ -8,7 +8,7 @@
 // releases the lease when it ends.
 //
 // Options travel in the proxy user name, the API token in the password
-// (docs/api.md, "The gateway"). Every destination is resolved here and
+// (docs/api/gateway.md, "The gateway"). Every destination is resolved here and
 // checked against the egress policy before a lease is taken; the proxy
 // is only ever given the checked address (a plain request rides a
 // CONNECT tunnel to it), so a name that resolves differently at the proxy

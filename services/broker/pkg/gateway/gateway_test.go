@@ -118,10 +118,10 @@ func TestRefusal(t *testing.T) {
 	}
 }
 
-// docs/api.md publishes the gateway's refusals as a stable table: each
+// docs/api/gateway.md publishes the gateway's refusals as a stable table: each
 // reason's status, fault and retryable there are the ones it answers with.
 func TestRefusalTableIsPublished(t *testing.T) {
-	doc, err := os.ReadFile("../../../../docs/api.md")
+	doc, err := os.ReadFile("../../../../docs/api/gateway.md")
 	require.NoError(t, err)
 	rows := map[string]string{}
 	for _, line := range strings.Split(string(doc), "\n") {
@@ -133,7 +133,7 @@ func TestRefusalTableIsPublished(t *testing.T) {
 	}
 	for reason, v := range verdicts {
 		row, ok := rows[reason]
-		if !assert.True(t, ok, "docs/api.md has no row for %s", reason) {
+		if !assert.True(t, ok, "docs/api/gateway.md has no row for %s", reason) {
 			continue
 		}
 		assert.Contains(t, row, strconv.Itoa(v.code), "%s's status", reason)

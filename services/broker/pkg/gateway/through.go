@@ -20,7 +20,7 @@ type try struct {
 	n     int
 }
 
-// The headers naming what served a request (docs/api.md, "Whose fault"):
+// The headers naming what served a request (docs/api/clients.md, "Whose fault"):
 // on every tunnel's 200, every plain-HTTP answer and every refusal
 // after a lease was taken, so a client can report by lease id what it
 // sees inside TLS and tell one proxy from another.

@@ -345,7 +345,7 @@ func limitBody(n int64, h http.Handler) http.Handler {
 }
 
 // noContentOnDelete answers a successful DELETE with 204 and no body, as
-// the v1 REST API documents release (docs/api.md).
+// the v1 REST API documents release (docs/api/lease-api.md).
 func noContentOnDelete(h http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.Method != http.MethodDelete {
@@ -388,7 +388,7 @@ func (w *noContentWriter) Write(b []byte) (int, error) {
 }
 
 // attributeQueryParser lets GET /v1/proxies take attribute filters as
-// plain query parameters (?geo=eu), as docs/api.md documents: every parameter
+// plain query parameters (?geo=eu), as docs/api/lease-api.md documents: every parameter
 // that is not a field of the request becomes a selector pair. Other
 // requests parse as the gateway's default parser does.
 type attributeQueryParser struct{}

@@ -147,7 +147,8 @@ var (
 		Writers: []string{"Store.Refused"}}
 )
 
-// Schema is every key, in the order docs/api.md lists them.
+// Schema is every key, in the order docs/components/broker.md lists them
+// (generated from it).
 var Schema = []Key{
 	KeyLease, KeyProxyLeases, KeyDue, KeyRequest, KeyScore, KeyNamespace, KeyAddress,
 	KeyCooling, KeyCooldownKey, KeyFiled, KeyCooldown, KeyClaim, KeyTarget, KeyPaced, KeySession,

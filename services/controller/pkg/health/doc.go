@@ -5,5 +5,5 @@
 // to the Engine; the Engine counts results against thresholds and writes
 // the Healthy condition, status.healthy, status.egressIP,
 // status.lastHealthCheckTime and status.healthInstanceGeneration, which no
-// other writer touches (docs/api.md, "Who writes what").
+// other writer touches (docs/api/status-writers.md, "Who writes what").
 package health

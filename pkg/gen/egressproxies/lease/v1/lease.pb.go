@@ -841,7 +841,7 @@ type ReportLeaseRequest struct {
 	// failed its own hop; counts toward its quarantine) or "target_error"
 	// (the site failed through a working proxy: refused, reset, timed out,
 	// did not resolve, failed TLS, a 5xx; counts against no proxy). The
-	// table is docs/api.md's "Whose fault". A string rather than an enum so
+	// table is docs/api/clients.md's "Whose fault". A string rather than an enum so
 	// REST clients send exactly these words.
 	Result string `protobuf:"bytes,2,opt,name=result,proto3" json:"result,omitempty"`
 	// target the result is about; the lease's target when empty. Required

@@ -476,7 +476,7 @@ export type ReportLeaseRequest = Message<"egressproxies.lease.v1.ReportLeaseRequ
    * failed its own hop; counts toward its quarantine) or "target_error"
    * (the site failed through a working proxy: refused, reset, timed out,
    * did not resolve, failed TLS, a 5xx; counts against no proxy). The
-   * table is docs/api.md's "Whose fault". A string rather than an enum so
+   * table is docs/api/clients.md's "Whose fault". A string rather than an enum so
    * REST clients send exactly these words.
    *
    * @generated from field: string result = 2;
