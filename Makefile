@@ -6,7 +6,7 @@ SHELL := /usr/bin/env bash
 .SHELLFLAGS := -euo pipefail -c
 .DEFAULT_GOAL := help
 
-MODULES := pkg services/controller services/prober services/broker clients/kubectl-egress hack/demo hack/cluster
+MODULES := pkg services/controller services/prober services/broker clients/kubectl-egress hack/demo hack/cluster test
 GO_PKGS := $(addsuffix /...,$(addprefix ./,$(MODULES)))
 # Tools live in a module of their own, outside go.work.
 TOOL := GOWORK=$(CURDIR)/hack/tools/go.work go tool
@@ -84,6 +84,7 @@ generate: manifests ## Regenerate protobuf/gRPC/gateway code, the OpenAPI docume
 	cd pkg && go run ./api/ownersdoc ../docs/api/status-writers.md
 	cd pkg && go run ./api/crddoc ../deploy/crds ../docs/api/reference
 	cd services/broker && go run ./pkg/store/keysdoc ../../docs/components/broker.md
+	cd test && go run ./framework/suitesdoc .. ../docs/testing.md
 	bash clients/gen.sh
 
 .PHONY: manifests
@@ -91,7 +92,7 @@ manifests: ## Regenerate the CRD YAML in deploy/crds and the chart's crds/ (one 
 	cd pkg && $(CONTROLLER_GEN) crd:allowDangerousTypes=true paths=./api/... output:crd:artifacts:config=../deploy/crds
 	cp deploy/crds/*.yaml charts/egress-proxies/files/crds/
 
-GENERATED := pkg/gen pkg/openapi/gen deploy/crds charts/egress-proxies/files/crds pkg/api/v1alpha1/zz_generated.deepcopy.go docs/api docs/components/broker.md \
+GENERATED := pkg/gen pkg/openapi/gen deploy/crds charts/egress-proxies/files/crds pkg/api/v1alpha1/zz_generated.deepcopy.go docs/api docs/components/broker.md docs/testing.md \
   clients/python/egress_proxies/_gen clients/node/src/gen
 
 .PHONY: verify-generated
@@ -108,7 +109,7 @@ verify-generated: ## Fail if generated files differ from what `make generate` wr
 .PHONY: lint
 lint: ## go vet in every module, gofmt, buf lint.
 	go vet $(GO_PKGS)
-	@out=$$(gofmt -l pkg services clients/kubectl-egress hack/demo hack/cluster); if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi
+	@out=$$(gofmt -l pkg services clients/kubectl-egress hack/demo hack/cluster test); if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi
 	$(TOOL) buf lint
 
 .PHONY: breaking
@@ -248,16 +249,16 @@ e2e-cluster: deps cluster-bins ## The end-to-end test on a real cluster: helm in
 
 .PHONY: bench-broker
 bench-broker: deps envtest ## Leases/s and p50/p99 over gRPC and REST (64 clients, 1,000 proxies, real Redis) against the Lua script's own ceiling, and ban-aware leasing against --ban-aware=false.
-	KUBEBUILDER_ASSETS=$$(bash hack/envtest-bins.sh) go test ./services/broker/cmd/broker -run '^$$' -bench BenchmarkLeases -benchtime 1x -timeout 10m
+	KUBEBUILDER_ASSETS=$$(bash hack/envtest-bins.sh) go test ./test/suites/broker -run '^$$' -bench BenchmarkLeases -benchtime 1x -timeout 10m
 
 .PHONY: bench-gateway
 bench-gateway: deps envtest ## The proxy gateway against straight Squid, a minimal relay and proxy-chain, same run, same Squid and site: throughput, new tunnels per request at 64 clients (profiled), a 100 MiB download, time to first byte, 10,000 idle tunnels and their renewal, the lease API's p99 under a connection flood, leaked leases; SOAK=10m adds the soak.
 	@if command -v npm >/dev/null; then npm ci --prefix hack/bench/proxy-chain --no-audit --no-fund --silent; else echo "no npm: the bench runs without proxy-chain"; fi
-	EGRESS_PROXIES_SOAK=$(SOAK) KUBEBUILDER_ASSETS=$$(bash hack/envtest-bins.sh) go test ./services/broker/cmd/broker -run '^$$' -bench BenchmarkGateway -benchtime 1x -timeout $(if $(SOAK),3h,15m)
+	EGRESS_PROXIES_SOAK=$(SOAK) KUBEBUILDER_ASSETS=$$(bash hack/envtest-bins.sh) go test ./test/suites/broker -run '^$$' -bench BenchmarkGateway -benchtime 1x -timeout $(if $(SOAK),3h,15m)
 
 .PHONY: bench-console
 bench-console: deps envtest ## The web console in headless Chromium with N proxies (CONSOLE_N=10000): first full render against the REST page calls it makes, a live update's time to screen against the REST watch, same run.
-	CONSOLE_N=$(CONSOLE_N) KUBEBUILDER_ASSETS=$$(bash hack/envtest-bins.sh) go test ./services/broker/cmd/broker -run '^$$' -bench BenchmarkConsole -benchtime 1x -timeout 30m
+	CONSOLE_N=$(CONSOLE_N) KUBEBUILDER_ASSETS=$$(bash hack/envtest-bins.sh) go test ./test/suites/broker -run '^$$' -bench BenchmarkConsole -benchtime 1x -timeout 30m
 
 .PHONY: bench-prober
 bench-prober: deps ## Probes/s and CPU per probe of one prober against Squid-fronted HTTPS targets, against a minimal CONNECT loop in the same run, and memory for 10,000 assigned proxies.
@@ -275,4 +276,4 @@ bench-pool: deps envtest ## A ProxyPool of N (POOL_N=1000) against N Proxies cre
 .PHONY: bench-fleet
 bench-fleet: deps envtest ## The whole system with N External Proxies (N=1000 at a 2s interval; N=10000 at 30s): bring-up time against the probe schedule's bound, API writes, steady writes, RSS and CPU per process, a killed prober's share, REST latency.
 	KUBEBUILDER_ASSETS=$$(bash hack/envtest-bins.sh) FLEET_N=$(N) FLEET_INTERVAL=$(INTERVAL) FLEET_TIMEOUT=$(TIMEOUT) \
-	  go test ./hack/demo/bench -run '^$$' -bench BenchmarkFleet -benchtime 1x -timeout 60m
+	  go test ./test/suites/fleet -run '^$$' -bench BenchmarkFleet -benchtime 1x -timeout 60m

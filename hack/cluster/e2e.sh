@@ -28,4 +28,4 @@ fi
 
 export EGRESS_PROXIES_CLUSTER_KUBECONFIG=$(sed -n 's/^kubeconfig: //p' <<<"$access")
 export EGRESS_PROXIES_CLUSTER_KUBECTL=$(sed -n 's/^kubectl: //p' <<<"$access")
-go test ./hack/cluster/e2e -run TestInstalledAsUsersDeployIt -count=1 -v -timeout 25m ${E2E_FLAGS:-}
+go test ./test/suites/cluster -run TestInstalledAsUsersDeployIt -count=1 -v -timeout 25m ${E2E_FLAGS:-}

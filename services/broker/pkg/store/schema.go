@@ -12,7 +12,7 @@ import (
 // every key name from it: script() prepends a Lua table K (each key's
 // stem under the prefix, K.Lease == P .. 'lease:') and S (the stem alone,
 // for the keys in:<uid> lists), so a key's name is spelled once, here.
-// TestEveryKeyIsDeclared (services/broker/cmd/broker) runs every API call
+// TestEveryKeyIsDeclared (test/suites/broker) runs every API call
 // on a real broker and holds
 // each key Redis then has to its declaration: pattern, type, and a TTL
 // unless it is declared permanent.
