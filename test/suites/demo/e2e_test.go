@@ -6,8 +6,6 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"net/url"
-	"os"
 	"strings"
 	"sync"
 	"testing"
@@ -22,91 +20,8 @@ import (
 
 	"github.com/egress-proxies/egress-proxies/hack/demo/system"
 	v1 "github.com/egress-proxies/egress-proxies/pkg/api/v1alpha1"
-	"github.com/egress-proxies/egress-proxies/pkg/testenv"
-	"github.com/egress-proxies/egress-proxies/pkg/testutil/proc"
 	"github.com/egress-proxies/egress-proxies/pkg/testutil/rest"
 )
-
-var env *testenv.Env
-
-func TestMain(m *testing.M) { os.Exit(testenv.Main(m, &env)) }
-
-// up starts a system and a namespace for this test's Proxies.
-func up(t *testing.T, o system.Options) (*system.System, string) {
-	testenv.Require(t)
-	if o.Probers == 0 {
-		o.Probers = 2
-	}
-	if o.Brokers == 0 {
-		o.Brokers = 2
-	}
-	if o.HealthInterval == 0 {
-		o.HealthInterval = time.Second
-	}
-	s := system.Start(t, env, o)
-	return s, env.Namespace(t, "e2e")
-}
-
-func managed(ns, name string) *v1.Proxy {
-	return &v1.Proxy{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns},
-		Spec: v1.ProxySpec{Mode: v1.ModeManaged, Provider: "kubernetes", Attributes: map[string]string{"geo": "local"}}}
-}
-
-// leaseOnce takes a lease in ns from the broker (its REST URL), once it
-// has seen a leasable proxy there.
-func leaseOnce(t *testing.T, broker, ns string) rest.Reply {
-	t.Helper()
-	var l rest.Reply
-	require.Eventually(t, func() bool {
-		l = rest.Do(t, "POST", broker+"/v1/leases", `{"namespace":"`+ns+`"}`)
-		return l.Status == 200
-	}, 30*time.Second, 50*time.Millisecond)
-	return l
-}
-
-func waitProxy(t *testing.T, ns, name, what string, ok func(*v1.Proxy) bool) *v1.Proxy {
-	t.Helper()
-	var last v1.Proxy
-	require.Eventually(t, func() bool {
-		if err := env.Client.Get(context.Background(), client.ObjectKey{Namespace: ns, Name: name}, &last); err != nil {
-			return false
-		}
-		return ok(&last)
-	}, 60*time.Second, 50*time.Millisecond, "%s never became %s; last status %+v", name, what, last.Status)
-	return &last
-}
-
-func healthy(px *v1.Proxy) bool { return px.Status.Phase == v1.PhaseReady && px.Status.Healthy }
-
-// listed returns "ip:port" of each healthy proxy the broker lists, by id.
-func listed(t *testing.T, broker string) map[string]string {
-	r := rest.Do(t, "GET", broker+"/v1/proxies?healthy=true", "")
-	out := map[string]string{}
-	if r.Status != 200 {
-		return out
-	}
-	for _, p := range r.JSON["proxies"].([]any) {
-		m := p.(map[string]any)
-		out[m["id"].(string)] = fmt.Sprintf("%s:%.0f", m["ip"], m["port"])
-	}
-	return out
-}
-
-func pods(t *testing.T) []corev1.Pod {
-	list := &corev1.PodList{}
-	require.NoError(t, env.Client.List(context.Background(), list, client.InNamespace(system.PodNamespace)))
-	return list.Items
-}
-
-func podsOf(t *testing.T, px *v1.Proxy) []corev1.Pod {
-	var out []corev1.Pod
-	for _, p := range pods(t) {
-		if p.Labels["crawl.example.com/owner-uid"] == string(px.UID) {
-			out = append(out, p)
-		}
-	}
-	return out
-}
 
 func TestQuickstart(t *testing.T) {
 	s, ns := up(t, system.Options{})
@@ -422,96 +337,4 @@ func TestAPIServerUnreachableForAWhile(t *testing.T) {
 	waitProxy(t, ns, "during", "healthy after the partition", healthy)
 	require.Eventually(t, func() bool { return listed(t, b)[ns+"/during"] != "" }, 60*time.Second, 100*time.Millisecond, "the broker's inventory caught up")
 	assert.True(t, waitProxy(t, ns, "before", "still healthy", healthy).Status.Healthy)
-}
-
-// A bought proxy that asks for credentials: the probers authenticate with
-// the ones its Proxy names, so it turns Healthy; the lease hands them to
-// the crawler, which egresses through the proxy with them, and without
-// them gets 407.
-func TestAnExternalProxyWithCredentials(t *testing.T) {
-	s, ns := up(t, system.Options{BrokerToken: "crawler-token"})
-	squid := proc.StartSquidWithAuth(t, "127.0.0.1", "buyer", "paid-for")
-	ctx := context.Background()
-	require.NoError(t, env.Client.Create(ctx, &corev1.Secret{
-		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "bought", Labels: map[string]string{v1.LabelProxyCredentials: "true"}},
-		Data:       map[string][]byte{"username": []byte("buyer"), "password": []byte("paid-for")},
-	}))
-	require.NoError(t, env.Client.Create(ctx, &v1.Proxy{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "bought"},
-		Spec: v1.ProxySpec{Mode: v1.ModeExternal, Address: squid.Host, Port: int32(squid.Port), CredentialsSecretRef: &v1.LocalSecretRef{Name: "bought"}}}))
-	waitProxy(t, ns, "bought", "Healthy through its credentials", healthy)
-
-	var lease rest.Reply
-	require.Eventually(t, func() bool {
-		lease = rest.Do(t, "POST", s.Brokers[0].REST+"/v1/leases", `{"namespace":"`+ns+`"}`, "Authorization", "Bearer crawler-token")
-		return lease.Status == 200
-	}, 30*time.Second, 50*time.Millisecond)
-	creds := lease.JSON["credentials"].(map[string]any)
-	assert.Equal(t, "buyer", creds["username"])
-	proxyURL := mustURL("http://" + squid.Addr)
-	get := func(u *url.URL) (int, string) {
-		tr := &http.Transport{Proxy: http.ProxyURL(u), TLSClientConfig: tlsTo(s)}
-		resp, err := (&http.Client{Transport: tr, Timeout: 5 * time.Second}).Get(s.Target.URL + "/ip")
-		if err != nil {
-			return 0, err.Error()
-		}
-		defer func() { _ = resp.Body.Close() }()
-		body, _ := io.ReadAll(resp.Body)
-		return resp.StatusCode, strings.TrimSpace(string(body))
-	}
-	proxyURL.User = url.UserPassword(creds["username"].(string), creds["password"].(string))
-	code, body := get(proxyURL)
-	assert.Equal(t, 200, code, body)
-	assert.Equal(t, "127.0.0.1", body, "egressed through the bought proxy with the lease's credentials")
-	_, body = get(mustURL("http://" + squid.Addr))
-	assert.Contains(t, body, "Proxy Authentication Required", "without them the proxy refuses")
-
-	// Wrong credentials in the Secret: the probers' CONNECT is refused,
-	// and the Proxy says why.
-	var sec corev1.Secret
-	require.NoError(t, env.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: "bought"}, &sec))
-	sec.Data["password"] = []byte("expired")
-	require.NoError(t, env.Client.Update(ctx, &sec))
-	px := waitProxy(t, ns, "bought", "unhealthy with the wrong password", func(px *v1.Proxy) bool { return !px.Status.Healthy })
-	assert.Contains(t, healthCondition(px).Message, "407")
-}
-
-// A Managed proxy is no open proxy: its Squid asks for credentials of its
-// own (derived from the controller's key), the probers send them so it
-// turns Healthy, and the lease hands them to the crawler.
-func TestAManagedProxyAsksForItsOwnCredentials(t *testing.T) {
-	s, ns := up(t, system.Options{BrokerToken: "crawler-token", ProxyCredentials: true})
-	ctx := context.Background()
-	require.NoError(t, env.Client.Create(ctx, managed(ns, "locked")))
-	px := waitProxy(t, ns, "locked", "Ready and Healthy through its credentials", healthy)
-
-	var lease rest.Reply
-	require.Eventually(t, func() bool {
-		lease = rest.Do(t, "POST", s.Brokers[1].REST+"/v1/leases", `{"namespace":"`+ns+`"}`, "Authorization", "Bearer crawler-token")
-		return lease.Status == 200
-	}, 30*time.Second, 50*time.Millisecond)
-	creds, ok := lease.JSON["credentials"].(map[string]any)
-	require.True(t, ok, "the lease carries credentials: %s", lease.Body)
-	assert.Regexp(t, `^ep-[0-9a-f]{16}$`, creds["username"])
-
-	fetch := func(u *url.URL) string {
-		tr := &http.Transport{Proxy: http.ProxyURL(u), TLSClientConfig: tlsTo(s)}
-		resp, err := (&http.Client{Transport: tr, Timeout: 5 * time.Second}).Get(s.Target.URL + "/ip")
-		if err != nil {
-			return err.Error()
-		}
-		_ = resp.Body.Close()
-		return resp.Status
-	}
-	open := mustURL(fmt.Sprintf("http://%s:%d", px.Status.IP, px.Status.Port))
-	assert.Contains(t, fetch(open), "Proxy Authentication Required", "without credentials the CONNECT is refused")
-	withCreds := *open
-	withCreds.User = url.UserPassword(creds["username"].(string), creds["password"].(string))
-	assert.Equal(t, "200 OK", fetch(&withCreds), "with the lease's credentials it egresses")
-
-	// Another proxy's credentials are not these.
-	require.NoError(t, env.Client.Create(ctx, managed(ns, "other")))
-	other := waitProxy(t, ns, "other", "Ready and Healthy", healthy)
-	otherURL := mustURL(fmt.Sprintf("http://%s:%d", other.Status.IP, other.Status.Port))
-	otherURL.User = withCreds.User
-	assert.Contains(t, fetch(otherURL), "Proxy Authentication Required", "each Managed proxy has credentials of its own")
 }

@@ -4,9 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	leasev1 "github.com/egress-proxies/egress-proxies/pkg/gen/egressproxies/lease/v1"
 	"log/slog"
 	"strings"
+
+	leasev1 "github.com/egress-proxies/egress-proxies/pkg/gen/egressproxies/lease/v1"
 
 	"github.com/egress-proxies/egress-proxies/services/broker/pkg/access"
 	"github.com/egress-proxies/egress-proxies/services/broker/pkg/index"

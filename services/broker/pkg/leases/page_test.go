@@ -3,9 +3,10 @@ package leases_test
 import (
 	"context"
 	"fmt"
-	"github.com/egress-proxies/egress-proxies/services/broker/pkg/access"
 	"testing"
 	"time"
+
+	"github.com/egress-proxies/egress-proxies/services/broker/pkg/access"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"

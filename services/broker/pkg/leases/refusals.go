@@ -4,10 +4,11 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	leasev1 "github.com/egress-proxies/egress-proxies/pkg/gen/egressproxies/lease/v1"
 	"sort"
 	"strings"
 	"time"
+
+	leasev1 "github.com/egress-proxies/egress-proxies/pkg/gen/egressproxies/lease/v1"
 
 	"github.com/egress-proxies/egress-proxies/services/broker/pkg/access"
 	"github.com/egress-proxies/egress-proxies/services/broker/pkg/index"

@@ -4,8 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	v1 "github.com/egress-proxies/egress-proxies/pkg/api/v1alpha1"
 	"time"
+
+	v1 "github.com/egress-proxies/egress-proxies/pkg/api/v1alpha1"
 
 	leasev1 "github.com/egress-proxies/egress-proxies/pkg/gen/egressproxies/lease/v1"
 	"github.com/egress-proxies/egress-proxies/services/broker/pkg/access"

@@ -2,10 +2,11 @@ package leases_test
 
 import (
 	"context"
-	"github.com/egress-proxies/egress-proxies/services/broker/pkg/access"
 	"os"
 	"testing"
 	"time"
+
+	"github.com/egress-proxies/egress-proxies/services/broker/pkg/access"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
