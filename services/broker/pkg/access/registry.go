@@ -50,7 +50,8 @@ type Registry struct {
 	// reason that may pass) keeps its token as last read; after it the
 	// credential is refused until it is read. 0 is DefaultGrace.
 	Grace time.Duration
-	// Clock times the grace; nil is the wall clock.
+	// Clock times the grace and dates each tenant's last call; nil is
+	// the wall clock.
 	Clock clock.PassiveClock
 	// unreadable is since when each credential's read has failed (by
 	// credentialKey); only read touches it.
@@ -188,7 +189,7 @@ func (r *Registry) authorize(token string, v Verb, unverbed string) (Caller, err
 }
 
 func (r *Registry) touch(name string) {
-	now := time.Now().Unix()
+	now := r.clock().Now().Unix()
 	v, ok := r.seen.Load(name)
 	if !ok {
 		v, _ = r.seen.LoadOrStore(name, new(atomic.Int64))

@@ -64,7 +64,7 @@ func (w *StatusWriter) Run(ctx context.Context) {
 }
 
 func (w *StatusWriter) tick(ctx context.Context) error {
-	if err := w.Fleet.Seen(ctx, w.Registry.Seen(), time.Now()); err != nil {
+	if err := w.Fleet.Seen(ctx, w.Registry.Seen(), w.Registry.clock().Now()); err != nil {
 		return fmt.Errorf("recording whom this broker served: %w", err)
 	}
 	if w.Leading != nil && !w.Leading() {

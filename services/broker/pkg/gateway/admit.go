@@ -319,7 +319,7 @@ func (g *Gateway) withinBytes(t *access.Tenant) (answer, bool) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), g.o.DialTimeout)
 	defer cancel()
-	now := time.Now()
+	now := g.o.Clock.Now()
 	used, err := g.o.Meter.TenantBytes(ctx, t.Name, now)
 	if err != nil || used < quota {
 		return answer{}, true

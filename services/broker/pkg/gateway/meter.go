@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"net"
 	"sync"
-	"time"
 
 	"github.com/egress-proxies/egress-proxies/services/broker/pkg/access"
 )
@@ -77,7 +76,7 @@ func (m *byteMeter) flushLocked() {
 	defer cancel()
 	n := m.pending
 	m.pending = 0
-	total, err := m.g.o.Meter.AddTenantBytes(ctx, m.tenant, n, time.Now())
+	total, err := m.g.o.Meter.AddTenantBytes(ctx, m.tenant, n, m.g.o.Clock.Now())
 	if err != nil {
 		// A store that cannot count lets the bytes through, as
 		// withinBytes does (leasing says why the store is away), and

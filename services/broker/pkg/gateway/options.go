@@ -70,8 +70,9 @@ type Options struct {
 	// gatewayBytesPerDay quota, fleet-wide (the store); nil enforces no
 	// byte quota.
 	Meter Meter
-	// Clock times the leases' renewals; nil is the wall clock. Tests
-	// step a fake one.
+	// Clock times the leases' renewals and dates the byte quota's day;
+	// nil is the wall clock. Tests step a fake one. Sockets' deadlines
+	// are the kernel's, on the wall clock.
 	Clock clock.WithTicker
 }
 
