@@ -66,11 +66,17 @@ func TestLeasesAreRenewedAtAThirdOfTheirTTL(t *testing.T) {
 	r := &renewer{clock: clk}
 	l := &renewLeaser{answer: map[string]codes.Code{"gone": codes.NotFound, "flaky": codes.Unavailable}}
 	const ttl = 30 * time.Second
+	var mu sync.Mutex
 	ended := map[string]bool{}
 	// Ending a tunnel drops its lease, as the gateway's tunnel does when
-	// its connection closes.
+	// its connection closes; renewals run at once, so tunnels end at once.
 	hold := func(id string) {
-		r.hold(id, access.Caller{Tenant: &access.Tenant{Name: id}}, func() { ended[id] = true; r.drop(id) })
+		r.hold(id, access.Caller{Tenant: &access.Tenant{Name: id}}, func() {
+			mu.Lock()
+			ended[id] = true
+			mu.Unlock()
+			r.drop(id)
+		})
 	}
 	callers := revoked{"removed": true}
 	round := func() []string { r.round(context.Background(), l, callers, ttl); return l.take() }
