@@ -263,13 +263,6 @@ func verify(ctx context.Context, v Verifier, method string) (context.Context, er
 	return v.Verify(ctx, method, tok)
 }
 
-// Reverify asks v again about the call ctx was verified for, with the
-// token it came with: a long call (a watch) learns that its credential
-// was removed, or that its holder may do less, while it runs.
-func Reverify(ctx context.Context, v Verifier, method string) (context.Context, error) {
-	return verify(ctx, v, method)
-}
-
 type callerKey struct{}
 
 // WithCaller is ctx for a call authenticated as the token named name.

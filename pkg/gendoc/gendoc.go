@@ -9,6 +9,7 @@ import (
 	"bytes"
 	"fmt"
 	"os"
+	"strings"
 )
 
 // Block replaces what lies between the markers named name in the page at
@@ -40,7 +41,6 @@ func Page(path, source, body string) error {
 
 // Cell is s fit for a Markdown table cell: pipes escaped, newlines
 // folded.
-func Cell(s string) string {
-	s = string(bytes.ReplaceAll([]byte(s), []byte("|"), []byte(`\|`)))
-	return string(bytes.ReplaceAll([]byte(s), []byte("\n"), []byte(" ")))
-}
+func Cell(s string) string { return cell.Replace(s) }
+
+var cell = strings.NewReplacer("|", `\|`, "\n", " ")

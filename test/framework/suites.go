@@ -54,7 +54,7 @@ func SuitesTable(suites []Suite) string {
 	var b strings.Builder
 	b.WriteString("| suite | runs on | proves |\n| --- | --- | --- |\n")
 	for _, s := range suites {
-		fmt.Fprintf(&b, "| `%s` | %s | %s |\n", s.Dir, strings.ReplaceAll(s.RunsOn, "|", `\|`), strings.ReplaceAll(s.Proves, "|", `\|`))
+		fmt.Fprintf(&b, "| `%s` | %s | %s |\n", s.Dir, gendoc.Cell(s.RunsOn), gendoc.Cell(s.Proves))
 	}
 	return b.String()
 }

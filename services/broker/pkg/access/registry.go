@@ -144,8 +144,11 @@ func (r *Registry) Verify(ctx context.Context, method, token string) (context.Co
 // tenant, if it may use the gateway.
 func (r *Registry) Gateway(password string) (Caller, error) {
 	c, err := r.authorize(password, Gateway, "")
+	if err != nil {
+		return Caller{}, err
+	}
 	c.Gateway = true
-	return c, err
+	return c, nil
 }
 
 // Recheck asks again about the credential c came with, for a long-lived
@@ -160,8 +163,11 @@ func (r *Registry) Recheck(c Caller, v Verb) (Caller, error) {
 		v = Gateway
 	}
 	n, err := r.authorize(c.token, v, "")
+	if err != nil {
+		return Caller{}, err
+	}
 	n.Gateway = c.Gateway
-	return n, err
+	return n, nil
 }
 
 // authorize finds the tenant holding token and checks it may use v; a
@@ -208,15 +214,6 @@ func (r *Registry) Seen() map[string]time.Time {
 		return true
 	})
 	return out
-}
-
-// LastSeen is when the tenant named name last called this broker (zero:
-// not since it started).
-func (r *Registry) LastSeen(name string) time.Time {
-	if v, ok := r.seen.Load(name); ok {
-		return time.Unix(v.(*atomic.Int64).Load(), 0)
-	}
-	return time.Time{}
 }
 
 // Declared are the Tenant objects as last read (nil before Watch).
